@@ -1,0 +1,127 @@
+"""Commands that need no orchestrator: `validate` and `plan`.
+
+`llm-pipeline` itself lives in flows/cli.py (it also runs flows); it delegates here so that
+pipeline_lib stays free of Prefect.
+Exit codes: 0 ok, 2 invalid config or arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ConfigError, check, load_config
+from .config.platform import device_target
+from .config.schema import PipelineConfig
+
+
+def token_arithmetic(cfg: PipelineConfig) -> dict:
+    t, m = cfg.training, cfg.model
+    tokens_per_step = t.global_batch_size * m.seq_length
+    out = {"tokens_per_step": tokens_per_step, "steps": t.steps,
+           "total_tokens": tokens_per_step * t.steps if t.steps else None}
+    return out
+
+
+def _predicted_peak(cfg: PipelineConfig):
+    try:
+        from .planner import predicted_peak_gb
+    except ImportError:  # planner not installed in this build
+        return None
+    return predicted_peak_gb(cfg)
+
+
+def summary_lines(cfg: PipelineConfig) -> list[str]:
+    t, p, m = cfg.training, cfg.parallel, cfg.model
+    arith = token_arithmetic(cfg)
+    lines = [
+        f"pipeline {cfg.run.name}: device {device_target(cfg)}, output {cfg.run.output_root}",
+        f"model {m.name}: seq {m.seq_length}, hidden {m.hidden_size}, layers {m.num_layers}, heads "
+        f"{m.num_heads}/{m.kv_heads} kv, ffn {m.intermediate_size}, vocab {m.vocab_size}",
+        f"layout: dp {p.data_parallel} x mp {p.model_parallel} x pp {p.pipeline_stage} = {p.devices} devices "
+        f"on {p.num_nodes} node(s)",
+        f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} x accumulation "
+        f"{t.gradient_accumulation_steps} x dp {p.data_parallel}",
+        f"tokens per step: {arith['tokens_per_step']:,} = {t.global_batch_size} x seq {m.seq_length}",
+    ]
+    if arith["steps"]:
+        lines.append(f"steps: {arith['steps']:,}; total tokens: {arith['total_tokens']:,}")
+    else:
+        lines.append(f"epochs: {t.epochs} (steps follow from the packed data)")
+    peak = _predicted_peak(cfg)
+    if peak is not None:
+        lines.append(f"predicted peak memory per device: {peak:.2f} GB of {p.device_memory_gb:g} GB")
+        if peak > p.device_memory_gb:
+            lines.append(f"WARNING: predicted peak {peak:.2f} GB exceeds parallel.device_memory_gb="
+                         f"{p.device_memory_gb:g}; run `llm-pipeline plan` for a layout that fits")
+    return lines
+
+
+def explain_lines() -> list[str]:
+    """Every config field with its default and description."""
+    lines = []
+
+    def walk(model_cls, prefix):
+        for name, field in model_cls.model_fields.items():
+            ann = field.annotation
+            if isinstance(ann, type) and hasattr(ann, "model_fields"):
+                walk(ann, f"{prefix}{name}.")
+                continue
+            default = field.default_factory() if field.default_factory else field.default
+            if isinstance(default, list) and default and hasattr(default[0], "model_dump"):
+                default = [d.model_dump() for d in default]
+            lines.append(f"{prefix}{name} = {default!r}\n    {field.description or ''}")
+
+    walk(PipelineConfig, "")
+    return lines
+
+
+def validate_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="llm-pipeline validate",
+                                 description="Check a pipeline config before anything runs.")
+    ap.add_argument("config", nargs="?")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. training.steps=100")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="check the layout as a plan (skip the rules that only apply to running here)")
+    ap.add_argument("--explain", action="store_true", help="print every field, its default and meaning")
+    args = ap.parse_args(argv)
+    if args.explain:
+        print("\n".join(explain_lines()))
+        return 0
+    if not args.config:
+        ap.error("CONFIG is required")
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    issues = check(cfg, for_run=not args.plan_only)
+    if issues:
+        print(f"{args.config}: {len(issues)} problem(s):", file=sys.stderr)
+        for issue in issues:
+            print(f"  - {issue}", file=sys.stderr)
+        return 2
+    print(f"{args.config}: OK")
+    for line in summary_lines(cfg):
+        print("  " + line)
+    return 0
+
+
+def plan_main(argv: list[str]) -> int:
+    from .planner.cli import plan_main as _plan
+
+    return _plan(argv)
+
+
+COMMANDS = {"validate": validate_main, "plan": plan_main}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: llm-pipeline {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Load a pipeline YAML, apply `key=value` dotted overrides, return a typed PipelineConfig."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import ValidationError
+
+from .errors import ConfigError, ConfigIssue
+from .schema import PipelineConfig
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError([ConfigIssue(item, item, "an override must look like section.field=value",
+                                       "write e.g. training.steps=100")])
+    key, raw = item.split("=", 1)
+    # YAML parsing gives ints, floats, bools, null and lists ([a,b]) the way users expect.
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    return key.strip().split("."), value
+
+
+def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError([ConfigIssue(".".join(path), value, f"'{part}' is not a section",
+                                               "override a leaf field, e.g. training.steps=100")])
+            node = nxt
+        node[path[-1]] = value
+    return out
+
+
+def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
+    issues = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(config)"
+        fix = "remove it or check its spelling against `llm-pipeline validate --explain`" \
+            if e["type"] == "extra_forbidden" else "see the field's description in `llm-pipeline validate --explain`"
+        issues.append(ConfigIssue(field, e.get("input"), e["msg"], fix))
+    return issues
+
+
+def config_from_dict(raw: dict) -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(raw or {})
+    except ValidationError as err:
+        raise ConfigError(_pydantic_issues(err)) from None
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError([ConfigIssue("CONFIG", str(path), "file not found",
+                                       "pass a pipeline yaml such as configs/pipelines/tiny-cpu.yaml")])
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError([ConfigIssue("CONFIG", str(path), f"not valid YAML ({err})", "fix the YAML syntax")])
+    if not isinstance(raw, dict):
+        raise ConfigError([ConfigIssue("CONFIG", str(path), "top level must be a mapping of sections",
+                                       "start the file with sections such as run:, data:, model:")])
+    return config_from_dict(apply_overrides(raw, overrides))
+
+
+def config_hash(obj: Any) -> str:
+    """Stable short hash of (part of) a config: what names a stage's identity."""
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump(mode="json")
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

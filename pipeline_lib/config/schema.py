@@ -1,0 +1,285 @@
+"""Typed pipeline config: one YAML file describes one pipeline.
+
+Every field has a default that works for the tiny CPU run, and a description that is the
+documentation (``llm-pipeline validate --explain`` prints it). Single-field checks live here
+(pydantic refuses them at load time); rules that relate several fields live in ``validate.py``
+so that all of them are reported together.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    # Unknown keys are typos until proven otherwise: refuse them instead of ignoring them.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    name: str = Field("tiny-cpu", description="Pipeline name; used in run ids and flow-run names.")
+    output_root: str = Field(
+        "runs",
+        description="Where runs are written: a local path or s3://bucket/prefix. "
+        "Each run lands in <output_root>/<run_id>/<stage>/.",
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="Endpoint of an S3-compatible store (MinIO, OBS); None means AWS."
+    )
+    device_target: Literal["auto", "CPU", "Ascend"] = Field(
+        "auto", description="auto picks Ascend when an NPU is visible, else CPU (with the CPU overrides)."
+    )
+    seed: int = Field(1234, description="Seed for data splits, init and sampling.")
+
+
+class FilterSpec(_Section):
+    name: str = Field(description="Filter name, see pipeline_lib.data.filters.FILTERS.")
+    params: dict = Field(default_factory=dict, description="Keyword arguments of the filter.")
+
+
+def _default_filters() -> list[FilterSpec]:
+    return [
+        FilterSpec(name="nfkc"),
+        FilterSpec(name="strip_control"),
+        FilterSpec(name="normalize_whitespace"),
+        FilterSpec(name="length", params={"min_chars": 20, "max_chars": 100_000}),
+        FilterSpec(name="duplicate_lines", params={"max_dup_line_frac": 0.3}),
+        FilterSpec(name="top_ngram", params={"n": 2, "max_frac": 0.2}),
+        FilterSpec(name="char_ratio", params={"min_text_frac": 0.5}),
+        FilterSpec(name="url_heavy", params={"max_url_frac": 0.3}),
+    ]
+
+
+class DedupConfig(_Section):
+    exact: bool = Field(True, description="Drop documents whose normalized text hash was seen before.")
+    near: bool = Field(True, description="Drop near duplicates found with MinHash LSH.")
+    ngram: int = Field(5, ge=1, description="Shingle size: characters for CJK, words for space-separated text.")
+    num_perm: int = Field(128, ge=16, description="MinHash permutations.")
+    threshold: float = Field(0.8, gt=0, lt=1, description="Jaccard threshold; bands x rows are chosen for it.")
+    incremental: bool = Field(
+        True,
+        description="Persist the exact hashes and LSH index in the run store, so later runs "
+        "(nightly) are deduplicated against everything seen before.",
+    )
+    index_uri: str | None = Field(
+        None, description="Where the persistent dedup index lives; default <output_root>/_dedup_index."
+    )
+
+
+class DataConfig(_Section):
+    inputs: list[str] = Field(
+        default_factory=lambda: ["configs/data/tiny_corpus.jsonl"],
+        description="Local globs or s3:// prefixes of raw jsonl(.gz) / parquet files.",
+    )
+    text_field: str = Field("text", description="Name of the text field in each record.")
+    read_batch_size: int = Field(1000, ge=1, description="Records per streamed batch.")
+    docs_per_shard: int = Field(2000, ge=1, description="Documents per processing shard (unit of work).")
+    num_workers: int = Field(2, ge=1, description="Parallel shard workers (output does not depend on it).")
+    filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    heldout_fraction: float = Field(
+        0.05, ge=0, lt=1, description="Share of documents (chosen by hash) held out for perplexity."
+    )
+    rows_per_mindrecord_shard: int = Field(1000, ge=1, description="Packed rows per MindRecord file.")
+    remainder: Literal["drop", "pad"] = Field(
+        "pad", description="Last partial row: drop it, or pad it with pad tokens excluded from the loss."
+    )
+
+
+class TokenizerConfig(_Section):
+    path: str | None = Field(
+        None,
+        description="An existing sentencepiece tokenizer.model to load instead of training one "
+        "(continued pretraining must keep the base model's tokenizer).",
+    )
+    model_type: Literal["bpe", "unigram"] = Field("bpe", description="sentencepiece model type.")
+    vocab_size: int = Field(2000, ge=100, description="Vocabulary size to train.")
+    byte_fallback: bool = Field(True, description="Unknown characters become byte tokens, never <unk>.")
+    character_coverage: float = Field(0.9995, gt=0, le=1, description="sentencepiece character_coverage.")
+    sample_docs: int = Field(200_000, ge=1, description="Cleaned documents sampled to train on.")
+    special_tokens: list[str] = Field(
+        default_factory=lambda: ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+        description="User-defined symbols the SFT chat template needs (never split).",
+    )
+    pad_id: int = Field(0, description="Pad id: excluded from the loss by mindformers; never a real token.")
+    unk_id: int = Field(1, description="Unknown-token id.")
+    bos_id: int = Field(2, description="Begin-of-sequence id.")
+    eos_id: int = Field(3, description="End-of-sequence id (joins packed documents).")
+    encode_threads: int = Field(2, ge=1, description="Threads for batch encoding.")
+
+
+class ModelConfig(_Section):
+    name: str = Field("tiny_llama", description="Model config name registered with mindformers; unique per run.")
+    seq_length: int = Field(64, ge=8, description="Training sequence length (rows hold seq_length + 1 tokens).")
+    vocab_size: int = Field(2048, ge=8, description="Embedding rows; must be >= the tokenizer vocabulary.")
+    hidden_size: int = Field(64, ge=8, description="Model width.")
+    num_layers: int = Field(2, ge=1, description="Transformer blocks.")
+    num_heads: int = Field(4, ge=1, description="Attention heads.")
+    n_kv_heads: int | None = Field(None, description="KV heads for grouped-query attention; None means num_heads.")
+    intermediate_size: int = Field(176, ge=8, description="SwiGLU FFN width (three matrices of hidden x this).")
+    rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
+    tie_word_embeddings: bool = Field(False, description="Share the embedding with the output head.")
+    compute_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Matmul dtype.")
+    param_init_type: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    layernorm_compute_type: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Norm dtype.")
+    softmax_compute_type: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Softmax dtype.")
+    rotary_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="RoPE dtype.")
+    use_flash_attention: bool = Field(False, description="Flash attention (Ascend only; forced off on CPU).")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="Activation recompute: none, selective (attention scores) or full (whole layer)."
+    )
+    base_checkpoint: str | None = Field(None, description="mindformers .ckpt to continue pretraining from.")
+    hf_checkpoint: str | None = Field(
+        None, description="Folder with a Hugging Face Llama model.safetensors + config.json to import."
+    )
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.num_heads
+
+
+class ParallelConfig(_Section):
+    devices: int = Field(1, ge=1, description="Devices (cards, or CPU processes) the run uses in total.")
+    data_parallel: int = Field(1, ge=1, description="Data-parallel degree.")
+    model_parallel: int = Field(1, ge=1, description="Tensor-parallel degree (kept inside one node).")
+    pipeline_stage: int = Field(1, ge=1, description="Pipeline stages.")
+    micro_batch_num: int = Field(1, ge=1, description="Micro batches per step in pipeline parallel.")
+    optimizer_shard: bool = Field(False, description="Shard optimizer states across the data-parallel group.")
+    devices_per_node: int = Field(1, ge=1, description="Devices on one node.")
+    device_memory_gb: float = Field(16.0, gt=0, description="Usable memory per device, GB (1e9 bytes).")
+    master_addr: str = Field("127.0.0.1", description="msrun master address (node 0).")
+    master_port: int = Field(8118, ge=1, le=65535, description="msrun master port.")
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.devices // self.devices_per_node)
+
+
+class OptimizerConfig(_Section):
+    type: Literal["AdamW"] = Field("AdamW", description="Optimizer.")
+    beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1.")
+    beta2: float = Field(0.95, ge=0, lt=1, description="AdamW beta2.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    weight_decay: float = Field(0.1, ge=0, description="Decoupled weight decay.")
+
+
+class LossScaleConfig(_Section):
+    type: Literal["none", "static", "dynamic"] = Field(
+        "none", description="none (fp32/bf16), static (fixed value) or dynamic (grows and backs off)."
+    )
+    init_value: float = Field(65536.0, gt=0, description="Initial (or static) loss scale.")
+    factor: float = Field(2.0, gt=1, description="Dynamic scale multiply/divide factor.")
+    window: int = Field(1000, ge=1, description="Dynamic: good steps before the scale grows.")
+
+
+class GuardConfig(_Section):
+    spike_factor: float = Field(
+        5.0, gt=1, description="Stop when loss > spike_factor x the running mean of the last `window` losses."
+    )
+    window: int = Field(20, ge=2, description="Steps in the running mean.")
+    on_failure: Literal["stop", "rollback"] = Field(
+        "stop", description="stop, or roll back to the last good checkpoint and skip the bad data window."
+    )
+    max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed before stopping.")
+
+
+class TrainingConfig(_Section):
+    micro_batch_size: int = Field(4, ge=1, description="Samples per device per micro step.")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro steps accumulated per optimizer step.")
+    global_batch_size: int = Field(
+        4, ge=1, description="Samples per optimizer step = micro_batch_size x gradient_accumulation_steps x data_parallel."
+    )
+    steps: int | None = Field(60, ge=1, description="Optimizer steps; if None, `epochs` decides.")
+    epochs: int = Field(1, ge=1, description="Epochs over the packed data when steps is None.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate.")
+    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
+    min_lr: float = Field(1e-5, ge=0, description="Cosine schedule floor.")
+    lr_schedule: Literal["cosine"] = Field("cosine", description="Schedule after warmup.")
+    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="Training precision.")
+    loss_scale: LossScaleConfig = Field(default_factory=LossScaleConfig)
+    grad_clip: float = Field(1.0, gt=0, description="Global-norm gradient clipping.")
+    save_steps: int = Field(20, ge=1, description="Checkpoint every N steps.")
+    keep_checkpoint_max: int = Field(3, ge=1, description="Checkpoints kept.")
+    preflight_steps: int = Field(10, ge=0, description="Steps of the preflight run; 0 disables it.")
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    timeout_seconds: int = Field(3600, ge=1, description="Launcher timeout; the whole process group is killed.")
+    upload_checkpoints: bool = Field(False, description="Copy finished checkpoints to the run store (S3).")
+
+    @model_validator(mode="after")
+    def _warmup_inside_steps(self):
+        if self.steps is not None and self.warmup_steps > self.steps:
+            raise ValueError(
+                f"training.warmup_steps={self.warmup_steps} exceeds training.steps={self.steps}; "
+                "lower warmup_steps or raise steps"
+            )
+        return self
+
+
+class SFTConfig(_Section):
+    inputs: list[str] = Field(
+        default_factory=lambda: ["configs/data/tiny_sft.jsonl"],
+        description="Instruction data: prompt/response, alpaca or messages jsonl/parquet.",
+    )
+    system_prompt: str | None = Field(None, description="System message added when a sample has none.")
+    truncation: Literal["drop", "truncate_prompt", "truncate_end"] = Field(
+        "truncate_prompt", description="Samples longer than seq_length: drop, cut the prompt from the left, or cut the end."
+    )
+    packing: bool = Field(False, description="Pack several samples per row (labels stay per sample).")
+    lora_rank: int = Field(8, ge=1, description="LoRA rank r.")
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r.")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["wq", "wk", "wv", "wo"], description="Projections that get adapters."
+    )
+    model_name: str | None = Field(None, description="Name of the LoRA model config; None means <model.name>_lora.")
+    steps: int = Field(60, ge=1, description="SFT optimizer steps.")
+    learning_rate: float = Field(5e-3, gt=0, description="SFT peak learning rate.")
+    micro_batch_size: int = Field(4, ge=1, description="SFT samples per device per step.")
+
+
+class EvaluateConfig(_Section):
+    prompt_files: list[str] = Field(
+        default_factory=lambda: ["configs/eval/domain_qa.jsonl", "configs/eval/open_chat.jsonl",
+                                 "configs/eval/instruction_following.jsonl"],
+        description="Fixed prompt sets (jsonl with id, prompt, optional keywords).",
+    )
+    max_new_tokens: int = Field(24, ge=1, description="Tokens generated per prompt.")
+    decoding: Literal["greedy", "sample"] = Field("greedy", description="Decoding strategy.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_k: int = Field(0, ge=0, description="Sampling top-k (0 = off).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Sampling nucleus top-p.")
+    batch_size: int = Field(4, ge=1, description="Prompts decoded together.")
+    perplexity_max_rows: int = Field(64, ge=1, description="Held-out rows used for perplexity.")
+
+
+class ExportConfig(_Section):
+    batch_size: int = Field(1, ge=1, description="Fixed batch of the exported graph.")
+    seq_length: int | None = Field(None, description="Fixed input length; None means model.seq_length.")
+    rtol: float = Field(1e-4, gt=0, description="Relative tolerance of the logits check.")
+    atol: float = Field(1e-4, gt=0, description="Absolute tolerance of the logits check.")
+
+
+class OrchestrationConfig(_Section):
+    nightly_cron: str = Field("0 2 * * *", description="Cron of the nightly continued-pretraining deployment.")
+    timezone: str = Field("Asia/Shanghai", description="Timezone of the cron.")
+    failure_webhook_url: str | None = Field(None, description="POSTed on a failed run (off when None).")
+    task_retries: int = Field(2, ge=0, description="Retries of a task on transient errors.")
+    retry_delay_seconds: float = Field(2.0, ge=0, description="Base of the exponential backoff.")
+
+
+class PipelineConfig(_Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+
+
+STAGES = ("data", "pretrain", "sft", "evaluate", "export")

@@ -1,0 +1,193 @@
+"""Cross-field rules checked before anything runs.
+
+Each rule returns ConfigIssues naming the field, its value, the broken relation and the fix.
+`validate(cfg)` raises ConfigError with all of them; `check(cfg)` returns them.
+"""
+from __future__ import annotations
+
+from .errors import ConfigError, ConfigIssue
+from .platform import device_target
+from .schema import PipelineConfig
+
+
+def _batch(cfg: PipelineConfig) -> list[ConfigIssue]:
+    t, p = cfg.training, cfg.parallel
+    want = t.micro_batch_size * t.gradient_accumulation_steps * p.data_parallel
+    if t.global_batch_size != want:
+        return [ConfigIssue(
+            "training.global_batch_size", t.global_batch_size,
+            f"global_batch_size must equal micro_batch_size x gradient_accumulation_steps x data_parallel "
+            f"= {t.micro_batch_size} x {t.gradient_accumulation_steps} x {p.data_parallel} = {want}",
+            f"set training.global_batch_size={want}, or change micro_batch_size / gradient_accumulation_steps")]
+    return []
+
+
+def _devices(cfg: PipelineConfig) -> list[ConfigIssue]:
+    p = cfg.parallel
+    used = p.data_parallel * p.model_parallel * p.pipeline_stage
+    if used != p.devices:
+        return [ConfigIssue(
+            "parallel.devices", p.devices,
+            f"data_parallel x model_parallel x pipeline_stage = {p.data_parallel} x {p.model_parallel} x "
+            f"{p.pipeline_stage} = {used} devices, not {p.devices}",
+            f"set parallel.devices={used} or change the parallel degrees so their product is {p.devices}")]
+    return []
+
+
+def _pipeline(cfg: PipelineConfig) -> list[ConfigIssue]:
+    p, m = cfg.parallel, cfg.model
+    issues = []
+    if p.pipeline_stage > 1 and p.micro_batch_num % p.pipeline_stage:
+        issues.append(ConfigIssue(
+            "parallel.micro_batch_num", p.micro_batch_num,
+            f"must be a multiple of pipeline_stage={p.pipeline_stage} (else stages idle every step)",
+            f"set parallel.micro_batch_num to {p.pipeline_stage * max(1, -(-p.micro_batch_num // p.pipeline_stage))}"))
+    gas = cfg.training.gradient_accumulation_steps
+    if p.pipeline_stage > 1 and gas % p.micro_batch_num:
+        # mindformers feeds micro_batch_num micro batches through the pipeline per step: they are
+        # the accumulation, so our global-batch formula only holds if gas covers them.
+        issues.append(ConfigIssue(
+            "training.gradient_accumulation_steps", gas,
+            f"under pipeline parallel the {p.micro_batch_num} pipeline micro batches are the accumulation; "
+            f"gradient_accumulation_steps must be a multiple of parallel.micro_batch_num={p.micro_batch_num}",
+            f"set training.gradient_accumulation_steps={p.micro_batch_num * max(1, gas // p.micro_batch_num)}"))
+    if m.num_layers < p.pipeline_stage:
+        issues.append(ConfigIssue(
+            "parallel.pipeline_stage", p.pipeline_stage,
+            f"more pipeline stages than model.num_layers={m.num_layers}: a stage would hold no layer",
+            f"set parallel.pipeline_stage <= {m.num_layers}"))
+    return issues
+
+
+def _heads(cfg: PipelineConfig) -> list[ConfigIssue]:
+    p, m = cfg.parallel, cfg.model
+    issues = []
+    if m.num_heads % p.model_parallel:
+        issues.append(ConfigIssue("model.num_heads", m.num_heads,
+                                  f"not divisible by parallel.model_parallel={p.model_parallel}",
+                                  "choose a model_parallel that divides num_heads"))
+    if m.kv_heads % p.model_parallel:
+        issues.append(ConfigIssue("model.n_kv_heads", m.kv_heads,
+                                  f"not divisible by parallel.model_parallel={p.model_parallel}",
+                                  "choose a model_parallel that divides n_kv_heads"))
+    if m.hidden_size % m.num_heads:
+        issues.append(ConfigIssue("model.hidden_size", m.hidden_size,
+                                  f"not divisible by model.num_heads={m.num_heads}",
+                                  f"use a hidden_size that is a multiple of {m.num_heads}"))
+    if m.num_heads % m.kv_heads:
+        issues.append(ConfigIssue("model.n_kv_heads", m.kv_heads,
+                                  f"model.num_heads={m.num_heads} is not a multiple of it (grouped-query attention)",
+                                  "use an n_kv_heads that divides num_heads"))
+    if m.intermediate_size % p.model_parallel:
+        issues.append(ConfigIssue("model.intermediate_size", m.intermediate_size,
+                                  f"not divisible by parallel.model_parallel={p.model_parallel}",
+                                  "use an intermediate_size that is a multiple of model_parallel"))
+    return issues
+
+
+def _tp_inside_node(cfg: PipelineConfig) -> list[ConfigIssue]:
+    p = cfg.parallel
+    if p.model_parallel > p.devices_per_node:
+        return [ConfigIssue("parallel.model_parallel", p.model_parallel,
+                            f"tensor parallel across nodes (devices_per_node={p.devices_per_node}): every layer "
+                            "would all-reduce over the inter-node network",
+                            f"keep model_parallel <= {p.devices_per_node} and use pipeline_stage or data_parallel "
+                            "across nodes")]
+    return []
+
+
+def _precision(cfg: PipelineConfig) -> list[ConfigIssue]:
+    t = cfg.training
+    if t.precision == "fp16" and t.loss_scale.type == "none":
+        return [ConfigIssue("training.loss_scale.type", "none",
+                            "fp16 without loss scaling underflows small gradients to zero",
+                            "set training.loss_scale.type=dynamic (or static with init_value e.g. 1024)")]
+    if t.precision == "bf16" and not (t.loss_scale.type == "none" or
+                                      (t.loss_scale.type == "static" and t.loss_scale.init_value == 1)):
+        return [ConfigIssue("training.loss_scale.type", t.loss_scale.type,
+                            "bf16 has fp32's exponent range and uses a constant loss scale of 1",
+                            "set training.loss_scale.type=none (or static with init_value=1)")]
+    return []
+
+
+def lora_model_name(cfg: PipelineConfig) -> str:
+    return cfg.sft.model_name or f"{cfg.model.name}_lora"
+
+
+def _names(cfg: PipelineConfig) -> list[ConfigIssue]:
+    lora = lora_model_name(cfg)
+    if lora == cfg.model.name:
+        return [ConfigIssue("sft.model_name", lora,
+                            f"same name as model.name: mindformers refuses a second config registered as "
+                            f"'{lora}' ('{lora}' is already used by a transformers config)",
+                            f"set sft.model_name={cfg.model.name}_lora or leave it empty")]
+    return []
+
+
+def _tokens(cfg: PipelineConfig) -> list[ConfigIssue]:
+    tok, m = cfg.tokenizer, cfg.model
+    issues = []
+    if tok.path is None and tok.vocab_size > m.vocab_size:
+        issues.append(ConfigIssue("model.vocab_size", m.vocab_size,
+                                  f"smaller than tokenizer.vocab_size={tok.vocab_size}: token ids would index "
+                                  "past the embedding", f"set model.vocab_size >= {tok.vocab_size}"))
+    ids = {"pad_id": tok.pad_id, "unk_id": tok.unk_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id}
+    for name, value in ids.items():
+        others = [n for n, v in ids.items() if v == value and n != name]
+        if others and name == "pad_id":
+            issues.append(ConfigIssue("tokenizer.pad_id", value,
+                                      f"pad is also {', '.join(others)}: mindformers masks pad out of the "
+                                      "loss, so that real token would never be learned",
+                                      "give pad its own id (default 0) that the tokenizer never emits"))
+        if not 0 <= value < m.vocab_size:
+            issues.append(ConfigIssue(f"tokenizer.{name}", value, f"outside [0, model.vocab_size={m.vocab_size})",
+                                      "use an id below model.vocab_size"))
+    return issues
+
+
+def _lora(cfg: PipelineConfig) -> list[ConfigIssue]:
+    if cfg.sft.lora_rank > cfg.model.hidden_size:
+        return [ConfigIssue("sft.lora_rank", cfg.sft.lora_rank,
+                            f"larger than model.hidden_size={cfg.model.hidden_size}",
+                            "use a rank well below hidden_size (4-64)")]
+    bad = [t for t in cfg.sft.target_modules if t not in LORA_TARGETS]
+    if bad:
+        return [ConfigIssue("sft.target_modules", bad, f"unknown projection(s); known: {sorted(LORA_TARGETS)}",
+                            "use mindformers Llama names such as wq, wk, wv, wo, w1, w2, w3")]
+    return []
+
+
+LORA_TARGETS = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}
+
+
+def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
+    if device_target(cfg) != "CPU":
+        return []
+    p = cfg.parallel
+    issues = []
+    for field in ("model_parallel", "pipeline_stage"):
+        value = getattr(p, field)
+        if value > 1:
+            issues.append(ConfigIssue(f"parallel.{field}", value,
+                                      "tensor/pipeline parallel needs Ascend (MindSpore refuses SEMI_AUTO_PARALLEL "
+                                      "on CPU); planning this layout is fine, running it here is not",
+                                      f"run on an Ascend pool, or set parallel.{field}=1 for a CPU run "
+                                      "(llm-pipeline plan still plans the real layout)"))
+    return issues
+
+
+RULES = (_batch, _devices, _pipeline, _heads, _tp_inside_node, _precision, _names, _tokens, _lora)
+
+
+def check(cfg: PipelineConfig, *, for_run: bool = True) -> list[ConfigIssue]:
+    issues = [i for rule in RULES for i in rule(cfg)]
+    if for_run:
+        issues += _cpu(cfg)
+    return issues
+
+
+def validate(cfg: PipelineConfig, *, for_run: bool = True) -> PipelineConfig:
+    issues = check(cfg, for_run=for_run)
+    if issues:
+        raise ConfigError(issues)
+    return cfg
