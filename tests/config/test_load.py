@@ -1,0 +1,65 @@
+from pathlib import Path
+
+import pytest
+
+from pipeline_lib.config import ConfigError, check, config_from_dict, config_hash, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((ROOT / "configs" / "pipelines").glob("*.yaml"))
+
+
+def test_there_are_shipped_configs():
+    names = {p.name for p in SHIPPED}
+    assert {"tiny-cpu.yaml", "llama-1.5b-lite.yaml", "llama2-7b-4x64gb.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    # Ascend layouts are checked as plans here (this machine has no NPU); tiny-cpu as a real run.
+    assert check(cfg, for_run=cfg.run.device_target != "Ascend") == []
+
+
+def test_defaults_are_the_tiny_cpu_run():
+    assert check(config_from_dict({}), for_run=True) == []
+
+
+def test_dotted_overrides_are_typed(tmp_path):
+    cfg = load_config(ROOT / "configs/pipelines/tiny-cpu.yaml",
+                      ["training.steps=7", "training.optimizer.beta2=0.99", "sft.target_modules=[wq,wv]",
+                       "run.output_root=s3://b/p", "model.n_kv_heads=null"])
+    assert cfg.training.steps == 7
+    assert cfg.training.optimizer.beta2 == 0.99
+    assert cfg.sft.target_modules == ["wq", "wv"]
+    assert cfg.run.output_root == "s3://b/p"
+    assert cfg.model.n_kv_heads is None and cfg.model.kv_heads == cfg.model.num_heads
+
+
+def test_unknown_field_is_named(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs/pipelines/tiny-cpu.yaml", ["training.stpes=7"])
+    assert "training.stpes" in err.value.fields()
+    assert "spelling" in str(err.value)
+
+
+def test_bad_type_names_field_and_value():
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"model": {"hidden_size": "wide"}})
+    assert "model.hidden_size" in str(err.value) and "'wide'" in str(err.value)
+
+
+def test_override_without_equals_is_refused():
+    with pytest.raises(ConfigError, match="section.field=value"):
+        load_config(ROOT / "configs/pipelines/tiny-cpu.yaml", ["training.steps"])
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_config_hash_changes_with_a_field_only():
+    a = config_from_dict({})
+    b = config_from_dict({"training": {"steps": 61}})
+    assert config_hash(a.data) == config_hash(b.data)
+    assert config_hash(a.training) != config_hash(b.training)

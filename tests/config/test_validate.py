@@ -1,0 +1,136 @@
+"""One test per validation rule: each breaks exactly one relation of a valid config."""
+import pytest
+
+from pipeline_lib.config import ConfigError, check, config_from_dict, validate
+
+
+def issues(for_run=False, **sections):
+    cfg = config_from_dict(sections)
+    return {i.field: i for i in check(cfg, for_run=for_run)}
+
+
+def ascend(**sections):
+    sections.setdefault("run", {})["device_target"] = "Ascend"
+    return sections
+
+
+def test_valid_default_has_no_issues():
+    assert issues() == {}
+
+
+def test_global_batch_formula():
+    found = issues(training={"micro_batch_size": 2, "gradient_accumulation_steps": 3, "global_batch_size": 7})
+    issue = found["training.global_batch_size"]
+    assert issue.value == 7
+    assert "micro_batch_size x gradient_accumulation_steps x data_parallel" in issue.problem
+    assert "global_batch_size=6" in issue.fix
+
+
+def test_global_batch_counts_data_parallel():
+    ok = issues(**ascend(parallel={"devices": 2, "data_parallel": 2},
+                         training={"micro_batch_size": 2, "global_batch_size": 4}))
+    assert "training.global_batch_size" not in ok
+    bad = issues(**ascend(parallel={"devices": 2, "data_parallel": 2},
+                          training={"micro_batch_size": 2, "global_batch_size": 2}))
+    assert "training.global_batch_size" in bad
+
+
+def test_devices_equal_product_of_degrees():
+    found = issues(parallel={"devices": 4, "data_parallel": 1, "model_parallel": 2})
+    assert "parallel.devices" in found and "= 2 devices" in found["parallel.devices"].problem
+
+
+def test_micro_batch_num_multiple_of_stages():
+    found = issues(model={"num_layers": 4},
+                   parallel={"devices": 2, "pipeline_stage": 2, "micro_batch_num": 3, "devices_per_node": 2},
+                   training={"gradient_accumulation_steps": 3, "global_batch_size": 12})
+    assert "parallel.micro_batch_num" in found
+    assert "micro_batch_num to 4" in found["parallel.micro_batch_num"].fix
+
+
+def test_accumulation_covers_pipeline_micro_batches():
+    found = issues(model={"num_layers": 4},
+                   parallel={"devices": 2, "pipeline_stage": 2, "micro_batch_num": 4},
+                   training={"gradient_accumulation_steps": 2, "global_batch_size": 8})
+    assert "training.gradient_accumulation_steps" in found
+
+
+def test_layers_at_least_stages():
+    found = issues(model={"num_layers": 2},
+                   parallel={"devices": 4, "pipeline_stage": 4, "micro_batch_num": 4},
+                   training={"gradient_accumulation_steps": 4, "global_batch_size": 16})
+    assert "parallel.pipeline_stage" in found
+
+
+def test_heads_divisible_by_model_parallel():
+    found = issues(model={"num_heads": 6, "hidden_size": 96, "n_kv_heads": 6, "intermediate_size": 192},
+                   parallel={"devices": 4, "model_parallel": 4, "devices_per_node": 4})
+    assert "model.num_heads" in found
+
+
+def test_kv_heads_divisible_by_model_parallel():
+    found = issues(model={"num_heads": 4, "n_kv_heads": 1},
+                   parallel={"devices": 2, "model_parallel": 2, "devices_per_node": 2})
+    assert "model.n_kv_heads" in found and "model.num_heads" not in found
+
+
+def test_hidden_divisible_by_heads():
+    found = issues(model={"hidden_size": 66, "num_heads": 4})
+    assert "model.hidden_size" in found
+
+
+def test_tensor_parallel_stays_inside_node():
+    found = issues(parallel={"devices": 8, "model_parallel": 8, "devices_per_node": 4},
+                   model={"num_heads": 8, "hidden_size": 64})
+    issue = found["parallel.model_parallel"]
+    assert "across nodes" in issue.problem and "model_parallel <= 4" in issue.fix
+
+
+def test_fp16_needs_loss_scale():
+    found = issues(training={"precision": "fp16"})
+    assert "training.loss_scale.type" in found
+    assert issues(training={"precision": "fp16", "loss_scale": {"type": "dynamic"}}) == {}
+
+
+def test_bf16_uses_constant_scale_one():
+    assert "training.loss_scale.type" in issues(training={"precision": "bf16", "loss_scale": {"type": "dynamic"}})
+    assert issues(training={"precision": "bf16", "loss_scale": {"type": "static", "init_value": 1}}) == {}
+    assert issues(training={"precision": "bf16"}) == {}
+
+
+def test_model_config_names_unique():
+    found = issues(model={"name": "mine"}, sft={"model_name": "mine"})
+    assert "sft.model_name" in found and "already used" in found["sft.model_name"].problem
+
+
+def test_vocab_covers_tokenizer():
+    found = issues(model={"vocab_size": 1000}, tokenizer={"vocab_size": 2000})
+    assert "model.vocab_size" in found and ">= 2000" in found["model.vocab_size"].fix
+
+
+def test_pad_is_not_a_real_token():
+    found = issues(tokenizer={"pad_id": 3, "eos_id": 3})
+    assert "tokenizer.pad_id" in found and "eos_id" in found["tokenizer.pad_id"].problem
+
+
+def test_cpu_refuses_model_and_pipeline_parallel_for_runs_only():
+    sections = dict(run={"device_target": "CPU"}, model={"num_layers": 2},
+                    parallel={"devices": 4, "model_parallel": 2, "pipeline_stage": 2, "micro_batch_num": 2,
+                              "devices_per_node": 4},
+                    training={"gradient_accumulation_steps": 2, "global_batch_size": 8})
+    run = issues(for_run=True, **sections)
+    assert {"parallel.model_parallel", "parallel.pipeline_stage"} <= set(run)
+    assert "Ascend" in run["parallel.model_parallel"].fix
+    assert issues(for_run=False, **sections) == {}
+
+
+def test_validate_raises_with_every_issue():
+    cfg = config_from_dict({"training": {"global_batch_size": 5, "precision": "fp16"}})
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, for_run=False)
+    assert {"training.global_batch_size", "training.loss_scale.type"} <= set(err.value.fields())
+
+
+def test_warmup_longer_than_steps_refused_at_load():
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        config_from_dict({"training": {"steps": 3, "warmup_steps": 10}})

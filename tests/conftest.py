@@ -1,0 +1,75 @@
+"""Shared fixtures: quiet MindSpore/mindformers logs, a real S3 endpoint (moto server over HTTP)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Before anything imports mindspore/mindformers: keep logs and compile dumps out of the repo.
+_LOGS = Path(os.environ.setdefault("LLM_PIPELINE_TEST_TMP", "/tmp/llm-pipeline-tests"))
+os.environ.setdefault("LOG_MF_PATH", str(_LOGS / "mf_log"))
+os.environ.setdefault("MS_OM_PATH", str(_LOGS / "ms_om"))
+os.environ.setdefault("GLOG_v", "3")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before answering {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except Exception:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout}s")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """A real S3 API over HTTP on 127.0.0.1 (moto in server mode), with credentials in the env."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    try:
+        wait_http(url + "/moto-api/", 30, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint):
+    """A fresh bucket per test: returns (s3://bucket, endpoint_url)."""
+    import uuid
+
+    import boto3
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
+    return f"s3://{name}", s3_endpoint

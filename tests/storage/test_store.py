@@ -1,0 +1,105 @@
+"""Storage layer on local paths and on a real S3 endpoint (moto server over HTTP)."""
+import os
+
+import pytest
+
+from pipeline_lib.storage import (Manifest, RunPaths, describe_outputs, invalidate, join, manifest_matches,
+                                  read_manifest, store_for, write_manifest)
+from pipeline_lib.storage.store import TMP_PREFIX, LocalStore
+
+
+def roundtrip(root, endpoint=None):
+    store = store_for(root, endpoint)
+    uri = join(root, "a", "b.txt")
+    assert not store.exists(uri)
+    store.put_bytes(uri, b"hello")
+    assert store.exists(uri) and store.get_bytes(uri) == b"hello" and store.size(uri) == 5
+    store.put_bytes(join(root, "a", "c.txt"), b"x")
+    assert store.list(join(root, "a")) == [join(root, "a", "b.txt"), join(root, "a", "c.txt")]
+    with store.open_read(uri) as fh:
+        assert fh.read() == b"hello"
+    store.delete(join(root, "a"))
+    assert store.list(join(root, "a")) == []
+
+
+def test_local_roundtrip(tmp_path):
+    roundtrip(str(tmp_path / "root"))
+
+
+def test_s3_roundtrip(s3_bucket):
+    bucket, endpoint = s3_bucket
+    roundtrip(bucket + "/prefix", endpoint)
+
+
+def test_s3_put_file_and_get_file(s3_bucket, tmp_path):
+    bucket, endpoint = s3_bucket
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    store = store_for(bucket, endpoint)
+    store.put_file(src, join(bucket, "x/big.bin"))
+    assert [u for u in store.list(bucket) if TMP_PREFIX in u] == []
+    got = store.get_file(join(bucket, "x/big.bin"), tmp_path / "back.bin")
+    assert got.read_bytes() == src.read_bytes()
+
+
+def test_local_put_is_atomic_on_failure(tmp_path, monkeypatch):
+    store = LocalStore()
+    target = tmp_path / "out.bin"
+    store.put_bytes(str(target), b"old")
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        store.put_bytes(str(target), b"new-half-written")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+
+
+def test_list_hides_temp_files(tmp_path):
+    (tmp_path / f"{TMP_PREFIX}part.bin.123").write_bytes(b"partial")
+    (tmp_path / "done.bin").write_bytes(b"d")
+    assert LocalStore().list(str(tmp_path)) == [str(tmp_path / "done.bin")]
+
+
+def manifest_cycle(paths: RunPaths):
+    stage = paths.stage_uri("data")
+    store = paths.store()
+    store.put_bytes(join(stage, "out/part-0.bin"), b"0123456789")
+    outs = describe_outputs(stage, ["out/part-0.bin"], paths.endpoint_url)
+    assert outs[0]["size"] == 10 and len(outs[0]["sha256"]) == 64
+    assert manifest_matches(stage, "h1", endpoint_url=paths.endpoint_url) == (False, "no manifest")
+    write_manifest(stage, Manifest("data", paths.run_id, "h1", {"raw": ["x"]}, outs), paths.endpoint_url)
+    assert read_manifest(stage, paths.endpoint_url).outputs == outs
+    assert manifest_matches(stage, "h1", {"raw": ["x"]}, paths.endpoint_url) == (True, "complete")
+    assert manifest_matches(stage, "h2", endpoint_url=paths.endpoint_url)[1].startswith("config changed")
+    assert manifest_matches(stage, "h1", {"raw": ["y"]}, paths.endpoint_url) == (False, "inputs changed")
+    store.put_bytes(join(stage, "out/part-0.bin"), b"short")
+    assert manifest_matches(stage, "h1", endpoint_url=paths.endpoint_url)[1] == "output size changed: out/part-0.bin"
+    invalidate(stage, paths.endpoint_url)
+    assert read_manifest(stage, paths.endpoint_url) is None
+
+
+def test_manifest_local(tmp_path):
+    paths = RunPaths(str(tmp_path / "runs"), "run-1")
+    manifest_cycle(paths)
+    assert paths.stage_uri("data") == str(tmp_path / "runs" / "run-1" / "data")
+
+
+def test_manifest_s3(s3_bucket):
+    bucket, endpoint = s3_bucket
+    paths = RunPaths(bucket + "/runs", "run-1", endpoint)
+    manifest_cycle(paths)
+    assert paths.stage_uri("sft") == f"{bucket}/runs/run-1/sft"
+
+
+def test_checksum_verification_catches_same_size_change(tmp_path):
+    paths = RunPaths(str(tmp_path), "r")
+    stage = paths.stage_uri("s")
+    store = paths.store()
+    store.put_bytes(join(stage, "f"), b"aaaa")
+    write_manifest(stage, Manifest("s", "r", "h", {}, describe_outputs(stage, ["f"])))
+    store.put_bytes(join(stage, "f"), b"bbbb")
+    assert manifest_matches(stage, "h")[0] is True
+    assert manifest_matches(stage, "h", verify_checksums=True) == (False, "output checksum changed: f")

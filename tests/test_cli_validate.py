@@ -1,0 +1,47 @@
+"""The CLI as a user runs it: a real subprocess, exit codes and messages."""
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "configs/pipelines/tiny-cpu.yaml"
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline_lib.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_validate_tiny_ok_with_token_arithmetic():
+    res = cli("validate", TINY)
+    assert res.returncode == 0, res.stderr
+    assert "tokens per step: 256" in res.stdout and "total tokens: 15,360" in res.stdout
+
+
+def test_validate_bad_global_batch_exits_2_and_names_formula():
+    res = cli("validate", TINY, "training.global_batch_size=7")
+    assert res.returncode == 2
+    assert "global_batch_size" in res.stderr
+    assert "micro_batch_size x gradient_accumulation_steps x data_parallel" in res.stderr
+
+
+def test_explain_documents_every_field():
+    res = cli("validate", "--explain")
+    assert res.returncode == 0
+    assert "training.optimizer.beta2 = 0.95" in res.stdout
+    assert "model.n_kv_heads" in res.stdout
+
+
+def test_pipeline_lib_never_imports_prefect():
+    import ast
+
+    offenders = []
+    for path in (ROOT / "pipeline_lib").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in ("prefect", "flows", "tasks")]
+    assert offenders == []
