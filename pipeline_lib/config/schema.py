@@ -252,6 +252,9 @@ class EvaluateConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Sampling nucleus top-p.")
     batch_size: int = Field(4, ge=1, description="Prompts decoded together.")
     perplexity_max_rows: int = Field(64, ge=1, description="Held-out rows used for perplexity.")
+    compare_checkpoints: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra checkpoints (label -> .ckpt path) shown side by side, e.g. last night's.")
 
 
 class ExportConfig(_Section):

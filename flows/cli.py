@@ -1,0 +1,125 @@
+"""`llm-pipeline`: the command line.
+
+  llm-pipeline validate CONFIG [key=value ...]        check a config (exit 2 with the errors)
+  llm-pipeline plan --model CONFIG --devices N ...     memory plan and layout advice
+  llm-pipeline run CONFIG [--run-id ID] [--stages a,b] [--dispatch] [key=value ...]
+  llm-pipeline status CONFIG --run-id ID               which stages of a run are complete
+  llm-pipeline pools [--ascend-nodes N]                create work pools and limits (idempotent)
+  llm-pipeline nightly CONFIG [key=value ...]          one nightly continued-pretraining round now
+
+`run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
+needs to be started by hand. Rerun with the same --run-id to resume: finished stages are skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pipeline_lib.cli import plan_main, validate_main
+from pipeline_lib.config import ConfigError, load_config, validate
+from pipeline_lib.stages import parse_stages
+
+from flows.common import new_run_id
+
+
+def _ui_hint() -> str:
+    api = os.environ.get("PREFECT_API_URL")
+    if api:
+        return f"Prefect UI: {api.removesuffix('/api')}/runs"
+    return ("Prefect UI: runs are recorded in the local Prefect database; start the UI with "
+            "`.venv/bin/prefect server start` and open http://127.0.0.1:4200/runs")
+
+
+def print_summary(summary: dict, failed: str | None = None) -> None:
+    print()
+    print(f"run {summary['run_id']}: {'FAILED' if failed else 'done'}")
+    print(f"run folder: {summary['run_uri']}")
+    for stage, entry in summary["stages"].items():
+        seconds = f"{entry['seconds']:>8.1f} s" if "seconds" in entry else " " * 10
+        note = f"  ({entry['note']})" if entry.get("note") else ""
+        print(f"  {stage:<9} {entry['state']:<13} {seconds}  {entry.get('stage_uri', '')}{note}")
+    if failed:
+        print(f"error: {failed}")
+        print(f"resume: llm-pipeline run ... --run-id {summary['run_id']}  (finished stages are skipped)")
+    print(_ui_hint())
+
+
+def run_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="llm-pipeline run", description="Run the pipeline (or some stages).")
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    ap.add_argument("--run-id", help="reuse a run id to resume it (default: a new dated id)")
+    ap.add_argument("--stages", help="comma-separated subset, e.g. data,pretrain")
+    ap.add_argument("--dispatch", action="store_true",
+                    help="send each stage to its deployment on its work pool (needs a Prefect server)")
+    args = ap.parse_args(argv)
+    try:
+        cfg = validate(load_config(args.config, args.overrides))
+        stages = parse_stages(args.stages)
+    except (ConfigError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    from flows.pipeline import llm_pipeline, stage_states
+
+    run_id = args.run_id or new_run_id()
+    state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
+                         dispatch=args.dispatch, return_state=True)
+    if state.is_completed():
+        summary = state.result()
+        print_summary(summary)
+        return 0
+    summary = {"run_id": run_id, "run_uri": None, "stages": {}}
+    states = stage_states(cfg, run_id)
+    summary["run_uri"] = next(iter(states.values()))["stage_uri"].rsplit("/", 1)[0]
+    summary["stages"] = {s: v for s, v in states.items() if s in stages}
+    print_summary(summary, failed=state.message)
+    return 1
+
+
+def status_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="llm-pipeline status")
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--run-id", required=True)
+    args = ap.parse_args(argv)
+    from flows.pipeline import stage_states
+
+    cfg = load_config(args.config, args.overrides)
+    for stage, entry in stage_states(cfg, args.run_id).items():
+        print(f"{stage:<9} {entry['state']:<13} {entry['note']}")
+    return 0
+
+
+def pools_main(argv: list[str]) -> int:
+    from deployments.setup_pools import main as setup_main
+
+    return setup_main(argv)
+
+
+def nightly_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="llm-pipeline nightly")
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    from flows.nightly import nightly
+
+    state = nightly(config=args.config, overrides=args.overrides, return_state=True)
+    print(state.result() if state.is_completed() else f"nightly failed: {state.message}")
+    return 0 if state.is_completed() else 1
+
+
+COMMANDS = {"validate": validate_main, "plan": plan_main, "run": run_main, "status": status_main,
+            "pools": pools_main, "nightly": nightly_main}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

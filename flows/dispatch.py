@@ -1,0 +1,75 @@
+"""Dispatch a stage to its deployment on its work pool and wait for it.
+
+`run_deployment` returns the child's flow run whatever its final state: it is checked here, and
+a failed child fails the parent with the child's own message. Multi-node training starts one
+child per node rank together (timeout=0), then watches all of them: if one fails, the others
+are cancelled, because a distributed job with a dead rank only hangs until its timeout.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+from prefect import get_client, get_run_logger
+from prefect.client.schemas.objects import StateType
+from prefect.deployments import run_deployment
+from prefect.states import Cancelling
+
+from pipeline_lib.storage import RunPaths, read_manifest
+
+MULTI_NODE_STAGES = ("pretrain", "sft")
+FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
+
+
+class ChildRunFailed(RuntimeError):
+    pass
+
+
+def _describe(run) -> str:
+    state = run.state
+    return f"{run.name} ({run.id}) ended {state.type.value}: {state.message or state.name}"
+
+
+def _wait_all(flow_run_ids: list, poll: float = 2.0) -> list:
+    """Poll until every child is final; on the first failure cancel the rest and raise."""
+    logger = get_run_logger()
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = [client.read_flow_run(i) for i in flow_run_ids]
+            failed = [r for r in runs if r.state and r.state.type in FINAL - {StateType.COMPLETED}]
+            if failed:
+                for r in runs:
+                    if r.state is None or r.state.type not in FINAL:
+                        logger.warning(f"cancelling {r.name}: a sibling rank failed")
+                        client.set_flow_run_state(r.id, Cancelling(message="a sibling node rank failed"),
+                                                  force=True)
+                raise ChildRunFailed("; ".join(_describe(r) for r in failed))
+            if all(r.state and r.state.type == StateType.COMPLETED for r in runs):
+                return runs
+            time.sleep(poll)
+
+
+def dispatch_stage(cfg, resolved: dict, run_id: str, stage: str, suffix: str = "default") -> dict:
+    logger = get_run_logger()
+    name = f"{stage}/{suffix}"
+    started = dt.datetime.now(dt.timezone.utc)
+    nodes = cfg.parallel.num_nodes if stage in MULTI_NODE_STAGES else 1
+    params = {"config": resolved, "run_id": run_id}
+    if nodes == 1:
+        child = run_deployment(name, parameters=params, timeout=None, poll_interval=2)
+        if child.state is None or child.state.type != StateType.COMPLETED:
+            raise ChildRunFailed(_describe(child))
+    else:
+        logger.info(f"{stage}: starting {nodes} node ranks on deployment {name}")
+        children = [run_deployment(name, parameters={**params, "node_rank": rank}, timeout=0,
+                                   flow_run_name=f"{stage}/{run_id}/node-{rank}")
+                    for rank in range(nodes)]
+        _wait_all([c.id for c in children])
+    paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
+    manifest = read_manifest(paths.stage_uri(stage), paths.endpoint_url)
+    if manifest is None:
+        raise ChildRunFailed(f"{name} completed but left no manifest in {paths.stage_uri(stage)}: "
+                             "is the run store shared between the pools (output_root on S3)?")
+    created = dt.datetime.fromisoformat(manifest.created_at)
+    return {"stage": stage, "skipped": created < started, "manifest": manifest.__dict__,
+            "stage_uri": paths.stage_uri(stage)}

@@ -1,0 +1,81 @@
+"""The end-to-end `llm-pipeline` flow: data -> pretrain -> sft -> evaluate -> export.
+
+Two modes:
+- local (default, what `llm-pipeline run` and `make demo` use): each stage runs as a subflow in
+  this process (its heavy work still runs in its own subprocess);
+- dispatch: each stage is sent to its deployment on its work pool with `run_deployment`; the
+  child's final state is checked (run_deployment does not raise), a failed child fails this flow
+  with the child's message, and outputs are read back from the stage manifest on the run store.
+Rerunning with the same run_id skips every stage whose manifest matches (resume).
+"""
+from __future__ import annotations
+
+import time
+
+from prefect import flow, get_run_logger
+
+from pipeline_lib.stages import SPECS, StageUnavailable, available, parse_stages, stage_done
+from pipeline_lib.storage import RunPaths, read_manifest
+
+from flows.common import resolve_config
+from flows.dispatch import dispatch_stage
+from flows.notify import notify_failure
+from flows.stage_flows import STAGE_FLOWS
+
+
+def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
+    missing = []
+    for up in SPECS[stage].upstream:
+        if states.get(up, {}).get("state") in ("completed", "skipped"):
+            continue
+        if read_manifest(paths.stage_uri(up), paths.endpoint_url) is None:
+            missing.append(up)
+    return missing
+
+
+@flow(name="llm-pipeline", flow_run_name="llm-pipeline/{run_id}", log_prints=True, persist_result=True,
+      on_failure=[notify_failure], on_crashed=[notify_failure])
+def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = None,
+                 overrides: list[str] | None = None, dispatch: bool = False,
+                 deployment_suffix: str = "default") -> dict:
+    """Run the requested stages in order; returns per-stage state, seconds and stage folder."""
+    logger = get_run_logger()
+    cfg = resolve_config(config, overrides)
+    resolved = cfg.model_dump(mode="json")
+    paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
+    wanted = stages or parse_stages(None)
+    summary = {"run_id": run_id, "run_uri": paths.run_uri, "stages": {}}
+    for stage in wanted:
+        entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
+        if not available(stage):
+            entry.update(state="missing", note="not implemented in this build")
+            logger.warning(f"{stage}: not implemented in this build, skipped")
+            continue
+        missing = _upstream_missing(stage, summary["stages"], paths)
+        if missing:
+            entry.update(state="missing", note=f"needs {missing} first")
+            logger.warning(f"{stage}: not run, needs {missing}")
+            continue
+        started = time.time()
+        if dispatch:
+            result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
+        else:
+            result = STAGE_FLOWS[stage](config=resolved, run_id=run_id)
+        skipped = bool(result.get("skipped")) if isinstance(result, dict) else False
+        entry.update(state="skipped" if skipped else "completed", seconds=round(time.time() - started, 1))
+        logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}")
+    return summary
+
+
+def stage_states(cfg, run_id: str) -> dict:
+    """Per-stage done/not-done from the manifests (used for the summary after a failure)."""
+    paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
+    out = {}
+    for stage in SPECS:
+        try:
+            done, why = stage_done(cfg, paths, stage)
+        except StageUnavailable as err:
+            done, why = False, str(err)
+        out[stage] = {"state": "complete" if done else "not complete", "note": why,
+                      "stage_uri": paths.stage_uri(stage)}
+    return out

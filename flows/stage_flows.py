@@ -1,0 +1,37 @@
+"""One Prefect flow per stage, so each stage can be triggered, watched and retried alone in the UI
+and deployed to its own work pool. Flow-run names say what and which run: `pretrain/<run_id>`."""
+from __future__ import annotations
+
+import os
+
+from prefect import flow
+
+from pipeline_lib.config.schema import STAGES
+from tasks.stage_task import submit_stage
+
+from flows.common import resolve_config
+
+
+def _make_stage_flow(stage: str):
+    @flow(name=stage, flow_run_name=f"{stage}/{{run_id}}", log_prints=True, persist_result=True,
+          description=f"The {stage} stage of the LLM pipeline (skipped when its manifest is complete).")
+    def stage_flow(config: str | dict, run_id: str, overrides: list[str] | None = None,
+                   node_rank: int = 0) -> dict:
+        cfg = resolve_config(config, overrides)
+        # The launcher reads the node rank of a multi-node job from the environment (msrun --node_rank).
+        os.environ["LLM_PIPELINE_NODE_RANK"] = str(node_rank)
+        return submit_stage(cfg, run_id, stage)
+
+    stage_flow.__name__ = f"{stage}_flow"
+    return stage_flow
+
+
+data_flow = _make_stage_flow("data")
+pretrain_flow = _make_stage_flow("pretrain")
+sft_flow = _make_stage_flow("sft")
+evaluate_flow = _make_stage_flow("evaluate")
+export_flow = _make_stage_flow("export")
+
+STAGE_FLOWS = {"data": data_flow, "pretrain": pretrain_flow, "sft": sft_flow, "evaluate": evaluate_flow,
+               "export": export_flow}
+assert tuple(STAGE_FLOWS) == STAGES

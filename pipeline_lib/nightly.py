@@ -1,0 +1,89 @@
+"""Nightly continued pretraining bookkeeping: what arrived since the last good night.
+
+State lives in the run store at <output_root>/_nightly/state.json:
+  consumed: {input URI: size} of every raw file a successful night has trained on
+  latest:   {run_id, checkpoint, finished_at} of the last night where EVERY stage succeeded
+It is rewritten (atomically) only after a night succeeds, so a failed night leaves the
+watermark and the `latest` pointer where they were and its data is picked up again tomorrow.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import glob
+import json
+import os
+
+from .config.schema import PipelineConfig
+from .storage import is_s3, join, store_for
+
+
+def state_uri(cfg: PipelineConfig) -> str:
+    return join(cfg.run.output_root, "_nightly", "state.json")
+
+
+def load_state(cfg: PipelineConfig) -> dict:
+    store = store_for(cfg.run.output_root, cfg.run.s3_endpoint_url)
+    uri = state_uri(cfg)
+    if not store.exists(uri):
+        return {"consumed": {}, "latest": None, "history": []}
+    return json.loads(store.get_bytes(uri))
+
+
+def save_state(cfg: PipelineConfig, state: dict) -> None:
+    store = store_for(cfg.run.output_root, cfg.run.s3_endpoint_url)
+    store.put_bytes(state_uri(cfg), json.dumps(state, indent=2, sort_keys=True).encode())
+
+
+def list_raw_files(cfg: PipelineConfig) -> dict[str, int]:
+    """Every raw input file matched by data.inputs (local globs or s3:// prefixes/globs) with its size."""
+    found: dict[str, int] = {}
+    for pattern in cfg.data.inputs:
+        if is_s3(pattern):
+            store = store_for(pattern, cfg.run.s3_endpoint_url)
+            has_glob = any(c in pattern for c in "*?[")
+            prefix = pattern.split("*")[0].rsplit("/", 1)[0] if has_glob else pattern
+            for uri in store.list(prefix):
+                if not has_glob or fnmatch.fnmatch(uri, pattern):
+                    found[uri] = store.size(uri)
+        else:
+            for path in sorted(glob.glob(pattern, recursive=True)):
+                if os.path.isfile(path):
+                    found[path] = os.path.getsize(path)
+    return dict(sorted(found.items()))
+
+
+def new_files(cfg: PipelineConfig, state: dict) -> dict[str, int]:
+    """Files not trained on yet; a file that grew since (appended) counts as new."""
+    consumed = state.get("consumed", {})
+    return {u: s for u, s in list_raw_files(cfg).items() if consumed.get(u) != s}
+
+
+def nightly_overrides(state: dict, files: dict[str, int]) -> dict:
+    """Config changes for tonight: only the new files, continue from last night's checkpoint."""
+    changes: dict = {"data": {"inputs": sorted(files)}}
+    latest = state.get("latest")
+    if latest and latest.get("checkpoint"):
+        changes["model"] = {"base_checkpoint": latest["checkpoint"], "hf_checkpoint": None}
+        changes["evaluate"] = {"compare_checkpoints": {f"last night ({latest['run_id']})": latest["checkpoint"]}}
+    return changes
+
+
+def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
+                 checkpoint: str | None) -> dict:
+    """Advance the watermark and the `latest` pointer; call only after every stage succeeded."""
+    state = json.loads(json.dumps(state))
+    state.setdefault("consumed", {}).update(files)
+    state["latest"] = {"run_id": run_id, "checkpoint": checkpoint,
+                       "finished_at": dt.datetime.now(dt.timezone.utc).isoformat()}
+    state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint})
+    save_state(cfg, state)
+    return state
+
+
+def deep_update(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = deep_update(out.get(key) or {}, value) if isinstance(value, dict) and key != "compare_checkpoints" \
+            else value
+    return out

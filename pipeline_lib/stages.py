@@ -1,0 +1,155 @@
+"""The stage graph and each stage's identity.
+
+A stage is identified by (1) the hash of exactly the config fields that matter to it and
+(2) the fingerprints of the manifests of the stages it reads. A stage whose manifest matches
+both is done and is skipped; change a field it depends on (or redo an upstream stage) and it
+reruns. That rule is what makes resume, retries and dispatch to another machine safe, and it
+lives here so the CLI, the Prefect flows and the nightly job all apply the same one.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+from .config.load import config_hash
+from .config.platform import device_target
+from .config.schema import STAGES, PipelineConfig
+from .storage import Manifest, RunPaths, manifest_matches, read_manifest, write_manifest
+
+
+class StageUnavailable(RuntimeError):
+    """The stage's engine is not part of this build (yet)."""
+
+
+class TransientError(RuntimeError):
+    """A failure worth retrying: storage/network hiccup, a lost worker. Config/data errors are not."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    upstream: tuple[str, ...]
+    fields: Callable[[PipelineConfig], dict]
+    runner: str  # "module:function" taking (cfg, paths, log=..., progress=...) -> Manifest
+    pool: str    # work pool it is dispatched to: cpu or ascend
+
+
+def _data_fields(c: PipelineConfig) -> dict:
+    return {"data": c.data.model_dump(mode="json"), "tokenizer": c.tokenizer.model_dump(mode="json"),
+            "seq_length": c.model.seq_length, "seed": c.run.seed}
+
+
+def _pretrain_fields(c: PipelineConfig) -> dict:
+    training = c.training.model_dump(mode="json")
+    for knob in ("timeout_seconds", "upload_checkpoints", "preflight_steps"):  # do not change the weights
+        training.pop(knob)
+    return {"model": c.model.model_dump(mode="json"), "parallel": c.parallel.model_dump(mode="json"),
+            "training": training, "seed": c.run.seed, "device": device_target(c)}
+
+
+def _sft_fields(c: PipelineConfig) -> dict:
+    return {"sft": c.sft.model_dump(mode="json"), "model": c.model.model_dump(mode="json"),
+            "precision": c.training.precision, "seed": c.run.seed, "device": device_target(c)}
+
+
+def _evaluate_fields(c: PipelineConfig) -> dict:
+    return {"evaluate": c.evaluate.model_dump(mode="json"), "seq_length": c.model.seq_length}
+
+
+def _export_fields(c: PipelineConfig) -> dict:
+    return {"export": c.export.model_dump(mode="json"),
+            "lora": {k: getattr(c.sft, k) for k in ("lora_rank", "lora_alpha", "target_modules")}}
+
+
+SPECS: dict[str, StageSpec] = {
+    "data": StageSpec("data", (), _data_fields, "pipeline_lib.data.stage:run_data_stage", "cpu"),
+    "pretrain": StageSpec("pretrain", ("data",), _pretrain_fields,
+                          "pipeline_lib.train.stage:run_pretrain_stage", "ascend"),
+    "sft": StageSpec("sft", ("data", "pretrain"), _sft_fields, "pipeline_lib.train.sft_stage:run_sft_stage", "ascend"),
+    "evaluate": StageSpec("evaluate", ("data", "pretrain", "sft"), _evaluate_fields,
+                          "pipeline_lib.evaluate.stage:run_evaluate_stage", "ascend"),
+    "export": StageSpec("export", ("data", "sft"), _export_fields, "pipeline_lib.export.stage:run_export_stage",
+                        "ascend"),
+}
+assert tuple(SPECS) == STAGES
+
+
+def stage_hash(cfg: PipelineConfig, stage: str) -> str:
+    return config_hash(SPECS[stage].fields(cfg))
+
+
+def manifest_fingerprint(m: Manifest) -> str:
+    blob = json.dumps({"config_hash": m.config_hash, "outputs": m.outputs}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def stage_inputs(paths: RunPaths, stage: str) -> dict:
+    """Fingerprints of the upstream manifests this stage reads (None where missing)."""
+    out = {}
+    for up in SPECS[stage].upstream:
+        m = read_manifest(paths.stage_uri(up), paths.endpoint_url)
+        out[up] = manifest_fingerprint(m) if m else None
+    return out
+
+
+def stage_done(cfg: PipelineConfig, paths: RunPaths, stage: str) -> tuple[bool, str]:
+    return manifest_matches(paths.stage_uri(stage), stage_hash(cfg, stage), stage_inputs(paths, stage),
+                            paths.endpoint_url)
+
+
+def parse_stages(text: str | None) -> list[str]:
+    """'data,pretrain' -> ['data', 'pretrain'] in pipeline order; refuses unknown names."""
+    if not text:
+        return list(STAGES)
+    wanted = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SPECS]
+    if unknown:
+        raise ValueError(f"--stages: unknown stage(s) {unknown}; choose from {','.join(STAGES)}")
+    return [s for s in STAGES if s in wanted]
+
+
+def runner(stage: str) -> Callable[..., Manifest]:
+    module, _, func = SPECS[stage].runner.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name and (err.name == module or module.startswith(err.name + ".")):
+            raise StageUnavailable(f"stage '{stage}' is not implemented in this build ({module} missing)") from None
+        raise
+    fn = getattr(mod, func, None)
+    if fn is None:
+        raise StageUnavailable(f"stage '{stage}' is not implemented in this build ({SPECS[stage].runner} missing)")
+    return fn
+
+
+def available(stage: str) -> bool:
+    try:
+        runner(stage)
+        return True
+    except StageUnavailable:
+        return False
+
+
+def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, progress=None,
+              force: bool = False) -> tuple[Manifest, bool]:
+    """Run one stage unless its manifest already matches. Returns (manifest, skipped)."""
+    done, why = stage_done(cfg, paths, stage)
+    if done and not force:
+        log(f"{stage}: skipped, manifest complete ({paths.stage_uri(stage)})")
+        return read_manifest(paths.stage_uri(stage), paths.endpoint_url), True
+    missing = [u for u, fp in stage_inputs(paths, stage).items() if fp is None]
+    if missing:
+        raise StageUnavailable(f"stage '{stage}' needs {missing} first: run with --stages "
+                               f"{','.join([*missing, stage])} or the whole pipeline")
+    log(f"{stage}: running ({why})")
+    fn = runner(stage)
+    manifest = fn(cfg, paths, log=log, progress=progress)
+    # Stamp the canonical identity (this module's hash and upstream fingerprints) so that the
+    # skip rule above and the stage's own bookkeeping can never disagree.
+    manifest.config_hash = stage_hash(cfg, stage)
+    manifest.inputs = json.loads(json.dumps(stage_inputs(paths, stage), sort_keys=True))
+    write_manifest(paths.stage_uri(stage), manifest, paths.endpoint_url)
+    return manifest, False

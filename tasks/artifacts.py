@@ -1,0 +1,85 @@
+"""What the Prefect UI shows for each stage: progress, tables, the loss curve, links to outputs.
+
+Stages put what they want shown into their manifest's `metrics`:
+  metrics["tables"] = {"key": {"description": str, "rows": [dict, ...]}}
+  metrics["images"] = {"key": "relative/path.png"}   (files in the stage folder)
+  metrics["markdown"] = {"key": "markdown text"}
+so this module stays generic and the engine stays free of Prefect.
+"""
+from __future__ import annotations
+
+import base64
+import re
+import time
+
+from prefect.artifacts import (create_link_artifact, create_markdown_artifact, create_progress_artifact,
+                               create_table_artifact, update_progress_artifact)
+
+from pipeline_lib.storage import join
+
+
+def _key(*parts: str) -> str:
+    # Artifact keys allow lowercase letters, digits and dashes only.
+    return re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")[:100]
+
+
+class ProgressReporter:
+    """progress(step, done, total) callback -> one progress artifact, updated at most every 2 s."""
+
+    def __init__(self, stage: str, min_interval: float = 2.0):
+        self.stage = stage
+        self.min_interval = min_interval
+        self.artifact_id = None
+        self.last = 0.0
+        self.last_pct = 0.0
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        pct = 100.0 * done / total if total else 0.0
+        now = time.time()
+        try:
+            if self.artifact_id is None:
+                self.artifact_id = create_progress_artifact(
+                    progress=pct, key=_key(self.stage, "progress"),
+                    description=f"{self.stage}: {step} {done}/{total}")
+                self.last = now
+            elif now - self.last >= self.min_interval or done >= total:
+                update_progress_artifact(self.artifact_id, progress=pct,
+                                         description=f"{self.stage}: {step} {done}/{total}")
+                self.last = now
+            self.last_pct = pct
+        except Exception:  # the UI is a view; never fail a stage because an artifact could not be written
+            pass
+
+    def finish(self) -> None:
+        if self.artifact_id is not None and self.last_pct < 100:
+            try:
+                update_progress_artifact(self.artifact_id, progress=100.0, description=f"{self.stage}: done")
+            except Exception:
+                pass
+
+
+def _image_markdown(stage_uri: str, rel: str, store) -> str:
+    uri = join(stage_uri, rel)
+    data = store.get_bytes(uri)
+    # Inline the PNG so the image shows without the UI reaching the run store.
+    return f"![{rel}](data:image/png;base64,{base64.b64encode(data).decode()})\n\n`{uri}`"
+
+
+def publish_stage_artifacts(cfg, paths, stage: str, manifest) -> None:
+    metrics = manifest.metrics or {}
+    stage_uri = paths.stage_uri(stage)
+    store = paths.store()
+    for name, table in (metrics.get("tables") or {}).items():
+        create_table_artifact(table["rows"], key=_key(stage, name), description=table.get("description", name))
+    for name, rel in (metrics.get("images") or {}).items():
+        create_markdown_artifact(_image_markdown(stage_uri, rel, store), key=_key(stage, name),
+                                 description=f"{stage}: {name}")
+    for name, text in (metrics.get("markdown") or {}).items():
+        create_markdown_artifact(text, key=_key(stage, name), description=f"{stage}: {name}")
+    lines = [f"| output | size |", "|---|---|"]
+    lines += [f"| `{o['path']}` | {o['size']:,} |" for o in manifest.outputs[:200]]
+    create_markdown_artifact(f"**{stage}** outputs in `{stage_uri}`\n\n" + "\n".join(lines),
+                             key=_key(stage, "outputs"), description=f"{stage}: outputs")
+    if stage_uri.startswith("s3://") or stage_uri.startswith("/"):
+        create_link_artifact(stage_uri if stage_uri.startswith("s3://") else f"file://{stage_uri}",
+                             link_text=f"{stage} folder", key=_key(stage, "folder"))

@@ -1,0 +1,78 @@
+"""The Prefect task that runs one pipeline stage: a thin wrapper over pipeline_lib.stages.
+
+- Retries (exponential backoff + jitter) only on transient errors: storage/network failures and
+  lost workers. A config or data error fails at once: retrying cannot fix it.
+- The stage manifest on the run store decides whether a stage is done (so a retry on another
+  machine agrees); the Prefect cache (inputs + task source, persisted result) mirrors it so a
+  "Retry" of a failed flow run in the UI shows finished stages as Cached. The cache is refreshed
+  whenever the manifest does not match, so a stale cache can never skip real work.
+- Skipped stages finish in a Completed state named "Skipped", visible in the UI and the API.
+"""
+from __future__ import annotations
+
+import time
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.states import Completed
+from prefect.tasks import exponential_backoff
+
+from pipeline_lib.config import PipelineConfig, config_from_dict
+from pipeline_lib.stages import TransientError, run_stage, stage_done
+from pipeline_lib.storage import RunPaths
+
+from tasks.artifacts import ProgressReporter, publish_stage_artifacts
+
+TRANSIENT_NAMES = {"EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
+                   "ConnectTimeoutError", "ProtocolError", "LostWorkerError"}
+
+
+def is_transient(exc: BaseException | None) -> bool:
+    if exc is None:
+        return False
+    if isinstance(exc, (TransientError, ConnectionError, TimeoutError)):
+        return True
+    return type(exc).__name__ in TRANSIENT_NAMES
+
+
+def retry_only_transient(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except BaseException as exc:  # the task's own exception is re-raised by result()
+        return is_transient(exc)
+    return False
+
+
+def _run_paths(cfg: PipelineConfig, run_id: str) -> RunPaths:
+    return RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
+
+
+@task(name="stage", task_run_name="{stage}/{run_id}", retries=2,
+      retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_jitter_factor=0.5,
+      retry_condition_fn=retry_only_transient, cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+def stage_task(config: dict, run_id: str, stage: str) -> dict:
+    """Run `stage` for `run_id` unless its manifest is complete; returns the manifest as a dict."""
+    logger = get_run_logger()
+    cfg = config_from_dict(config)
+    paths = _run_paths(cfg, run_id)
+    reporter = ProgressReporter(stage)
+    started = time.time()
+    manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
+    reporter.finish()
+    result = {"stage": stage, "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
+              "stage_uri": paths.stage_uri(stage), "manifest": manifest.__dict__}
+    if skipped:
+        return Completed(message=f"{stage}: manifest complete, not redone", name="Skipped", data=result)
+    publish_stage_artifacts(cfg, paths, stage, manifest)
+    return result
+
+
+def submit_stage(cfg: PipelineConfig, run_id: str, stage: str) -> dict:
+    """Call the stage task with this config's retry policy and a cache that follows the manifest."""
+    done, _ = stage_done(cfg, _run_paths(cfg, run_id), stage)
+    configured = stage_task.with_options(
+        retries=cfg.orchestration.task_retries,
+        retry_delay_seconds=exponential_backoff(backoff_factor=cfg.orchestration.retry_delay_seconds),
+        refresh_cache=not done,
+    )
+    return configured(cfg.model_dump(mode="json"), run_id, stage)
