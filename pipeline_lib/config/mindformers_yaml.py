@@ -1,0 +1,257 @@
+"""Generate the mindformers run yaml of a training stage from the typed pipeline config.
+
+What: `build_run_config(cfg, stage=..., dataset_dir=..., output_dir=...)` returns the dict that
+`mindformers.tools.MindFormerConfig` loads and `pipeline_lib.train.entry` (or mindformers'
+`run_mindformer.py`) runs; `write_run_yaml` writes it (with a header stating the command and the
+batch/step arithmetic) into the run folder. Stage "pretrain" is `run_mode: train` over packed
+`input_ids`; stage "sft" is a LoRA finetune (`pet_config` under `model.model_config`,
+`run_mode: finetune`, `load_checkpoint` = the base checkpoint, columns `input_ids` + `labels`).
+
+One code path for CPU and Ascend: on CPU only the measured overrides change (platform.py), the run
+is data parallel (`parallel_mode: 0`), the wrapper is `CPUTrainOneStepCell` (IsFinite overflow
+check, in-graph gradient accumulation; `pipeline_lib.train.cpu_wrappers`) and the dataset batch is
+micro_batch_size x accumulation; on Ascend it is semi-auto parallel with `MFTrainOneStepCell` and
+mindformers' own accumulation (under pipeline parallel the accumulation steps become
+`micro_batch_num`, which mindformers uses as the accumulation there).
+
+Steps: mindformers counts epochs, not steps. With a step budget the yaml gets enough epochs over the
+data plus a `StopAtStep` callback that stops at the budget's optimizer global_step (mindformers'
+`TrainCallBack` counts from 0 again after a resume), and the LR schedule spans exactly that budget;
+this needs the number of rows (`train_rows`, else counted from the MindRecord index files).
+Both registered names (`CPUTrainOneStepCell`, `StopAtStep`) need `pipeline_lib.train` importable.
+
+Limits: no eval dataset/processor sections (evaluation runs elsewhere); SFT uses no gradient
+accumulation and reuses training.warmup_steps / min_lr / optimizer / loss scale (there are no sft.*
+fields for them). Raises ValueError naming the argument when the stage or the inputs cannot work.
+"""
+from __future__ import annotations
+
+import glob
+import math
+import os
+import sqlite3
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from .platform import CPU_MODEL_OVERRIDES, CPU_RUNNER_OVERRIDES, device_target
+from .schema import PipelineConfig
+from .validate import lora_model_name
+
+Stage = Literal["pretrain", "sft"]
+CPU_WRAPPER = "CPUTrainOneStepCell"
+"""Registered by pipeline_lib.train.cpu_wrappers (the entry module imports it on every rank)."""
+STOP_CALLBACK = "StopAtStep"
+"""Registered by pipeline_lib.train.mf_callbacks; stops at an optimizer global_step (resume-safe)."""
+
+
+def count_mindrecord_rows(dataset_dir: str) -> int:
+    """Rows in the MindRecord files of `dataset_dir`, read from their sqlite `.db` index files.
+
+    Raises ValueError when the folder holds no `*.mindrecord*` index file.
+    """
+    dbs = sorted(glob.glob(os.path.join(dataset_dir, "**", "*.mindrecord*.db"), recursive=True))
+    if not dbs:
+        raise ValueError(f"dataset_dir={dataset_dir!r}: no MindRecord (*.mindrecord*.db) files found; "
+                         "run the data stage first or pass train_rows")
+    total = 0
+    for db in dbs:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            total += conn.execute("SELECT COUNT(*) FROM INDEXES").fetchone()[0]
+    return total
+
+
+def lora_target_regex(target_modules: list[str]) -> str:
+    """Regex mindformers matches (re.match) against each child cell name, e.g. `wq`."""
+    return "|".join(rf".*{name}$" for name in target_modules)
+
+
+def _loss_scale(cfg: PipelineConfig):
+    ls = cfg.training.loss_scale
+    if ls.type == "dynamic":
+        return {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": float(ls.init_value),
+                "scale_factor": float(ls.factor), "scale_window": int(ls.window)}
+    if ls.type == "static":
+        return {"type": "FixedLossScaleUpdateCell", "loss_scale_value": float(ls.init_value)}
+    return 1.0
+
+
+def _model_config(cfg: PipelineConfig, stage: Stage, on_cpu: bool, batch_size: int) -> dict:
+    m, tok = cfg.model, cfg.tokenizer
+    mc = {
+        "type": "LlamaConfig", "batch_size": batch_size, "seq_length": m.seq_length,
+        "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_heads": m.num_heads,
+        "n_kv_heads": m.n_kv_heads, "intermediate_size": m.intermediate_size, "vocab_size": m.vocab_size,
+        "rms_norm_eps": m.rms_norm_eps, "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
+        "pad_token_id": tok.pad_id, "ignore_token_id": -100, "tie_word_embeddings": m.tie_word_embeddings,
+        "compute_dtype": m.compute_dtype, "param_init_type": m.param_init_type,
+        "layernorm_compute_type": m.layernorm_compute_type, "softmax_compute_type": m.softmax_compute_type,
+        "rotary_dtype": m.rotary_dtype, "use_flash_attention": m.use_flash_attention, "use_past": False,
+        "checkpoint_name_or_path": "", "offset": 0,
+    }
+    if on_cpu:
+        mc.update(CPU_MODEL_OVERRIDES)
+    if stage == "sft":
+        s = cfg.sft
+        mc["pet_config"] = {"pet_type": "lora", "lora_rank": s.lora_rank, "lora_alpha": s.lora_alpha,
+                            "lora_dropout": s.lora_dropout, "target_modules": lora_target_regex(s.target_modules)}
+    return mc
+
+
+def _parallel(cfg: PipelineConfig, on_cpu: bool, accum: int | None) -> tuple[dict, dict]:
+    p = cfg.parallel
+    micro_batch_num = p.micro_batch_num
+    if p.pipeline_stage > 1 and accum is not None:
+        # Under pipeline parallel mindformers ignores gradient_accumulation_steps: the pipeline's
+        # micro batches are the accumulation (global batch = batch x dp x micro_batch_num).
+        if accum % p.pipeline_stage:
+            raise ValueError(f"training.gradient_accumulation_steps={accum}: under pipeline parallel it becomes "
+                             f"micro_batch_num and must be a multiple of parallel.pipeline_stage={p.pipeline_stage}")
+        micro_batch_num = accum
+    parallel = {
+        "parallel_mode": 0 if on_cpu else 1,  # 0 data parallel, 1 semi-auto parallel
+        "gradients_mean": on_cpu,
+        "full_batch": not on_cpu,
+        "enable_parallel_optimizer": p.optimizer_shard,
+        "search_mode": "sharding_propagation",
+        # mindformers moves it to <output_dir>/strategy/ckpt_strategy_rank_N.ckpt
+        "strategy_ckpt_save_file": "ckpt_strategy.ckpt",
+    }
+    parallel_config = {
+        "data_parallel": p.data_parallel, "model_parallel": p.model_parallel,
+        "pipeline_stage": p.pipeline_stage, "micro_batch_num": micro_batch_num,
+        "use_seq_parallel": False, "vocab_emb_dp": True, "gradient_aggregation_group": 4,
+    }
+    return parallel, parallel_config
+
+
+def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, output_dir: str,
+                     load_checkpoint: str | None = None, resume: bool = False,
+                     train_rows: int | None = None, steps: int | None = None,
+                     target: str | None = None) -> dict:
+    """The mindformers run config of `stage` as a plain dict.
+
+    `steps` overrides the stage's step budget (preflight); `target` overrides the device target
+    (default platform.device_target(cfg)). `resume` sets `resume_training` (then `load_checkpoint`
+    should be the stage's own checkpoint folder or file). Raises ValueError for an unknown stage, an
+    SFT run without a base checkpoint, or a dataset too small for one batch.
+    """
+    if stage not in ("pretrain", "sft"):
+        raise ValueError(f"stage={stage!r}: must be 'pretrain' or 'sft'")
+    if stage == "sft" and not load_checkpoint:
+        raise ValueError("stage='sft' needs load_checkpoint (the pretrained base .ckpt): without it "
+                         "mindformers silently finetunes a randomly initialised model")
+    t = cfg.training
+    target = target or device_target(cfg)
+    on_cpu = target == "CPU"
+    dp = cfg.parallel.data_parallel
+    if stage == "sft":
+        micro, accum, lr, budget = cfg.sft.micro_batch_size, 1, cfg.sft.learning_rate, cfg.sft.steps
+    else:
+        micro, accum, lr, budget = t.micro_batch_size, t.gradient_accumulation_steps, t.learning_rate, t.steps
+    budget = steps or budget
+    # CPU: the wrapper splits one dataset batch into `accum` micro batches inside the graph.
+    batch = micro * accum if on_cpu else micro
+    rows_per_step = micro * accum * dp
+
+    epochs, stop_step = t.epochs, None
+    if budget is not None:
+        rows = train_rows if train_rows is not None else count_mindrecord_rows(dataset_dir)
+        steps_per_epoch = rows // rows_per_step
+        if steps_per_epoch < 1:
+            raise ValueError(f"dataset_dir={dataset_dir!r} holds {rows} rows, fewer than one optimizer step "
+                             f"needs ({rows_per_step} = micro_batch x accumulation x data_parallel)")
+        epochs, stop_step = math.ceil(budget / steps_per_epoch), budget
+    warmup = min(t.warmup_steps, budget) if budget else t.warmup_steps
+
+    # SFT has no accumulation of its own: under pipeline parallel it keeps parallel.micro_batch_num.
+    parallel, parallel_config = _parallel(cfg, on_cpu, accum if stage == "pretrain" else None)
+    columns = ["input_ids", "labels"] if stage == "sft" else ["input_ids"]
+    name = lora_model_name(cfg) if stage == "sft" else cfg.model.name
+    wrapper = {"type": CPU_WRAPPER if on_cpu else "MFTrainOneStepCell", "scale_sense": _loss_scale(cfg),
+               "use_clip_grad": True, "max_grad_norm": float(t.grad_clip)}
+    if on_cpu:
+        wrapper["accumulation_steps"] = accum
+    runner = {"epochs": epochs, "batch_size": batch, "sink_mode": True, "sink_size": 1,
+              "gradient_accumulation_steps": 1 if on_cpu or cfg.parallel.pipeline_stage > 1 else accum}
+    if on_cpu:
+        runner.update(CPU_RUNNER_OVERRIDES)
+    ckpt_cb = {"type": "CheckpointMonitor", "prefix": name, "save_checkpoint_steps": t.save_steps,
+               "keep_checkpoint_max": t.keep_checkpoint_max, "integrated_save": False, "async_save": False,
+               "checkpoint_format": "ckpt"}
+    if stage == "sft":
+        ckpt_cb["save_trainable_params"] = True  # adapter-only copy under checkpoint_trainable/rank_N
+    callbacks = [{"type": "MFLossMonitor", "per_print_times": 1}, ckpt_cb]
+    if stop_step is not None:
+        callbacks.append({"type": STOP_CALLBACK, "stop_step": stop_step})
+    context = {"mode": 0, "device_target": target, "max_call_depth": 10000, "save_graphs": False,
+               "device_id": 0}
+    if not on_cpu:
+        context["max_device_memory"] = f"{cfg.parallel.device_memory_gb:g}GB"
+    recompute = cfg.model.recompute
+
+    return {
+        "seed": cfg.run.seed,
+        "output_dir": str(output_dir),
+        "run_mode": "finetune" if stage == "sft" else "train",
+        "load_checkpoint": str(load_checkpoint or ""),
+        "load_ckpt_format": "ckpt",
+        "auto_trans_ckpt": False,
+        "resume_training": bool(resume),
+        "only_save_strategy": False,
+        "use_parallel": cfg.parallel.devices > 1,
+        "trainer": {"type": "CausalLanguageModelingTrainer", "model_name": name},
+        "context": context,
+        "parallel": parallel,
+        "parallel_config": parallel_config,
+        "micro_batch_interleave_num": 1,
+        "recompute_config": {"recompute": recompute == "full", "select_recompute": recompute == "selective",
+                             "parallel_optimizer_comm_recompute": False, "mp_comm_recompute": True,
+                             "recompute_slice_activation": False},
+        "runner_config": runner,
+        "runner_wrapper": wrapper,
+        "optimizer": {"type": "AdamW", "betas": [t.optimizer.beta1, t.optimizer.beta2],
+                      "eps": t.optimizer.eps, "weight_decay": t.optimizer.weight_decay},
+        "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": lr, "lr_end": t.min_lr,
+                        "warmup_steps": warmup, "total_steps": budget if budget is not None else -1},
+        "model": {"model_config": _model_config(cfg, stage, on_cpu, micro),
+                  "arch": {"type": "LlamaForCausalLM"}},
+        "train_dataset": {"data_loader": {"type": "MindDataset", "dataset_dir": str(dataset_dir), "shuffle": False},
+                          "input_columns": columns, "batch_size": batch, "drop_remainder": True,
+                          "num_parallel_workers": 2 if on_cpu else 8, "python_multiprocessing": False,
+                          "repeat": 1, "numa_enable": False, "prefetch_size": 1},
+        "train_dataset_task": {"type": "CausalLanguageModelDataset"},
+        "do_eval": False,
+        "callbacks": callbacks,
+        "profile": False,
+    }
+
+
+def _header(cfg: PipelineConfig, run: dict, stage: Stage) -> str:
+    r, pc = run["runner_config"], run["parallel_config"]
+    accum = run["runner_wrapper"].get("accumulation_steps", r["gradient_accumulation_steps"])
+    if pc["pipeline_stage"] > 1:
+        accum = pc["micro_batch_num"]
+    micro = run["model"]["model_config"]["batch_size"]
+    gbs = micro * accum * cfg.parallel.data_parallel
+    seq = cfg.model.seq_length
+    return (f"# mindformers run config for stage '{stage}', generated by pipeline_lib.config.mindformers_yaml.\n"
+            f"# Run: python -m pipeline_lib.train.entry --yaml <this file>   (msrun --worker_num=N ... for N ranks)\n"
+            f"# Global batch {gbs} = micro {micro} x accumulation {accum} x data_parallel "
+            f"{cfg.parallel.data_parallel}; {gbs * seq} tokens per optimizer step;\n"
+            f"# data_parallel={pc['data_parallel']} model_parallel={pc['model_parallel']} "
+            f"pipeline_stage={pc['pipeline_stage']}; step budget: {run['lr_schedule']['total_steps']} "
+            f"(-1 = epochs x dataset), epochs={r['epochs']}.\n")
+
+
+def write_run_yaml(cfg: PipelineConfig, path: str | Path, *, stage: Stage, **kwargs) -> Path:
+    """Build the run config (kwargs as in build_run_config) and write it to `path`; returns the path."""
+    run = build_run_config(cfg, stage=stage, **kwargs)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(_header(cfg, run, stage) + yaml.safe_dump(run, sort_keys=False, allow_unicode=True),
+                   encoding="utf-8")
+    os.replace(tmp, path)
+    return path

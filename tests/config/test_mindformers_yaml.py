@@ -1,0 +1,179 @@
+"""The generated mindformers yaml: loads with MindFormerConfig and carries the pipeline config's values.
+
+mindformers is imported once per session (~5-8 s); everything else is plain dict checks.
+"""
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.config.load import load_config
+from pipeline_lib.config.mindformers_yaml import (build_run_config, count_mindrecord_rows, lora_target_regex,
+                                                  write_run_yaml)
+from pipeline_lib.config.platform import CPU_MODEL_OVERRIDES
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def mf_config():
+    """mindformers.tools.MindFormerConfig (env for logs is set by tests/conftest.py)."""
+    from mindformers.tools import MindFormerConfig
+
+    return MindFormerConfig
+
+
+def cpu_cfg(**sections):
+    sections.setdefault("run", {})["device_target"] = "CPU"
+    return config_from_dict(sections)
+
+
+def write_and_load(mf_config, tmp_path, cfg, stage="pretrain", **kw):
+    kw.setdefault("dataset_dir", str(tmp_path / "data"))
+    kw.setdefault("output_dir", str(tmp_path / "out"))
+    kw.setdefault("train_rows", 256)
+    path = write_run_yaml(cfg, tmp_path / f"{stage}.yaml", stage=stage, **kw)
+    return path, mf_config(str(path))
+
+
+def test_pretrain_cpu_yaml_loads_with_pipeline_values(mf_config, tmp_path):
+    cfg = cpu_cfg(model={"name": "tiny_x", "n_kv_heads": 2, "rms_norm_eps": 1e-6},
+                  training={"steps": 30, "learning_rate": 2e-3, "warmup_steps": 4, "min_lr": 1e-5,
+                            "save_steps": 10, "keep_checkpoint_max": 2, "grad_clip": 0.5,
+                            "optimizer": {"beta2": 0.99, "eps": 1e-7, "weight_decay": 0.05}},
+                  tokenizer={"pad_id": 0, "bos_id": 2, "eos_id": 3})
+    path, mf = write_and_load(mf_config, tmp_path, cfg)
+    assert path.read_text().startswith("# mindformers run config for stage 'pretrain'")
+    assert mf.run_mode == "train" and mf.seed == cfg.run.seed
+    assert mf.output_dir == str(tmp_path / "out") and mf.load_checkpoint == "" and mf.resume_training is False
+    assert mf.context.mode == 0 and mf.context.device_target == "CPU"
+    assert "max_device_memory" not in yaml.safe_load(path.read_text())["context"]  # mindformers fills a default
+    assert mf.parallel.parallel_mode == 0 and mf.use_parallel is False
+    mc = mf.model.model_config
+    assert mf.model.arch.type == "LlamaForCausalLM" and mc.type == "LlamaConfig"
+    for key, want in {"seq_length": 64, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "n_kv_heads": 2,
+                      "intermediate_size": 176, "vocab_size": 2048, "rms_norm_eps": 1e-6, "pad_token_id": 0,
+                      "bos_token_id": 2, "eos_token_id": 3, "compute_dtype": "float32", "use_past": False}.items():
+        assert mc[key] == want, key
+    for key, want in CPU_MODEL_OVERRIDES.items():
+        assert mc[key] == want, key
+    assert "pet_config" not in mc
+    assert mf.runner_config.sink_mode is False and mf.runner_config.batch_size == 4
+    assert mf.runner_config.epochs == 1  # 256 rows / 4 per step = 64 steps per epoch >= 30
+    assert mf.runner_wrapper.type == "CPUTrainOneStepCell" and mf.runner_wrapper.accumulation_steps == 1
+    assert mf.runner_wrapper.scale_sense == 1.0 and mf.runner_wrapper.max_grad_norm == 0.5
+    assert mf.optimizer.type == "AdamW" and list(mf.optimizer.betas) == [0.9, 0.99]
+    assert mf.optimizer.eps == 1e-7 and mf.optimizer.weight_decay == 0.05
+    assert (mf.lr_schedule.type, mf.lr_schedule.learning_rate, mf.lr_schedule.lr_end) == ("CosineWithWarmUpLR", 2e-3, 1e-5)
+    assert (mf.lr_schedule.warmup_steps, mf.lr_schedule.total_steps) == (4, 30)
+    ds = mf.train_dataset
+    assert ds.data_loader.type == "MindDataset" and ds.data_loader.dataset_dir == str(tmp_path / "data")
+    assert ds.data_loader.shuffle is False and list(ds.input_columns) == ["input_ids"]
+    assert ds.batch_size == 4 and ds.drop_remainder is True
+    callbacks = {c["type"]: c for c in mf.callbacks}
+    assert callbacks["CheckpointMonitor"]["save_checkpoint_steps"] == 10
+    assert callbacks["CheckpointMonitor"]["keep_checkpoint_max"] == 2
+    assert callbacks["CheckpointMonitor"]["prefix"] == "tiny_x"
+    assert callbacks["StopAtStep"]["stop_step"] == 30 and "MFLossMonitor" in callbacks
+
+
+def test_sft_yaml_is_a_lora_finetune_from_the_base(mf_config, tmp_path):
+    cfg = cpu_cfg(sft={"lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.1, "target_modules": ["wq", "wv", "w2"],
+                       "steps": 12, "learning_rate": 1e-3, "micro_batch_size": 2})
+    _, mf = write_and_load(mf_config, tmp_path, cfg, stage="sft", load_checkpoint="/ckpt/base.ckpt")
+    assert mf.run_mode == "finetune" and mf.load_checkpoint == "/ckpt/base.ckpt"
+    assert mf.trainer.model_name == "tiny_llama_lora"
+    pet = mf.model.model_config.pet_config
+    assert (pet.pet_type, pet.lora_rank, pet.lora_alpha, pet.lora_dropout) == ("lora", 4, 8.0, 0.1)
+    assert pet.target_modules == lora_target_regex(["wq", "wv", "w2"])
+    assert list(mf.train_dataset.input_columns) == ["input_ids", "labels"]
+    assert mf.train_dataset.batch_size == 2 and mf.lr_schedule.learning_rate == 1e-3
+    assert mf.lr_schedule.total_steps == 12
+    ckpt = next(c for c in mf.callbacks if c["type"] == "CheckpointMonitor")
+    assert ckpt["save_trainable_params"] is True and ckpt["prefix"] == "tiny_llama_lora"
+
+
+def test_sft_without_base_checkpoint_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="load_checkpoint"):
+        build_run_config(cpu_cfg(), stage="sft", dataset_dir=str(tmp_path), output_dir=str(tmp_path), train_rows=64)
+
+
+def test_lora_regex_matches_only_the_named_projections():
+    rx = lora_target_regex(["wq", "wo", "w1"])
+    assert [n for n in ("wq", "wk", "wv", "wo", "w1", "w2", "w3", "wq_extra") if re.match(rx, n)] == ["wq", "wo", "w1"]
+
+
+def test_resume_and_cpu_accumulation(mf_config, tmp_path):
+    cfg = cpu_cfg(training={"micro_batch_size": 2, "gradient_accumulation_steps": 3, "global_batch_size": 6,
+                            "steps": 50})
+    _, mf = write_and_load(mf_config, tmp_path, cfg, load_checkpoint="/run/pretrain/checkpoint", resume=True,
+                           train_rows=120)
+    assert mf.resume_training is True and mf.load_checkpoint == "/run/pretrain/checkpoint"
+    # the CPU wrapper splits a 6-row batch into 3 micro batches; mindformers' own accumulation stays off
+    assert mf.runner_wrapper.accumulation_steps == 3 and mf.runner_config.gradient_accumulation_steps == 1
+    assert mf.runner_config.batch_size == 6 and mf.train_dataset.batch_size == 6
+    assert mf.runner_config.epochs == 3  # 120 rows // 6 = 20 steps per epoch; 50 steps need 3 epochs
+
+
+@pytest.mark.parametrize("loss_scale, want", [
+    ({"type": "none"}, 1.0),
+    ({"type": "static", "init_value": 1024}, {"type": "FixedLossScaleUpdateCell", "loss_scale_value": 1024.0}),
+    ({"type": "dynamic", "init_value": 4096, "factor": 2, "window": 50},
+     {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 4096.0, "scale_factor": 2.0, "scale_window": 50}),
+])
+def test_loss_scale_section(loss_scale, want, tmp_path):
+    cfg = cpu_cfg(training={"loss_scale": loss_scale, "precision": "fp16" if loss_scale["type"] != "none" else "fp32"})
+    run = build_run_config(cfg, stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path), train_rows=64)
+    assert run["runner_wrapper"]["scale_sense"] == want
+
+
+def test_ascend_yaml_uses_semi_auto_parallel_and_stock_wrapper(mf_config, tmp_path):
+    cfg = load_config(ROOT / "configs/pipelines/llama2-7b-4x64gb.yaml")
+    path, mf = write_and_load(mf_config, tmp_path, cfg, train_rows=100_000)
+    assert mf.context.device_target == "Ascend" and mf.context.max_device_memory == "64GB"
+    assert mf.parallel.parallel_mode == 1 and mf.parallel.full_batch is True and mf.use_parallel is True
+    assert mf.parallel.enable_parallel_optimizer is True
+    pc = mf.parallel_config
+    assert (pc.data_parallel, pc.model_parallel, pc.pipeline_stage, pc.micro_batch_num) == (1, 2, 2, 4)
+    assert mf.runner_wrapper.type == "MFTrainOneStepCell" and "accumulation_steps" not in mf.runner_wrapper
+    assert mf.runner_config.sink_mode is True and mf.runner_config.batch_size == 1
+    assert mf.recompute_config.recompute is True
+    mc = mf.model.model_config
+    assert mc.use_flash_attention is True and mc.compute_dtype == "bfloat16" and "use_rope_slice" not in mc
+    assert "Global batch 4 = micro 1 x accumulation 4 x data_parallel 1" in path.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs/pipelines").glob("*.yaml")))
+def test_every_shipped_pipeline_config_generates_loadable_yaml(name, mf_config, tmp_path):
+    cfg = load_config(ROOT / "configs/pipelines" / name)
+    for stage in ("pretrain", "sft"):
+        _, mf = write_and_load(mf_config, tmp_path, cfg, stage=stage, load_checkpoint="/base.ckpt",
+                               train_rows=1_000_000)
+        assert mf.model.model_config.seq_length == cfg.model.seq_length
+
+
+def test_too_few_rows_for_one_step(tmp_path):
+    with pytest.raises(ValueError, match="fewer than one optimizer step"):
+        build_run_config(cpu_cfg(), stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path),
+                         train_rows=3)
+
+
+def test_rows_are_counted_from_mindrecord_index_files(tmp_path):
+    for shard, rows in (("a.mindrecord0", 5), ("a.mindrecord1", 7)):
+        with sqlite3.connect(tmp_path / f"{shard}.db") as conn:
+            conn.execute("CREATE TABLE INDEXES (ROW_ID INTEGER PRIMARY KEY)")
+            conn.executemany("INSERT INTO INDEXES VALUES (?)", [(i,) for i in range(rows)])
+    assert count_mindrecord_rows(str(tmp_path)) == 12
+    with pytest.raises(ValueError, match="no MindRecord"):
+        count_mindrecord_rows(str(tmp_path / "empty"))
+
+
+def test_written_yaml_is_plain_yaml(tmp_path):
+    path = write_run_yaml(cpu_cfg(), tmp_path / "run.yaml", stage="pretrain", dataset_dir="d", output_dir="o",
+                          train_rows=64)
+    assert yaml.safe_load(path.read_text())["runner_config"]["sink_mode"] is False
