@@ -16,11 +16,15 @@ import argparse
 import os
 import sys
 
-from pipeline_lib.cli import plan_main, validate_main
-from pipeline_lib.config import ConfigError, load_config, validate
-from pipeline_lib.stages import parse_stages
+# The embedded (ephemeral) API writes to the same SQLite file as the UI; its telemetry heartbeat
+# only adds lock contention there.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from flows.common import new_run_id
+from pipeline_lib.cli import plan_main, validate_main  # noqa: E402
+from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
+from pipeline_lib.stages import parse_stages  # noqa: E402
+
+from flows.common import new_run_id  # noqa: E402
 
 
 def _ui_hint() -> str:

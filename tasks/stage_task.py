@@ -75,4 +75,8 @@ def submit_stage(cfg: PipelineConfig, run_id: str, stage: str) -> dict:
         retry_delay_seconds=exponential_backoff(backoff_factor=cfg.orchestration.retry_delay_seconds),
         refresh_cache=not done,
     )
-    return configured(cfg.model_dump(mode="json"), run_id, stage)
+    state = configured(cfg.model_dump(mode="json"), run_id, stage, return_state=True)
+    result = state.result()  # raises the stage's own exception when it failed
+    if state.name == "Cached":  # finished in an earlier attempt of this run: nothing was executed
+        result = {**result, "skipped": True, "seconds": 0.0}
+    return result

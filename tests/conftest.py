@@ -73,3 +73,47 @@ def s3_bucket(s3_endpoint):
     name = f"t-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=name)
     return f"s3://{name}", s3_endpoint
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A real `prefect server start` (SQLite, analytics off) on a free loopback port.
+
+    Yields the API URL; this process and every subprocess the tests start talk to it.
+    """
+    port = free_port()
+    home = tmp_path_factory.mktemp("prefect_home")
+    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_API_PORT=str(port),
+               PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_UI_ENABLED="false",
+               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home}/prefect.db")
+    env.pop("PREFECT_API_URL", None)
+    log = home / "server.log"
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_http(api + "/health", 90, proc)
+    except RuntimeError:
+        proc.kill()
+        raise RuntimeError(log.read_text()[-3000:])
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
+    os.environ["PREFECT_API_URL"] = api
+    os.environ["PREFECT_HOME"] = str(home)
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api, PREFECT_HOME: str(home)}):
+        yield api
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    import signal
+
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)

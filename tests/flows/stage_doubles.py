@@ -1,0 +1,59 @@
+"""Stand-in stage engines for orchestration tests: real files, real manifests, controllable failures.
+
+The orchestration under test (Prefect flows, tasks, retries, the manifest skip rule, the
+server) is real; only the heavy stage work is replaced so that these tests take seconds.
+A failure plan is a file `<stage_uri>/../fail-<stage>` holding the exception to raise and how
+many more times: "ConnectionError 1" fails the next attempt only.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline_lib.storage import Manifest, describe_outputs, write_manifest
+
+
+def _maybe_fail(paths, stage: str) -> None:
+    plan = Path(paths.run_uri) / f"fail-{stage}"
+    if not plan.exists():
+        return
+    kind, times = plan.read_text().split()
+    if int(times) <= 0:
+        return
+    plan.write_text(f"{kind} {int(times) - 1}")
+    raise {"ConnectionError": ConnectionError, "ValueError": ValueError}[kind](f"{stage}: planned {kind}")
+
+
+def _attempt(paths, stage: str) -> int:
+    counter = Path(paths.run_uri) / f"attempts-{stage}"
+    n = int(counter.read_text()) + 1 if counter.exists() else 1
+    counter.parent.mkdir(parents=True, exist_ok=True)
+    counter.write_text(str(n))
+    return n
+
+
+def _stage(stage: str):
+    def run(cfg, paths, log=print, progress=None):
+        _attempt(paths, stage)
+        _maybe_fail(paths, stage)
+        uri = Path(paths.stage_uri(stage))
+        uri.mkdir(parents=True, exist_ok=True)
+        for i in range(3):
+            if progress:
+                progress("work", i + 1, 3)
+        (uri / "out.json").write_text(json.dumps({"stage": stage, "steps": cfg.training.steps}))
+        m = Manifest(stage, paths.run_id, "set-by-run_stage", {}, describe_outputs(str(uri), ["out.json"]),
+                     metrics={"tables": {"summary": {"description": f"{stage} summary",
+                                                     "rows": [{"stage": stage, "ok": True}]}}})
+        write_manifest(str(uri), m)
+        log(f"{stage}: double done")
+        return m
+
+    return run
+
+
+data = _stage("data")
+pretrain = _stage("pretrain")
+sft = _stage("sft")
+evaluate = _stage("evaluate")
+export = _stage("export")

@@ -1,0 +1,96 @@
+"""The end-to-end flow against a real Prefect server: retries, resume, skip, artifacts."""
+import os
+from pathlib import Path
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+from flows.pipeline import llm_pipeline
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "stage_doubles")
+
+
+def task_runs_of(flow_run_name: str) -> dict:
+    """{task run name: task run} of every flow run with that name (subflows included)."""
+    with get_client(sync_client=True) as client:
+        parents = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+        assert parents, flow_run_name
+        out = {}
+        for tr in client.read_task_runs():
+            out.setdefault(tr.name, []).append(tr)
+        return out
+
+
+def run(cfg, run_id, stages=None):
+    return llm_pipeline(config=cfg.model_dump(mode="json"), run_id=run_id, stages=stages, return_state=True)
+
+
+def test_transient_failure_is_retried_then_succeeds(tiny_cfg):
+    run_dir = Path(tiny_cfg.run.output_root) / "r-retry"
+    run_dir.mkdir(parents=True)
+    (run_dir / "fail-data").write_text("ConnectionError 1")
+    state = run(tiny_cfg, "r-retry", ["data"])
+    assert state.is_completed(), state.message
+    assert (run_dir / "attempts-data").read_text() == "2"
+    tr = task_runs_of("llm-pipeline/r-retry")["data/r-retry"][-1]
+    assert tr.run_count == 2 and tr.state.is_completed()
+
+
+def test_data_error_is_not_retried(tiny_cfg):
+    run_dir = Path(tiny_cfg.run.output_root) / "r-noretry"
+    run_dir.mkdir(parents=True)
+    (run_dir / "fail-data").write_text("ValueError 5")
+    state = run(tiny_cfg, "r-noretry", ["data"])
+    assert state.is_failed()
+    assert (run_dir / "attempts-data").read_text() == "1"
+    assert "planned ValueError" in state.message or "planned ValueError" in str(state.result(raise_on_failure=False))
+
+
+def test_failed_stage_resumes_and_finished_stages_are_not_redone(tiny_cfg):
+    run_dir = Path(tiny_cfg.run.output_root) / "r-resume"
+    run_dir.mkdir(parents=True)
+    (run_dir / "fail-sft").write_text("ValueError 1")
+    first = run(tiny_cfg, "r-resume")
+    assert first.is_failed()
+    mtimes = {s: os.stat(run_dir / s / "manifest.json").st_mtime_ns for s in ("data", "pretrain")}
+    assert not (run_dir / "sft" / "manifest.json").exists()
+
+    second = run(tiny_cfg, "r-resume")
+    assert second.is_completed(), second.message
+    summary = second.result()
+    assert summary["stages"]["data"]["state"] == "skipped"
+    assert summary["stages"]["pretrain"]["state"] == "skipped"
+    assert summary["stages"]["sft"]["state"] == "completed"
+    # Not executed again: attempt counters and manifest mtimes unchanged.
+    assert (run_dir / "attempts-data").read_text() == "1"
+    assert (run_dir / "attempts-pretrain").read_text() == "1"
+    assert (run_dir / "attempts-sft").read_text() == "2"
+    assert {s: os.stat(run_dir / s / "manifest.json").st_mtime_ns for s in ("data", "pretrain")} == mtimes
+    # And the Prefect API agrees: the rerun's data/pretrain task runs did not run (Cached or Skipped).
+    runs = task_runs_of("llm-pipeline/r-resume")
+    for stage in ("data", "pretrain"):
+        names = sorted(tr.state.name for tr in runs[f"{stage}/r-resume"])
+        assert names[0] == "Cached" or names[1] == "Skipped", names
+        assert "Completed" in names and len(names) == 2
+    assert sorted(tr.state.name for tr in runs["sft/r-resume"]) == ["Completed", "Failed"]
+
+
+def test_changed_config_reruns_only_affected_stages(tiny_cfg):
+    assert run(tiny_cfg, "r-change", ["data", "pretrain"]).is_completed()
+    changed = tiny_cfg.model_copy(deep=True)
+    changed.training.steps = 61  # matters to pretrain, not to data
+    summary = run(changed, "r-change", ["data", "pretrain"]).result()
+    assert summary["stages"]["data"]["state"] == "skipped"
+    assert summary["stages"]["pretrain"]["state"] == "completed"
+
+
+def test_artifacts_are_published(tiny_cfg):
+    assert run(tiny_cfg, "r-art", ["data"]).is_completed()
+    with get_client(sync_client=True) as client:
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["data-summary",
+                                                                                              "data-outputs"])))
+    assert {a.key for a in arts} == {"data-summary", "data-outputs"}
+    assert any(a.type == "table" for a in arts)
