@@ -101,6 +101,19 @@ def pools_main(argv: list[str]) -> int:
     return setup_main(argv)
 
 
+def deploy_main(argv: list[str]) -> int:
+    """`prefect deploy` of deployments/prefect.yaml from the project root (extra args are passed on)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env.setdefault("LLM_PIPELINE_HOME", str(root))
+    prefect = Path(sys.executable).parent / "prefect"
+    cmd = [str(prefect), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", *(argv or ["--all"])]
+    return subprocess.call(cmd, cwd=root, env=env)
+
+
 def nightly_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="llm-pipeline nightly")
     ap.add_argument("config")
@@ -114,7 +127,7 @@ def nightly_main(argv: list[str]) -> int:
 
 
 COMMANDS = {"validate": validate_main, "plan": plan_main, "run": run_main, "status": status_main,
-            "pools": pools_main, "nightly": nightly_main}
+            "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main}
 
 
 def main(argv: list[str] | None = None) -> int:
