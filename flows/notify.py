@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 from pipeline_lib.config import config_from_dict, load_config
@@ -19,11 +20,8 @@ def _webhook_url(parameters: dict) -> str | None:
 
 def failure_payload(flow, flow_run, state) -> dict:
     message = state.message or ""
-    stage = None
-    for candidate in ("data", "pretrain", "sft", "evaluate", "export"):
-        if f"{candidate}/" in message or f"'{candidate}'" in message or message.startswith(candidate):
-            stage = candidate
-            break
+    found = re.search(r"stage '(\w+)' failed", message)
+    stage = found.group(1) if found else None
     return {"flow": flow.name, "flow_run": flow_run.name, "flow_run_id": str(flow_run.id),
             "run_id": flow_run.parameters.get("run_id"), "stage": stage, "state": state.type.value,
             "error": message}

@@ -23,6 +23,10 @@ from flows.notify import notify_failure
 from flows.stage_flows import STAGE_FLOWS
 
 
+class StageFailed(RuntimeError):
+    """Names the failed stage first, so the UI, the CLI summary and the webhook can all say which."""
+
+
 def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
     missing = []
     for up in SPECS[stage].upstream:
@@ -57,10 +61,13 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
             logger.warning(f"{stage}: not run, needs {missing}")
             continue
         started = time.time()
-        if dispatch:
-            result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
-        else:
-            result = STAGE_FLOWS[stage](config=resolved, run_id=run_id)
+        try:
+            if dispatch:
+                result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
+            else:
+                result = STAGE_FLOWS[stage](config=resolved, run_id=run_id)
+        except Exception as err:
+            raise StageFailed(f"stage '{stage}' failed (run {run_id}): {type(err).__name__}: {err}") from err
         skipped = bool(result.get("skipped")) if isinstance(result, dict) else False
         entry.update(state="skipped" if skipped else "completed", seconds=round(time.time() - started, 1))
         logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}")

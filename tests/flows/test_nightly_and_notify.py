@@ -1,0 +1,97 @@
+"""Nightly continued pretraining bookkeeping and the failure webhook, on a real Prefect server."""
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from flows.nightly import nightly
+from flows.pipeline import llm_pipeline
+from pipeline_lib.nightly import load_state
+
+pytestmark = pytest.mark.usefixtures("prefect_server", "stage_doubles")
+
+
+def night_cfg(tiny_cfg, raw: Path):
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.data.inputs = [str(raw / "*.jsonl")]
+    return cfg.model_dump(mode="json")
+
+
+def test_nightly_takes_only_new_files_and_moves_latest_on_success(tiny_cfg, tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "day1.jsonl").write_text('{"text": "a"}\n')
+    config = night_cfg(tiny_cfg, raw)
+
+    first = nightly(config=config, run_date="2026-11-28", return_state=True)
+    assert first.is_completed(), first.message
+    state = load_state(tiny_cfg)
+    assert list(state["consumed"]) == [str(raw / "day1.jsonl")]
+    assert state["latest"]["run_id"] == "nightly-2026-11-28"
+
+    nothing = nightly(config=config, run_date="2026-11-29", return_state=True)
+    assert nothing.name == "Skipped"
+
+    (raw / "day2.jsonl").write_text('{"text": "b"}\n')
+    run_dir = Path(tiny_cfg.run.output_root) / "nightly-2026-11-30"
+    run_dir.mkdir(parents=True)
+    (run_dir / "fail-pretrain").write_text("ValueError 1")
+    failed = nightly(config=config, run_date="2026-11-30", return_state=True)
+    assert failed.is_failed()
+    after_fail = load_state(tiny_cfg)
+    assert after_fail["latest"]["run_id"] == "nightly-2026-11-28"  # pointer did not move
+    assert str(raw / "day2.jsonl") not in after_fail["consumed"]  # tomorrow picks it up again
+
+    retry = nightly(config=config, run_date="2026-11-30", return_state=True)
+    assert retry.is_completed(), retry.message
+    final = load_state(tiny_cfg)
+    assert final["latest"]["run_id"] == "nightly-2026-11-30"
+    assert sorted(final["consumed"]) == [str(raw / "day1.jsonl"), str(raw / "day2.jsonl")]
+    # The second night trained on the new file only.
+    data_out = json.loads((run_dir / "data" / "out.json").read_text())
+    assert data_out["stage"] == "data"
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Hook.received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_failure_webhook_posts_run_stage_and_error(tiny_cfg):
+    server = HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = tiny_cfg.model_copy(deep=True)
+        cfg.orchestration.failure_webhook_url = f"http://127.0.0.1:{server.server_port}/hook"
+        run_dir = Path(cfg.run.output_root) / "r-hook"
+        run_dir.mkdir(parents=True)
+        (run_dir / "fail-pretrain").write_text("ValueError 1")
+        state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id="r-hook", stages=["data", "pretrain"],
+                             return_state=True)
+        assert state.is_failed()
+    finally:
+        server.shutdown()
+    assert len(_Hook.received) == 1
+    note = _Hook.received[0]
+    assert note["run_id"] == "r-hook" and note["stage"] == "pretrain" and note["state"] == "FAILED"
+    assert "planned ValueError" in note["error"]
+
+
+def test_webhook_is_off_by_default(tiny_cfg):
+    _Hook.received.clear()
+    run_dir = Path(tiny_cfg.run.output_root) / "r-nohook"
+    run_dir.mkdir(parents=True)
+    (run_dir / "fail-data").write_text("ValueError 1")
+    assert llm_pipeline(config=tiny_cfg.model_dump(mode="json"), run_id="r-nohook", stages=["data"],
+                        return_state=True).is_failed()
+    assert _Hook.received == []
