@@ -1,0 +1,295 @@
+"""Checkpoint manager over a training output_dir: list, verify, point `latest` at a good one, prune, upload.
+
+Layout (mindformers 1.9 `CheckpointMonitor`, measured): `<output_dir>/checkpoint/rank_N/<prefix>_rank_N-<epoch>_<step>.ckpt`
+where <step> counts within the epoch, next to mindformers' own `meta.json`; MindSpore writes `<name>.tmp`
+and renames it, so a `.ckpt` name means the write finished. The file holds the weights, the AdamW moments
+(`adam_m.*`, `adam_v.*`) and `global_step`, `epoch_num`, `step_num`, `loss_scale`, `global_batch_size`.
+
+What this adds (all launcher side, no MindSpore import here):
+- `verify_checkpoints(paths)` loads each file with `mindspore.load_checkpoint` in a subprocess and checks that
+  every float tensor is finite; then `<ckpt>.verified.json` (sha256, size, global_step) is written next to
+  it. A file with that sidecar is verified; a bad file is moved to `<output_dir>/checkpoint_rejected/rank_N/` with a reason.
+- `CheckpointManager.sync()` verifies new files, uploads good ones (and their sidecars) to `upload_uri`,
+  updates `<output_dir>/latest_checkpoint.json` (atomically, only to a step every rank has verified), and keeps
+  the newest `keep` verified steps. Call it from `launch(on_tick=...)` and once after training.
+- `check_free_disk(...)` stops a run before it starts when the disk cannot hold two more checkpoints.
+
+Limits: verification loads the whole file into the verifier's memory (about the checkpoint size) and costs a
+MindSpore import (~4 s) per batch of files. Raises InsufficientDiskError (disk), ValueError (bad arguments).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..storage import join, sha256_file, store_for
+
+CKPT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
+LATEST_FILE = "latest_checkpoint.json"
+REJECTED_DIR = "checkpoint_rejected"
+_MARK = "CKPT_VERIFY "
+
+
+class InsufficientDiskError(RuntimeError):
+    """Not enough free disk for the checkpoints a run will write."""
+
+
+@dataclass(frozen=True)
+class CheckpointFile:
+    path: Path
+    rank: int
+    epoch: int
+    step_in_epoch: int
+
+    @property
+    def sidecar(self) -> Path:
+        return self.path.with_name(self.path.name + ".verified.json")
+
+    def verification(self) -> dict:
+        """The sidecar written after verification: sha256, size, global_step, params, verified_at."""
+        return json.loads(self.sidecar.read_text(encoding="utf-8"))
+
+
+def list_checkpoints(output_dir: str | Path, subdir: str = "checkpoint") -> list[CheckpointFile]:
+    """Finished checkpoints under <output_dir>/<subdir>/rank_N/, oldest first (by epoch, step, rank)."""
+    out = []
+    for rank_dir in Path(output_dir, subdir).glob("rank_*"):
+        if not rank_dir.name[5:].isdigit():
+            continue
+        for path in rank_dir.glob("*.ckpt"):
+            m = CKPT_NAME.match(path.name)
+            if m:
+                out.append(CheckpointFile(path, int(rank_dir.name[5:]), int(m["epoch"]), int(m["step"])))
+    return sorted(out, key=lambda c: (c.epoch, c.step_in_epoch, c.rank))
+
+
+@dataclass
+class VerifyResult:
+    path: str
+    ok: bool
+    error: str | None = None
+    params: int = 0
+    nonfinite: list[str] | None = None
+    global_step: int | None = None  # optimizer steps (overflow-skipped steps do not count)
+    step_num: int | None = None     # batches consumed, across resumes (mindformers' resume position)
+    epoch_num: int | None = None
+    sha256: str | None = None
+    size: int | None = None
+
+
+def verify_checkpoints(paths: Iterable[str | Path], timeout_s: float = 900) -> list[VerifyResult]:
+    """Load each checkpoint in one fresh MindSpore process; ok = loadable and every float tensor finite."""
+    paths = [str(p) for p in paths]
+    # An absent or empty file needs no MindSpore process to judge.
+    missing = {p: VerifyResult(p, False, "file is missing" if not os.path.exists(p) else "file is empty")
+               for p in paths if not os.path.exists(p) or os.path.getsize(p) == 0}
+    todo = [p for p in paths if p not in missing]
+    if not todo:
+        return [missing[p] for p in paths]
+    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH")])))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.checkpoints", "verify", *todo],
+                              capture_output=True, text=True, timeout=timeout_s, env=env)
+        found = {d["path"]: d for d in (json.loads(line[len(_MARK):]) for line in proc.stdout.splitlines()
+                                        if line.startswith(_MARK))}
+        crash = f"verifier exited with {proc.returncode}: {proc.stderr.strip()[-500:]}"
+    except subprocess.TimeoutExpired:
+        found, crash = {}, f"verifier timed out after {timeout_s:g}s"
+    results = []
+    for path in paths:
+        if path in missing:
+            results.append(missing[path])
+            continue
+        res = VerifyResult(**found[path]) if path in found else VerifyResult(path, False, crash)
+        if res.ok:  # hash what was verified; a later change of the file shows up as a sha mismatch
+            res.sha256, res.size = sha256_file(path), os.path.getsize(path)
+        results.append(res)
+    return results
+
+
+def _verify_main(paths: list[str]) -> None:
+    """Runs in the verifier subprocess: one `CKPT_VERIFY {json}` line per path."""
+    import numpy as np
+    import mindspore as ms
+
+    for path in paths:
+        try:
+            params = ms.load_checkpoint(path)
+            bad = [name for name, p in params.items()
+                   if np.issubdtype(p.asnumpy().dtype, np.floating) and not np.isfinite(p.asnumpy()).all()]
+            meta = {k: int(params[k].asnumpy().reshape(-1)[0]) if k in params else None
+                    for k in ("global_step", "step_num", "epoch_num")}
+            res = VerifyResult(path, not bad, f"non-finite values in {len(bad)} tensor(s), e.g. {bad[:3]}"
+                               if bad else None, len(params), bad[:20], **meta)
+        except Exception as err:  # the reason is the verdict; the caller decides what to do
+            res = VerifyResult(path, False, f"{type(err).__name__}: {err}")
+        print(_MARK + json.dumps(asdict(res)), flush=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".tmp-{path.name}.{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def estimate_checkpoint_bytes(param_count: int, weight_bytes: int = 4, optimizer_states: int = 2,
+                              state_bytes: int = 4) -> int:
+    """Bytes of one resumable checkpoint: weights + AdamW moments (fp32), as mindformers saves them."""
+    return int(param_count) * (weight_bytes + optimizer_states * state_bytes)
+
+
+def check_free_disk(path: str | Path, checkpoint_bytes: int, copies: int = 2, ranks_on_node: int = 1) -> int:
+    """Free bytes at `path` (or its nearest existing parent); raises InsufficientDiskError when fewer than
+    copies x checkpoint_bytes x ranks_on_node (each data-parallel rank saves its own copy)."""
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    needed = copies * int(checkpoint_bytes) * ranks_on_node
+    if free < needed:
+        raise InsufficientDiskError(
+            f"not enough free disk for checkpoints under {path}: need {needed:,} bytes ({copies} x "
+            f"{int(checkpoint_bytes):,} per checkpoint x {ranks_on_node} rank(s)), free {free:,} bytes on the "
+            f"filesystem of {probe}. Fix: free space there, point run.output_root to a larger disk, or lower "
+            "training.keep_checkpoint_max")
+    return free
+
+
+class CheckpointManager:
+    """Verifies, uploads, points `latest` at and prunes the checkpoints of one training output_dir."""
+
+    def __init__(self, output_dir: str | Path, *, ranks: Iterable[int] = (0,), keep: int | None = None,
+                 upload_uri: str | None = None, endpoint_url: str | None = None, subdir: str = "checkpoint",
+                 log: Callable[[str], None] = print):
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep={keep!r}: must be >= 1 (training.keep_checkpoint_max) or None")
+        self.output_dir, self.ranks, self.keep = Path(output_dir), sorted(set(ranks)), keep
+        self.upload_uri, self.endpoint_url, self.subdir, self.log = upload_uri, endpoint_url, subdir, log
+        self.latest_path = self.output_dir / LATEST_FILE
+        self._uploaded: set[Path] = set()  # checked or put this session; a new manager re-checks once
+
+    def latest(self) -> dict | None:
+        return json.loads(self.latest_path.read_text(encoding="utf-8")) if self.latest_path.exists() else None
+
+    def _uri(self, ckpt: CheckpointFile, name: str | None = None) -> str:
+        return join(self.upload_uri, f"rank_{ckpt.rank}", name or ckpt.path.name)
+
+    def sync(self) -> list[VerifyResult]:
+        """Verify new checkpoints, prune, upload what the remote lacks, move `latest`. Returns new verdicts.
+
+        Upload errors propagate; the next sync retries them (a file counts as uploaded when the remote
+        object exists with the local size).
+        """
+        new = [c for c in list_checkpoints(self.output_dir, self.subdir)
+               if c.rank in self.ranks and not c.sidecar.exists()]
+        results = verify_checkpoints([c.path for c in new])
+        for ckpt, res in zip(new, results):
+            if not res.ok:
+                self._reject(ckpt, res)
+                continue
+            # step: mindformers' step_num (consistent across ranks and resumes); plain MindSpore files
+            # without it fall back to the optimizer step, then to the step in the file name.
+            step = next(v for v in (res.step_num, res.global_step, ckpt.step_in_epoch) if v is not None)
+            _write_atomic(ckpt.sidecar, json.dumps({"file": ckpt.path.name, "sha256": res.sha256, "size": res.size,
+                                                    "step": step, "global_step": res.global_step,
+                                                    "epoch": res.epoch_num, "params": res.params,
+                                                    "verified_at": time.time()}, indent=2))
+            self.log(f"[checkpoints] verified {ckpt.path.name} (rank {ckpt.rank}, step {step}, {res.size:,} bytes)")
+        if self.keep:
+            self.prune(self.keep)
+        if self.upload_uri:
+            self._upload_missing()
+        self._update_latest()
+        return results
+
+    def _upload_missing(self) -> None:
+        store = store_for(self.upload_uri, self.endpoint_url)
+        for by_rank in self.verified().values():
+            for c in by_rank.values():
+                if c.path in self._uploaded:
+                    continue
+                for local, uri in ((c.path, self._uri(c)), (c.sidecar, self._uri(c, c.sidecar.name))):
+                    if not (store.exists(uri) and store.size(uri) == local.stat().st_size):
+                        store.put_file(local, uri)
+                self._uploaded.add(c.path)
+                self.log(f"[checkpoints] uploaded {c.path.name} to {self._uri(c)}")
+
+    def _reject(self, ckpt: CheckpointFile, res: VerifyResult) -> None:
+        # Moved out of checkpoint/ so neither we nor mindformers' resume ever pick it up again.
+        dest = self.output_dir / REJECTED_DIR / f"rank_{ckpt.rank}" / ckpt.path.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(ckpt.path), dest)
+        _write_atomic(dest.with_name(dest.name + ".reason.json"), json.dumps(asdict(res), indent=2))
+        self.log(f"[checkpoints] REJECTED {ckpt.path.name} (rank {ckpt.rank}): {res.error}; moved to {dest}")
+
+    def verified(self) -> dict[int, dict[int, CheckpointFile]]:
+        """Verified checkpoints grouped by step (from their sidecars), then by rank."""
+        out: dict[int, dict[int, CheckpointFile]] = {}
+        for c in list_checkpoints(self.output_dir, self.subdir):
+            if c.rank in self.ranks and c.sidecar.exists():
+                out.setdefault(int(c.verification()["step"]), {})[c.rank] = c
+        return out
+
+    def _update_latest(self) -> None:
+        verified = self.verified()
+        complete = [step for step, by_rank in verified.items() if set(by_rank) == set(self.ranks)]
+        if not complete:
+            return
+        step = max(complete)
+        current = self.latest()
+        if current and current["step"] >= step and Path(current["path"]).exists():
+            return
+        by_rank = verified[step]
+        ranks = {}
+        for rank, c in sorted(by_rank.items()):
+            v = c.verification()
+            ranks[str(rank)] = {"path": str(c.path), "sha256": v["sha256"], "size": v["size"],
+                                "global_step": v["global_step"], "uri": self._uri(c) if self.upload_uri else None}
+        first = ranks[str(self.ranks[0])]
+        record = {"step": step, "global_step": first["global_step"], "path": first["path"],
+                  "sha256": first["sha256"], "size": first["size"], "uri": first["uri"], "ranks": ranks,
+                  "updated_at": time.time()}
+        text = json.dumps(record, indent=2)
+        if self.upload_uri:  # the remote pointer only after its files are there
+            store_for(self.upload_uri, self.endpoint_url).put_bytes(join(self.upload_uri, LATEST_FILE),
+                                                                   text.encode())
+        _write_atomic(self.latest_path, text)
+        self.log(f"[checkpoints] latest -> step {step} ({Path(first['path']).name})")
+
+    def prune(self, keep: int) -> list[Path]:
+        """Delete all but the newest `keep` verified steps (never the one `latest` names), here and remotely."""
+        latest = self.latest()
+        pinned = latest["step"] if latest else None
+        verified = self.verified()
+        removed = []
+        for step in sorted(verified)[:-keep]:
+            if step == pinned:
+                continue
+            for c in verified[step].values():
+                for p in (c.path, c.sidecar):
+                    if p.exists():
+                        p.chmod(0o600)  # MindSpore leaves checkpoints read-only
+                        p.unlink()
+                if self.upload_uri:
+                    store = store_for(self.upload_uri, self.endpoint_url)
+                    store.delete(self._uri(c))
+                    store.delete(self._uri(c, c.sidecar.name))
+                    self._uploaded.discard(c.path)
+                removed.append(c.path)
+        return removed
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] != "verify":
+        sys.exit("usage: python -m pipeline_lib.train.checkpoints verify CKPT...")
+    _verify_main(sys.argv[2:])

@@ -1,0 +1,210 @@
+"""Training metrics on the launcher side: file layout, metrics.jsonl I/O, the MFLossMonitor log parser, plots.
+
+Layout under a run's output_dir (written by `pipeline_lib.train.callbacks` inside the trainer):
+    metrics.jsonl            one JSON object per optimizer step from rank 0 (appended + flushed per step)
+    metrics_rank_N.jsonl     other ranks, only when the writer is told `all_ranks=True`
+    guard/rank_N.json        the loss guard's diagnosis when it stopped training on rank N
+Each record: step (global), epoch, step_in_epoch, loss, lr, global_norm, loss_scale, overflow, step_time_ms,
+tokens_per_s, rank, time, source ("callback" or "log"). Missing values are null; NaN/inf loss is written as
+the JSON tokens NaN/Infinity (Python's json reads them back).
+
+The log parser is the fallback when the callback is not in the yaml: it reads mindformers' MFLossMonitor
+line (mindformers 1.9.0, core/callback/callback.py), e.g.
+    { Epoch:[  1/  1], step:[    2/   16], loss:[7.625090/7.624235], per_step_time: 78ms, lr: 0.003,
+      overflow cond: False, loss_scale: 1.0, global_norm: [0.7118227], train_throughput_per_npu: 0.005T
+(one line; `loss: 7.62, ` in sink mode; `lr:` absent when mindformers cannot evaluate it). Its step time is
+whole milliseconds and the loss is rank 0's local loss, as the callback's.
+
+`training_callbacks(...)` builds the yaml `callbacks` entries for the run config generator; this module
+imports neither mindspore nor matplotlib at import time (plot_loss imports matplotlib with the Agg backend).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import IO, Iterable
+
+METRICS_FILE = "metrics.jsonl"
+GUARD_DIR = "guard"
+
+
+def metrics_path(output_dir: str | Path, rank: int = 0) -> Path:
+    name = METRICS_FILE if rank == 0 else f"metrics_rank_{rank}.jsonl"
+    return Path(output_dir) / name
+
+
+def guard_diagnosis_path(output_dir: str | Path, rank: int = 0) -> Path:
+    return Path(output_dir) / GUARD_DIR / f"rank_{rank}.json"
+
+
+def read_guard_diagnoses(output_dir: str | Path, since: float | None = None) -> list[dict]:
+    """Diagnoses the guard wrote (newer than `since`, a Unix time, when given), earliest step first."""
+    out = []
+    for path in sorted((Path(output_dir) / GUARD_DIR).glob("rank_*.json")):
+        try:
+            if since is not None and path.stat().st_mtime < since:
+                continue
+            out.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # a diagnosis being written right now is read on the next call
+    return sorted(out, key=lambda d: (d.get("step", 0), d.get("rank", 0)))
+
+
+class MetricsFile:
+    """Append-only metrics.jsonl: one line per record, flushed at once so a crash loses at most one line."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[str] = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self._fh.write(json.dumps(record, sort_keys=True) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Records of a metrics.jsonl; a torn last line (writer killed mid-line) is skipped. [] if absent."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf)"
+_LOSS_LINE = re.compile(
+    r"Epoch:\[\s*(?P<epoch>\d+)/\s*(?P<epochs>\d+)\], step:\[\s*(?P<step>\d+)/\s*(?P<steps>\d+)\], "
+    rf"loss:\s*\[?\s*(?P<loss>{_NUM})(?:/\s*{_NUM})?\]?, .*?per_step_time: (?P<ms>\d+)ms, "
+    r"(?:lr: (?P<lr>[^,]+), )?overflow cond: (?P<overflow>\w+), loss_scale: (?P<scale>[^,]+), "
+    r"global_norm: (?P<norm>[^,]+?)\s*(?:,|$)", re.IGNORECASE)
+
+
+def _number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    text = text.strip().strip("[]").strip()
+    try:
+        return float(text)
+    except ValueError:
+        return None  # "None", "unavailable", arrays of several values
+
+
+def parse_loss_line(line: str, tokens_per_step: int | None = None) -> dict | None:
+    """The metric record of one MFLossMonitor line, or None when the line is something else."""
+    m = _LOSS_LINE.search(line)
+    if not m:
+        return None
+    epoch, step, steps = int(m["epoch"]), int(m["step"]), int(m["steps"])
+    ms = float(m["ms"])
+    return {"step": (epoch - 1) * steps + step, "epoch": epoch, "step_in_epoch": step,
+            "loss": float(m["loss"]), "lr": _number(m["lr"]), "global_norm": _number(m["norm"]),
+            "loss_scale": _number(m["scale"]), "overflow": m["overflow"].lower() == "true",
+            "step_time_ms": ms,
+            "tokens_per_s": tokens_per_step / (ms / 1000) if tokens_per_step and ms > 0 else None,
+            "rank": 0, "time": time.time(), "source": "log"}
+
+
+class LogMetricsCollector:
+    """Feed it every log line (`launch(log=...)`); it appends each parsed loss line to a metrics.jsonl.
+
+    Only use it when the run has no metrics callback, or the file gets each step twice. In msrun runs
+    only rank 0's lines (`[worker_0] ...`) are taken.
+    """
+
+    def __init__(self, path: str | Path, tokens_per_step: int | None = None):
+        self.file = MetricsFile(path)
+        self.tokens_per_step = tokens_per_step
+        self.records: list[dict] = []
+
+    def feed(self, line: str) -> dict | None:
+        if line.startswith("[worker_") and not line.startswith("[worker_0]"):
+            return None
+        record = parse_loss_line(line, self.tokens_per_step)
+        if record is not None:
+            self.file.write(record)
+            self.records.append(record)
+        return record
+
+
+def plot_loss(metrics: Iterable[dict], png_path: str | Path, title: str = "training loss") -> Path:
+    """Loss (and learning rate on a second axis when present) against step, as a PNG. Non-finite losses
+    are marked with a red x at the top of the plot. Raises ValueError when there is no step to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(metrics, key=lambda m: m["step"])
+    if not rows:
+        raise ValueError(f"no metrics to plot into {png_path}")
+    finite = [(m["step"], m["loss"]) for m in rows if m.get("loss") is not None and math.isfinite(m["loss"])]
+    bad = [m["step"] for m in rows if m.get("loss") is None or not math.isfinite(m["loss"])]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    if finite:
+        ax.plot(*zip(*finite), color="tab:blue", label="loss")
+    if bad:
+        top = max((v for _, v in finite), default=1.0)
+        ax.scatter(bad, [top] * len(bad), color="red", marker="x", label="non-finite loss")
+    handles, labels = ax.get_legend_handles_labels()
+    lrs = [(m["step"], m["lr"]) for m in rows if m.get("lr") is not None]
+    if lrs:
+        ax2 = ax.twinx()
+        ax2.plot(*zip(*lrs), color="tab:gray", linestyle="--", linewidth=1, label="learning rate")
+        ax2.set_ylabel("learning rate")
+        more = ax2.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend(handles, labels, loc="best")
+    fig.tight_layout()
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = png_path.with_name(png_path.name + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, png_path)
+    return png_path
+
+
+def batch_rows(step: int, steps_per_epoch: int, batch_size: int, data_parallel: int = 1, rank: int = 0,
+               num_rows: int | None = None) -> list[int]:
+    """Dataset row indices of the batch rank `rank` trained on at global step `step` (1-based).
+
+    Valid for MindDataset with shuffle off, as mindformers builds it: each of `data_parallel` shards takes
+    every data_parallel-th row (rank r gets rows r, r+dp, ...; measured on MindSpore 2.9), wrapping around to
+    pad the last shard when `num_rows` is not a multiple of data_parallel, and batches are consecutive.
+    With resume the step keeps counting globally, so the rows stay right when the skip is whole batches.
+    """
+    i = (step - 1) % steps_per_epoch
+    rows = [(i * batch_size + b) * data_parallel + rank for b in range(batch_size)]
+    return [r % num_rows for r in rows] if num_rows else rows
+
+
+def training_callbacks(output_dir: str | Path, *, tokens_per_step: int, batch_size: int, data_parallel: int,
+                       num_rows: int | None = None, spike_factor: float = 5.0, window: int = 20) -> list[dict]:
+    """yaml `callbacks` entries for PipelineMetrics and LossGuard (append them to the run config's list).
+
+    `batch_size` is the per-rank dataset batch (micro batch x accumulation on CPU); with `num_rows` the guard
+    names the exact MindRecord rows of a bad batch. The trainer process must import
+    `pipeline_lib.train.callbacks` before building the Trainer (that registers both types with mindformers).
+    """
+    out = str(output_dir)
+    return [{"type": "PipelineMetrics", "output_dir": out, "tokens_per_step": int(tokens_per_step)},
+            {"type": "LossGuard", "output_dir": out, "spike_factor": float(spike_factor), "window": int(window),
+             "batch_size": int(batch_size), "data_parallel": int(data_parallel),
+             "num_rows": None if num_rows is None else int(num_rows)}]

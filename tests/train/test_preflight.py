@@ -1,0 +1,81 @@
+"""preflight.py: tree RSS sampling on real processes, and the verdict over step metrics."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline_lib.train.preflight import ProcessTreeSampler, evaluate_preflight, summarize_steps
+
+MB = 1 << 20
+
+
+def _steps(losses, ms=100.0, tokens=1000):
+    return [{"step": i + 1, "loss": loss, "step_time_ms": (5000.0 if i == 0 else ms),
+             "tokens_per_s": tokens / ((5000.0 if i == 0 else ms) / 1000)} for i, loss in enumerate(losses)]
+
+
+def test_sampler_sees_grandchildren_memory_and_remembers_them(tmp_path):
+    # The grandchild holds ~200 MB; the parent almost nothing: the peak must include the grandchild.
+    code = ("import subprocess, sys, time\n"
+            "g = subprocess.Popen([sys.executable, '-c', "
+            "'b = bytearray(200 << 20); print(1, flush=True); import time; time.sleep(30)'], stdout=subprocess.PIPE)\n"
+            "g.stdout.readline()\nprint(g.pid, flush=True)\ntime.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(proc.stdout.readline())
+        with ProcessTreeSampler(proc.pid, interval=0.05) as sampler:
+            time.sleep(0.3)
+        assert sampler.samples >= 2
+        assert sampler.peak_rss_bytes > 200 * MB
+        assert {proc.pid, grandchild} <= {p.pid for p in sampler.seen_processes()}
+    finally:
+        for p in ProcessTreeSampler(proc.pid)._tree()[::-1]:
+            p.kill()
+        proc.wait()
+    assert ProcessTreeSampler(proc.pid).sample() == 0  # gone: no error, nothing counted
+    with pytest.raises(ValueError, match="interval"):
+        ProcessTreeSampler(proc.pid, interval=0)
+
+
+def test_falling_finite_loss_passes_with_numbers():
+    result = evaluate_preflight(_steps([7.6, 7.5, 7.6, 7.2, 7.0, 6.9, 6.5, 6.4, 6.3]), expected_steps=9,
+                                peak_rss_bytes=int(0.9e9), memory_limit_bytes=int(4e9))
+    assert result.ok and result.problems == []
+    s = result.summary
+    assert s.step_time_ms == 100.0 and s.tokens_per_s == 10_000.0  # the compile step is left out
+    assert s.loss_falling and s.first_third_mean == pytest.approx(7.5667, abs=1e-3)
+    assert result.message.startswith("preflight ok: 9 steps, loss 7.6000 -> 6.3000, step 100 ms, 10,000 tokens/s")
+
+
+def test_flat_loss_fails_and_says_what_to_change():
+    result = evaluate_preflight(_steps([7.0, 7.1, 7.0, 7.2, 7.1, 7.0]))
+    assert not result.ok and result.summary.loss_falling is False
+    assert "loss did not fall over 6 steps" in result.message and "training.learning_rate" in result.message
+
+
+def test_nan_names_the_step_and_a_short_run_is_reported():
+    result = evaluate_preflight(_steps([7.0, 6.5, float("nan"), 6.0]), expected_steps=10)
+    assert not result.ok and result.summary.first_nonfinite_step == 3
+    assert any("only 4 of 10 preflight steps ran" in p for p in result.problems)
+    assert any("loss is not finite at step 3" in p for p in result.problems)
+
+
+def test_memory_over_limit_and_empty_and_too_few():
+    result = evaluate_preflight(_steps([3.0, 2.0, 1.0]), peak_rss_bytes=int(5e9), memory_limit_bytes=int(4e9))
+    assert not result.ok and "peak host memory 5.00 GB exceeds the limit 4.00 GB" in result.message
+    assert "no step metrics were recorded" in evaluate_preflight([]).message
+    few = evaluate_preflight(_steps([3.0, 2.0]))
+    assert not few.ok and "too few" in few.message and few.summary.loss_falling is None
+
+
+def test_summary_sorts_steps_and_handles_missing_times():
+    rows = [{"step": 2, "loss": 2.0}, {"step": 1, "loss": 3.0}, {"step": 3, "loss": 1.0}]
+    s = summarize_steps(rows)
+    assert (s.loss_first, s.loss_last, s.step_time_ms, s.tokens_per_s, s.loss_falling) == (3.0, 1.0, None, None,
+                                                                                          True)
+    assert math.isclose(s.last_third_mean, 1.0)
+    assert evaluate_preflight(rows).to_dict()["summary"]["steps"] == 3
