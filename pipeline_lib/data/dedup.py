@@ -1,0 +1,112 @@
+"""Exact and near-duplicate decisions, first seen wins, in input order.
+
+Documents are fed shard by shard in input order (`Deduplicator.process`), so the decisions do
+not depend on how many workers prepared the shards. For each document:
+1. exact: its exact key (text.exact_key) was kept before, in this run or an earlier one;
+2. near: a kept document shares an LSH band with it (datasketch MinHashLSH for this run,
+   `PriorIndex` for earlier runs) and the signatures' estimated Jaccard is >= threshold;
+   of several, the most similar one (then the earliest) is recorded;
+3. otherwise it is kept and indexed.
+Only kept documents are indexed: a chain a ~ b ~ c where c is not similar to a keeps c.
+Each removed document yields a record {id, kept, kind, jaccard, kept_run}.
+
+Limits: the signatures of every kept document of the run stay in memory (num_perm x 4 bytes each).
+"""
+from __future__ import annotations
+
+import numpy as np
+from datasketch import LeanMinHash, MinHashLSH
+
+from .minhash import EMPTY, SCHEME, SEED, band_keys, lsh_params
+
+KEEP, EXACT, NEAR = 0, 1, 2
+
+
+class Deduplicator:
+    """Stateful decisions over the documents of one run (see the module docstring)."""
+
+    def __init__(self, dedup_cfg, prior=None, run_id: str = ""):
+        self.cfg, self.prior, self.run_id = dedup_cfg, prior, run_id
+        self.bands, self.rows = lsh_params(dedup_cfg.threshold, dedup_cfg.num_perm)
+        self.lsh = MinHashLSH(num_perm=dedup_cfg.num_perm, params=(self.bands, self.rows))
+        self.seen: dict[int, int] = {}        # exact key -> kept index in this run
+        self.kept_ids: list[str] = []
+        self.kept_keys: list[int] = []
+        self.kept_sigs: list[np.ndarray] = []
+
+    def _prior_exact(self, keys: np.ndarray) -> np.ndarray:
+        if self.prior is None or not len(self.prior) or not self.cfg.exact:
+            return np.full(len(keys), -1)
+        return self.prior.exact(keys)
+
+    def _prior_near(self, sigs: np.ndarray) -> list[np.ndarray]:
+        if self.prior is None or not len(self.prior) or not self.cfg.near:
+            return [np.zeros(0, np.int64)] * len(sigs)
+        return self.prior.candidates(band_keys(sigs, self.bands, self.rows))
+
+    def _best_near(self, sig: np.ndarray, lean, prior_rows: np.ndarray):
+        """(jaccard, kept id, kept run) of the most similar kept document >= threshold, else None."""
+        best = None
+        if len(prior_rows):
+            sims = (self.prior.sigs[prior_rows] == sig).mean(axis=1)
+            i = int(np.argmax(sims))  # argmax takes the first (earliest) of equals
+            if sims[i] >= self.cfg.threshold:
+                best = (float(sims[i]), -1, int(prior_rows[i]))
+        for key in sorted(self.lsh.query(lean)):
+            sim = float((self.kept_sigs[key] == sig).mean())
+            if sim >= self.cfg.threshold and (best is None or sim > best[0]):
+                best = (sim, key, -1)
+        if best is None:
+            return None
+        sim, key, row = best
+        if key >= 0:
+            return sim, self.kept_ids[key], None
+        return sim, self.prior.ids[row], self.prior.ids[row].split("/", 1)[0]
+
+    def process(self, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None) -> tuple[np.ndarray, list[dict]]:
+        """Decide a batch (a shard) of documents in order: (decision per doc, duplicate records)."""
+        decisions = np.zeros(len(ids), dtype=np.int8)
+        records: list[dict] = []
+        keys = np.asarray(keys, dtype=np.uint64)
+        prior_exact = self._prior_exact(keys)
+        near = self.cfg.near and sigs is not None
+        prior_near = self._prior_near(sigs) if near else None
+        for i, doc_id in enumerate(ids):
+            key = int(keys[i])
+            if self.cfg.exact and key in self.seen:
+                decisions[i] = EXACT
+                records.append({"id": doc_id, "kept": self.kept_ids[self.seen[key]], "kind": "exact",
+                                "jaccard": 1.0, "kept_run": None})
+                continue
+            if prior_exact[i] >= 0:
+                decisions[i] = EXACT
+                kept = self.prior.ids[prior_exact[i]]
+                records.append({"id": doc_id, "kept": kept, "kind": "exact", "jaccard": 1.0,
+                                "kept_run": kept.split("/", 1)[0]})
+                continue
+            sig = sigs[i] if sigs is not None else None
+            lean = None
+            if near and not (sig == EMPTY).all():
+                lean = LeanMinHash(seed=SEED, hashvalues=sig, scheme=SCHEME)
+                hit = self._best_near(sig, lean, prior_near[i])
+                if hit is not None:
+                    decisions[i] = NEAR
+                    records.append({"id": doc_id, "kept": hit[1], "kind": "near", "jaccard": round(hit[0], 4),
+                                    "kept_run": hit[2]})
+                    continue
+            index = len(self.kept_ids)
+            self.seen.setdefault(key, index)
+            self.kept_ids.append(doc_id)
+            self.kept_keys.append(key)
+            if near:
+                self.kept_sigs.append(sig)
+                if lean is not None:
+                    self.lsh.insert(index, lean, check_duplication=False)
+        return decisions, records
+
+    def segment(self) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+        """(ids, exact keys, signatures or None) of everything this run kept: the index segment."""
+        sigs = np.stack(self.kept_sigs) if self.kept_sigs else None
+        if self.cfg.near and sigs is None:
+            sigs = np.zeros((0, self.cfg.num_perm), np.uint32)
+        return self.kept_ids, np.asarray(self.kept_keys, dtype=np.uint64), sigs

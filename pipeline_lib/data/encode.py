@@ -1,0 +1,151 @@
+"""Steps 4-6 of the data stage: the tokenizer, tokenizing each shard, writing MindRecord shards.
+
+- `build_tokenizer`: load `tokenizer.path` (checked against the config) or train on a sample of
+  the kept training documents: every k-th kept document in input order, k chosen so that about
+  `tokenizer.sample_docs` are taken (deterministic, whatever the workers).
+- `tokenize_shard` (mapped over shards): kept documents -> cleaned/part-<k>.jsonl.gz and the
+  token streams of its train and held-out documents (tokens + EOS each).
+- `plan_mindrecord` then `write_mindrecord_shard` (mapped over (split, j)): MindRecord file j of a
+  split holds rows [j*R, (j+1)*R) of the split's packed stream, R = rows_per_mindrecord_shard.
+All are idempotent through their completion markers.
+Raises: DataStageError when the kept data give no full training row.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from .errors import DataStageError
+from .packing import count_rows, gather_tokens, heldout_mask, join_with_eos, rows_from_tokens, write_mindrecord
+from .prep import shard_dir
+from .tokenizer import CONFIG_NAME, Tokenizer, check_loaded, train_tokenizer, write_config
+from .workspace import Workspace, atomic_path
+
+SPLITS = ("train", "heldout")
+
+
+def _kept(ws: Workspace, k: int, columns: list[str]):
+    folder = shard_dir(k)
+    table = pq.read_table(ws.fetch(f"{folder}/docs.parquet"), columns=columns)
+    keep = np.load(ws.fetch(f"{folder}/keep.npy")) == 0
+    return {c: np.asarray(table.column(c).to_numpy(zero_copy_only=False))[keep] for c in columns}
+
+
+def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
+    """Load or train tokenizer/tokenizer.model; returns its description (ids, vocab size)."""
+    ws, t = Workspace(cfg, paths, shared), cfg.tokenizer
+    if ws.is_marked("tokenizer"):
+        return ws.read_json(f"tokenizer/{CONFIG_NAME}")
+    out = ws.local("tokenizer/tokenizer.model")
+    if t.path:
+        from ..storage import store_for
+
+        store_for(t.path, ws.endpoint).get_file(t.path, out)
+        tok = Tokenizer(out, pad_id=t.pad_id, special_tokens=list(t.special_tokens))
+        check_loaded(tok, t, cfg.model.vocab_size)
+        write_config(tok, f"loaded from {t.path}")
+    else:
+        summary = ws.read_json("shards/dedup.json")["shards"]
+        step = max(1, math.ceil(sum(s["kept"] for s in summary) / t.sample_docs))
+
+        def sample():
+            seen = 0
+            for k in range(len(summary)):
+                kept = _kept(ws, k, ["text", "key"])
+                held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
+                for i in range(len(kept["text"])):
+                    if (seen + i) % step == 0 and not held[i]:
+                        yield kept["text"][i]
+                seen += len(kept["text"])
+
+        tok = train_tokenizer(sample(), t, out.parent)
+        if tok.vocab_size > cfg.model.vocab_size:
+            raise DataStageError("model.vocab_size", cfg.model.vocab_size, f"the tokenizer has {tok.vocab_size} pieces",
+                                 f"set model.vocab_size >= {tok.vocab_size} or lower tokenizer.vocab_size")
+    ws.publish("tokenizer/tokenizer.model", f"tokenizer/{CONFIG_NAME}")
+    ws.mark("tokenizer")
+    return ws.read_json(f"tokenizer/{CONFIG_NAME}")
+
+
+def tokenize_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
+    """Write cleaned/part-<index>.jsonl.gz and the shard's train/held-out token streams."""
+    ws = Workspace(cfg, paths, shared)
+    folder = shard_dir(index)
+    if ws.is_marked(f"{index:05d}.tokens"):
+        return ws.read_json(f"{folder}/tokens.json")
+    ws.fetch(f"tokenizer/{CONFIG_NAME}")
+    tok = Tokenizer(ws.fetch("tokenizer/tokenizer.model"))
+    kept = _kept(ws, index, ["id", "text", "key"])
+    held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
+    encoded = tok.encode_batch(list(kept["text"]), threads=cfg.tokenizer.encode_threads)
+    counts = {"kept_train": int((~held).sum()), "kept_heldout": int(held.sum())}
+    for split, mask in (("train", ~held), ("heldout", held)):
+        stream = join_with_eos([e for e, m in zip(encoded, mask) if m], tok.eos_id)
+        np.save(ws.local(f"{folder}/tokens_{split}.npy"), stream)
+        counts[f"tokens_{split}"] = int(len(stream))
+    part = f"cleaned/part-{index:05d}.jsonl.gz"
+    tmp = atomic_path(ws.local(part))
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=3) as gz:
+        for doc_id, text, h in zip(kept["id"], kept["text"], held):
+            line = {"id": doc_id, "text": text, "split": "heldout" if h else "train"}
+            gz.write((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+    os.replace(tmp, ws.local(part))
+    ws.publish(part, f"{folder}/tokens_train.npy", f"{folder}/tokens_heldout.npy")
+    ws.write_json(f"{folder}/tokens.json", counts)
+    ws.mark(f"{index:05d}.tokens")
+    return counts
+
+
+def plan_mindrecord(cfg, paths, *, shared: bool = True) -> list[tuple[str, int]]:
+    """Rows and files per split (shards/mindrecord.json); returns the (split, file index) work items."""
+    ws, d = Workspace(cfg, paths, shared), cfg.data
+    n_shards = len(ws.read_json("shards/plan.json")["shards"])
+    counts = [ws.read_json(f"{shard_dir(k)}/tokens.json") for k in range(n_shards)]
+    row_len = cfg.model.seq_length + 1
+    plan, items = {}, []
+    for split in SPLITS:
+        per_shard = [c[f"tokens_{split}"] for c in counts]
+        rows = count_rows(sum(per_shard), row_len, d.remainder)
+        files = math.ceil(rows / d.rows_per_mindrecord_shard)
+        plan[split] = {"token_counts": per_shard, "rows": rows, "files": files, "row_len": row_len}
+        items += [(split, j) for j in range(files)]
+    if plan["train"]["rows"] == 0:
+        total = sum(plan["train"]["token_counts"])
+        raise DataStageError("model.seq_length", cfg.model.seq_length,
+                             f"the kept training documents hold {total} tokens, not one row of {row_len}",
+                             "add input data, lower model.seq_length, or set data.remainder=pad")
+    ws.write_json("shards/mindrecord.json", plan)
+    return items
+
+
+def mindrecord_name(split: str, j: int) -> str:
+    return f"mindrecord/{split}/shard-{j:05d}.mindrecord"
+
+
+def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = True) -> str:
+    """Pack and write MindRecord file j of `split`; returns its path relative to the stage folder."""
+    ws, d = Workspace(cfg, paths, shared), cfg.data
+    rel = mindrecord_name(split, j)
+    if ws.is_marked(f"mr-{split}-{j:05d}"):
+        return rel
+    plan = ws.read_json("shards/mindrecord.json")[split]
+    row_len, per = plan["row_len"], d.rows_per_mindrecord_shard
+    first_row, last_row = j * per, min((j + 1) * per, plan["rows"])
+    start, stop = first_row * row_len, min(last_row * row_len, sum(plan["token_counts"]))
+    parts, offset = [], 0
+    for k, n in enumerate(plan["token_counts"]):
+        if n and offset < stop and offset + n > start:
+            parts.append((offset, np.load(ws.fetch(f"{shard_dir(k)}/tokens_{split}.npy"), mmap_mode="r")))
+        offset += n
+    rows = rows_from_tokens(gather_tokens(parts, start, stop), row_len, d.remainder, cfg.tokenizer.pad_id)
+    assert len(rows) == last_row - first_row, (split, j, len(rows), last_row - first_row)
+    write_mindrecord(ws.local(rel), rows)
+    ws.publish(rel + ".db", rel)
+    ws.mark(f"mr-{split}-{j:05d}")
+    return rel
+

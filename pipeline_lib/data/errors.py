@@ -1,0 +1,18 @@
+"""Errors of the data stage: each names the offending field or file, the value, and the fix.
+
+`DataStageError` is a ValueError (a config or data problem: retrying cannot fix it), so the
+Prefect task wrapper fails at once instead of retrying.
+"""
+from __future__ import annotations
+
+
+class DataStageError(ValueError):
+    """A data-stage problem a user must fix: bad config value, unreadable input, broken index."""
+
+    def __init__(self, field: str, value: object, problem: str, fix: str):
+        self.field, self.value, self.problem, self.fix = field, value, problem, fix
+        super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
+
+
+class ConservationError(RuntimeError):
+    """The stage's accounting does not add up (a bug, never a data problem); stats.json says where."""

@@ -1,0 +1,246 @@
+"""Cleaning filters: small classes configured by `data.filters` (an ordered list of name + params).
+
+A filter is called with a `Doc` and returns True (keep) or (False, reason). Normalizers rewrite
+`doc.text` and always keep. The first filter that drops a document decides its reason; the
+stage writes dropped documents to excluded.jsonl and counts them by reason in stats.json.
+Reasons are unique across filters, so a reason also names the filter.
+
+Limits: the repetition and ratio rules follow the Gopher paper's web-text heuristics; they are
+tuned for documents of a paragraph or more, so `top_ngram` ignores documents shorter than
+`min_tokens` tokens. For CJK text one character is about half a word, so n-grams of CJK
+characters are 2n long unless `cjk_n` is given.
+Raises: DataStageError from `build_filters` for an unknown filter name, parameter or value.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+import unicodedata
+from collections import Counter
+
+from .errors import DataStageError
+from .text import cjk_count, tokens
+
+FILTERS: dict[str, type] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        cls.name = name
+        FILTERS[name] = cls
+        return cls
+    return deco
+
+
+class Doc:
+    """One document in flight: its id and (mutable) text; tokens are cached per text value."""
+
+    __slots__ = ("id", "text", "_toks", "_toks_of")
+
+    def __init__(self, id: str, text: str):
+        self.id, self.text, self._toks, self._toks_of = id, text, None, None
+
+    @property
+    def tokens(self) -> list[str]:
+        if self._toks_of is not self.text:
+            self._toks, self._toks_of = tokens(self.text), self.text
+        return self._toks
+
+
+class Filter:
+    name = "filter"
+
+    def __call__(self, doc: Doc) -> bool | tuple[bool, str]:
+        raise NotImplementedError
+
+
+@register("nfkc")
+class NFKC(Filter):
+    """Unicode NFKC: full-width letters/digits to ASCII, compatibility forms folded."""
+
+    def __call__(self, doc):
+        if not unicodedata.is_normalized("NFKC", doc.text):
+            doc.text = unicodedata.normalize("NFKC", doc.text)
+        return True
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u200b-\u200f\u202a-\u202e"
+                      "\u2060-\u206f\ufeff\ufff9-\ufffb\ue000-\uf8ff\U000f0000-\U0010ffff]")
+
+
+@register("strip_control")
+class StripControl(Filter):
+    """Drop control, zero-width, bidi, BOM and private-use characters; CR/CRLF become LF."""
+
+    def __init__(self, drop_replacement_char: bool = True):
+        self.replacement = drop_replacement_char
+
+    def __call__(self, doc):
+        t = doc.text.replace("\r\n", "\n").replace("\r", "\n")
+        t = _CONTROL.sub("", t)
+        doc.text = t.replace("\ufffd", "") if self.replacement else t
+        return True
+
+
+_HSPACE = re.compile(r"[^\S\n]+")
+_LINE_EDGE = re.compile(r" ?\n ?")
+
+
+@register("normalize_whitespace")
+class NormalizeWhitespace(Filter):
+    """Any run of spaces/tabs (incl. NBSP, ideographic space) -> one space; lines stripped;
+    at most `max_blank_lines` empty lines in a row; the document stripped."""
+
+    def __init__(self, max_blank_lines: int = 1):
+        if max_blank_lines < 0:
+            raise ValueError("max_blank_lines must be >= 0")
+        self.blank = re.compile("\n{%d,}" % (max_blank_lines + 2))
+        self.repl = "\n" * (max_blank_lines + 1)
+
+    def __call__(self, doc):
+        t = _LINE_EDGE.sub("\n", _HSPACE.sub(" ", doc.text))
+        doc.text = self.blank.sub(self.repl, t).strip()
+        return True
+
+
+@register("length")
+class Length(Filter):
+    """Keep documents of min_chars..max_chars characters (after the normalizers before it)."""
+
+    def __init__(self, min_chars: int = 20, max_chars: int = 100_000):
+        if not 0 <= min_chars <= max_chars:
+            raise ValueError("need 0 <= min_chars <= max_chars")
+        self.min, self.max = min_chars, max_chars
+
+    def __call__(self, doc):
+        n = len(doc.text)
+        if n < self.min:
+            return False, "too_short"
+        return (False, "too_long") if n > self.max else True
+
+
+@register("duplicate_lines")
+class DuplicateLines(Filter):
+    """Gopher: drop when the share of repeated lines (or of characters in them) is too high."""
+
+    def __init__(self, max_dup_line_frac: float = 0.3, max_dup_char_frac: float = 0.2):
+        self.max_lines, self.max_chars = max_dup_line_frac, max_dup_char_frac
+
+    def __call__(self, doc):
+        lines = [ln for ln in doc.text.split("\n") if ln.strip()]
+        if len(lines) < 2:
+            return True
+        seen, dup_lines, dup_chars = set(), 0, 0
+        for ln in lines:
+            if ln in seen:
+                dup_lines, dup_chars = dup_lines + 1, dup_chars + len(ln)
+            seen.add(ln)
+        if dup_lines / len(lines) > self.max_lines:
+            return False, "dup_lines"
+        total = sum(len(ln) for ln in lines)
+        return (False, "dup_line_chars") if dup_chars / total > self.max_chars else True
+
+
+@register("top_ngram")
+class TopNgram(Filter):
+    """Gopher: drop when the most frequent token n-gram covers more than max_frac of the characters."""
+
+    def __init__(self, n: int = 2, max_frac: float = 0.2, cjk_n: int | None = None, min_tokens: int = 50):
+        if n < 1 or not 0 < max_frac <= 1:
+            raise ValueError("need n >= 1 and 0 < max_frac <= 1")
+        self.n, self.max_frac, self.cjk_n, self.min_tokens = n, max_frac, cjk_n or 2 * n, min_tokens
+        self.reason = f"top_{n}gram"
+
+    def __call__(self, doc):
+        toks = doc.tokens
+        if len(toks) < self.min_tokens:
+            return True
+        n = self.cjk_n if cjk_count(doc.text) * 2 > len(toks) else self.n
+        grams = Counter(zip(*(toks[i:] for i in range(n))))
+        if not grams:
+            return True
+        top, count = grams.most_common(1)[0]
+        if count < 2:
+            return True
+        share = count * sum(map(len, top)) / sum(map(len, toks))
+        return (False, self.reason) if share > self.max_frac else True
+
+
+_NOT_LETTER = re.compile(r"[\W\d_]")
+_WS = re.compile(r"\s")
+
+
+@register("char_ratio")
+class CharRatio(Filter):
+    """Drop when letters (CJK characters included) are less than min_text_frac of the
+    non-space characters: tables of numbers, symbol art, encoded blobs."""
+
+    def __init__(self, min_text_frac: float = 0.5):
+        self.min = min_text_frac
+
+    def __call__(self, doc):
+        t = doc.text
+        visible = len(t) - len(_WS.findall(t))
+        if visible == 0:
+            return False, "low_text_ratio"
+        letters = len(_NOT_LETTER.sub("", t))
+        return (False, "low_text_ratio") if letters / visible < self.min else True
+
+
+_URL = re.compile(r"(?:https?://|www\.)\S+", re.I)
+BOILERPLATE = ("all rights reserved", "cookie policy", "privacy policy", "terms of use", "click here",
+               "enable javascript", "subscribe to our newsletter", "版权所有", "免责声明", "点击这里", "点击查看",
+               "上一篇", "下一篇", "返回顶部", "扫一扫", "关注我们", "登录注册", "联系我们")
+
+
+@register("url_heavy")
+class UrlHeavy(Filter):
+    """Drop URL-heavy documents (share of characters inside URLs) and boilerplate-heavy ones
+    (share of short lines, < 100 characters, that contain a navigation/footer phrase)."""
+
+    def __init__(self, max_url_frac: float = 0.3, max_boilerplate_line_frac: float = 0.5,
+                 phrases: list[str] | None = None):
+        self.max_url, self.max_bp = max_url_frac, max_boilerplate_line_frac
+        self.phrases = tuple(p.lower() for p in (phrases if phrases is not None else BOILERPLATE))
+
+    def __call__(self, doc):
+        t = doc.text
+        if t and sum(len(m) for m in _URL.findall(t)) / len(t) > self.max_url:
+            return False, "url_heavy"
+        lines = [ln.lower() for ln in t.split("\n") if ln.strip()]
+        if lines and self.phrases:
+            bp = sum(1 for ln in lines if len(ln) < 100 and any(p in ln for p in self.phrases))
+            if bp / len(lines) > self.max_bp:
+                return False, "boilerplate"
+        return True
+
+
+def build_filters(specs) -> list[Filter]:
+    """Instantiate `data.filters` (FilterSpec objects or dicts with name/params), in order."""
+    out = []
+    for i, spec in enumerate(specs):
+        name, params = (spec["name"], spec.get("params") or {}) if isinstance(spec, dict) else (spec.name, spec.params)
+        cls = FILTERS.get(name)
+        if cls is None:
+            raise DataStageError(f"data.filters[{i}].name", name, "unknown filter",
+                                 f"use one of {', '.join(sorted(FILTERS))}")
+        accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise DataStageError(f"data.filters[{i}].params", params, f"{name} has no parameter(s) {unknown}",
+                                 f"use only {accepted or 'no parameters'}")
+        try:
+            out.append(cls(**params))
+        except (TypeError, ValueError) as err:
+            raise DataStageError(f"data.filters[{i}].params", params, f"{name}: {err}",
+                                 "see the filter's docstring in pipeline_lib/data/filters.py") from None
+    return out
+
+
+def apply_filters(doc: Doc, filters: list[Filter]) -> tuple[str, str] | None:
+    """Run the filters in order; None if kept, else (filter name, reason) of the first drop."""
+    for f in filters:
+        verdict = f(doc)
+        if verdict is not True:
+            return f.name, verdict[1]
+    return None

@@ -1,0 +1,110 @@
+"""Held-out split, packing into fixed rows, and MindRecord shards (the mindformers pretraining format).
+
+- Held-out split: a document is held out when its exact key (a content hash) falls in the first
+  `heldout_fraction` of the hash range: deterministic, independent of order and workers, and a
+  document keeps its split across nightly runs.
+- Packing: each document's tokens + EOS, concatenated in input order, cut into rows of exactly
+  seq_length + 1 tokens. The last partial row is dropped (remainder: drop) or filled with the pad
+  id (remainder: pad), which mindformers excludes from the loss. A row may start mid-document.
+- MindRecord: schema {input_ids: int32[-1]}, one file per `rows_per_mindrecord_shard` rows.
+  FileWriter writes <name> and <name>.db and records the name inside both, so a shard is written
+  under its final name in a temporary folder and then moved into place, .db first: a
+  .mindrecord file present means its shard is complete.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
+_HASH_SPAN = float(2 ** 64)
+
+
+def heldout_mask(keys: np.ndarray, fraction: float) -> np.ndarray:
+    """True for documents whose content hash falls in the held-out share of the hash range."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    return (keys.astype(np.float64) / _HASH_SPAN) < fraction
+
+
+def join_with_eos(token_lists: list[list[int]], eos_id: int) -> np.ndarray:
+    """Documents' tokens each followed by EOS, as one int32 array."""
+    lengths = np.fromiter((len(t) + 1 for t in token_lists), dtype=np.int64, count=len(token_lists))
+    out = np.full(int(lengths.sum()), eos_id, dtype=np.int32)
+    pos = 0
+    for toks, n in zip(token_lists, lengths):
+        out[pos:pos + n - 1] = toks
+        pos += n
+    return out
+
+
+def count_rows(total_tokens: int, row_len: int, remainder: str) -> int:
+    full, rest = divmod(total_tokens, row_len)
+    return full + (1 if rest and remainder == "pad" else 0)
+
+
+def rows_from_tokens(tokens: np.ndarray, row_len: int, remainder: str, pad_id: int) -> np.ndarray:
+    """(rows, row_len) int32: whole rows, then a padded last row when remainder is pad."""
+    n = count_rows(len(tokens), row_len, remainder)
+    out = np.full(n * row_len, pad_id, dtype=np.int32)
+    take = min(len(tokens), n * row_len)
+    out[:take] = tokens[:take]
+    return out.reshape(n, row_len)
+
+
+def gather_tokens(parts: list[tuple[int, np.ndarray]], start: int, stop: int) -> np.ndarray:
+    """Tokens [start, stop) of the concatenation of `parts` = [(offset, array)] in order."""
+    pieces = []
+    for offset, arr in parts:
+        lo, hi = max(start, offset), min(stop, offset + len(arr))
+        if lo < hi:
+            pieces.append(np.asarray(arr[lo - offset:hi - offset], dtype=np.int32))
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+
+
+def _pow2(n: float, lo: int, hi: int) -> int:
+    return int(min(max(1 << max(int(n) - 1, 1).bit_length(), lo), hi))
+
+
+def page_sizes(n_rows: int, row_len: int) -> tuple[int, int]:
+    """(page size, header size) for a file of n_rows rows. FileWriter's defaults (32 MB pages,
+    16 MB header) make every file >= 48 MB, mostly holes, which an upload sends in full."""
+    page = _pow2(64 * row_len * 4, 1 << 15, 1 << 26)            # about 64 rows per page
+    pages = n_rows * row_len * 4 * 1.1 / page + 4
+    return page, _pow2((1 << 14) + 1024 * pages, 1 << 14, 1 << 27)  # page metadata, generously
+
+
+def write_mindrecord(path: Path, rows: np.ndarray, description: str = "pretrain") -> None:
+    """Write rows as one MindRecord file at `path` (+ path.db), atomically (see the module docstring)."""
+    os.environ.setdefault("GLOG_v", "3")
+    from mindspore.mindrecord import FileWriter
+
+    path = Path(path)
+    tmp_dir = path.parent / f".tmp-{path.name}"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir(parents=True)
+    try:
+        writer = FileWriter(str(tmp_dir / path.name), shard_num=1, overwrite=True)
+        page, header = page_sizes(*rows.shape) if rows.ndim == 2 else (1 << 25, 1 << 24)
+        writer.set_page_size(page)
+        writer.set_header_size(header)
+        writer.add_schema(SCHEMA, description)
+        for i in range(0, len(rows), 1000):
+            writer.write_raw_data([{"input_ids": r} for r in rows[i:i + 1000]])
+        writer.commit()
+        os.replace(tmp_dir / f"{path.name}.db", path.parent / f"{path.name}.db")
+        os.replace(tmp_dir / path.name, path)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def read_mindrecord(paths: list[str | Path]) -> np.ndarray:
+    """All input_ids rows of MindRecord files, in order, via mindspore.dataset.MindDataset (for checks)."""
+    os.environ.setdefault("GLOG_v", "3")
+    import mindspore.dataset as ds
+
+    data = ds.MindDataset([str(p) for p in paths], columns_list=["input_ids"], shuffle=False)
+    rows = [r[0] for r in data.create_tuple_iterator(output_numpy=True, num_epochs=1)]
+    return np.stack(rows) if rows else np.zeros((0, 0), np.int32)

@@ -1,0 +1,156 @@
+"""Steps 1-3 of the data stage: plan the shards, prepare each shard (read, quarantine, clean,
+hash, sign), deduplicate all shards in input order.
+
+Each step is idempotent: it returns at once when its completion marker (shards/<name>.done,
+holding the work hash) exists, so a rerun redoes only unfinished shards. `prep_shard` is the
+function a Prefect task maps over shard indices; `plan_data_stage` and `dedup_stage` run once.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .dedup import EXACT, NEAR, Deduplicator
+from .dedup_index import load_prior, segment_meta, write_segment
+from .filters import Doc, apply_filters, build_filters
+from .minhash import shingle_hashes, signatures
+from .readers import iter_shard_batches
+from .sources import ShardSpec, list_inputs, plan_shards
+from .text import exact_key
+from .workspace import Workspace, atomic_path
+
+
+STAGE_OUTPUTS = ("shards", "cleaned", "tokenizer", "mindrecord", "quarantine.jsonl", "excluded.jsonl",
+                 "duplicates.jsonl", "stats.json")
+
+
+def shard_dir(index: int) -> str:
+    return f"shards/{index:05d}"
+
+
+def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
+    """List the inputs and split them into shards (shards/plan.json); returns the shard specs."""
+    ws = Workspace(cfg, paths, shared)
+    if ws.is_marked("plan"):
+        return ws.read_json("shards/plan.json")["shards"]
+    for rel in STAGE_OUTPUTS:  # a fresh start: nothing of an attempt with another config survives
+        ws.remove(rel)
+    files = list_inputs(cfg.data.inputs, ws.endpoint)
+    shards = [s.to_dict() for s in plan_shards(files, cfg.data.docs_per_shard, ws.endpoint)]
+    from ..storage import store_for
+
+    sizes = [{"uri": u, "label": lab, "size": store_for(u, ws.endpoint).size(u)} for u, lab in files]
+    ws.write_json("shards/plan.json", {"files": sizes, "shards": shards})
+    ws.mark("plan")
+    return shards
+
+
+def _raw_text(raw) -> str | None:
+    if raw is None or isinstance(raw, str):
+        return raw
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
+def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
+    """Read shard `index`, quarantine malformed records, run the filters, and write the surviving
+    documents (id, text, exact key) with their MinHash signatures. Returns the shard's counts."""
+    ws, d = Workspace(cfg, paths, shared), cfg.data
+    folder = shard_dir(index)
+    if ws.is_marked(f"{index:05d}.prep"):
+        return ws.read_json(f"{folder}/counts.json")
+    spec = ShardSpec(**ws.read_json("shards/plan.json")["shards"][index])
+    filters = build_filters(d.filters)
+    rejected, filtered, read = Counter(), Counter(), 0
+    ids, texts, keys, sigs = [], [], [], []
+    with open(ws.local(f"{folder}/quarantine.jsonl"), "w", encoding="utf-8") as qf, \
+            open(ws.local(f"{folder}/excluded.jsonl"), "w", encoding="utf-8") as xf:
+        for batch in iter_shard_batches(spec, d.text_field, d.read_batch_size, ws.endpoint):
+            start = len(texts)
+            for line, text, reason, raw in batch:
+                read += 1
+                doc_id = f"{spec.label}:{line}"
+                if reason:
+                    rejected[reason] += 1
+                    qf.write(json.dumps({"id": doc_id, "file": spec.uri, "line": line, "reason": reason,
+                                         "raw": _raw_text(raw)}, ensure_ascii=False) + "\n")
+                    continue
+                doc = Doc(doc_id, text)
+                dropped = apply_filters(doc, filters)
+                if dropped:
+                    filtered[dropped[1]] += 1
+                    xf.write(json.dumps({"id": doc_id, "file": spec.uri, "line": line, "filter": dropped[0],
+                                         "reason": dropped[1], "text": text}, ensure_ascii=False) + "\n")
+                    continue
+                ids.append(doc_id)
+                texts.append(doc.text)
+                keys.append(exact_key(doc.text))
+            if d.dedup.near:
+                sigs.append(signatures(*shingle_hashes(texts[start:], d.dedup.ngram), d.dedup.num_perm))
+    table = pa.table({"id": pa.array(ids, pa.string()), "text": pa.array(texts, pa.string()),
+                      "key": pa.array(np.asarray(keys, dtype=np.uint64), pa.uint64())})
+    pq.write_table(table, ws.local(f"{folder}/docs.parquet"), compression="zstd")
+    names = ["quarantine.jsonl", "excluded.jsonl", "docs.parquet"]
+    if d.dedup.near:
+        np.save(ws.local(f"{folder}/sigs.npy"), np.concatenate(sigs) if sigs else
+                np.zeros((0, d.dedup.num_perm), np.uint32))
+        names.append("sigs.npy")
+    ws.publish(*[f"{folder}/{n}" for n in names])
+    counts = {"label": spec.label, "uri": spec.uri, "read": read, "rejected": dict(rejected),
+              "filtered": dict(filtered), "candidates": len(ids)}
+    ws.write_json(f"{folder}/counts.json", counts)
+    ws.mark(f"{index:05d}.prep")
+    return counts
+
+
+def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
+    """Decide exact and near duplicates over all shards in input order (first seen wins), against
+    the persistent index of earlier runs too; writes duplicates.jsonl, shards/<k>/keep.npy and
+    the pending index segment. Returns the summary (per-shard counts, LSH bands x rows)."""
+    ws, d = Workspace(cfg, paths, shared), cfg.data.dedup
+    if ws.is_marked("dedup"):
+        return ws.read_json("shards/dedup.json")
+    n_shards = len(ws.read_json("shards/plan.json")["shards"])
+    use_index = d.incremental and (d.exact or d.near)
+    dd = Deduplicator(d, None, paths.run_id)
+    if use_index:
+        dd.prior = load_prior(cfg, paths.run_id, dd.bands, dd.rows, ws.endpoint)
+    per_shard = []
+    out_path = ws.local("duplicates.jsonl")
+    tmp = atomic_path(out_path)
+    with open(tmp, "w", encoding="utf-8") as out:
+        for k in range(n_shards):
+            folder = shard_dir(k)
+            table = pq.read_table(ws.fetch(f"{folder}/docs.parquet"), columns=["id", "key"])
+            ids, keys = table.column("id").to_pylist(), table.column("key").to_numpy()
+            if d.exact or d.near:
+                sigs = np.load(ws.fetch(f"{folder}/sigs.npy")) if d.near else None
+                decisions, records = dd.process(ids, keys, sigs)
+            else:
+                decisions, records = np.zeros(len(ids), np.int8), []
+            for rec in records:
+                out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            np.save(ws.local(f"{folder}/keep.npy"), decisions)
+            ws.publish(f"{folder}/keep.npy")
+            per_shard.append({"exact_duplicates": int((decisions == EXACT).sum()),
+                              "near_duplicates": int((decisions == NEAR).sum()), "kept": int((decisions == 0).sum())})
+            if progress:
+                progress("dedup", k + 1, n_shards)
+    os.replace(tmp, out_path)
+    ws.publish("duplicates.jsonl")
+    segment = []
+    if use_index:
+        ids, keys, sigs = dd.segment()
+        segment = write_segment(ws.local("shards/segment"), segment_meta(cfg, paths.run_id, len(ids), sigs is not None),
+                                ids, keys, sigs)
+        ws.publish(*[f"shards/segment/{n}" for n in segment])
+    summary = {"shards": per_shard, "bands": dd.bands, "rows": dd.rows, "segment": segment,
+               "prior_docs": len(dd.prior) if dd.prior is not None else 0,
+               "prior_runs": dd.prior.runs if dd.prior is not None else []}
+    ws.write_json("shards/dedup.json", summary)
+    ws.mark("dedup")
+    return summary

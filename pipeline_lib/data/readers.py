@@ -1,0 +1,170 @@
+"""Stream the records of one shard: jsonl (plain or gzip) and parquet, local or s3://.
+
+Nothing is downloaded whole: plain jsonl shards are byte ranges (a local seek, or an S3 ranged
+GET streamed line by line), gzip files are decompressed as they stream, and parquet is read
+row group by row group through a seekable file that fetches only the byte ranges pyarrow asks
+for. Records come in batches of `batch_size` as (line number, text or None, reason, raw).
+
+Malformed records are not errors: they come back with a reason (empty_line, bad_utf8, bad_json,
+not_an_object, missing_text, text_not_string, empty_text) for the quarantine file.
+Raises: DataStageError when a parquet file has no column `data.text_field` or a non-string one.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from typing import Iterator
+
+from ..storage import is_s3, iter_lines, store_for
+from ..storage.store import split_s3
+from .errors import DataStageError
+
+Record = tuple  # (line_or_row, text | None, reason | None, raw bytes | str | None)
+
+
+class _Limited(io.RawIOBase):
+    """At most `n` bytes of a binary stream."""
+
+    def __init__(self, fh, n: int):
+        self.fh, self.left = fh, n
+
+    def readable(self):
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.left if size is None or size < 0 else min(size, self.left)
+        data = self.fh.read(size) if size else b""
+        self.left -= len(data)
+        return data
+
+    def close(self):
+        self.fh.close()
+        super().close()
+
+
+def open_range(uri: str, start: int, end: int | None, endpoint_url: str | None = None):
+    """A binary stream of bytes [start, end) of a file (end None: to the end)."""
+    store = store_for(uri, endpoint_url)
+    if is_s3(uri):
+        bucket, key = split_s3(uri)
+        rng = f"bytes={start}-" + ("" if end is None else str(end - 1))
+        if end is not None and end <= start:
+            return io.BytesIO(b"")
+        return store.client.get_object(Bucket=bucket, Key=key, Range=rng)["Body"]
+    fh = store.open_read(uri)
+    fh.seek(start)
+    return fh if end is None else _Limited(fh, end - start)
+
+
+class S3RangeFile(io.RawIOBase):
+    """A seekable read-only file over an S3 object: each read is one ranged GET (for pyarrow)."""
+
+    def __init__(self, uri: str, endpoint_url: str | None = None):
+        self.store, self.uri = store_for(uri, endpoint_url), uri
+        self.bucket, self.key = split_s3(uri)
+        self.length, self.pos = self.store.size(uri), 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.length + offset}[whence]
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.length - self.pos)
+        if n <= 0:
+            return 0
+        body = self.store.client.get_object(Bucket=self.bucket, Key=self.key,
+                                            Range=f"bytes={self.pos}-{self.pos + n - 1}")["Body"].read()
+        buf[:len(body)] = body
+        self.pos += len(body)
+        return len(body)
+
+
+def open_parquet(uri: str, endpoint_url: str | None = None):
+    import pyarrow.parquet as pq
+
+    if is_s3(uri):
+        return pq.ParquetFile(io.BufferedReader(S3RangeFile(uri, endpoint_url), buffer_size=1 << 20))
+    return pq.ParquetFile(str(store_for(uri).local_path(uri)))
+
+
+def parse_line(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
+    """(text, None) for a good jsonl line, else (None, reason)."""
+    if not raw.strip():
+        return None, "empty_line"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "bad_utf8"
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None, "bad_json"
+    if not isinstance(obj, dict):
+        return None, "not_an_object"
+    if text_field not in obj or obj[text_field] is None:
+        return None, "missing_text"
+    text = obj[text_field]
+    if not isinstance(text, str):
+        return None, "text_not_string"
+    return (text, None) if text.strip() else (None, "empty_text")
+
+
+def _jsonl_records(spec, text_field: str, endpoint_url) -> Iterator[Record]:
+    fh = open_range(spec.uri, spec.start, spec.end, endpoint_url)
+    try:
+        stream = gzip.GzipFile(fileobj=fh) if spec.kind == "jsonl.gz" else fh
+        for i, raw in enumerate(iter_lines(stream)):
+            text, reason = parse_line(raw, text_field)
+            yield spec.first + i, text, reason, (raw if reason else None)
+    finally:
+        fh.close()
+
+
+def _parquet_records(spec, text_field: str, batch_size: int, endpoint_url) -> Iterator[Record]:
+    import pyarrow as pa
+
+    pf = open_parquet(spec.uri, endpoint_url)
+    names = pf.schema_arrow.names
+    if text_field not in names:
+        raise DataStageError("data.text_field", text_field, f"parquet file {spec.uri} has no such column "
+                             f"(columns: {names})", "set data.text_field to the column holding the text")
+    kind = pf.schema_arrow.field(text_field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataStageError("data.text_field", text_field, f"column is {kind} in {spec.uri}, not a string",
+                             "point data.text_field at a string column")
+    row = spec.first
+    groups = list(range(spec.start, spec.end))
+    for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=[text_field]):
+        for text in batch.column(0).to_pylist():
+            if text is None:
+                yield row, None, "missing_text", None
+            elif not text.strip():
+                yield row, None, "empty_text", text
+            else:
+                yield row, text, None, None
+            row += 1
+
+
+def iter_shard_batches(spec, text_field: str, batch_size: int,
+                       endpoint_url: str | None = None) -> Iterator[list[Record]]:
+    """Batches of at most `batch_size` records of one shard, in file order."""
+    records = (_parquet_records(spec, text_field, batch_size, endpoint_url) if spec.kind == "parquet"
+               else _jsonl_records(spec, text_field, endpoint_url))
+    batch = []
+    for rec in records:
+        batch.append(rec)
+        if len(batch) >= batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,141 @@
+"""Find the input files of `data.inputs` and split them into shards (the unit of parallel work).
+
+- Inputs: local globs (`**` allowed), local folders, files, or s3:// prefixes; kept are files
+  ending .jsonl, .json (one JSON object per line), .jsonl.gz, .json.gz or .parquet, in config
+  order and sorted within each entry. A relative local path not found from the working directory
+  is tried from the repository root (so the bundled default works from anywhere).
+- File labels, used in document ids (`<label>:<line>`), are the basenames, or the shortest
+  unique path suffix when two inputs share a basename.
+- Shards: plain jsonl is split into byte ranges of `docs_per_shard` lines (one streaming pass
+  counts lines); parquet into runs of whole row groups of about `docs_per_shard` rows (from the
+  footer only); a gzip file is one shard (it cannot be entered in the middle: split big gzip
+  files upstream). Shards never span files, and depend only on the data and docs_per_shard,
+  never on the number of workers.
+Raises: DataStageError when an entry matches no supported file.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..storage import is_s3, store_for
+from .errors import DataStageError
+from .readers import open_parquet
+
+SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl.gz", ".json.gz": "jsonl.gz",
+            ".parquet": "parquet"}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def kind_of(uri: str) -> str | None:
+    name = uri.rsplit("/", 1)[-1].lower()
+    for suffix in sorted(SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return SUFFIXES[suffix]
+    return None
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One unit of work. jsonl: bytes [start, end), first = 1-based line number of its first line;
+    jsonl.gz: the whole file (end None), first = 1; parquet: row groups [start, end), first =
+    0-based index of its first row."""
+
+    index: int
+    uri: str
+    label: str
+    kind: str
+    start: int
+    end: int | None
+    first: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _expand(entry: str, endpoint_url: str | None) -> list[str]:
+    if is_s3(entry):
+        if kind_of(entry) and store_for(entry, endpoint_url).exists(entry):
+            return [entry]
+        return [u for u in store_for(entry, endpoint_url).list(entry) if kind_of(u)]
+    path = entry[len("file://"):] if entry.startswith("file://") else entry
+    if not Path(path).is_absolute() and not glob.glob(path, recursive=True):
+        alt = str(REPO_ROOT / path)
+        path = alt if glob.glob(alt, recursive=True) else path
+    out = []
+    for p in sorted(glob.glob(path, recursive=True)):
+        if os.path.isdir(p):
+            out += sorted(str(q) for q in Path(p).rglob("*") if q.is_file() and kind_of(str(q)))
+        elif kind_of(p):
+            out.append(os.path.abspath(p))
+    return out
+
+
+def _labels(uris: list[str]) -> list[str]:
+    parts = [u.replace("s3://", "").replace("\\", "/").split("/") for u in uris]
+    depth = [1] * len(uris)
+    while True:
+        labels = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
+        clash = {lab for lab in labels if labels.count(lab) > 1}
+        if not clash:
+            return labels
+        depth = [d + 1 if lab in clash and d < len(p) else d for p, d, lab in zip(parts, depth, labels)]
+        if all(lab not in clash or d >= len(p) for p, d, lab in zip(parts, depth, labels)):
+            return ["/".join(p) for p in parts]
+
+
+def list_inputs(inputs: list[str], endpoint_url: str | None = None) -> list[tuple[str, str]]:
+    """[(uri, label)] of every input file, in config order, without repeats."""
+    uris: list[str] = []
+    for i, entry in enumerate(inputs):
+        found = _expand(entry, endpoint_url)
+        if not found:
+            raise DataStageError(f"data.inputs[{i}]", entry, "matches no .jsonl, .jsonl.gz or .parquet file",
+                                 "check the path or glob (relative paths start at the working directory) "
+                                 "or the s3:// prefix")
+        uris += [u for u in found if u not in uris]
+    return list(zip(uris, _labels(uris)))
+
+
+def _jsonl_ranges(uri: str, docs_per_shard: int, endpoint_url) -> list[tuple[int, int, int]]:
+    """[(start byte, end byte, first line)] of runs of docs_per_shard lines (one streaming pass)."""
+    cuts, lines, offset, last_byte = [0], 0, 0, b"\n"
+    with store_for(uri, endpoint_url).open_read(uri) as fh:
+        while chunk := fh.read(8 << 20):
+            newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+            # line numbers (1-based) ended by these newlines: lines + 1 ... lines + len(newlines)
+            k = np.arange(lines + 1, lines + len(newlines) + 1)
+            cuts += [offset + int(p) + 1 for p in newlines[k % docs_per_shard == 0]]
+            lines, offset, last_byte = lines + len(newlines), offset + len(chunk), chunk[-1:]
+    if last_byte != b"\n":
+        lines += 1
+    if cuts[-1] < offset:
+        cuts.append(offset)
+    return [(cuts[i], cuts[i + 1], i * docs_per_shard + 1) for i in range(len(cuts) - 1)]
+
+
+def plan_shards(files: list[tuple[str, str]], docs_per_shard: int, endpoint_url: str | None = None) -> list[ShardSpec]:
+    """Shards of every input file, numbered in input order (see the module docstring)."""
+    shards: list[ShardSpec] = []
+    for uri, label in files:
+        kind = kind_of(uri)
+        if kind == "jsonl":
+            ranges = _jsonl_ranges(uri, docs_per_shard, endpoint_url) or [(0, 0, 1)]
+        elif kind == "jsonl.gz":
+            ranges = [(0, None, 1)]
+        else:
+            meta = open_parquet(uri, endpoint_url).metadata
+            ranges, group, row, first = [], 0, 0, 0
+            for g in range(meta.num_row_groups):
+                row += meta.row_group(g).num_rows
+                if row - first >= docs_per_shard or g == meta.num_row_groups - 1:
+                    ranges.append((group, g + 1, first))
+                    group, first = g + 1, row
+            ranges = ranges or [(0, 0, 0)]
+        for start, end, first in ranges:
+            shards.append(ShardSpec(len(shards), uri, label, kind, start, end, first))
+    return shards

@@ -1,0 +1,222 @@
+"""The data stage: raw jsonl/parquet -> cleaned, deduplicated documents, a tokenizer, packed
+MindRecord shards, and a stats report that accounts for every input record.
+
+    run_data_stage(cfg, paths)   runs every step locally with a process pool (what the CLI calls)
+
+The same steps, for a Prefect flow that maps tasks over shards (each idempotent, skipping work
+whose completion marker exists, each reading and writing only the stage folder):
+    shards = plan_data_stage(cfg, paths)                      # -> list of shard specs
+    prep_shard(cfg, paths, k)        for k in range(len(shards))
+    dedup_stage(cfg, paths)
+    build_tokenizer(cfg, paths)
+    tokenize_shard(cfg, paths, k)    for k in range(len(shards))
+    write_mindrecord_shard(cfg, paths, split, j)  for (split, j) in plan_mindrecord(cfg, paths)
+    manifest = finalize_data_stage(cfg, paths)
+The output does not depend on the number of workers. Finalizing checks conservation
+(stats.json), commits this run's additions to the persistent dedup index, writes manifest.json
+last, then removes the work files under shards/.
+Raises: DataStageError (config/data problems, naming the field), ConservationError (a bug).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import os
+import sys
+from functools import partial
+
+from ..storage import Manifest, invalidate, manifest_matches, read_manifest, sha256_file, write_manifest
+from .dedup_index import commit_segment, index_uri
+from .encode import build_tokenizer, plan_mindrecord, tokenize_shard, write_mindrecord_shard
+from .errors import ConservationError
+from .prep import dedup_stage, plan_data_stage, prep_shard, shard_dir
+from .stats import attribute_rows, build_stats
+from .workspace import Workspace, atomic_path
+
+
+def stage_hash(cfg) -> str:
+    """The data stage's identity: pipeline_lib.stages' hash, so the CLI, flows and this agree."""
+    from ..stages import stage_hash as _hash
+
+    return _hash(cfg, "data")
+
+
+def data_stage_done(cfg, paths) -> tuple[bool, str]:
+    return manifest_matches(paths.stage_uri("data"), stage_hash(cfg), endpoint_url=paths.endpoint_url)
+
+
+def _concat(ws: Workspace, n: int, name: str) -> None:
+    out = ws.local(name)
+    tmp = atomic_path(out)
+    with open(tmp, "wb") as dst:
+        for k in range(n):
+            with open(ws.fetch(f"{shard_dir(k)}/{name}"), "rb") as src:
+                dst.write(src.read())
+    os.replace(tmp, out)
+    ws.publish(name)
+
+
+def finalize_data_stage(cfg, paths, *, shared: bool = True) -> Manifest:
+    """Merge quarantine/exclusion files, write stats.json, commit the index, write the manifest."""
+    ws = Workspace(cfg, paths, shared)
+    plan = ws.read_json("shards/plan.json")
+    n = len(plan["shards"])
+    for name in ("quarantine.jsonl", "excluded.jsonl"):
+        _concat(ws, n, name)
+    dedup, mr = ws.read_json("shards/dedup.json"), ws.read_json("shards/mindrecord.json")
+    shards = []
+    for k in range(n):
+        s = {**ws.read_json(f"{shard_dir(k)}/counts.json"), **dedup["shards"][k],
+             **ws.read_json(f"{shard_dir(k)}/tokens.json")}
+        shards.append(s)
+    labels = [s["label"] for s in shards]
+    for split in ("train", "heldout"):
+        rows = attribute_rows(mr[split]["token_counts"], labels, mr[split]["row_len"], mr[split]["rows"])
+        seen = set()
+        for s in shards:  # a file's rows go to its first shard (rows are counted per file)
+            s[f"rows_{split}"] = 0 if s["label"] in seen else rows.get(s["label"], 0)
+            seen.add(s["label"])
+    tokenizer = ws.read_json("tokenizer/tokenizer_config.json")
+    row_len = cfg.model.seq_length + 1
+    pad = {sp: mr[sp]["rows"] * row_len - sum(mr[sp]["token_counts"]) for sp in ("train", "heldout")}
+    extra = {"run_id": paths.run_id, "row_tokens": row_len, "shards": n, "tokenizer": tokenizer,
+             "pad_tokens": {k: max(v, 0) for k, v in pad.items()},
+             "mindrecord_files": {sp: mr[sp]["files"] for sp in ("train", "heldout")},
+             "dedup": {k: dedup[k] for k in ("bands", "rows", "prior_docs", "prior_runs")} |
+             {"threshold": cfg.data.dedup.threshold, "num_perm": cfg.data.dedup.num_perm}}
+    stats = build_stats(shards, extra)
+    ws.write_json("stats.json", stats)
+    if not stats["balanced"]:
+        raise ConservationError(f"read != rejected + filtered + duplicates + kept; see {ws.uri_of('stats.json')}")
+    if dedup["segment"]:
+        folder = ws.local("shards/segment")
+        for name in dedup["segment"]:
+            ws.fetch(f"shards/segment/{name}")
+        commit_segment(folder, dedup["segment"], index_uri(cfg), paths.run_id, ws.endpoint)
+    outputs = ["quarantine.jsonl", "excluded.jsonl", "duplicates.jsonl", "stats.json",
+               "tokenizer/tokenizer.model", "tokenizer/tokenizer_config.json"]
+    outputs += [f"cleaned/part-{k:05d}.jsonl.gz" for k in range(n)]
+    for split in ("train", "heldout"):
+        for j in range(mr[split]["files"]):
+            rel = f"mindrecord/{split}/shard-{j:05d}.mindrecord"
+            outputs += [rel, rel + ".db"]
+    described = []
+    for rel in sorted(outputs):
+        local = ws.fetch(rel)
+        described.append({"path": rel, "size": local.stat().st_size, "sha256": sha256_file(local)})
+    t = stats["total"]
+    metrics = {k: t[k] for k in ("read", "rejected_total", "filtered_total", "exact_duplicates", "near_duplicates",
+                                 "kept", "tokens", "rows_train", "rows_heldout")}
+    metrics["input_files"] = plan["files"]
+    manifest = Manifest("data", paths.run_id, stage_hash(cfg), inputs={}, outputs=described, metrics=metrics)
+    write_manifest(ws.uri, manifest, ws.endpoint)
+    ws.remove("shards")
+    ws.drop_local_copy()
+    return manifest
+
+
+class _Progress:
+    """progress(step, done, total) callback, or tqdm bars when stderr is a terminal."""
+
+    def __init__(self, callback=None):
+        self.callback, self.bar, self.step = callback, None, None
+        self.tty = callback is None and sys.stderr.isatty()
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        if self.callback is not None:
+            self.callback(step, done, total)
+        elif self.tty:
+            from tqdm import tqdm
+
+            if self.step != step:
+                self.close()
+                self.bar, self.step = tqdm(total=total, desc=f"data/{step}", leave=True), step
+            self.bar.update(done - self.bar.n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _run_all(pool, fn, items: list[tuple], step: str, progress: _Progress) -> list:
+    """fn(*item) for every item, in the pool when there is one; results in item order."""
+    progress(step, 0, len(items))
+    if pool is None or len(items) < 2:
+        out = []
+        for i, item in enumerate(items):
+            out.append(fn(*item))
+            progress(step, i + 1, len(items))
+        return out
+    futures = [pool.submit(fn, *item) for item in items]
+    try:
+        for i, _ in enumerate(cf.as_completed(futures)):
+            progress(step, i + 1, len(items))
+        return [f.result() for f in futures]
+    finally:
+        for f in futures:
+            f.cancel()
+
+
+def _mindrecord_pool(pool, cfg, paths, n_files: int, workers: int):
+    """The pool only when there are enough rows to pay for a MindSpore import (~3 s) per worker:
+    FileWriter does ~12k rows/s per process, whatever the row length."""
+    if pool is None or n_files < 2 * workers:
+        return None
+    plan = Workspace(cfg, paths, False).read_json("shards/mindrecord.json")
+    return pool if sum(p["rows"] for p in plan.values()) >= 50_000 else None
+
+
+def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
+    """Workers forked from a fork server that imported this package once: cheap to start, and
+    never forked from a process with threads (Prefect's, boto3's). Like spawn, it imports the
+    caller's __main__ module: scripts must guard their entry point with if __name__ == "__main__"."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["pipeline_lib.data._warm"])
+    return cf.ProcessPoolExecutor(workers, mp_context=ctx)
+
+
+def run_data_stage(cfg, paths, *, workers: int | None = None, progress=None, log=None) -> Manifest:
+    """Run the whole data stage (see the module docstring) unless its manifest already matches.
+
+    workers: processes for the shard steps (default data.num_workers; 1 runs everything inline).
+    progress: optional callable(step, done, total); without it, tqdm bars show on a terminal.
+    log: optional callable(str) for one line per step."""
+    log = log or (lambda msg: None)
+    uri, endpoint = paths.stage_uri("data"), paths.endpoint_url
+    done, why = data_stage_done(cfg, paths)
+    if done:
+        log(f"data: manifest complete at {uri}, not redone")
+        return read_manifest(uri, endpoint)
+    log(f"data: running ({why})")
+    invalidate(uri, endpoint)
+    workers = workers or cfg.data.num_workers
+    report = _Progress(progress)
+    pool = _make_pool(workers) if workers > 1 else None
+    shared = False  # one machine runs every step: on S3 only the deliverables are uploaded
+    try:
+        shards = plan_data_stage(cfg, paths, shared=shared)
+        log(f"data: {len(shards)} shards")
+        each = [(cfg, paths, k) for k in range(len(shards))]
+        counts = _run_all(pool, partial(prep_shard, shared=shared), each, "prep", report)
+        log(f"data: read {sum(c['read'] for c in counts)} records")
+        summary = dedup_stage(cfg, paths, report, shared=shared)
+        log("data: dedup " + json.dumps({k: sum(s[k] for s in summary["shards"])
+                                         for k in ("exact_duplicates", "near_duplicates", "kept")}))
+        report("tokenizer", 0, 1)
+        log(f"data: tokenizer {build_tokenizer(cfg, paths, shared=shared)['vocab_size']} pieces")
+        report("tokenizer", 1, 1)
+        _run_all(pool, partial(tokenize_shard, shared=shared), each, "tokenize", report)
+        items = [(cfg, paths, s, j) for s, j in plan_mindrecord(cfg, paths, shared=shared)]
+        _run_all(_mindrecord_pool(pool, cfg, paths, len(items), workers), partial(write_mindrecord_shard, shared=shared),
+                 items, "mindrecord", report)
+        report("finalize", 0, 1)
+        manifest = finalize_data_stage(cfg, paths, shared=shared)
+        report("finalize", 1, 1)
+        log(f"data: done, {manifest.metrics['rows_train']} train rows")
+        return manifest
+    finally:
+        report.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

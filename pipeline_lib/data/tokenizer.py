@@ -1,0 +1,153 @@
+"""The pipeline's tokenizer: a sentencepiece model plus its id conventions (reused by SFT and eval).
+
+Ids: pad, unk, bos, eos come from TokenizerConfig (default 0, 1, 2, 3). A trained model has
+pad as a *control* piece: `encode` never emits it, and mindformers masks it out of the loss.
+The special tokens of the SFT chat format are user-defined symbols: never split, one id each.
+`tokenizer_config.json` next to the model records the ids and the special tokens.
+
+Training (`train_tokenizer`) takes an iterable of documents, cuts them into lines of at most
+MAX_PIECE_CHARS characters (sentencepiece skips longer sentences), and uses the identity
+normalization and no dummy-prefix space (the cleaning filters already normalized the text;
+decode gives the text back exactly; a chat template starts with its special token).
+Loading an existing model (continued pretraining keeps the base model's tokenizer) checks that
+its unk/bos/eos ids are the configured ones, that pad is never emitted, and that the special
+tokens exist.
+Raises: DataStageError naming the tokenizer.* field to change.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Iterable
+
+import sentencepiece as spm
+
+from .errors import DataStageError
+
+MAX_PIECE_CHARS = 2000
+CONFIG_NAME = "tokenizer_config.json"
+TRAIN_THREADS = 4  # fixed: unigram training results depend on the thread count
+
+
+class Tokenizer:
+    """A loaded sentencepiece model. `encode_batch` encodes many texts on `threads` threads."""
+
+    def __init__(self, model_file: str | Path, pad_id: int | None = None, special_tokens: list[str] | None = None):
+        self.model_file = str(model_file)
+        self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
+        meta_file = Path(self.model_file).with_name(CONFIG_NAME)
+        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+        self.pad_id = pad_id if pad_id is not None else meta.get("pad_id", self.sp.pad_id())
+        self.special_tokens = list(special_tokens if special_tokens is not None else meta.get("special_tokens", []))
+
+    @classmethod
+    def load(cls, uri: str, endpoint_url: str | None = None, **kwargs) -> "Tokenizer":
+        """Load from a local path or s3:// URI (downloaded next to a temp copy with its config)."""
+        from ..storage import is_s3, store_for
+
+        if not is_s3(uri):
+            return cls(uri, **kwargs)
+        import tempfile
+
+        store, local = store_for(uri, endpoint_url), Path(tempfile.mkdtemp(prefix="tokenizer-"))
+        store.get_file(uri, local / "tokenizer.model")
+        cfg_uri = uri.rsplit("/", 1)[0] + "/" + CONFIG_NAME
+        if store.exists(cfg_uri):
+            store.get_file(cfg_uri, local / CONFIG_NAME)
+        return cls(local / "tokenizer.model", **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    unk_id = property(lambda self: self.sp.unk_id())
+    bos_id = property(lambda self: self.sp.bos_id())
+    eos_id = property(lambda self: self.sp.eos_id())
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        return self.sp.encode(text, out_type=int, add_bos=add_bos, add_eos=add_eos)
+
+    def encode_batch(self, texts: list[str], threads: int = 2, add_bos: bool = False,
+                     add_eos: bool = False) -> list[list[int]]:
+        return self.sp.encode(list(texts), out_type=int, num_threads=threads, add_bos=add_bos, add_eos=add_eos)
+
+    def decode(self, ids) -> str:
+        return self.sp.decode([int(i) for i in ids if int(i) != self.pad_id and 0 <= int(i) < self.vocab_size])
+
+    def piece_id(self, piece: str) -> int:
+        """Id of a piece (e.g. a special token); KeyError if the model does not have it."""
+        i = self.sp.piece_to_id(piece)
+        if i == self.sp.unk_id() and piece != self.sp.id_to_piece(i):
+            raise KeyError(f"piece {piece!r} is not in {self.model_file}")
+        return i
+
+    def special_ids(self) -> dict[str, int]:
+        return {t: self.piece_id(t) for t in self.special_tokens}
+
+    def describe(self) -> dict:
+        return {"vocab_size": self.vocab_size, "pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id,
+                "eos_id": self.eos_id, "special_tokens": self.special_ids()}
+
+
+def _lines(texts: Iterable[str]) -> Iterable[str]:
+    for text in texts:
+        for line in text.split("\n"):
+            for i in range(0, len(line), MAX_PIECE_CHARS):
+                if line[i:i + MAX_PIECE_CHARS].strip():
+                    yield line[i:i + MAX_PIECE_CHARS]
+
+
+def write_config(tok: Tokenizer, source: str) -> None:
+    meta = {**tok.describe(), "special_tokens": tok.special_tokens, "source": source}
+    Path(tok.model_file).with_name(CONFIG_NAME).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
+
+
+def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer:
+    """Train a sentencepiece model (TokenizerConfig `cfg`) into out_dir/tokenizer.model.
+
+    The same texts give a byte-identical model on any machine: the trainer's thread count is
+    fixed (unigram results depend on it) and no output path is recorded in the model."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ids = {"pad_id": cfg.pad_id, "unk_id": cfg.unk_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
+    if len(set(ids.values())) != 4 or min(ids.values()) < 0:
+        raise DataStageError("tokenizer.pad_id/unk_id/bos_id/eos_id", ids, "the four ids must be distinct and >= 0",
+                             "use e.g. pad 0, unk 1, bos 2, eos 3")
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(_lines(texts)), model_writer=model,
+            model_type=cfg.model_type, vocab_size=cfg.vocab_size, byte_fallback=cfg.byte_fallback,
+            character_coverage=cfg.character_coverage, user_defined_symbols=list(cfg.special_tokens),
+            pad_piece="<pad>", normalization_rule_name="identity", remove_extra_whitespaces=False,
+            add_dummy_prefix=False,
+            split_digits=True, max_sentence_length=4 * MAX_PIECE_CHARS + 16, minloglevel=2,
+            num_threads=TRAIN_THREADS, **ids)
+    except RuntimeError as err:
+        raise DataStageError("tokenizer.vocab_size", cfg.vocab_size, f"sentencepiece could not train: {err}",
+                             "lower tokenizer.vocab_size (the corpus is too small for it) or add data") from None
+    (out_dir / "tokenizer.model").write_bytes(model.getvalue())
+    tok = Tokenizer(out_dir / "tokenizer.model", pad_id=cfg.pad_id, special_tokens=list(cfg.special_tokens))
+    write_config(tok, "trained")
+    return tok
+
+
+def check_loaded(tok: Tokenizer, cfg, model_vocab_size: int) -> None:
+    """Refuse a loaded tokenizer that does not match TokenizerConfig or the model's embedding size."""
+    for field in ("unk_id", "bos_id", "eos_id"):
+        have = getattr(tok, field)
+        if have != getattr(cfg, field):
+            raise DataStageError(f"tokenizer.{field}", getattr(cfg, field), f"{tok.model_file} has {field}={have}",
+                                 f"set tokenizer.{field}={have} to keep the base model's tokenizer")
+    sp = tok.sp
+    if not 0 <= tok.pad_id < tok.vocab_size or not (sp.is_control(tok.pad_id) or sp.is_unknown(tok.pad_id)):
+        raise DataStageError("tokenizer.pad_id", tok.pad_id, f"{tok.model_file} can emit that id as a real token",
+                             f"set tokenizer.pad_id to a control piece such as {sp.pad_id() if sp.pad_id() >= 0 else sp.unk_id()}")
+    missing = [t for t in tok.special_tokens if t not in {sp.id_to_piece(i) for i in range(tok.vocab_size)}]
+    if missing:
+        raise DataStageError("tokenizer.special_tokens", missing, f"{tok.model_file} has no such pieces",
+                             "list only pieces the base tokenizer has (or []), or train a new one (tokenizer.path=null)")
+    if tok.vocab_size > model_vocab_size:
+        raise DataStageError("model.vocab_size", model_vocab_size, f"the tokenizer has {tok.vocab_size} pieces",
+                             f"set model.vocab_size >= {tok.vocab_size}")

@@ -1,0 +1,94 @@
+"""Dedup quality on planted pairs of known exact Jaccard, first-seen-wins, and the persistent index."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from datagen import jaccard, planted_corpus
+
+from pipeline_lib.config.schema import DedupConfig
+from pipeline_lib.data.dedup import EXACT, KEEP, NEAR, Deduplicator
+from pipeline_lib.data.dedup_index import PriorIndex
+from pipeline_lib.data.minhash import shingle_hashes, signatures
+from pipeline_lib.data.text import exact_key
+
+
+def decide(docs, cfg=None, prior=None, ids=None):
+    cfg = cfg or DedupConfig()
+    dd = Deduplicator(cfg, prior, "run")
+    ids = ids or [f"f:{i}" for i in range(len(docs))]
+    keys = np.array([exact_key(t) for t in docs], dtype=np.uint64)
+    sigs = signatures(*shingle_hashes(docs, cfg.ngram), cfg.num_perm)
+    decisions, records = dd.process(ids, keys, sigs)
+    return dd, decisions, records
+
+
+def test_near_duplicate_recall_and_precision_against_exact_jaccard():
+    docs, pairs = planted_corpus()
+    _, decisions, records = decide(docs)
+    threshold = DedupConfig().threshold
+    positives = [(b, c) for b, c, j in pairs if j >= threshold]
+    found = {(r["kept"], r["id"]) for r in records if r["kind"] == "near"}
+    recall = sum((f"f:{b}", f"f:{c}") in found for b, c in positives) / len(positives)
+    flagged = [(int(k.split(":")[1]), int(i.split(":")[1])) for k, i in found]
+    precision = sum(jaccard(docs[k], docs[i]) >= threshold for k, i in flagged) / len(flagged)
+    assert len(positives) >= 50 and len(pairs) - len(positives) >= 25
+    assert recall >= 0.9, recall
+    assert precision >= 0.95, precision
+    # every base document is kept; nothing but planted copies is removed
+    assert (decisions[:160] == KEEP).all()
+
+
+def test_first_seen_wins_and_records_name_the_kept_document():
+    docs, pairs = planted_corpus(n_base=12, pairs=((0.95, 3),))
+    docs = docs + [docs[0], docs[5].upper() + "  "]
+    _, decisions, records = decide(docs)
+    assert list(decisions[12:]) == [NEAR, NEAR, NEAR, EXACT, EXACT]
+    by_id = {r["id"]: r for r in records}
+    assert by_id["f:15"] == {"id": "f:15", "kept": "f:0", "kind": "exact", "jaccard": 1.0, "kept_run": None}
+    assert by_id["f:12"]["kept"] == "f:0" and 0.8 <= by_id["f:12"]["jaccard"] <= 1.0
+
+
+def test_exact_only_and_near_only():
+    docs = ["设备巡视记录第一页，变压器运行正常，油温四十二度，无异常声响。"] * 2
+    _, d, _ = decide(docs, DedupConfig(near=False))
+    assert list(d) == [KEEP, EXACT]
+    _, d, r = decide(docs, DedupConfig(exact=False))
+    assert list(d) == [KEEP, NEAR] and r[0]["jaccard"] == 1.0
+    _, d, _ = decide(["!!!", "!!!"], DedupConfig(exact=False))  # no shingles: never a near duplicate
+    assert list(d) == [KEEP, KEEP]
+
+
+def test_prior_index_deduplicates_a_second_run_against_the_first():
+    docs, pairs = planted_corpus(n_base=30, pairs=((0.93, 6),))
+    first, second = docs[:30], docs[30:] + [docs[2], "全新的文档，与之前的内容完全不同。" * 5]
+    dd, _, _ = decide(first)
+    ids, keys, sigs = dd.segment()
+    prior = PriorIndex([f"day1/{i}" for i in ids], keys, sigs, dd.bands, dd.rows, ["day1"])
+    _, decisions, records = decide(second, prior=prior, ids=[f"g:{i}" for i in range(len(second))])
+    assert list(decisions) == [NEAR] * 6 + [EXACT, KEEP]
+    assert records[-1] == {"id": "g:6", "kept": "day1/f:2", "kind": "exact", "jaccard": 1.0, "kept_run": "day1"}
+    assert all(r["kept_run"] == "day1" for r in records)
+
+
+def test_empty_prior_index_is_harmless():
+    prior = PriorIndex([], np.zeros(0, np.uint64), np.zeros((0, 128), np.uint32), 14, 9, [])
+    assert (prior.exact(np.array([1, 2], np.uint64)) == -1).all()
+    _, decisions, _ = decide(["一段足够长的中文文本用于测试去重逻辑是否正常。"], prior=prior)
+    assert list(decisions) == [KEEP]
+
+
+@pytest.mark.parametrize("field,value", [("num_perm", 64), ("ngram", 3)])
+def test_index_built_with_other_parameters_is_refused(tmp_path, field, value):
+    from datagen import make_cfg
+
+    from pipeline_lib.data.dedup_index import commit_segment, load_prior, segment_meta, write_segment
+    from pipeline_lib.data.errors import DataStageError
+
+    cfg = make_cfg(tmp_path)
+    names = write_segment(tmp_path / "seg", segment_meta(cfg, "old", 1, True), ["a:1"],
+                          np.array([5], np.uint64), np.zeros((1, 128), np.uint32))
+    commit_segment(tmp_path / "seg", names, str(tmp_path / "runs" / "_dedup_index"), "old")
+    assert len(load_prior(cfg, "new", 14, 9)) == 1 and len(load_prior(cfg, "old", 14, 9)) == 0
+    other = make_cfg(tmp_path, dedup={field: value})
+    with pytest.raises(DataStageError, match=f"data.dedup.{field}={value}.*built with {field}="):
+        load_prior(other, "new", 14, 9)

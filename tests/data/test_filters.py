@@ -1,0 +1,98 @@
+"""Each cleaning filter on Chinese and English text, and the config errors of build_filters."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline_lib.config.schema import DataConfig
+from pipeline_lib.data.errors import DataStageError
+from pipeline_lib.data.filters import FILTERS, Doc, apply_filters, build_filters
+
+
+def run(name: str, text: str, **params):
+    doc = Doc("t:1", text)
+    verdict = FILTERS[name](**params)(doc)
+    return verdict, doc.text
+
+
+ZH = "变压器在运行中需要定期进行红外测温，发现异常应及时记录并上报。检修之前必须确认设备已经停电并挂好接地线。"
+EN = "The circuit breaker should receive an infrared inspection every ten days, and any abnormal reading is recorded."
+
+
+def test_nfkc_folds_fullwidth_and_compatibility_forms():
+    assert run("nfkc", "ＡＢＣ１２３，ﬁ")[1] == "ABC123,fi"
+    assert run("nfkc", ZH[:10])[1] == ZH[:10]
+
+
+def test_strip_control_removes_invisible_characters_and_normalizes_newlines():
+    verdict, text = run("strip_control", "数据\u200b清洗\ufeff\x07 ok\r\nnext\rline\ue000\ufffd")
+    assert verdict is True and text == "数据清洗 ok\nnext\nline"
+    assert run("strip_control", "a\ufffdb", drop_replacement_char=False)[1] == "a\ufffdb"
+    assert run("strip_control", "tab\tkept\nnewline kept")[1] == "tab\tkept\nnewline kept"
+
+
+def test_normalize_whitespace_collapses_spaces_and_blank_lines():
+    text = "  变压器\u3000\u3000巡检 \t记录  \n\n\n\n  line two\u00a0 end  "
+    assert run("normalize_whitespace", text)[1] == "变压器 巡检 记录\n\nline two end"
+    assert run("normalize_whitespace", "a\n\n\nb", max_blank_lines=0)[1] == "a\nb"
+
+
+@pytest.mark.parametrize("text,reason", [("短文本", "too_short"), ("x" * 50, "too_long"), (ZH, None), (EN, None)])
+def test_length(text, reason):
+    verdict, _ = run("length", text, min_chars=10, max_chars=49 if reason == "too_long" else 1000)
+    assert verdict is True if reason is None else verdict == (False, reason)
+
+
+def test_duplicate_lines_zh_and_en():
+    assert run("duplicate_lines", "\n".join([ZH] * 3 + [EN]))[0] == (False, "dup_lines")
+    assert run("duplicate_lines", "\n".join(["短行", "短行", ZH + ZH, EN + EN, "另一行", "第五行"]))[0] is True
+    # few repeated lines but they hold most of the characters
+    long_line = "设备巡视记录" * 20
+    verdict = run("duplicate_lines", "\n".join([long_line, long_line, "a", "b", "c", "d", "e"]))[0]
+    assert verdict == (False, "dup_line_chars")
+    assert run("duplicate_lines", ZH)[0] is True
+
+
+def test_top_ngram_uses_word_ngrams_for_en_and_longer_char_ngrams_for_zh():
+    spam_en = " ".join(["buy cheap transformers"] * 30)
+    assert run("top_ngram", spam_en)[0] == (False, "top_2gram")
+    assert run("top_ngram", EN + " " + EN.replace("circuit", "main"))[0] is True
+    spam_zh = "点击购买优惠" * 30
+    assert run("top_ngram", spam_zh)[0] == (False, "top_2gram")
+    normal_zh = ZH + "数据质量决定了模型效果，数据清洗是数据处理中最关键的步骤之一，需要认真对待每一条数据。"
+    assert run("top_ngram", normal_zh)[0] is True          # "数据" five times is normal Chinese
+    assert run("top_ngram", "重复" * 10)[0] is True          # fewer than min_tokens: not judged
+
+
+def test_char_ratio_drops_symbol_and_number_tables():
+    assert run("char_ratio", "1234 5678 #### ---- 3.14159 ==== 0000")[0] == (False, "low_text_ratio")
+    assert run("char_ratio", "   ")[0] == (False, "low_text_ratio")
+    assert run("char_ratio", ZH)[0] is True and run("char_ratio", EN)[0] is True
+    assert run("char_ratio", "2024年第3季度共完成巡检1200次，发现缺陷35处。")[0] is True
+
+
+def test_url_heavy_and_boilerplate():
+    links = "see http://example.com/a/b/c/d/e/f/g and https://example.org/x/y/z/w/v/u"
+    assert run("url_heavy", links)[0] == (False, "url_heavy")
+    assert run("url_heavy", EN + " More at https://example.com/doc.")[0] is True
+    nav = "首页 | 联系我们\n上一篇：设备巡视\n下一篇：检修计划\n版权所有 电力运维中心"
+    assert run("url_heavy", nav)[0] == (False, "boilerplate")
+    assert run("url_heavy", "Home\nPrivacy policy\nAll rights reserved 2024")[0] == (False, "boilerplate")
+    assert run("url_heavy", ZH + "\n" + EN + "\n联系我们：电话 12345")[0] is True
+
+
+def test_default_filters_keep_normal_zh_and_en_and_report_the_first_drop():
+    filters = build_filters(DataConfig().filters)
+    for text in (ZH, EN, ZH + "\n\n" + EN):
+        assert apply_filters(Doc("x", text), filters) is None
+    doc = Doc("x", "  ＡＢ  ")
+    assert apply_filters(doc, filters) == ("length", "too_short")
+    assert doc.text == "AB"
+
+
+def test_build_filters_errors_name_the_field():
+    with pytest.raises(DataStageError, match=r"data.filters\[0\].name='nope'.*use one of"):
+        build_filters([{"name": "nope"}])
+    with pytest.raises(DataStageError, match=r"data.filters\[1\].params.*no parameter\(s\) \['min'\]"):
+        build_filters([{"name": "nfkc"}, {"name": "length", "params": {"min": 3}}])
+    with pytest.raises(DataStageError, match=r"data.filters\[0\].params.*min_chars <= max_chars"):
+        build_filters([{"name": "length", "params": {"min_chars": 10, "max_chars": 5}}])

@@ -1,0 +1,80 @@
+"""Inputs and shards: jsonl (plain, gzip) and parquet, line numbers, malformed records, labels."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline_lib.data.errors import DataStageError
+from pipeline_lib.data.readers import iter_shard_batches, parse_line
+from pipeline_lib.data.sources import list_inputs, plan_shards
+
+
+def records(shards, field="text", batch=3):
+    return [r for s in shards for b in iter_shard_batches(s, field, batch) for r in b]
+
+
+@pytest.mark.parametrize("raw,reason", [
+    (b"", "empty_line"), (b"  \r", "empty_line"), (b'{"text": "\xff"}', "bad_utf8"), (b'{"text": ', "bad_json"),
+    (b"[1, 2]", "not_an_object"), (b'{"body": "x"}', "missing_text"), (b'{"text": null}', "missing_text"),
+    (b'{"text": ["x"]}', "text_not_string"), (b'{"text": " \\n "}', "empty_text"), (b'{"text": "ok"}\r', None)])
+def test_parse_line_reasons(raw, reason):
+    text, why = parse_line(raw, "text")
+    assert why == reason and (text == "ok" if reason is None else text is None)
+
+
+def test_plain_jsonl_shards_are_byte_ranges_with_global_line_numbers(tmp_path):
+    lines = [json.dumps({"content": f"doc {i}"}).encode() for i in range(10)]
+    lines[4] = b"not json"
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"\n".join(lines))  # no final newline
+    shards = plan_shards(list_inputs([str(path)]), docs_per_shard=4)
+    assert [(s.first, s.kind) for s in shards] == [(1, "jsonl"), (5, "jsonl"), (9, "jsonl")]
+    recs = records(shards, "content")
+    assert [r[0] for r in recs] == list(range(1, 11))
+    assert recs[4][2] == "bad_json" and recs[4][3] == b"not json"
+    assert recs[9][1] == "doc 9"
+    # exact multiple of docs_per_shard with a final newline: no empty extra shard
+    path.write_bytes(b"\n".join(lines[:8]) + b"\n")
+    assert len(plan_shards(list_inputs([str(path)]), docs_per_shard=4)) == 2
+
+
+def test_gzip_is_one_streamed_shard(tmp_path):
+    path = tmp_path / "b.jsonl.gz"
+    with gzip.open(path, "wb") as fh:
+        fh.write(b"\n".join(json.dumps({"text": f"t{i}"}).encode() for i in range(7)) + b"\n\n")
+    shards = plan_shards(list_inputs([str(tmp_path / "*.gz")]), docs_per_shard=2)
+    assert len(shards) == 1 and shards[0].kind == "jsonl.gz"
+    recs = records(shards)
+    assert [r[1] for r in recs[:7]] == [f"t{i}" for i in range(7)] and recs[7][2] == "empty_line"
+
+
+def test_parquet_shards_follow_row_groups(tmp_path):
+    path = tmp_path / "c.parquet"
+    texts = [f"row {i}" for i in range(10)]
+    texts[3], texts[6] = None, "  "
+    pq.write_table(pa.table({"text": texts, "n": list(range(10))}), path, row_group_size=3)
+    shards = plan_shards(list_inputs([str(tmp_path)]), docs_per_shard=5)
+    assert [(s.start, s.end, s.first) for s in shards] == [(0, 2, 0), (2, 4, 6)]
+    recs = records(shards)
+    assert [r[0] for r in recs] == list(range(10))
+    assert recs[3][2] == "missing_text" and recs[6][2] == "empty_text" and recs[9][1] == "row 9"
+    with pytest.raises(DataStageError, match="data.text_field='body'.*no such column"):
+        records(shards, "body")
+    with pytest.raises(DataStageError, match="data.text_field='n'.*not a string"):
+        records(shards, "n")
+
+
+def test_inputs_order_labels_and_errors(tmp_path):
+    for sub in ("day1", "day2"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "part.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "day1" / "notes.txt").write_text("ignored")
+    found = list_inputs([str(tmp_path / "day2"), str(tmp_path / "day*" / "*.jsonl")])
+    assert [lab for _, lab in found] == ["day2/part.jsonl", "day1/part.jsonl"]
+    assert list_inputs(["configs/data/tiny_corpus.jsonl"])[0][1] == "tiny_corpus.jsonl"
+    with pytest.raises(DataStageError, match=r"data.inputs\[1\]='.*missing\*.jsonl': matches no"):
+        list_inputs([str(tmp_path / "day1"), str(tmp_path / "missing*.jsonl")])

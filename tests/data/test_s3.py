@@ -1,0 +1,44 @@
+"""The data stage reading its inputs from s3:// and writing its stage folder to s3:// (moto server)."""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datagen import TINY, make_cfg
+
+from pipeline_lib.data import run_data_stage
+from pipeline_lib.data.packing import read_mindrecord
+from pipeline_lib.data.workspace import Workspace
+from pipeline_lib.storage import RunPaths, join, read_manifest, store_for
+
+
+def test_stage_streams_s3_inputs_and_writes_the_stage_to_s3(s3_bucket, tmp_path):
+    bucket, endpoint = s3_bucket
+    store = store_for(bucket, endpoint)
+    store.put_file(TINY, join(bucket, "raw", "tiny_corpus.jsonl"))
+    texts = [f"第{i}份巡检报告：变压器油温正常，冷却风扇运行良好，未发现渗漏油现象，记录人签字确认。" * 2 for i in range(30)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "extra.parquet", row_group_size=10)
+    store.put_file(tmp_path / "extra.parquet", join(bucket, "raw", "extra.parquet"))
+
+    cfg = make_cfg(tmp_path, inputs=[join(bucket, "raw") + "/"], docs_per_shard=150)
+    cfg.run.output_root, cfg.run.s3_endpoint_url = join(bucket, "runs"), endpoint
+    paths = RunPaths(cfg.run.output_root, "s3run", endpoint)
+    manifest = run_data_stage(cfg, paths, workers=1)
+
+    stage = paths.stage_uri("data")
+    assert read_manifest(stage, endpoint).outputs == manifest.outputs
+    stats = json.loads(store.get_bytes(join(stage, "stats.json")))
+    assert stats["balanced"] and set(stats["files"]) == {"tiny_corpus.jsonl", "extra.parquet"}
+    assert stats["files"]["extra.parquet"]["read"] == 30 and stats["files"]["tiny_corpus.jsonl"]["read"] == 438
+    assert stats["files"]["extra.parquet"]["near_duplicates"] + stats["files"]["extra.parquet"]["kept"] == 30
+    shards = [o["path"] for o in manifest.outputs if o["path"].endswith(".mindrecord")]
+    local = []
+    for rel in shards:
+        for suffix in ("", ".db"):
+            local.append(store.get_file(join(stage, rel + suffix), tmp_path / "dl" / (rel + suffix)))
+    rows = read_mindrecord([p for p in local if p.suffix == ".mindrecord" and "train" in str(p)])
+    assert len(rows) == stats["total"]["rows_train"]
+    assert store.list(join(bucket, "runs", "_dedup_index", "segments", "s3run") + "/")
+    assert not store.list(join(stage, "shards") + "/")            # work files removed
+    assert not Workspace(cfg, paths).root.exists() or not any(Workspace(cfg, paths).root.iterdir())

@@ -1,0 +1,74 @@
+"""Tokenizer: trained ids and special tokens, pad never emitted, batch encode, loading checks."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from datagen import TINY
+
+from pipeline_lib.config.schema import TokenizerConfig
+from pipeline_lib.data.errors import DataStageError
+from pipeline_lib.data.tokenizer import Tokenizer, check_loaded, train_tokenizer
+
+TEXTS = [json.loads(line)["text"] for line in TINY.read_text(encoding="utf-8", errors="replace").splitlines()
+         if line.startswith('{"text": "') and line.endswith('"source": "tiny"}')]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return train_tokenizer(TEXTS, TokenizerConfig(vocab_size=1200), tmp_path_factory.mktemp("tok"))
+
+
+def test_ids_and_special_tokens_are_the_configured_ones(tok):
+    assert (tok.vocab_size, tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (1200, 0, 1, 2, 3)
+    assert tok.special_ids() == {"<|system|>": 4, "<|user|>": 5, "<|assistant|>": 6, "<|end|>": 7}
+    assert tok.sp.is_control(0) and tok.sp.id_to_piece(0) == "<pad>"
+    reloaded = Tokenizer(tok.model_file)  # ids and special tokens come back from tokenizer_config.json
+    assert reloaded.describe() == tok.describe()
+
+
+def test_special_tokens_are_never_split_and_text_round_trips(tok):
+    text = "<|user|>变压器油温多少度？<|end|>\n<|assistant|>The oil is at 42 °C.<|end|>"
+    ids = tok.encode(text)
+    assert ids[0] == 5 and ids.count(7) == 2 and 6 in ids
+    assert tok.decode(ids) == text
+    assert 0 not in ids and 1 not in ids  # pad never emitted; byte fallback instead of unk
+    assert tok.decode(tok.encode("罕见字：龘𠀋")) == "罕见字：龘𠀋"
+    assert tok.decode([0, 0] + ids + [0]) == text
+
+
+def test_encode_batch_equals_encode(tok):
+    batch = TEXTS[:50]
+    assert tok.encode_batch(batch, threads=2) == [tok.encode(t) for t in batch]
+    chars_per_token = sum(map(len, batch)) / sum(map(len, tok.encode_batch(batch)))
+    assert chars_per_token > 1.2
+
+
+def test_training_is_deterministic(tok, tmp_path):
+    again = train_tokenizer(TEXTS, TokenizerConfig(vocab_size=1200), tmp_path)
+    assert open(again.model_file, "rb").read() == open(tok.model_file, "rb").read()
+
+
+def test_unigram_and_too_large_vocab(tmp_path):
+    uni = train_tokenizer(TEXTS, TokenizerConfig(model_type="unigram", vocab_size=800), tmp_path / "u")
+    assert uni.vocab_size == 800 and uni.special_ids()["<|end|>"] == 7
+    with pytest.raises(DataStageError, match="tokenizer.vocab_size=100000.*lower tokenizer.vocab_size"):
+        train_tokenizer(TEXTS[:20], TokenizerConfig(vocab_size=100_000), tmp_path / "big")
+
+
+def test_loading_checks_ids_special_tokens_and_model_vocab(tok, tmp_path):
+    model = tmp_path / "base" / "tokenizer.model"
+    model.parent.mkdir()
+    shutil.copy(tok.model_file, model)  # no tokenizer_config.json: ids come from the config
+    cfg = TokenizerConfig(path=str(model))
+    loaded = Tokenizer(model, pad_id=cfg.pad_id, special_tokens=cfg.special_tokens)
+    check_loaded(loaded, cfg, 2048)
+    with pytest.raises(DataStageError, match="tokenizer.bos_id=1: .* has bos_id=2. Fix: set tokenizer.bos_id=2"):
+        check_loaded(loaded, TokenizerConfig(path=str(model), bos_id=1, pad_id=5), 2048)
+    with pytest.raises(DataStageError, match="tokenizer.pad_id=9: .*can emit"):
+        check_loaded(Tokenizer(model, pad_id=9), cfg, 2048)
+    with pytest.raises(DataStageError, match="tokenizer.special_tokens.*<\\|tool\\|>"):
+        check_loaded(Tokenizer(model, pad_id=0, special_tokens=["<|tool|>"]), cfg, 2048)
+    with pytest.raises(DataStageError, match="model.vocab_size=1024.*1200 pieces"):
+        check_loaded(loaded, cfg, 1024)
