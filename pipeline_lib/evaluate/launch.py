@@ -1,0 +1,148 @@
+"""Run a MindSpore worker module in its own process and read back its json result.
+
+What: `run_worker("pipeline_lib.evaluate.worker", request, workdir, timeout_s=..., log=...)` writes
+`request.json`, runs `python -m <module> --request request.json --result result.json` in a new
+session from a scratch cwd (mindformers writes ./output), with GLOG_v / LOG_MF_PATH / MS_OM_PATH set
+and the project root on PYTHONPATH, forwards the worker's progress lines (those starting with
+"[worker]") to `log`, and returns the parsed result. The orchestrating process never imports
+MindSpore, so a crash or leak in the worker cannot take the flow down.
+
+The worker contract: it writes result.json with {"ok": true, ...} or {"ok": false, "error_type",
+"error"} and exits 0 / 1. Raises WorkerFailed (with the error and the last log lines) when the
+worker fails or dies without a result, and WorkerTimeout after `timeout_s` (the process group is
+killed: SIGTERM, then SIGKILL after 10 s).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROGRESS_PREFIX = "[worker]"
+
+
+class WorkerFailed(RuntimeError):
+    def __init__(self, message: str, error_type: str = "", tail: list[str] | None = None):
+        super().__init__(message)
+        self.error_type = error_type
+        self.tail = tail or []
+
+
+class WorkerTimeout(WorkerFailed):
+    pass
+
+
+def as_log(log) -> Callable[[str], None]:
+    """Accept None, a callable, or a logger with .info."""
+    if log is None:
+        return lambda msg: None
+    if hasattr(log, "info"):
+        return log.info
+    return log
+
+
+def worker_env(workdir: Path) -> dict:
+    env = dict(os.environ)
+    env.setdefault("GLOG_v", "3")
+    env["LOG_MF_PATH"] = str(workdir / "logs" / "mindformers")
+    env["MS_OM_PATH"] = str(workdir / "logs" / "ms_om")
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: float, log=None) -> dict:
+    """Run the worker; returns its result dict (with "ok": True)."""
+    emit = as_log(log)
+    workdir = Path(workdir)
+    cwd = workdir / "cwd"
+    cwd.mkdir(parents=True, exist_ok=True)
+    req, res = workdir / "request.json", workdir / "result.json"
+    req.write_text(json.dumps(request, indent=1, ensure_ascii=False, default=str), encoding="utf-8")
+    res.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", module, "--request", str(req), "--result", str(res)]
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+    started = time.time()
+    with open(workdir / "worker.log", "w", encoding="utf-8") as full_log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=worker_env(workdir), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+
+        def pump():
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                full_log.write(line + "\n")
+                tail.append(line)
+                if line.startswith(PROGRESS_PREFIX):
+                    emit(line[len(PROGRESS_PREFIX):].strip())
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            reader.join(5)
+            raise WorkerTimeout(f"{module} did not finish within {timeout_s:.0f} s and was killed; raise "
+                                "training.timeout_seconds or shrink the work (evaluate.perplexity_max_rows, "
+                                "fewer prompts)", "timeout", list(tail)) from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+        reader.join(10)
+    result = json.loads(res.read_text(encoding="utf-8")) if res.exists() else None
+    if result is None:
+        raise WorkerFailed(f"{module} exited with code {proc.returncode} after {time.time() - started:.0f} s without "
+                           f"a result; last lines:\n" + "\n".join(list(tail)[-25:]), "crash", list(tail))
+    if not result.get("ok"):
+        raise WorkerFailed(f"{module}: {result.get('error_type', 'Error')}: {result.get('error')}",
+                           result.get("error_type", ""), list(tail))
+    return result
+
+
+def worker_main(run: Callable[[dict], dict], argv: list[str] | None = None) -> int:
+    """Entry helper for worker modules: parse --request/--result, call run(request), write the result."""
+    import argparse
+    import traceback
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--request", required=True)
+    ap.add_argument("--result", required=True)
+    args = ap.parse_args(argv)
+    request = json.loads(Path(args.request).read_text(encoding="utf-8"))
+    try:
+        result = {"ok": True, **run(request)}
+        code = 0
+    except Exception as err:  # reported to the stage, which raises it with the type and message
+        traceback.print_exc()
+        result = {"ok": False, "error_type": type(err).__name__, "error": str(err)}
+        code = 1
+    tmp = Path(args.result + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, ensure_ascii=False, default=str), encoding="utf-8")
+    os.replace(tmp, args.result)
+    return code
+
+
+def progress(msg: str) -> None:
+    """Worker side: a line the stage forwards to its log."""
+    print(f"{PROGRESS_PREFIX} {msg}", flush=True)

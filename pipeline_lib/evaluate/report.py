@@ -1,0 +1,142 @@
+"""Side-by-side report of several checkpoints: table rows (for a Prefect table artifact), markdown, HTML.
+
+Input: the evaluation summary (stage metrics.json: prompts and per-checkpoint results) and the
+generations (label -> prompt id -> generations.jsonl record). Output:
+- `summary_rows`: one row per checkpoint (perplexity, keyword hits, tokens, speed);
+- `comparison_rows`: one row per prompt with one answer column per checkpoint, in the order the
+  checkpoints were given (base, pretrained, SFT, last night's, ...), plus keyword hits per checkpoint;
+- `render_markdown` / `render_html`: both tables as documents (HTML is self-contained, keywords
+  found in an answer are highlighted).
+Pure Python, no Prefect import: the orchestration layer renders the rows as an artifact.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+
+
+def load_generations(stage_dir: str | Path, summary: dict) -> dict[str, dict[str, dict]]:
+    """label -> prompt id -> record, from <stage_dir>/<dir>/generations.jsonl."""
+    out: dict[str, dict[str, dict]] = {}
+    for ck in summary["checkpoints"]:
+        path = Path(stage_dir) / ck["dir"] / "generations.jsonl"
+        recs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        out[ck["label"]] = {r["prompt_id"]: r for r in recs}
+    return out
+
+
+def _ppl(ck: dict) -> float | None:
+    p = ck.get("perplexity")
+    return round(p["perplexity"], 3) if p else None
+
+
+def _source(ref: dict) -> str:
+    return ref.get("ckpt", "") + (f" + {ref['adapter']}" if ref.get("adapter") else "")
+
+
+def _hits(ck: dict) -> str:
+    return f"{ck.get('keyword_hits', 0)}/{ck.get('keywords_total', 0)}"
+
+
+def summary_rows(summary: dict) -> list[dict]:
+    """One row per checkpoint."""
+    rows = []
+    for ck in summary["checkpoints"]:
+        rows.append({"checkpoint": ck["label"], "perplexity": _ppl(ck),
+                     "heldout_tokens": (ck.get("perplexity") or {}).get("tokens"),
+                     "keyword_hits": _hits(ck), "generated_tokens": ck.get("generated_tokens"),
+                     "tokens_per_s": ck.get("tokens_per_second"), "lora_merged": bool(ck.get("lora_merged")),
+                     "source": _source(ck["ref"])})
+    return rows
+
+
+def comparison_rows(summary: dict, generations: dict[str, dict[str, dict]]) -> list[dict]:
+    """One row per prompt: id, set, prompt, expected keywords, then `<label>` answer and `<label> hits`."""
+    rows = []
+    for p in summary["prompts"]:
+        row = {"prompt_id": p["id"], "set": p["set"], "prompt": p["prompt"],
+               "keywords": ", ".join(p.get("keywords", []))}
+        for ck in summary["checkpoints"]:
+            rec = generations.get(ck["label"], {}).get(p["id"])
+            row[ck["label"]] = rec["text"] if rec else ""
+            row[f"{ck['label']} hits"] = (f"{len(rec['keyword_hits'])}/{len(rec['keywords'])}" if rec else "")
+        rows.append(row)
+    return rows
+
+
+def table_rows(stage_dir: str | Path) -> list[dict]:
+    """comparison_rows straight from a finished (local) evaluate stage folder."""
+    summary = json.loads((Path(stage_dir) / "metrics.json").read_text(encoding="utf-8"))
+    return comparison_rows(summary, load_generations(stage_dir, summary))
+
+
+def _md_cell(value) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>") or " "
+
+
+def _md_table(rows: list[dict]) -> str:
+    if not rows:
+        return "_(none)_\n"
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_md_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(summary: dict, generations: dict, title: str = "Evaluation") -> str:
+    labels = [ck["label"] for ck in summary["checkpoints"]]
+    parts = [f"# {title}\n",
+             f"Checkpoints: {', '.join(labels)}. Decoding: {summary.get('decoding', '')}, "
+             f"max {summary.get('max_new_tokens', '')} new tokens, device {summary.get('device', '')} "
+             f"({summary.get('decode_path', '')} path). Keyword hits: expected keywords found in the answer.\n",
+             "## Checkpoints\n", _md_table(summary_rows(summary)), "\n## Answers side by side\n",
+             _md_table(comparison_rows(summary, generations))]
+    return "\n".join(parts)
+
+
+def _highlight(text: str, keywords: list[str]) -> str:
+    out = html.escape(text)
+    pats = [re.escape(html.escape(k)) for k in sorted({k for k in keywords if k.strip()}, key=len, reverse=True)]
+    if pats:  # one pass, so a keyword never matches inside an inserted tag
+        out = re.sub("|".join(pats), lambda m: f"<mark>{m.group(0)}</mark>", out, flags=re.IGNORECASE)
+    return out.replace("\n", "<br>")
+
+
+def _html_table(header: list[str], body: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    rows = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def render_html(summary: dict, generations: dict, title: str = "Evaluation") -> str:
+    srows = summary_rows(summary)
+    s_cols = list(srows[0]) if srows else []
+    s_table = _html_table(s_cols, [[html.escape("" if r[c] is None else str(r[c])) for c in s_cols] for r in srows])
+    labels = [ck["label"] for ck in summary["checkpoints"]]
+    body = []
+    for p in summary["prompts"]:
+        kws = p.get("keywords", [])
+        expected = f"<br><small>keywords: {html.escape(', '.join(kws))}</small>" if kws else ""
+        cells = [f"<b>{html.escape(p['id'])}</b><br><small>{html.escape(p['set'])}</small>",
+                 html.escape(p["prompt"]).replace("\n", "<br>") + expected]
+        for label in labels:
+            rec = generations.get(label, {}).get(p["id"])
+            if rec is None:
+                cells.append("<i>missing</i>")
+                continue
+            cells.append(_highlight(rec["text"], kws) +
+                         f"<br><small>{len(rec['keyword_hits'])}/{len(kws)} hits, {rec['num_tokens']} tokens, "
+                         f"{rec['stop_reason']}</small>")
+        body.append(cells)
+    esc = lambda key: html.escape(str(summary.get(key, "")))  # noqa: E731
+    style = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:2em}"
+             "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;max-width:32em}"
+             "th{background:#f3f3f3}mark{background:#ffe58a}")
+    return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
+            f"<p>Decoding: {esc('decoding')}, device {esc('device')} ({esc('decode_path')} path)</p>"
+            f"<h2>Checkpoints</h2>{s_table}<h2>Answers side by side</h2>"
+            f"{_html_table(['prompt', 'text', *labels], body)}</body></html>")

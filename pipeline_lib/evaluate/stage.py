@@ -1,0 +1,138 @@
+"""The evaluate stage: fixed prompts and held-out perplexity for several checkpoints, side by side.
+
+What `run_evaluate_stage(cfg, paths, checkpoints, tokenizer_path, heldout_dir, log=...)` does:
+1. loads and checks the prompt sets (evaluate.prompt_files) in this process;
+2. runs `python -m pipeline_lib.evaluate.worker` (MindSpore lives only there; launcher timeout =
+   training.timeout_seconds), which writes `<label>/generations.jsonl` per checkpoint and returns
+   perplexity, keyword hits and speed per checkpoint;
+3. writes `metrics.json` (prompts + per-checkpoint results), `report.md` and `report.html`
+   (answers side by side per prompt), then the manifest (last). The manifest's metrics carry the
+   tables (`tables.side_by_side`, `tables.checkpoints`) and the markdown report for the UI.
+
+Inputs left as None are read from the upstream manifests (inputs.py): checkpoints = base
+(model.base_checkpoint), pretrained, sft (base + adapter), plus evaluate.compare_checkpoints (e.g.
+last night's). A checkpoint is a .ckpt path, a parallel run's checkpoint folder, or
+{"base": ..., "adapter": ...}. Checkpoints with a LoRA adapter are prompted with the SFT chat
+template, the others with the raw prompt; `prompt_formats` ({label: "chat" | "raw"}) overrides that
+(e.g. "chat" for an exported, already merged SFT checkpoint).
+
+Limits: decoding is greedy or seeded sampling without KV cache (see decoding.py); keyword hits are
+substring matches. Raises PromptSetError / InputNotFound / WorkerFailed (with the worker's error
+type and message, e.g. CheckpointMismatch) / WorkerTimeout.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from ..config.platform import device_target
+from ..config.schema import PipelineConfig
+from ..storage import Manifest, RunPaths
+from . import report as rep
+from .inputs import InputNotFound, default_checkpoints, find_heldout, find_tokenizer, localize, localize_ref
+from .launch import as_log, run_worker
+from .prompts import load_prompt_sets, resolve_prompt_file
+from .stage_io import StageFolder, files_under, stage_config_hash
+
+STAGE = "evaluate"
+MARKDOWN_LIMIT = 60_000  # characters of the report kept in the manifest for the UI
+
+
+def _dir_names(labels: list[str]) -> list[str]:
+    out, seen = [], set()
+    for label in labels:
+        base = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("._") or "checkpoint"
+        name, n = base, 2
+        while name in seen:
+            name, n = f"{base}_{n}", n + 1
+        seen.add(name)
+        out.append(name)
+    return out
+
+
+def _sha_files(files: list[str]) -> dict:
+    return {f: hashlib.sha256(resolve_prompt_file(f).read_bytes()).hexdigest()[:16] for f in files}
+
+
+def run_evaluate_stage(cfg: PipelineConfig, paths: RunPaths, checkpoints: dict | None = None,
+                       tokenizer_path: str | None = None, heldout_dir: str | None = None, log=None,
+                       progress=None, *, prompt_formats: dict[str, str] | None = None,
+                       timeout_s: float | None = None, check_generate: bool = True) -> Manifest:
+    """Evaluate every checkpoint; returns the written Manifest (see the module docstring)."""
+    emit = as_log(log)
+    for label, fmt in (prompt_formats or {}).items():
+        if fmt not in ("chat", "raw"):
+            raise ValueError(f"prompt_formats[{label!r}]={fmt!r}: use 'chat' (SFT chat template) or 'raw'")
+    prompts = load_prompt_sets(cfg.evaluate.prompt_files)
+    checkpoints = dict(checkpoints) if checkpoints is not None else default_checkpoints(cfg, paths)
+    if not checkpoints:
+        raise InputNotFound("no checkpoint to evaluate: pass checkpoints={label: path} or run the pretrain/sft "
+                            "stages (or set model.base_checkpoint / evaluate.compare_checkpoints)")
+    tokenizer_path = tokenizer_path or find_tokenizer(cfg, paths)
+    if not tokenizer_path:
+        raise InputNotFound("no tokenizer: pass tokenizer_path, set tokenizer.path or run the data stage")
+    heldout_dir = heldout_dir if heldout_dir is not None else find_heldout(paths)
+    if heldout_dir is None:
+        emit("evaluate: no held-out split found; perplexity is skipped")
+    folder = StageFolder(paths, STAGE)
+    work = Path(tempfile.mkdtemp(prefix="evaluate-work-"))
+    try:
+        cache = work / "inputs"
+        labels = list(checkpoints)
+        items = [{"label": label, "dir": d, "ref": localize_ref(checkpoints[label], cache, paths.endpoint_url)}
+                 for label, d in zip(labels, _dir_names(labels))]
+        target = device_target(cfg)
+        request = {"config": cfg.model_dump(mode="json"), "checkpoints": items,
+                   "prompts": [p.to_json() for p in prompts],
+                   "tokenizer": localize(tokenizer_path, cache, paths.endpoint_url),
+                   "heldout_dir": localize(heldout_dir, cache, paths.endpoint_url),
+                   "out_dir": str(folder.local), "work_dir": str(work), "target": target,
+                   "formats": prompt_formats or {}, "check_generate": check_generate}
+        emit(f"evaluate: {len(items)} checkpoints x {len(prompts)} prompts on {target}")
+        if progress:
+            progress("evaluate", 0, len(items))
+        started = time.time()
+        try:
+            result = run_worker("pipeline_lib.evaluate.worker", request, work,
+                                timeout_s=timeout_s or cfg.training.timeout_seconds, log=emit)
+        finally:
+            if (work / "worker.log").exists():
+                shutil.copyfile(work / "worker.log", folder.local / "worker.log")
+        summary = {"run_id": paths.run_id, "device": result["device"], "decode_path": result["decode_path"],
+                   "generate_error": result.get("generate_error"), "generate_match": result.get("generate_match"),
+                   "decoding": cfg.evaluate.decoding, "max_new_tokens": cfg.evaluate.max_new_tokens,
+                   "temperature": cfg.evaluate.temperature, "top_k": cfg.evaluate.top_k, "top_p": cfg.evaluate.top_p,
+                   "seed": cfg.run.seed, "heldout_dir": heldout_dir, "tokenizer": tokenizer_path,
+                   "prompts": [p.to_json() for p in prompts], "checkpoints": result["checkpoints"],
+                   "seconds": round(time.time() - started, 2)}
+        (folder.local / "metrics.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
+        gens = rep.load_generations(folder.local, summary)
+        title = f"Evaluation of run {paths.run_id}"
+        md = rep.render_markdown(summary, gens, title)
+        (folder.local / "report.md").write_text(md, encoding="utf-8")
+        (folder.local / "report.html").write_text(rep.render_html(summary, gens, title), encoding="utf-8")
+        if progress:
+            progress("evaluate", len(items), len(items))
+        outputs = folder.publish(files_under(folder.local))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    inputs = {"checkpoints": {i["label"]: checkpoints[i["label"]] for i in items}, "tokenizer": tokenizer_path,
+              "heldout_dir": heldout_dir, "prompt_files": _sha_files(cfg.evaluate.prompt_files)}
+    side = rep.comparison_rows(summary, gens)
+    manifest = Manifest(stage=STAGE, run_id=paths.run_id, config_hash=stage_config_hash(cfg, STAGE),
+                        inputs=json.loads(json.dumps(inputs, sort_keys=True, default=str)), outputs=outputs,
+                        metrics={"checkpoints": rep.summary_rows(summary), "device": summary["device"],
+                                 "decode_path": summary["decode_path"], "seconds": summary["seconds"],
+                                 "report_md": "report.md", "report_html": "report.html",
+                                 "tables": {"side_by_side": {"description": "Answers per prompt, one column per "
+                                                             "checkpoint", "rows": side},
+                                            "checkpoints": {"description": "Perplexity and keyword hits per "
+                                                            "checkpoint", "rows": rep.summary_rows(summary)}},
+                                 "markdown": {"report": md[:MARKDOWN_LIMIT]}})
+    emit(f"evaluate: done in {summary['seconds']} s -> {folder.uri}")
+    return folder.finish(manifest)

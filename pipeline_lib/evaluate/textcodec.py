@@ -1,0 +1,71 @@
+"""Text <-> token ids for evaluation: the run's sentencepiece tokenizer, its ids, and the chat format.
+
+What: `TextCodec.load(path, tokenizer_cfg)` opens the tokenizer.model the data stage trained (or
+tokenizer.path) through pipeline_lib.data.tokenizer.Tokenizer, checks that its special ids are the
+ones the config (and so the model) uses, and encodes prompts in one of two formats:
+- "raw": BOS + the prompt's tokens, as pretraining text is encoded (the model continues the text);
+- "chat": the SFT chat template of pipeline_lib.data.chat_template (BOS, optional system turn,
+  `<|user|> prompt <|end|>`, then the `<|assistant|>` marker the answer follows), exactly what the
+  SFT stage trained on.
+`decode(ids)` drops pad/BOS/EOS and ids past the tokenizer (model.vocab_size may be larger).
+
+Limits: sentencepiece models only. Raises ValueError naming tokenizer.<field> when ids disagree,
+FileNotFoundError for a missing file, ValueError for an unknown prompt format.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+FORMATS = ("raw", "chat")
+
+
+@dataclass
+class TextCodec:
+    tok: object            # pipeline_lib.data.tokenizer.Tokenizer
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    special_tokens: tuple
+    path: str
+
+    @classmethod
+    def load(cls, path: str | Path, tokenizer_cfg) -> "TextCodec":
+        from ..data.tokenizer import Tokenizer
+
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"tokenizer {str(path)!r} not found; pass the data stage's tokenizer.model "
+                                    "(or set tokenizer.path)")
+        tok = Tokenizer(p, pad_id=tokenizer_cfg.pad_id, special_tokens=list(tokenizer_cfg.special_tokens))
+        for field in ("bos_id", "eos_id"):
+            have, want = int(getattr(tok, field)), getattr(tokenizer_cfg, field)
+            if have >= 0 and have != want:
+                raise ValueError(f"tokenizer.{field}={want} but {p.name} uses {have}; set tokenizer.{field}={have} "
+                                 "(the ids the model was trained with)")
+        return cls(tok=tok, bos_id=tokenizer_cfg.bos_id, eos_id=tokenizer_cfg.eos_id, pad_id=tokenizer_cfg.pad_id,
+                   special_tokens=tuple(tokenizer_cfg.special_tokens), path=str(p))
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tok.vocab_size)
+
+    def encode_prompts(self, texts: Sequence[str], fmt: str = "raw", system_prompt: str | None = None
+                       ) -> list[list[int]]:
+        """Token ids of each prompt in format `fmt` ("raw" or "chat"); both start with BOS."""
+        if fmt == "raw":
+            return [[self.bos_id] + list(row) for row in self.tok.encode_batch(list(texts))]
+        if fmt == "chat":
+            from ..data.chat_template import ChatTemplate
+            from ..data.instructions import Turn
+
+            template = ChatTemplate.from_tokenizer(self.tok, self.special_tokens)
+            head = [Turn("system", system_prompt)] if system_prompt else []
+            return [template.prompt_ids(self.tok, head + [Turn("user", t)]) for t in texts]
+        raise ValueError(f"prompt format {fmt!r}: use one of {FORMATS}")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        n = self.vocab_size
+        keep = [int(t) for t in ids if int(t) not in (self.pad_id, self.bos_id, self.eos_id) and 0 <= int(t) < n]
+        return self.tok.decode(keep)

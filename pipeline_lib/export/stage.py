@@ -1,0 +1,106 @@
+"""The export stage: merge (shards, LoRA) -> checked standalone checkpoint -> checked MindIR.
+
+What `run_export_stage(cfg, paths, base_ckpt, adapter_ckpt, tokenizer_path, log=...)` does: runs
+`python -m pipeline_lib.export.worker` (MindSpore lives only there; launcher timeout =
+training.timeout_seconds), which
+1. merges a sharded base/adapter (a parallel run's checkpoint folder + its strategy files) into one
+   copy with MindSpore's transform_checkpoints,
+2. folds the LoRA adapter in (W' = W + alpha / rank * B @ A) and checks the merged model's logits
+   against base + adapter (mindformers' LoRA graph) on fixed inputs,
+3. writes `merged.ckpt` (no LoRA parameters),
+4. exports `serving/model.mindir` (fixed export.batch_size x seq_length), reloads it with
+   mindspore.load + nn.GraphCell and checks its logits against the checkpoint model,
+5. writes `serving/serving.json` (shapes, dtypes, special ids, decoding note) and copies the tokenizer.
+Then `checks.json` and the manifest (last). A failed check fails the stage with the numbers.
+
+Inputs left as None come from the upstream manifests (evaluate/inputs.py): base = the SFT stage's
+base checkpoint (else the pretrain checkpoint, else model.base_checkpoint), adapter = the SFT
+adapter, tokenizer = the data stage's. Without an adapter the base is exported as is.
+
+Raises InputNotFound, WorkerFailed (error type and message of the worker, e.g. LogitsMismatch,
+LoraMergeError, ShardMergeError, CheckpointMismatch) or WorkerTimeout.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from ..config.platform import device_target
+from ..config.schema import PipelineConfig
+from ..evaluate.inputs import InputNotFound, find_pretrain_checkpoint, find_sft, find_tokenizer, localize
+from ..evaluate.launch import as_log, run_worker
+from ..evaluate.stage_io import StageFolder, files_under, stage_config_hash
+from ..storage import Manifest, RunPaths
+
+STAGE = "export"
+
+
+def _default_inputs(cfg: PipelineConfig, paths: RunPaths) -> tuple[str | None, str | None]:
+    adapter, base = find_sft(paths)
+    base = base or find_pretrain_checkpoint(paths) or cfg.model.base_checkpoint
+    return base, adapter
+
+
+def run_export_stage(cfg: PipelineConfig, paths: RunPaths, base_ckpt: str | None = None,
+                     adapter_ckpt: str | None = None, tokenizer_path: str | None = None, log=None,
+                     progress=None, *, base_strategy: str | None = None, adapter_strategy: str | None = None,
+                     timeout_s: float | None = None, lora_scale_override: float | None = None) -> Manifest:
+    """Merge, check, export and check again; returns the written Manifest (see the module docstring).
+
+    `lora_scale_override` replaces alpha / rank in the merge: a diagnostic that must make the stage fail
+    at the LoRA logits check (tests use it to prove the check works); never set it in a real run.
+    """
+    emit = as_log(log)
+    if base_ckpt is None:
+        base_ckpt, found_adapter = _default_inputs(cfg, paths)
+        adapter_ckpt = adapter_ckpt or found_adapter
+    if not base_ckpt:
+        raise InputNotFound("no checkpoint to export: pass base_ckpt, or run the pretrain/sft stages "
+                            "(or set model.base_checkpoint)")
+    tokenizer_path = tokenizer_path or find_tokenizer(cfg, paths)
+    if not tokenizer_path:
+        emit("export: no tokenizer found; the serving folder will not contain one")
+    folder = StageFolder(paths, STAGE)
+    work = Path(tempfile.mkdtemp(prefix="export-work-"))
+    started = time.time()
+    try:
+        cache = work / "inputs"
+        target = device_target(cfg)
+        request = {"config": cfg.model_dump(mode="json"), "target": target,
+                   "base": localize(str(base_ckpt), cache, paths.endpoint_url),
+                   "adapter": localize(adapter_ckpt, cache, paths.endpoint_url) if adapter_ckpt else None,
+                   "base_strategy": localize(base_strategy, cache, paths.endpoint_url),
+                   "adapter_strategy": localize(adapter_strategy, cache, paths.endpoint_url),
+                   "tokenizer": localize(tokenizer_path, cache, paths.endpoint_url),
+                   "out_dir": str(folder.local), "work_dir": str(work), "lora_scale_override": lora_scale_override}
+        emit(f"export: {base_ckpt}" + (f" + adapter {adapter_ckpt}" if adapter_ckpt else "") + f" on {target}")
+        if progress:
+            progress("export", 0, 1)
+        try:
+            result = run_worker("pipeline_lib.export.worker", request, work,
+                                timeout_s=timeout_s or cfg.training.timeout_seconds, log=emit)
+        finally:
+            if (work / "worker.log").exists():
+                shutil.copyfile(work / "worker.log", folder.local / "worker.log")
+        checks = result["checks"]
+        checks["seconds"] = round(time.time() - started, 2)
+        (folder.local / "checks.json").write_text(json.dumps(checks, indent=1), encoding="utf-8")
+        outputs = folder.publish(files_under(folder.local))
+        if progress:
+            progress("export", 1, 1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = [{"check": c["what"], "max_abs_diff": c["max_abs"], "same_argmax": c["same_argmax"], "ok": c["ok"]}
+            for c in (checks.get("lora_check"), checks.get("mindir_check")) if c]
+    inputs = {"base": base_ckpt, "adapter": adapter_ckpt, "tokenizer": tokenizer_path,
+              "base_strategy": base_strategy, "adapter_strategy": adapter_strategy}
+    manifest = Manifest(stage=STAGE, run_id=paths.run_id, config_hash=stage_config_hash(cfg, STAGE),
+                        inputs=json.loads(json.dumps(inputs, sort_keys=True, default=str)), outputs=outputs,
+                        metrics={"merged_checkpoint": "merged.ckpt", "mindir": "serving/model.mindir",
+                                 "serving_json": "serving/serving.json", "checks": checks,
+                                 "tables": {"checks": {"description": "Logits checks of the export", "rows": rows}}})
+    emit(f"export: done in {checks['seconds']} s -> {folder.uri}")
+    return folder.finish(manifest)

@@ -1,0 +1,67 @@
+"""The evaluate stage end to end on the tiny model, called the way the stage registry calls it:
+inputs found through the upstream manifests (data: tokenizer + held-out; pretrain; sft)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline_lib.evaluate.stage import run_evaluate_stage
+from pipeline_lib.storage import Manifest, RunPaths, read_manifest, write_manifest
+
+FIELDS = {"prompt_id", "set", "checkpoint", "prompt", "text", "tokens", "num_tokens", "prompt_tokens", "truncated",
+          "stop_reason", "keywords", "keyword_hits", "time_s", "batch_time_s", "decode_path", "strategy"}
+
+
+def _upstream(paths: RunPaths, tiny) -> None:
+    for stage, metrics in {"data": {"tokenizer_model": str(tiny.tokenizer), "heldout_dir": str(tiny.heldout)},
+                           "pretrain": {"checkpoint": str(tiny.pretrained)},
+                           "sft": {"adapter_checkpoint": str(tiny.adapter), "base_checkpoint": str(tiny.base)}}.items():
+        write_manifest(paths.stage_uri(stage), Manifest(stage=stage, run_id=paths.run_id, config_hash="x",
+                                                        metrics=metrics))
+
+
+@pytest.mark.slow
+def test_evaluate_stage_side_by_side(tiny):
+    cfg = tiny.cfg.model_copy(deep=True)
+    cfg.evaluate.compare_checkpoints = {"sft full ckpt": str(tiny.sft_full), "base": str(tiny.base)}
+    paths = RunPaths(cfg.run.output_root, "eval-run")
+    _upstream(paths, tiny)
+    lines, progress = [], []
+    manifest = run_evaluate_stage(cfg, paths, log=lines.append, progress=lambda *a: progress.append(a))
+
+    stage = paths.stage_uri("evaluate")
+    assert read_manifest(stage).outputs == manifest.outputs
+    outs = {o["path"] for o in manifest.outputs}
+    labels = ["pretrained", "sft", "sft full ckpt", "base"]
+    dirs = ["pretrained", "sft", "sft_full_ckpt", "base"]
+    assert {f"{d}/generations.jsonl" for d in dirs} | {"metrics.json", "report.md", "report.html"} <= outs
+
+    gens = {}
+    for label, d in zip(labels, dirs):
+        recs = [json.loads(x) for x in open(f"{stage}/{d}/generations.jsonl", encoding="utf-8")]
+        assert [r["prompt_id"] for r in recs] == ["t-en", "t-zh", "t-long"]
+        for r in recs:
+            assert FIELDS <= set(r) and r["checkpoint"] == label and r["decode_path"] == "forward"
+            assert 1 <= r["num_tokens"] <= cfg.evaluate.max_new_tokens or r["stop_reason"] == "eos"
+            assert r["prompt_tokens"] + r["num_tokens"] <= cfg.model.seq_length and r["time_s"] > 0
+        assert recs[2]["truncated"] and not recs[0]["truncated"]  # the 60-word prompt was cut to fit
+        assert {r["prompt_format"] for r in recs} == {"chat" if label.startswith("sft") else "raw"}
+        gens[label] = [r["tokens"] for r in recs]
+    # An SFT checkpoint holding base + LoRA tensors gives exactly what base + adapter gives.
+    assert gens["sft full ckpt"] == gens["sft"]
+    assert gens["pretrained"] != gens["base"]
+
+    summary = json.loads(open(f"{stage}/metrics.json", encoding="utf-8").read())
+    ppl = {c["label"]: c["perplexity"] for c in summary["checkpoints"]}
+    assert all(p["tokens"] == 5 * 32 + 15 and p["perplexity"] > 1 for p in ppl.values())
+    assert ppl["sft"]["perplexity"] == pytest.approx(ppl["sft full ckpt"]["perplexity"], rel=1e-6)
+    assert ppl["sft"]["perplexity"] != pytest.approx(ppl["base"]["perplexity"], rel=1e-6)
+
+    side = manifest.metrics["tables"]["side_by_side"]["rows"]
+    assert [r["prompt_id"] for r in side] == ["t-en", "t-zh", "t-long"] and all(lbl in side[0] for lbl in labels)
+    assert [r["checkpoint"] for r in manifest.metrics["tables"]["checkpoints"]["rows"]] == labels
+    html = open(f"{stage}/report.html", encoding="utf-8").read()
+    assert html.count("<tr>") == 1 + len(labels) + 1 + 3  # header + checkpoints, header + prompts
+    assert manifest.inputs["checkpoints"]["sft"] == {"adapter": str(tiny.adapter), "base": str(tiny.base)}
+    assert progress[-1] == ("evaluate", 4, 4) and any("perplexity" in x for x in lines)

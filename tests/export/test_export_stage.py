@@ -1,0 +1,76 @@
+"""The export stage end to end on the tiny model: a 2-way tensor-parallel base checkpoint (per-rank
+files + strategy, Megatron-style split) and a LoRA adapter -> merged, checked, exported to MindIR,
+reloaded, checked.
+A wrong LoRA scale must fail the stage at its logits check."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sharding_helpers import llama_tp_layouts, write_sharded
+
+from pipeline_lib.evaluate.launch import WorkerFailed
+from pipeline_lib.export.lora_merge import LORA_MARK, merge_lora
+from pipeline_lib.export.stage import run_export_stage
+from pipeline_lib.storage import RunPaths, read_manifest
+
+
+def _load(path):
+    import mindspore as ms
+
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items()}
+
+
+@pytest.mark.slow
+def test_export_stage_sharded_base_plus_lora(tiny_export):
+    t = tiny_export
+    ckpt_dir, strategy = write_sharded(t.root / "tp_run", t.base_params, llama_tp_layouts(t.base_params), [2])
+    paths = RunPaths(t.cfg.run.output_root, "export-ok")
+    lines = []
+    # One rank's file, as a training stage's latest_checkpoint names it: every rank's shard of that
+    # step is merged (strategy found in the run folder) before anything else.
+    rank_file = ckpt_dir / "rank_1" / "llama_rank-1_10.ckpt"
+    manifest = run_export_stage(t.cfg, paths, str(rank_file), str(t.adapter), str(t.tokenizer), log=lines.append)
+
+    stage = Path(paths.stage_uri("export"))
+    assert read_manifest(str(stage)).outputs == manifest.outputs
+    outs = {o["path"] for o in manifest.outputs}
+    assert {"merged.ckpt", "checks.json", "serving/model.mindir", "serving/serving.json",
+            "serving/tokenizer.model"} <= outs
+
+    checks = manifest.metrics["checks"]
+    assert checks["lora_check"]["ok"] and checks["lora_check"]["max_abs"] < 1e-4
+    assert checks["lora"]["scale"] == 2.0 and checks["lora"]["merged_modules"] == 8
+    assert checks["mindir_check"]["ok"] and checks["mindir_check"]["max_abs"] < 1e-4
+    assert {"export", "reload", "logits_check", "lora_check"} <= set(checks["timings_s"])
+
+    # The merged checkpoint is standalone (no LoRA tensors, nothing but the model) and equals the
+    # numpy merge of the unsharded originals.
+    merged = _load(stage / "merged.ckpt")
+    assert set(merged) == set(t.base_params) and not any(LORA_MARK in k for k in merged)
+    expected, _ = merge_lora(t.base_params, t.adapter_params, alpha=8.0, rank=4)
+    for name, arr in expected.items():
+        np.testing.assert_allclose(merged[name], arr, rtol=0, atol=1e-6, err_msg=name)
+
+    spec = json.loads((stage / "serving" / "serving.json").read_text())
+    assert spec["inputs"][0]["shape"] == [2, 32] and spec["inputs"][0]["dtype"] == "int32"
+    assert spec["outputs"][0]["shape"] == [2, 32, 640]
+    assert spec["special_ids"] == {"pad": 0, "unk": 1, "bos": 2, "eos": 3} and spec["tokenizer"] == "tokenizer.model"
+    assert any("LoRA merge check passed" in x for x in lines)
+
+
+@pytest.mark.slow
+def test_wrong_lora_scale_fails_the_stage(tiny_export):
+    t = tiny_export
+    paths = RunPaths(t.cfg.run.output_root, "export-wrong-scale")
+    # alpha instead of alpha / rank: the merged model no longer matches base + adapter.
+    with pytest.raises(WorkerFailed) as err:
+        run_export_stage(t.cfg, paths, str(t.base), str(t.adapter), str(t.tokenizer),
+                         lora_scale_override=t.cfg.sft.lora_alpha)
+    assert err.value.error_type == "LogitsMismatch" and "LoRA merge" in str(err.value)
+    stage = Path(paths.stage_uri("export"))
+    checks = json.loads((stage / "checks.json").read_text())
+    assert checks["lora_check"]["ok"] is False and checks["lora_check"]["max_abs"] > 1e-2
+    assert read_manifest(str(stage)) is None and not (stage / "serving").exists()
