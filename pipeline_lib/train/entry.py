@@ -12,10 +12,13 @@ Commands:
     python -m pipeline_lib.train.entry --yaml RUN/pretrain.yaml
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --log_dir=RUN/msrun \
         --join=True python -m pipeline_lib.train.entry --yaml RUN/pretrain.yaml
-Run it from a scratch working directory: mindformers still creates a few relative folders.
+msrun starts each worker as the literal `python` found on PATH (anything else is taken for a script
+name and run as `python <it>`), so the venv's bin folder must come first on PATH.
+Run it from a scratch working directory: under msrun an empty ./output/strategy still appears there.
 
-Prints one `PIPELINE_TIMING {json}` line (import/setup seconds) to stdout for the launcher.
+Prints `PIPELINE_TIMING {json}` lines to stdout: import_s/setup_s before training, train_s after.
 Exit code 0 on success; any exception propagates (non-zero exit) with mindformers' message.
+Raises ValueError for `run_mode: finetune` without `load_checkpoint`.
 """
 from __future__ import annotations
 
@@ -48,6 +51,9 @@ def run(yaml_path: str) -> None:
 
     t_import = time.time()
     cfg = MindFormerConfig(os.path.realpath(yaml_path))
+    if cfg.run_mode == "finetune" and not cfg.load_checkpoint:
+        raise ValueError(f"{yaml_path}: run_mode finetune without load_checkpoint would finetune a randomly "
+                         "initialised model; set load_checkpoint to the base checkpoint")
     build_context(cfg)
     trainer = Trainer(cfg)
     t_setup = time.time()
