@@ -100,6 +100,7 @@ class _BeforeCheckpoint(Callback):
 
     def on_train_begin(self, run_context):
         cb_params = run_context.original_args()
+        self._done_step = None
         if self.initial_step is None:
             self.step_offset = int(cb_params.get("initial_step") or 0)
         for cb in cb_params.get("list_callback") or []:
@@ -223,7 +224,8 @@ class LossGuard(_BeforeCheckpoint):
             if len(self.losses) < self.window or loss <= self.spike_factor * mean:
                 self.losses.append(loss)
                 return
-            why = (f"loss {loss:.4f} is {loss / mean:.1f}x the mean {mean:.4f} of the last {self.window} steps "
+            ratio = loss / mean if mean > 0 else math.inf
+            why = (f"loss {loss:.4f} is {ratio:.1f}x the mean {mean:.4f} of the last {self.window} steps "
                    f"(limit training.guard.spike_factor={self.spike_factor:g})")
             reason = "spike"
         else:
@@ -236,8 +238,10 @@ class LossGuard(_BeforeCheckpoint):
         element = cb.get("train_dataset_element")
         ids = element[0].asnumpy() if element and isinstance(element[0], Tensor) else None
         batch = self.batch_size or (int(ids.shape[0]) if ids is not None else None)
-        rows = (batch_rows(step, int(cb.batch_num), batch, self.data_parallel or world, rank, self.num_rows)
-                if batch else None)
+        dp = self.data_parallel or world
+        # rank % dp: with model/pipeline parallel several ranks share a data shard; with full_batch
+        # (semi-auto parallel) the yaml passes data_parallel=1 and every rank reads the whole batch.
+        rows = batch_rows(step, int(cb.batch_num), batch, dp, rank % dp, self.num_rows) if batch else None
         where = f"dataset rows {rows}" if rows is not None else "dataset rows unknown (no batch size)"
         message = (f"loss guard stopped training at step {step} on rank {rank}: {why}; the batch was {where}. "
                    "The weights of this step were not checkpointed: resume from latest_checkpoint.json after "

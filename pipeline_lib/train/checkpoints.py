@@ -1,21 +1,23 @@
-"""Checkpoint manager over a training output_dir: list, verify, point `latest` at a good one, prune, upload.
+"""Checkpoint manager over a training output_dir: verify, point `latest` at a good step, prune, upload.
 
-Layout (mindformers 1.9 `CheckpointMonitor`, measured): `<output_dir>/checkpoint/rank_N/<prefix>_rank_N-<epoch>_<step>.ckpt`
-where <step> counts within the epoch, next to mindformers' own `meta.json`; MindSpore writes `<name>.tmp`
-and renames it, so a `.ckpt` name means the write finished. The file holds the weights, the AdamW moments
-(`adam_m.*`, `adam_v.*`) and `global_step`, `epoch_num`, `step_num`, `loss_scale`, `global_batch_size`.
+Layout (mindformers 1.9 CheckpointMonitor, measured): `<output_dir>/checkpoint/rank_N/<prefix>_rank_N-<E>_<S>.ckpt`
+plus mindformers' `meta.json`. <S> counts within epoch <E> and restarts after a resume, so order and identity
+come from the file's contents: mindformers appends `step_num` (batches consumed, across resumes), `global_step`
+(optimizer steps), `epoch_num`, `loss_scale`, next to the weights and AdamW moments (`adam_m.*`, `adam_v.*`).
+MindSpore writes `<name>.tmp` and renames it: a `.ckpt` name means the write finished.
 
-What this adds (all launcher side, no MindSpore import here):
-- `verify_checkpoints(paths)` loads each file with `mindspore.load_checkpoint` in a subprocess and checks that
-  every float tensor is finite; then `<ckpt>.verified.json` (sha256, size, global_step) is written next to
-  it. A file with that sidecar is verified; a bad file is moved to `<output_dir>/checkpoint_rejected/rank_N/` with a reason.
-- `CheckpointManager.sync()` verifies new files, uploads good ones (and their sidecars) to `upload_uri`,
-  updates `<output_dir>/latest_checkpoint.json` (atomically, only to a step every rank has verified), and keeps
-  the newest `keep` verified steps. Call it from `launch(on_tick=...)` and once after training.
-- `check_free_disk(...)` stops a run before it starts when the disk cannot hold two more checkpoints.
+- `verify_checkpoints(paths)`: `mindspore.load_checkpoint` of each file in one subprocess (the orchestrator
+  never holds MindSpore state); ok = loadable and every float tensor finite.
+- `CheckpointManager.sync()`: verifies new files and writes `<ckpt>.verified.json` (sha256, size, step) next to
+  good ones; moves bad ones to `<output_dir>/checkpoint_rejected/rank_N/` with a `.reason.json`; keeps the
+  newest `keep` verified steps; uploads what `upload_uri` lacks; then rewrites `<output_dir>/latest_checkpoint.json`
+  (remote copy first) to the newest step that every rank in `ranks` has verified. Call it from
+  `launch(on_tick=...)` and once after training; resume from `latest()["path"]`, not from meta.json.
+- `check_free_disk(...)` + `estimate_checkpoint_bytes(...)`: refuse to start when two more checkpoints do not fit.
 
-Limits: verification loads the whole file into the verifier's memory (about the checkpoint size) and costs a
-MindSpore import (~4 s) per batch of files. Raises InsufficientDiskError (disk), ValueError (bad arguments).
+Limits: verification reads the whole file into the verifier's memory and costs a MindSpore import (~4 s) per
+sync that finds new files; `ranks` are the ranks whose files this node holds. Raises InsufficientDiskError,
+ValueError (bad arguments); upload errors propagate and are retried by the next sync.
 """
 from __future__ import annotations
 
@@ -148,6 +150,17 @@ def estimate_checkpoint_bytes(param_count: int, weight_bytes: int = 4, optimizer
     return int(param_count) * (weight_bytes + optimizer_states * state_bytes)
 
 
+def expected_checkpoint_bytes(output_dir: str | Path, param_count: int | None = None, **estimate) -> int:
+    """Size of the largest checkpoint already under output_dir (a resumed run), else the estimate from
+    `param_count`. Raises ValueError when there is neither."""
+    sizes = [c.path.stat().st_size for c in list_checkpoints(output_dir)]
+    if sizes:
+        return max(sizes)
+    if param_count is None:
+        raise ValueError(f"no checkpoint under {output_dir} to measure and no param_count to estimate from")
+    return estimate_checkpoint_bytes(param_count, **estimate)
+
+
 def check_free_disk(path: str | Path, checkpoint_bytes: int, copies: int = 2, ranks_on_node: int = 1) -> int:
     """Free bytes at `path` (or its nearest existing parent); raises InsufficientDiskError when fewer than
     copies x checkpoint_bytes x ranks_on_node (each data-parallel rank saves its own copy)."""
@@ -194,6 +207,9 @@ class CheckpointManager:
                if c.rank in self.ranks and not c.sidecar.exists()]
         results = verify_checkpoints([c.path for c in new])
         for ckpt, res in zip(new, results):
+            if not res.ok and not ckpt.path.exists():  # rotated away by keep_checkpoint_max meanwhile
+                self.log(f"[checkpoints] {ckpt.path.name} disappeared before it was verified; skipped")
+                continue
             if not res.ok:
                 self._reject(ckpt, res)
                 continue

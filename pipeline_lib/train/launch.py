@@ -257,7 +257,7 @@ def launch(command: Sequence[str], *, log: Callable[[str], None], cwd: str | Pat
     sampler = ProcessTreeSampler(proc.pid).start()
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     tails: dict[str, collections.deque[str]] = {}
-    lines: queue.Queue = queue.Queue()
+    lines: queue.Queue = queue.Queue(maxsize=10_000)  # full queue blocks the reader: a flood cannot eat memory
 
     def read_stdout() -> None:
         for raw in iter(proc.stdout.readline, b""):
@@ -278,11 +278,12 @@ def launch(command: Sequence[str], *, log: Callable[[str], None], cwd: str | Pat
         while True:
             try:
                 item = lines.get(timeout=0.1)
-                if item is None:
-                    stdout_done = True
-                else:
+                for _ in range(1000):  # a bounded burst: a chatty trainer must not starve the checks below
+                    if item is None:
+                        stdout_done = True
+                        break
                     emit(item)
-                    continue  # drain bursts before the slower checks below
+                    item = lines.get_nowait()
             except queue.Empty:
                 pass
             now = time.monotonic()
@@ -314,13 +315,17 @@ def launch(command: Sequence[str], *, log: Callable[[str], None], cwd: str | Pat
         raise
     finally:
         sampler.stop()
-    reader.join(timeout=2)
-    while True:  # lines that arrived while killing
+    drain_until = time.monotonic() + 5  # an escaped grandchild may hold stdout open: do not wait forever
+    while not stdout_done and time.monotonic() < drain_until:
         try:
-            item = lines.get_nowait()
+            item = lines.get(timeout=0.1)
         except queue.Empty:
-            break
-        if item is not None:
+            if not reader.is_alive():
+                break
+            continue
+        if item is None:
+            stdout_done = True
+        else:
             emit(item)
     if tailer is not None:
         for source, line in tailer.poll(final=True):

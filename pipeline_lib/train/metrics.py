@@ -200,7 +200,8 @@ def training_callbacks(output_dir: str | Path, *, tokens_per_step: int, batch_si
     """yaml `callbacks` entries for PipelineMetrics and LossGuard (append them to the run config's list).
 
     `batch_size` is the per-rank dataset batch (micro batch x accumulation on CPU); with `num_rows` the guard
-    names the exact MindRecord rows of a bad batch. The trainer process must import
+    names the exact MindRecord rows of a bad batch. With `full_batch: True` (semi-auto parallel) every rank
+    reads the whole global batch: pass data_parallel=1 and the dataset's batch size. The trainer process must import
     `pipeline_lib.train.callbacks` before building the Trainer (that registers both types with mindformers).
     """
     out = str(output_dir)

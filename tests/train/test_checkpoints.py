@@ -13,7 +13,8 @@ import pytest
 
 from pipeline_lib.storage import sha256_file, store_for
 from pipeline_lib.train.checkpoints import (LATEST_FILE, CheckpointManager, InsufficientDiskError, check_free_disk,
-                                            estimate_checkpoint_bytes, list_checkpoints, verify_checkpoints)
+                                            estimate_checkpoint_bytes, expected_checkpoint_bytes, list_checkpoints,
+                                            verify_checkpoints)
 from pipeline_lib.train.launch import child_env
 
 # Weights + two AdamW moments + the step counters mindformers' CheckpointMonitor appends, saved with
@@ -135,6 +136,14 @@ def test_size_estimate_matches_a_real_checkpoint(made):
     real = os.path.getsize(made / "good_2.ckpt")
     moments_of_b = 2 * 32 * 4
     assert abs(estimate_checkpoint_bytes(PARAMS) - moments_of_b - real) / real < 0.02
+
+
+def test_expected_size_prefers_an_existing_checkpoint(tmp_path, made):
+    assert expected_checkpoint_bytes(tmp_path, param_count=1000) == 12_000
+    placed = _place(made, tmp_path, 0, "good_2.ckpt", 2)
+    assert expected_checkpoint_bytes(tmp_path, param_count=1000) == placed.stat().st_size
+    with pytest.raises(ValueError, match="no param_count"):
+        expected_checkpoint_bytes(tmp_path / "fresh")
 
 
 def test_free_disk_check_names_path_needed_free_and_fix(tmp_path):

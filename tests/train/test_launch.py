@@ -123,6 +123,22 @@ def test_timeout_kills_the_whole_tree_including_setsid_grandchildren(tmp_path):
     assert any("timeout 3s reached" in line for line in lines)
 
 
+def test_a_child_flooding_its_output_still_times_out(tmp_path):
+    child = _script(tmp_path, "child.py", """
+        while True:
+            print("x" * 200)
+    """)
+    count = [0]
+
+    def log(line):
+        count[0] += 1
+
+    t0 = time.monotonic()
+    with pytest.raises(TrainingTimeout):
+        launch([sys.executable, str(child)], log=log, cwd=tmp_path, timeout_s=1.5, grace_s=1)
+    assert time.monotonic() - t0 < 10 and count[0] > 1000
+
+
 def test_nonzero_exit_raises_with_the_last_lines(tmp_path):
     child = _script(tmp_path, "child.py", """
         import sys
