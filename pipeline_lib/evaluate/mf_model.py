@@ -162,7 +162,8 @@ def generate_greedy(net, prompts_ids: list[list[int]], *, eos_id: int, pad_id: i
                     max_new_tokens: int) -> list[list[int]]:
     """Greedy tokens from mindformers' own `generate` (Ascend; on CPU its kernels are missing and it raises).
 
-    Returns the new tokens per prompt with the EOS and anything after it cut, like decoding.decode.
+    Returns the new tokens per prompt like decoding.decode: EOS and anything after it cut, batch
+    padding (pad_id, never a real token) dropped, at most max_new_tokens.
     """
     model = net.network
     out = model.generate(input_ids=[list(p) for p in prompts_ids], do_sample=False, max_new_tokens=max_new_tokens,
@@ -170,5 +171,8 @@ def generate_greedy(net, prompts_ids: list[list[int]], *, eos_id: int, pad_id: i
     result = []
     for prompt, row in zip(prompts_ids, out):
         new = [int(t) for t in np.asarray(row).reshape(-1)[len(prompt):]]
-        result.append(new[:new.index(eos_id)] if eos_id in new else new)
+        new = new[:new.index(eos_id)] if eos_id in new else new
+        while new and new[-1] == pad_id:
+            new.pop()
+        result.append(new[:max_new_tokens])
     return result

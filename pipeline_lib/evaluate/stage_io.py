@@ -1,8 +1,9 @@
 """Stage folder handling shared by the evaluate and export stages.
 
 - `StageFolder(paths, stage)`: a local folder to write into. For a local run store it is the stage
-  folder itself; for s3:// it is a scratch folder whose files `publish` uploads (atomically, one put
-  per file). The old manifest is removed first, so a stage being redone is never seen as done.
+  folder itself, emptied first; for s3:// it is a scratch folder whose files `publish` uploads
+  (atomically, one put per file). The old manifest is removed first, so a stage being redone is
+  never seen as done.
 - `publish` returns the manifest output entries (path, size, sha256) computed from the local files
   (no download back from S3); `finish` writes the manifest last.
 - `stage_config_hash` is the registry's identity of the stage (pipeline_lib.stages), so a stage
@@ -25,8 +26,10 @@ class StageFolder:
         invalidate(self.uri, paths.endpoint_url)
         if self.remote:
             self.local = Path(tempfile.mkdtemp(prefix=f"{stage}-"))
-        else:
+        else:  # a redo starts from an empty folder: no stale file of an earlier run is listed as output
             self.local = Path(self.uri)
+            if self.local.exists():
+                shutil.rmtree(self.local)
             self.local.mkdir(parents=True, exist_ok=True)
 
     def publish(self, rels: list[str]) -> list[dict]:

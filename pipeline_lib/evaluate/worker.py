@@ -73,7 +73,8 @@ def _decode_checkpoint(net, fn, prompts, codec, cfg, req, label, fmt, out_path: 
                 found = keyword_hits(text, p.get("keywords", []))
                 hits, total_kw = hits + len(found), total_kw + len(p.get("keywords", []))
                 n_tokens += len(toks)
-                stop = gens[i].stop_reason if gens else ("max_new_tokens" if len(toks) >= ev.max_new_tokens else "eos")
+                stop = gens[i].stop_reason if gens else ("max_new_tokens" if len(toks) >= ev.max_new_tokens else
+                                                         "seq_length" if len(ids[i]) + len(toks) >= seq else "eos")
                 rec = {"prompt_id": p["id"], "set": p["set"], "checkpoint": label, "prompt": p["prompt"],
                        "text": text, "tokens": toks, "num_tokens": len(toks), "prompt_tokens": len(ids[i]),
                        "truncated": len(ids[i]) < len(encoded[start + i]), "stop_reason": stop,

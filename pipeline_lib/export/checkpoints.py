@@ -11,16 +11,18 @@ dtypes, and the merge inputs and report when LoRA was folded in:
 - a full SFT checkpoint alone (it holds base weights and lora_a/lora_b): merged with itself.
 
 Limits: imports MindSpore (reads .ckpt); sharded folders must be local.
-Raises FileNotFoundError / ShardMergeError / LoraMergeError naming the path or field.
+An adapter_config.json next to the adapter (written by the SFT stage) must agree with sft.lora_rank
+and sft.lora_alpha. Raises FileNotFoundError / ShardMergeError / LoraMergeError naming the path or field.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.schema import PipelineConfig
 from ..evaluate.mf_model import read_checkpoint
-from .lora_merge import MergeReport, has_lora, merge_lora
+from .lora_merge import LoraMergeError, MergeReport, has_lora, merge_lora
 from .shard_merge import (RANK_RE, STEP_RE, find_strategy, is_sharded_dir, merge_sharded_checkpoint,
                           rank_dirs)
 
@@ -71,6 +73,22 @@ def local_ckpt_file(path: str, scratch: Path, name: str, strategy: str | None = 
                             "sub-folders; pass the checkpoint the training stage wrote")
 
 
+def check_adapter_config(adapter_path: str, cfg: PipelineConfig) -> None:
+    """Refuse a config whose LoRA rank/alpha differ from what the adapter was trained with.
+
+    The SFT stage writes adapter_config.json (lora_rank, lora_alpha, ...) next to adapter.ckpt; the
+    logits check cannot catch a wrong alpha in the config (both sides of it would use it)."""
+    meta_file = Path(adapter_path).with_name("adapter_config.json")
+    if not Path(adapter_path).is_file() or not meta_file.is_file():
+        return
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    for field in ("lora_rank", "lora_alpha"):
+        have, want = meta.get(field), getattr(cfg.sft, field)
+        if have is not None and float(have) != float(want):
+            raise LoraMergeError(f"sft.{field}={want} but {meta_file} records {have} for this adapter; set "
+                                 f"sft.{field}={have} (the value it was trained with)")
+
+
 @dataclass
 class Resolved:
     params: dict            # plain model parameters (LoRA folded in when there was an adapter)
@@ -89,6 +107,7 @@ def resolve_params(ref: CheckpointRef, cfg: PipelineConfig, scratch: Path, name:
     base, dtypes = read_checkpoint(local_ckpt_file(ref.ckpt, scratch, name, ref.strategy))
     adapter = None
     if ref.adapter:
+        check_adapter_config(ref.adapter, cfg)
         adapter, _ = read_checkpoint(local_ckpt_file(ref.adapter, scratch, name + ".adapter", ref.adapter_strategy))
     elif has_lora(base):
         adapter = base

@@ -7,6 +7,9 @@ and a "full SFT" checkpoint (base + adapter tensors in one file); a 6-row held-o
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,3 +91,30 @@ def tiny(tmp_path_factory) -> Tiny:
                 adapter=save_params(adapter, root / "adapter.ckpt"),
                 sft_full=save_params({**base, **adapter}, root / "sft_full.ckpt"),
                 heldout=write_heldout(root / "heldout", cfg.model.seq_length), prompts=prompts)
+
+
+class BackgroundCheck:
+    """forward_path_check.py running in its own process; `result()` waits and parses its JSON line."""
+
+    def __init__(self, tiny: Tiny, workdir: Path):
+        cfg_file = workdir / "cfg.json"
+        cfg_file.write_text(json.dumps(tiny.cfg.model_dump(mode="json")))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3", "LOG_MF_PATH": str(workdir / "mf")}
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forward_path_check.py")),
+                                      str(cfg_file), str(tiny.base)], cwd=workdir, env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def result(self, timeout: float = 600) -> dict:
+        out, err = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, out[-3000:] + err[-3000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def forward_path_run(tiny, tmp_path_factory):
+    """Started by the first test that asks for it, so it overlaps with the evaluate-stage worker."""
+    run = BackgroundCheck(tiny, tmp_path_factory.mktemp("forward_path"))
+    yield run
+    if run.proc.poll() is None:
+        run.proc.kill()
+        run.proc.wait()

@@ -22,7 +22,7 @@ def _upstream(paths: RunPaths, tiny) -> None:
 
 
 @pytest.mark.slow
-def test_evaluate_stage_side_by_side(tiny):
+def test_evaluate_stage_side_by_side(tiny, forward_path_run):  # forward_path_run: started to overlap
     cfg = tiny.cfg.model_copy(deep=True)
     cfg.evaluate.compare_checkpoints = {"sft full ckpt": str(tiny.sft_full), "base": str(tiny.base)}
     paths = RunPaths(cfg.run.output_root, "eval-run")

@@ -5,6 +5,7 @@ A wrong LoRA scale must fail the stage at its logits check."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,27 @@ def _load(path):
     return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items()}
 
 
+def _wrong_scale_export(t):
+    """The export with alpha instead of alpha / rank in the merge; returns the exception it raised."""
+    paths = RunPaths(t.cfg.run.output_root, "export-wrong-scale")
+    try:
+        run_export_stage(t.cfg, paths, str(t.base), str(t.adapter), str(t.tokenizer),
+                         lora_scale_override=t.cfg.sft.lora_alpha)
+    except WorkerFailed as err:
+        return err, Path(paths.stage_uri("export"))
+    return None, Path(paths.stage_uri("export"))
+
+
+@pytest.fixture(scope="module")
+def wrong_scale_run(tiny_export):
+    """Started in the background as soon as the first test asks for it: the two export workers are
+    independent processes, so on 2 cores they overlap instead of adding up."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_wrong_scale_export, tiny_export)
+
+
 @pytest.mark.slow
-def test_export_stage_sharded_base_plus_lora(tiny_export):
+def test_export_stage_sharded_base_plus_lora(tiny_export, wrong_scale_run):
     t = tiny_export
     ckpt_dir, strategy = write_sharded(t.root / "tp_run", t.base_params, llama_tp_layouts(t.base_params), [2])
     paths = RunPaths(t.cfg.run.output_root, "export-ok")
@@ -62,15 +82,10 @@ def test_export_stage_sharded_base_plus_lora(tiny_export):
 
 
 @pytest.mark.slow
-def test_wrong_lora_scale_fails_the_stage(tiny_export):
-    t = tiny_export
-    paths = RunPaths(t.cfg.run.output_root, "export-wrong-scale")
-    # alpha instead of alpha / rank: the merged model no longer matches base + adapter.
-    with pytest.raises(WorkerFailed) as err:
-        run_export_stage(t.cfg, paths, str(t.base), str(t.adapter), str(t.tokenizer),
-                         lora_scale_override=t.cfg.sft.lora_alpha)
-    assert err.value.error_type == "LogitsMismatch" and "LoRA merge" in str(err.value)
-    stage = Path(paths.stage_uri("export"))
+def test_wrong_lora_scale_fails_the_stage(wrong_scale_run):
+    err, stage = wrong_scale_run.result(timeout=600)
+    assert err is not None, "the export with a wrong LoRA scale passed its checks"
+    assert err.error_type == "LogitsMismatch" and "LoRA merge" in str(err)
     checks = json.loads((stage / "checks.json").read_text())
     assert checks["lora_check"]["ok"] is False and checks["lora_check"]["max_abs"] > 1e-2
     assert read_manifest(str(stage)) is None and not (stage / "serving").exists()

@@ -74,3 +74,17 @@ def test_target_modules_must_match_the_adapter():
     adapter = random_lora_params(base, ["wq", "wv"], rank=2)
     with pytest.raises(LoraMergeError, match=r"sft.target_modules=\['wk', 'wq'\]"):
         merge_lora(base, adapter, alpha=4.0, rank=2, target_modules=["wq", "wk"])
+
+
+def test_adapter_config_written_by_sft_must_match_the_config(tmp_path):
+    import json
+
+    from pipeline_lib.config.load import config_from_dict
+    from pipeline_lib.export.checkpoints import check_adapter_config
+
+    (tmp_path / "adapter.ckpt").write_bytes(b"x")
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"lora_rank": 8, "lora_alpha": 32.0}))
+    cfg = config_from_dict({"sft": {"lora_rank": 8, "lora_alpha": 16.0}})
+    with pytest.raises(LoraMergeError, match=r"sft.lora_alpha=16.0 .* set sft.lora_alpha=32.0"):
+        check_adapter_config(str(tmp_path / "adapter.ckpt"), cfg)
+    check_adapter_config(str(tmp_path / "adapter.ckpt"), config_from_dict({"sft": {"lora_rank": 8, "lora_alpha": 32}}))
