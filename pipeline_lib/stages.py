@@ -38,7 +38,8 @@ class StageSpec:
 
 
 def _data_fields(c: PipelineConfig) -> dict:
-    return {"data": c.data.model_dump(mode="json"), "tokenizer": c.tokenizer.model_dump(mode="json"),
+    # How the work is spread (workers, executor) does not change the output.
+    return {"data": c.data.model_dump(mode="json", exclude={"num_workers", "executor"}), "tokenizer": c.tokenizer.model_dump(mode="json"),
             "seq_length": c.model.seq_length, "seed": c.run.seed}
 
 
@@ -147,9 +148,13 @@ def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, pr
     log(f"{stage}: running ({why})")
     fn = runner(stage)
     manifest = fn(cfg, paths, log=log, progress=progress)
-    # Stamp the canonical identity (this module's hash and upstream fingerprints) so that the
-    # skip rule above and the stage's own bookkeeping can never disagree.
+    return stamp_manifest(cfg, paths, stage, manifest), False
+
+
+def stamp_manifest(cfg: PipelineConfig, paths: RunPaths, stage: str, manifest: Manifest) -> Manifest:
+    """Rewrite a finished stage's manifest with the canonical identity (this module's hash and the
+    upstream fingerprints), so the skip rule and the stage's own bookkeeping can never disagree."""
     manifest.config_hash = stage_hash(cfg, stage)
     manifest.inputs = json.loads(json.dumps(stage_inputs(paths, stage), sort_keys=True))
     write_manifest(paths.stage_uri(stage), manifest, paths.endpoint_url)
-    return manifest, False
+    return manifest

@@ -76,6 +76,9 @@ class DataConfig(_Section):
     read_batch_size: int = Field(1000, ge=1, description="Records per streamed batch.")
     docs_per_shard: int = Field(2000, ge=1, description="Documents per processing shard (unit of work).")
     num_workers: int = Field(2, ge=1, description="Parallel shard workers (output does not depend on it).")
+    executor: Literal["prefect", "local"] = Field(
+        "prefect", description="prefect: shard steps are Prefect tasks mapped over shards (a task run per "
+        "shard in the UI, process-pool task runner); local: one task runs the stage with its own process pool.")
     filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     heldout_fraction: float = Field(

@@ -18,4 +18,5 @@ def tiny_cfg(tmp_path):
     from pipeline_lib.config import load_config
 
     return load_config("configs/pipelines/tiny-cpu.yaml",
-                       [f"run.output_root={tmp_path / 'runs'}", "orchestration.retry_delay_seconds=0.1"])
+                       [f"run.output_root={tmp_path / 'runs'}", "orchestration.retry_delay_seconds=0.1",
+                       "data.executor=local"])

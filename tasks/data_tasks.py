@@ -1,0 +1,80 @@
+"""The data stage as Prefect tasks mapped over shards.
+
+Each task wraps one idempotent step of pipeline_lib.data.stage (a step whose completion marker
+exists returns at once), so a retried or resumed flow redoes only unfinished shards, and every
+shard shows as its own task run in the UI. Output does not depend on how many run at once.
+"""
+from __future__ import annotations
+
+from prefect import task
+from prefect.tasks import exponential_backoff
+
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.storage import RunPaths
+
+from tasks.stage_task import retry_only_transient
+
+_RETRY = dict(retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_jitter_factor=0.5,
+              retry_condition_fn=retry_only_transient, persist_result=False, cache_policy=None)
+
+
+def _ctx(config: dict, run_id: str):
+    cfg = config_from_dict(config)
+    return cfg, RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
+
+
+@task(name="data-plan", task_run_name="data/{run_id}/plan", **_RETRY)
+def plan_task(config: dict, run_id: str) -> int:
+    from pipeline_lib.data.stage import plan_data_stage
+
+    return len(plan_data_stage(*_ctx(config, run_id)))
+
+
+@task(name="data-prep", task_run_name="data/{run_id}/prep-{index:05d}", **_RETRY)
+def prep_task(config: dict, run_id: str, index: int) -> dict:
+    from pipeline_lib.data.stage import prep_shard
+
+    return prep_shard(*_ctx(config, run_id), index)
+
+
+@task(name="data-dedup", task_run_name="data/{run_id}/dedup", **_RETRY)
+def dedup_task(config: dict, run_id: str) -> dict:
+    from pipeline_lib.data.stage import dedup_stage
+
+    summary = dedup_stage(*_ctx(config, run_id))
+    return {k: sum(s[k] for s in summary["shards"]) for k in ("exact_duplicates", "near_duplicates", "kept")}
+
+
+@task(name="data-tokenizer", task_run_name="data/{run_id}/tokenizer", **_RETRY)
+def tokenizer_task(config: dict, run_id: str) -> dict:
+    from pipeline_lib.data.stage import build_tokenizer
+
+    return build_tokenizer(*_ctx(config, run_id))
+
+
+@task(name="data-tokenize", task_run_name="data/{run_id}/tokenize-{index:05d}", **_RETRY)
+def tokenize_task(config: dict, run_id: str, index: int) -> dict:
+    from pipeline_lib.data.stage import tokenize_shard
+
+    return tokenize_shard(*_ctx(config, run_id), index)
+
+
+@task(name="data-mindrecord-plan", task_run_name="data/{run_id}/mindrecord-plan", **_RETRY)
+def mindrecord_plan_task(config: dict, run_id: str) -> list[tuple[str, int]]:
+    from pipeline_lib.data.stage import plan_mindrecord
+
+    return [tuple(x) for x in plan_mindrecord(*_ctx(config, run_id))]
+
+
+@task(name="data-mindrecord", task_run_name="data/{run_id}/mindrecord-{split}-{j:05d}", **_RETRY)
+def mindrecord_task(config: dict, run_id: str, split: str, j: int) -> str:
+    from pipeline_lib.data.stage import write_mindrecord_shard
+
+    return write_mindrecord_shard(*_ctx(config, run_id), split, j)
+
+
+@task(name="data-finalize", task_run_name="data/{run_id}/finalize", **_RETRY)
+def finalize_task(config: dict, run_id: str) -> dict:
+    from pipeline_lib.data.stage import finalize_data_stage
+
+    return finalize_data_stage(*_ctx(config, run_id)).__dict__
