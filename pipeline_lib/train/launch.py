@@ -240,7 +240,8 @@ def launch(command: Sequence[str], *, log: Callable[[str], None], cwd: str | Pat
     `env` defaults to `child_env()`. `log_dir` is msrun's log folder to follow; `guard_dir` is where the
     loss guard writes its diagnosis (the run's output_dir): when training fails and one exists,
     `GuardTripped` is raised with it. With `check=False` failures are returned instead of raised.
-    If `log` or `on_tick` raises, the tree is killed and the exception propagates.
+    If `log` or `on_tick` raises, the tree is killed and the exception propagates. `on_tick` runs between
+    reads in the caller's thread: lines wait (in order) while it runs, the timeout is checked after it.
     """
     command = [str(c) for c in command]
     Path(cwd).mkdir(parents=True, exist_ok=True)

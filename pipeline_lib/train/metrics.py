@@ -1,11 +1,12 @@
 """Training metrics on the launcher side: file layout, metrics.jsonl I/O, the MFLossMonitor log parser, plots.
 
 Layout under a run's output_dir (written by `pipeline_lib.train.callbacks` inside the trainer):
-    metrics.jsonl            one JSON object per optimizer step from rank 0 (appended + flushed per step)
+    metrics.jsonl            one JSON object per training step from rank 0 (appended + flushed per step)
     metrics_rank_N.jsonl     other ranks, only when the writer is told `all_ranks=True`
     guard/rank_N.json        the loss guard's diagnosis when it stopped training on rank N
-Each record: step (global), epoch, step_in_epoch, loss, lr, global_norm, loss_scale, overflow, step_time_ms,
-tokens_per_s, rank, time, source ("callback" or "log"). Missing values are null; NaN/inf loss is written as
+Each record: step (batches consumed, counted across resumes = mindformers' checkpoint `step_num`), epoch,
+step_in_epoch, loss, lr, global_norm, loss_scale, overflow, step_time_ms, tokens_per_s, rank, time, source
+("callback" or "log"). Missing values are null; NaN/inf loss is written as
 the JSON tokens NaN/Infinity (Python's json reads them back).
 
 The log parser is the fallback when the callback is not in the yaml: it reads mindformers' MFLossMonitor

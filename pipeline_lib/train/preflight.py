@@ -31,6 +31,10 @@ class ProcessTreeSampler:
         if interval <= 0:
             raise ValueError(f"interval={interval!r}: must be > 0 seconds")
         self.pid, self.interval = pid, interval
+        try:  # kept, not looked up again: psutil checks its create time, so a reused pid is never walked
+            self._root: psutil.Process | None = psutil.Process(pid)
+        except psutil.Error:
+            self._root = None
         self.peak_rss_bytes = 0
         self.samples = 0
         self.seen: dict[int, psutil.Process] = {}
@@ -40,8 +44,9 @@ class ProcessTreeSampler:
 
     def _tree(self) -> list[psutil.Process]:
         try:
-            root = psutil.Process(self.pid)
-            return [root, *root.children(recursive=True)]
+            if self._root is None or not self._root.is_running():
+                return []
+            return [self._root, *self._root.children(recursive=True)]
         except psutil.Error:
             return []
 
