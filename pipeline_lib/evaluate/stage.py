@@ -124,9 +124,13 @@ def run_evaluate_stage(cfg: PipelineConfig, paths: RunPaths, checkpoints: dict |
     inputs = {"checkpoints": {i["label"]: checkpoints[i["label"]] for i in items}, "tokenizer": tokenizer_path,
               "heldout_dir": heldout_dir, "prompt_files": _sha_files(cfg.evaluate.prompt_files)}
     side = rep.comparison_rows(summary, gens)
+    manifest_inputs = json.loads(json.dumps(inputs, sort_keys=True, default=str))
     manifest = Manifest(stage=STAGE, run_id=paths.run_id, config_hash=stage_config_hash(cfg, STAGE),
-                        inputs=json.loads(json.dumps(inputs, sort_keys=True, default=str)), outputs=outputs,
+                        inputs=manifest_inputs, outputs=outputs,
+                        # inputs again in metrics: the stage registry replaces manifest.inputs with the
+                        # upstream fingerprints
                         metrics={"checkpoints": rep.summary_rows(summary), "device": summary["device"],
+                                 "inputs": manifest_inputs,
                                  "decode_path": summary["decode_path"], "seconds": summary["seconds"],
                                  "report_md": "report.md", "report_html": "report.html",
                                  "tables": {"side_by_side": {"description": "Answers per prompt, one column per "

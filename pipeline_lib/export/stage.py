@@ -95,11 +95,12 @@ def run_export_stage(cfg: PipelineConfig, paths: RunPaths, base_ckpt: str | None
         shutil.rmtree(work, ignore_errors=True)
     rows = [{"check": c["what"], "max_abs_diff": c["max_abs"], "same_argmax": c["same_argmax"], "ok": c["ok"]}
             for c in (checks.get("lora_check"), checks.get("mindir_check")) if c]
-    inputs = {"base": base_ckpt, "adapter": adapter_ckpt, "tokenizer": tokenizer_path,
-              "base_strategy": base_strategy, "adapter_strategy": adapter_strategy}
+    inputs = json.loads(json.dumps({"base": base_ckpt, "adapter": adapter_ckpt, "tokenizer": tokenizer_path,
+                                    "base_strategy": base_strategy, "adapter_strategy": adapter_strategy},
+                                   sort_keys=True, default=str))
     manifest = Manifest(stage=STAGE, run_id=paths.run_id, config_hash=stage_config_hash(cfg, STAGE),
-                        inputs=json.loads(json.dumps(inputs, sort_keys=True, default=str)), outputs=outputs,
-                        metrics={"merged_checkpoint": "merged.ckpt", "mindir": "serving/model.mindir",
+                        inputs=inputs, outputs=outputs,
+                        metrics={"inputs": inputs, "merged_checkpoint": "merged.ckpt", "mindir": "serving/model.mindir",
                                  "serving_json": "serving/serving.json", "checks": checks,
                                  "tables": {"checks": {"description": "Logits checks of the export", "rows": rows}}})
     emit(f"export: done in {checks['seconds']} s -> {folder.uri}")

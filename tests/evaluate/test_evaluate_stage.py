@@ -1,12 +1,13 @@
-"""The evaluate stage end to end on the tiny model, called the way the stage registry calls it:
-inputs found through the upstream manifests (data: tokenizer + held-out; pretrain; sft)."""
+"""The evaluate stage end to end on the tiny model, run through the stage registry
+(pipeline_lib.stages.run_stage): inputs found through the upstream manifests (data: tokenizer +
+held-out; pretrain; sft), and a rerun skipped because the manifest matches."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from pipeline_lib.evaluate.stage import run_evaluate_stage
+from pipeline_lib.stages import run_stage
 from pipeline_lib.storage import Manifest, RunPaths, read_manifest, write_manifest
 
 FIELDS = {"prompt_id", "set", "checkpoint", "prompt", "text", "tokens", "num_tokens", "prompt_tokens", "truncated",
@@ -28,7 +29,8 @@ def test_evaluate_stage_side_by_side(tiny, forward_path_run):  # forward_path_ru
     paths = RunPaths(cfg.run.output_root, "eval-run")
     _upstream(paths, tiny)
     lines, progress = [], []
-    manifest = run_evaluate_stage(cfg, paths, log=lines.append, progress=lambda *a: progress.append(a))
+    manifest, skipped = run_stage(cfg, paths, "evaluate", log=lines.append, progress=lambda *a: progress.append(a))
+    assert not skipped
 
     stage = paths.stage_uri("evaluate")
     assert read_manifest(stage).outputs == manifest.outputs
@@ -63,5 +65,7 @@ def test_evaluate_stage_side_by_side(tiny, forward_path_run):  # forward_path_ru
     assert [r["checkpoint"] for r in manifest.metrics["tables"]["checkpoints"]["rows"]] == labels
     html = open(f"{stage}/report.html", encoding="utf-8").read()
     assert html.count("<tr>") == 1 + len(labels) + 1 + 3  # header + checkpoints, header + prompts
-    assert manifest.inputs["checkpoints"]["sft"] == {"adapter": str(tiny.adapter), "base": str(tiny.base)}
+    assert manifest.metrics["inputs"]["checkpoints"]["sft"] == {"adapter": str(tiny.adapter), "base": str(tiny.base)}
     assert progress[-1] == ("evaluate", 4, 4) and any("perplexity" in x for x in lines)
+    again, skipped = run_stage(cfg, paths, "evaluate", log=lines.append)
+    assert skipped and again.outputs == manifest.outputs
