@@ -68,6 +68,8 @@ def _decode_checkpoint(net, fn, prompts, codec, cfg, req, label, fmt, out_path: 
             if path == "generate" and req.get("check_generate") and "generate_match" not in state:
                 ref = decode(fn, ids, codec.eos_id, codec.pad_id, seq, ev.max_new_tokens, "greedy")
                 state["generate_match"] = sum(a == r.tokens for a, r in zip(new, ref)) / len(ref)
+                progress(f"generate vs forward path: {state['generate_match']:.0%} of the first batch's prompts "
+                         "got the same greedy tokens")
             for i, (p, toks) in enumerate(zip(chunk, new)):
                 text = codec.decode(toks)
                 found = keyword_hits(text, p.get("keywords", []))
