@@ -1,7 +1,11 @@
 """Preloaded by the worker pool's fork server: import the stage and build the per-process tables
 once, so that every forked worker starts with them."""
+import pyarrow as pa
+
 from . import stage  # noqa: F401
-from .minhash import _char_classes, permutations
+from .minhash import _char_classes, lsh_params, permutations
 
 _char_classes()
 permutations(128)
+lsh_params(0.8, 128)
+pa.array(["x"])  # pyarrow imports pandas on first use: do it here, once

@@ -10,6 +10,11 @@ not depend on how many workers prepared the shards. For each document:
 Only kept documents are indexed: a chain a ~ b ~ c where c is not similar to a keeps c.
 Each removed document yields a record {id, kept, kind, jaccard, kept_run}.
 
+Speed: `collision_flags` finds, with numpy over the band keys of the whole run, which documents
+share a band with an earlier one (only those are queried) or a later one (only those are
+inserted): in a corpus of mostly unique documents MinHashLSH handles a small minority, and the
+decisions are exactly those of querying and inserting everything.
+
 Limits: the signatures of every kept document of the run stay in memory (num_perm x 4 bytes each).
 """
 from __future__ import annotations
@@ -20,6 +25,19 @@ from datasketch import LeanMinHash, MinHashLSH
 from .minhash import EMPTY, SCHEME, SEED, band_keys, lsh_params
 
 KEEP, EXACT, NEAR = 0, 1, 2
+
+
+def collision_flags(keys: np.ndarray, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(has_earlier, has_later): documents sharing at least one band key (columns of `keys`,
+    rows in input order) with an earlier / a later document. Empty signatures never collide."""
+    n = len(keys)
+    earlier, later = np.zeros(n, bool), np.zeros(n, bool)
+    for b in range(keys.shape[1] if n else 0):
+        order = np.argsort(keys[:, b], kind="stable")  # stable: equal keys stay in input order
+        same = keys[order[1:], b] == keys[order[:-1], b]
+        earlier[order[1:][same]] = True
+        later[order[:-1][same]] = True
+    return earlier & ~empty, later & ~empty
 
 
 class Deduplicator:
@@ -52,7 +70,7 @@ class Deduplicator:
             i = int(np.argmax(sims))  # argmax takes the first (earliest) of equals
             if sims[i] >= self.cfg.threshold:
                 best = (float(sims[i]), -1, int(prior_rows[i]))
-        for key in sorted(self.lsh.query(lean)):
+        for key in sorted(self.lsh.query(lean)) if lean is not None else ():
             sim = float((self.kept_sigs[key] == sig).mean())
             if sim >= self.cfg.threshold and (best is None or sim > best[0]):
                 best = (sim, key, -1)
@@ -63,14 +81,19 @@ class Deduplicator:
             return sim, self.kept_ids[key], None
         return sim, self.prior.ids[row], self.prior.ids[row].split("/", 1)[0]
 
-    def process(self, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None) -> tuple[np.ndarray, list[dict]]:
-        """Decide a batch (a shard) of documents in order: (decision per doc, duplicate records)."""
+    def process(self, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None,
+                query: np.ndarray | None = None, insert: np.ndarray | None = None) -> tuple[np.ndarray, list[dict]]:
+        """Decide a batch (a shard) of documents in order: (decision per doc, duplicate records).
+        query / insert: per document, whether it can meet an earlier / a later document of this
+        run in a band (see collision_flags); None means yes for all."""
         decisions = np.zeros(len(ids), dtype=np.int8)
         records: list[dict] = []
         keys = np.asarray(keys, dtype=np.uint64)
         prior_exact = self._prior_exact(keys)
         near = self.cfg.near and sigs is not None
         prior_near = self._prior_near(sigs) if near else None
+        query = np.ones(len(ids), bool) if query is None else query
+        insert = np.ones(len(ids), bool) if insert is None else insert
         for i, doc_id in enumerate(ids):
             key = int(keys[i])
             if self.cfg.exact and key in self.seen:
@@ -86,9 +109,9 @@ class Deduplicator:
                 continue
             sig = sigs[i] if sigs is not None else None
             lean = None
-            if near and not (sig == EMPTY).all():
+            if near and (query[i] or insert[i] or len(prior_near[i])) and not (sig == EMPTY).all():
                 lean = LeanMinHash(seed=SEED, hashvalues=sig, scheme=SCHEME)
-                hit = self._best_near(sig, lean, prior_near[i])
+                hit = self._best_near(sig, lean if query[i] else None, prior_near[i])
                 if hit is not None:
                     decisions[i] = NEAR
                     records.append({"id": doc_id, "kept": hit[1], "kind": "near", "jaccard": round(hit[0], 4),
@@ -100,7 +123,7 @@ class Deduplicator:
             self.kept_keys.append(key)
             if near:
                 self.kept_sigs.append(sig)
-                if lean is not None:
+                if lean is not None and insert[i]:
                     self.lsh.insert(index, lean, check_duplication=False)
         return decisions, records
 

@@ -19,7 +19,7 @@ import unicodedata
 from collections import Counter
 
 from .errors import DataStageError
-from .text import cjk_count, tokens
+from .text import tokens
 
 FILTERS: dict[str, type] = {}
 
@@ -155,7 +155,7 @@ class TopNgram(Filter):
         toks = doc.tokens
         if len(toks) < self.min_tokens:
             return True
-        n = self.cjk_n if cjk_count(doc.text) * 2 > len(toks) else self.n
+        n = self.cjk_n if len(toks) * 2 > len(doc.text) else self.n  # CJK text: ~1 token per character
         grams = Counter(zip(*(toks[i:] for i in range(n))))
         if not grams:
             return True
@@ -205,10 +205,13 @@ class UrlHeavy(Filter):
 
     def __call__(self, doc):
         t = doc.text
-        if t and sum(len(m) for m in _URL.findall(t)) / len(t) > self.max_url:
+        if t and ("://" in t or "www." in t.lower()) and sum(len(m) for m in _URL.findall(t)) / len(t) > self.max_url:
             return False, "url_heavy"
-        lines = [ln.lower() for ln in t.split("\n") if ln.strip()]
-        if lines and self.phrases:
+        low = t.lower()
+        if not any(p in low for p in self.phrases):
+            return True
+        lines = [ln for ln in low.split("\n") if ln.strip()]
+        if lines:
             bp = sum(1 for ln in lines if len(ln) < 100 and any(p in ln for p in self.phrases))
             if bp / len(lines) > self.max_bp:
                 return False, "boilerplate"

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .dedup import EXACT, NEAR, Deduplicator
+from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import load_prior, segment_meta, write_segment
 from .filters import Doc, apply_filters, build_filters
 from .minhash import shingle_hashes, signatures
@@ -119,6 +119,17 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     dd = Deduplicator(d, None, paths.run_id)
     if use_index:
         dd.prior = load_prior(cfg, paths.run_id, dd.bands, dd.rows, ws.endpoint)
+    query = insert = None
+    if d.near:  # pass 1: which documents share an LSH band with another one of this run
+        from .minhash import band_keys, is_empty
+
+        sigs_all = [np.load(ws.fetch(f"{shard_dir(k)}/sigs.npy")) for k in range(n_shards)]
+        sizes = [len(s) for s in sigs_all]
+        keys_all = np.concatenate([band_keys(s, dd.bands, dd.rows) for s in sigs_all])
+        empty = np.concatenate([is_empty(s) for s in sigs_all]) if sigs_all else np.zeros(0, bool)
+        del sigs_all
+        query, insert = collision_flags(keys_all, empty)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
     per_shard = []
     out_path = ws.local("duplicates.jsonl")
     tmp = atomic_path(out_path)
@@ -129,7 +140,9 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
             ids, keys = table.column("id").to_pylist(), table.column("key").to_numpy()
             if d.exact or d.near:
                 sigs = np.load(ws.fetch(f"{folder}/sigs.npy")) if d.near else None
-                decisions, records = dd.process(ids, keys, sigs)
+                part = slice(bounds[k], bounds[k + 1]) if d.near else slice(None)
+                decisions, records = dd.process(ids, keys, sigs, query[part] if d.near else None,
+                                                insert[part] if d.near else None)
             else:
                 decisions, records = np.zeros(len(ids), np.int8), []
             for rec in records:

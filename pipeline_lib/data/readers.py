@@ -144,6 +144,8 @@ def _parquet_records(spec, text_field: str, batch_size: int, endpoint_url) -> It
                              "point data.text_field at a string column")
     row = spec.first
     groups = list(range(spec.start, spec.end))
+    if not groups:
+        return
     for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=[text_field]):
         for text in batch.column(0).to_pylist():
             if text is None:

@@ -23,6 +23,7 @@ import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sys
 from functools import partial
 
@@ -52,7 +53,7 @@ def _concat(ws: Workspace, n: int, name: str) -> None:
     with open(tmp, "wb") as dst:
         for k in range(n):
             with open(ws.fetch(f"{shard_dir(k)}/{name}"), "rb") as src:
-                dst.write(src.read())
+                shutil.copyfileobj(src, dst, 1 << 20)
     os.replace(tmp, out)
     ws.publish(name)
 

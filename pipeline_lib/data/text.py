@@ -16,17 +16,12 @@ import xxhash
 
 CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ffff"
 _TOKEN = re.compile(f"[{CJK}]|[^\\W_{CJK}]+")
-_CJK_CHAR = re.compile(f"[{CJK}]")
 _SPACES = re.compile(r"\s+")
 
 
 def tokens(text: str) -> list[str]:
     """CJK characters and other words of `text`, lowercased (see the module docstring)."""
     return _TOKEN.findall(text.lower())
-
-
-def cjk_count(text: str) -> int:
-    return len(_CJK_CHAR.findall(text))
 
 
 def shingles(toks: list[str], n: int) -> list[str]:

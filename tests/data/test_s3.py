@@ -42,3 +42,37 @@ def test_stage_streams_s3_inputs_and_writes_the_stage_to_s3(s3_bucket, tmp_path)
     assert store.list(join(bucket, "runs", "_dedup_index", "segments", "s3run") + "/")
     assert not store.list(join(stage, "shards") + "/")            # work files removed
     assert not Workspace(cfg, paths).root.exists() or not any(Workspace(cfg, paths).root.iterdir())
+
+
+def test_step_functions_share_their_work_through_s3(s3_bucket, tmp_path):
+    """What a Prefect flow does: each step in its own call (possibly another machine), work files
+    and markers on S3; the result equals the one-process run."""
+    import shutil
+
+    from pipeline_lib.data import (build_tokenizer, dedup_stage, finalize_data_stage, plan_data_stage,
+                                   plan_mindrecord, prep_shard, tokenize_shard, write_mindrecord_shard)
+
+    bucket, endpoint = s3_bucket
+    small = tmp_path / "small.jsonl"
+    small.write_bytes(b"\n".join(TINY.read_bytes().split(b"\n")[:200]) + b"\n")
+    cfg = make_cfg(tmp_path, inputs=[str(small)], docs_per_shard=80)
+    cfg.run.output_root, cfg.run.s3_endpoint_url = join(bucket, "runs"), endpoint
+    paths = RunPaths(cfg.run.output_root, "mapped", endpoint)
+    ws = Workspace(cfg, paths)
+    shards = plan_data_stage(cfg, paths)
+    for k in range(len(shards)):
+        prep_shard(cfg, paths, k)
+    store = store_for(bucket, endpoint)
+    assert store.exists(join(paths.stage_uri("data"), "shards", "00002.prep.done"))
+    shutil.rmtree(ws.root)  # "another machine": nothing local survives between steps
+    dedup_stage(cfg, paths)
+    build_tokenizer(cfg, paths)
+    shutil.rmtree(ws.root)
+    for k in range(len(shards)):
+        tokenize_shard(cfg, paths, k)
+    for split, j in plan_mindrecord(cfg, paths):
+        write_mindrecord_shard(cfg, paths, split, j)
+    shutil.rmtree(ws.root)
+    manifest = finalize_data_stage(cfg, paths)
+    local = make_cfg(tmp_path / "local", inputs=[str(small)], docs_per_shard=80)
+    assert run_data_stage(local, RunPaths(local.run.output_root, "mapped"), workers=1).outputs == manifest.outputs
