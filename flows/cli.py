@@ -27,15 +27,15 @@ from pipeline_lib.stages import parse_stages  # noqa: E402
 from flows.common import new_run_id  # noqa: E402
 
 
-def _ui_hint() -> str:
+def _ui_hint(embedded: bool = False) -> str:
     api = os.environ.get("PREFECT_API_URL")
-    if api:
+    if api and not embedded:
         return f"Prefect UI: {api.removesuffix('/api')}/runs"
     return ("Prefect UI: runs are recorded in the local Prefect database; start the UI with "
             "`.venv/bin/prefect server start` and open http://127.0.0.1:4200/runs")
 
 
-def print_summary(summary: dict, failed: str | None = None) -> None:
+def print_summary(summary: dict, failed: str | None = None, embedded: bool = False) -> None:
     print()
     print(f"run {summary['run_id']}: {'FAILED' if failed else 'done'}")
     print(f"run folder: {summary['run_uri']}")
@@ -46,7 +46,38 @@ def print_summary(summary: dict, failed: str | None = None) -> None:
     if failed:
         print(f"error: {failed}")
         print(f"resume: llm-pipeline run ... --run-id {summary['run_id']}  (finished stages are skipped)")
-    print(_ui_hint())
+    print(_ui_hint(embedded))
+
+
+class embedded_api:
+    """Without PREFECT_API_URL, start Prefect's local API once and point every process at it.
+
+    Prefect's own ephemeral mode starts a temporary server per process; the data stage's process
+    pool and the trainer subprocesses would each start (and wait for) their own. One server whose
+    URL is in the environment is shared by all of them and records into the usual local database.
+    """
+
+    def __enter__(self):
+        self.server = None
+        if os.environ.get("PREFECT_API_URL"):
+            return self
+        from prefect.server.api.server import SubprocessASGIServer
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        print("starting the embedded Prefect API (local database; set PREFECT_API_URL to use a server) ...")
+        self.server = SubprocessASGIServer()
+        self.server.start(timeout=120)
+        os.environ["PREFECT_API_URL"] = self.server.api_url
+        self.settings = temporary_settings({PREFECT_API_URL: self.server.api_url})
+        self.settings.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.server is not None:
+            self.settings.__exit__(*exc)
+            os.environ.pop("PREFECT_API_URL", None)
+            self.server.stop()
+        return False
 
 
 def run_main(argv: list[str]) -> int:
@@ -57,7 +88,7 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("--stages", help="comma-separated subset, e.g. data,pretrain")
     ap.add_argument("--dispatch", action="store_true",
                     help="send each stage to its deployment on its work pool (needs a Prefect server)")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     try:
         cfg = validate(load_config(args.config, args.overrides))
         stages = parse_stages(args.stages)
@@ -67,17 +98,24 @@ def run_main(argv: list[str]) -> int:
     from flows.pipeline import llm_pipeline, stage_states
 
     run_id = args.run_id or new_run_id()
-    state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
-                         dispatch=args.dispatch, return_state=True)
+    with embedded_api() as api:
+        state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
+                             dispatch=args.dispatch, return_state=True)
+        return _report(state, cfg, run_id, stages, embedded=api.server is not None)
+
+
+def _report(state, cfg, run_id: str, stages: list[str], embedded: bool) -> int:
+    from flows.pipeline import stage_states
+
     if state.is_completed():
         summary = state.result()
-        print_summary(summary)
+        print_summary(summary, embedded=embedded)
         return 0
     summary = {"run_id": run_id, "run_uri": None, "stages": {}}
     states = stage_states(cfg, run_id)
     summary["run_uri"] = next(iter(states.values()))["stage_uri"].rsplit("/", 1)[0]
     summary["stages"] = {s: v for s, v in states.items() if s in stages}
-    print_summary(summary, failed=state.message)
+    print_summary(summary, failed=state.message, embedded=embedded)
     return 1
 
 
@@ -86,7 +124,7 @@ def status_main(argv: list[str]) -> int:
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--run-id", required=True)
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     from flows.pipeline import stage_states
 
     cfg = load_config(args.config, args.overrides)
@@ -118,10 +156,11 @@ def nightly_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="llm-pipeline nightly")
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     from flows.nightly import nightly
 
-    state = nightly(config=args.config, overrides=args.overrides, return_state=True)
+    with embedded_api():
+        state = nightly(config=args.config, overrides=args.overrides, return_state=True)
     print(state.result() if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1
 

@@ -83,7 +83,7 @@ def validate_main(argv: list[str]) -> int:
     ap.add_argument("--plan-only", action="store_true",
                     help="check the layout as a plan (skip the rules that only apply to running here)")
     ap.add_argument("--explain", action="store_true", help="print every field, its default and meaning")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     if args.explain:
         print("\n".join(explain_lines()))
         return 0

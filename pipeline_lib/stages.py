@@ -31,10 +31,11 @@ class TransientError(RuntimeError):
 @dataclass(frozen=True)
 class StageSpec:
     name: str
-    upstream: tuple[str, ...]
+    upstream: tuple[str, ...]   # must be complete before this stage runs
     fields: Callable[[PipelineConfig], dict]
     runner: str  # "module:function" taking (cfg, paths, log=..., progress=...) -> Manifest
     pool: str    # work pool it is dispatched to: cpu or ascend
+    optional: tuple[str, ...] = ()  # read when present (e.g. evaluate compares whatever exists)
 
 
 def _data_fields(c: PipelineConfig) -> dict:
@@ -56,8 +57,19 @@ def _sft_fields(c: PipelineConfig) -> dict:
             "precision": c.training.precision, "seed": c.run.seed, "device": device_target(c)}
 
 
+def _file_digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
 def _evaluate_fields(c: PipelineConfig) -> dict:
-    return {"evaluate": c.evaluate.model_dump(mode="json"), "seq_length": c.model.seq_length}
+    # The prompt files' contents are part of the identity: editing a prompt set re-runs evaluation.
+    return {"evaluate": c.evaluate.model_dump(mode="json"), "seq_length": c.model.seq_length,
+            "prompts": {p: _file_digest(p) for p in c.evaluate.prompt_files},
+            "base": c.model.base_checkpoint}
 
 
 def _export_fields(c: PipelineConfig) -> dict:
@@ -70,10 +82,10 @@ SPECS: dict[str, StageSpec] = {
     "pretrain": StageSpec("pretrain", ("data",), _pretrain_fields,
                           "pipeline_lib.train.stage:run_pretrain_stage", "ascend"),
     "sft": StageSpec("sft", ("data", "pretrain"), _sft_fields, "pipeline_lib.train.sft_stage:run_sft_stage", "ascend"),
-    "evaluate": StageSpec("evaluate", ("data", "pretrain", "sft"), _evaluate_fields,
-                          "pipeline_lib.evaluate.stage:run_evaluate_stage", "ascend"),
+    "evaluate": StageSpec("evaluate", ("data",), _evaluate_fields,
+                          "pipeline_lib.evaluate.stage:run_evaluate_stage", "ascend", optional=("pretrain", "sft")),
     "export": StageSpec("export", ("data", "sft"), _export_fields, "pipeline_lib.export.stage:run_export_stage",
-                        "ascend"),
+                        "ascend", optional=("pretrain",)),
 }
 assert tuple(SPECS) == STAGES
 
@@ -88,11 +100,14 @@ def manifest_fingerprint(m: Manifest) -> str:
 
 
 def stage_inputs(paths: RunPaths, stage: str) -> dict:
-    """Fingerprints of the upstream manifests this stage reads (None where missing)."""
+    """Fingerprints of the upstream manifests this stage reads (None where a required one is
+    missing; optional ones appear only when present)."""
     out = {}
-    for up in SPECS[stage].upstream:
+    spec = SPECS[stage]
+    for up in spec.upstream + spec.optional:
         m = read_manifest(paths.stage_uri(up), paths.endpoint_url)
-        out[up] = manifest_fingerprint(m) if m else None
+        if m is not None or up in spec.upstream:
+            out[up] = manifest_fingerprint(m) if m else None
     return out
 
 
