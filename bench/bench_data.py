@@ -110,21 +110,21 @@ def rate(n_docs: int, n_bytes: int, seconds: float) -> str:
 
 
 def naive_loop(texts: list[str], threshold: float, num_perm: int) -> float:
-    """(a) one MinHash.update per shingle, then MinHashLSH query + insert: seconds."""
+    """(a) one MinHash.update per shingle, then MinHashLSH query + insert: CPU seconds."""
     import xxhash
     from datasketch import MinHash, MinHashLSH
 
     from pipeline_lib.data.text import shingles, tokens
 
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
-    t = time.perf_counter()
+    t = time.process_time()
     for i, text in enumerate(texts):
         m = MinHash(num_perm=num_perm, hashfunc=xxhash.xxh32_intdigest)
         for sh in shingles(tokens(text), 5):
             m.update(sh.encode())
         if not lsh.query(m):
             lsh.insert(i, m)
-    return time.perf_counter() - t
+    return time.process_time() - t
 
 
 def main() -> None:
@@ -154,8 +154,14 @@ def main() -> None:
                             "data": {"inputs": [str(corpus)], "docs_per_shard": 5000, "num_workers": args.workers},
                             "tokenizer": {"vocab_size": 16000, "sample_docs": 30000},
                             "model": {"seq_length": args.seq_length, "vocab_size": 16384}})
+    # 1. one process: CPU seconds per step (steady against other load on the machine)
+    cpu, c0 = {}, time.process_time()
+    run_data_stage(cfg, RunPaths(str(out), "bench1"), workers=1,
+                   progress=lambda s, d, n: cpu.__setitem__(s, time.process_time()) if d == n else None)
+    # 2. the real thing: wall time with --workers processes
     marks, t0 = {}, time.perf_counter()
     run_id = "bench"
+    cfg.data.dedup.index_uri = str(out / "_index2")  # a first night again: do not dedup against run 1
     manifest = run_data_stage(cfg, RunPaths(str(out), run_id), workers=args.workers,
                               progress=lambda s, d, n: marks.__setitem__(s, time.perf_counter()) if d == n else None)
     total = time.perf_counter() - t0
@@ -164,12 +170,13 @@ def main() -> None:
     print(f"  read {m['read']:,}  rejected {m['rejected_total']:,}  filtered {m['filtered_total']:,}  exact dup "
           f"{m['exact_duplicates']:,}  near dup {m['near_duplicates']:,}  kept {m['kept']:,}  tokens {m['tokens']:,}  "
           f"rows {m['rows_train']:,}+{m['rows_heldout']:,}")
-    prev = t0
-    print("per step (wall time, over all input docs/bytes):")
+    prev, cprev = t0, c0
+    print("per step, over all input docs/bytes: wall time in the run above | CPU time of a 1-process run")
     for step in ("prep", "dedup", "tokenizer", "tokenize", "mindrecord", "finalize"):
         if step in marks:
-            print(f"  {step:<11}{rate(n_docs, n_bytes, marks[step] - prev)}")
-            prev = marks[step]
+            print(f"  {step:<11}{rate(n_docs, n_bytes, marks[step] - prev)} | "
+                  f"{rate(n_docs, n_bytes, cpu[step] - cprev)} per core")
+            prev, cprev = marks[step], cpu[step]
 
     stage = out / run_id / "data"
     dups = [json.loads(x) for x in (stage / "duplicates.jsonl").read_text().splitlines()]
@@ -197,20 +204,21 @@ def main() -> None:
 
     sample = texts[:args.naive_docs]
     secs = naive_loop(sample, cfg.data.dedup.threshold, cfg.data.dedup.num_perm)
-    print(f"\n(a) naive datasketch loop, 1 process, {len(sample):,} docs:\n  "
+    print(f"\n(a) naive datasketch loop, 1 process, {len(sample):,} docs (CPU time):\n  "
           f"{rate(len(sample), sum(len(t.encode()) for t in sample), secs)}")
     from pipeline_lib.data.minhash import shingle_hashes, signatures
-    t = time.perf_counter()
+    t = time.process_time()
     signatures(*shingle_hashes(texts, 5), 128)
-    secs = time.perf_counter() - t
-    print(f"    ours, numpy batch signatures, 1 process, all {len(texts):,} docs:\n  "
+    secs = time.process_time() - t
+    print(f"    ours, numpy batch shingles + signatures, 1 process, all {len(texts):,} docs (CPU time):\n  "
           f"{rate(len(texts), sum(len(x.encode()) for x in texts), secs)}")
     tok = Tokenizer(stage / "tokenizer" / "tokenizer.model")
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     tok.encode_batch(texts, threads=2)
-    secs = time.perf_counter() - t
+    secs, csecs = time.perf_counter() - t, time.process_time() - c
+    size = sum(len(x.encode()) for x in texts)
     print(f"(b) sentencepiece encode_batch, 2 threads, all {len(texts):,} docs (BPE {tok.vocab_size}):\n  "
-          f"{rate(len(texts), sum(len(x.encode()) for x in texts), secs)}")
+          f"{rate(len(texts), size, secs)} wall | {rate(len(texts), size, csecs)} per core (CPU)")
     print("reference: datatrove MinHash dedup alone ~2,900 docs/s on 57k paragraphs")
 
 

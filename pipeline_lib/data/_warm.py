@@ -3,9 +3,10 @@ once, so that every forked worker starts with them."""
 import pyarrow as pa
 
 from . import stage  # noqa: F401
-from .minhash import _char_classes, lsh_params, permutations
+from .minhash import lsh_params, permutations
+from .tokenhash import char_classes
 
-_char_classes()
+char_classes()
 permutations(128)
 lsh_params(0.8, 128)
 pa.array(["x"])  # pyarrow imports pandas on first use: do it here, once

@@ -3,7 +3,9 @@
 A filter is called with a `Doc` and returns True (keep) or (False, reason). Normalizers rewrite
 `doc.text` and always keep. The first filter that drops a document decides its reason; the
 stage writes dropped documents to excluded.jsonl and counts them by reason in stats.json.
-Reasons are unique across filters, so a reason also names the filter.
+Reasons are unique across filters, so a reason also names the filter. `apply_filters_batch`
+runs each filter over a whole batch (filter after filter: the same verdicts as one document at a
+time), which lets a filter vectorize its `batch` method (top_ngram does, with numpy).
 
 Limits: the repetition and ratio rules follow the Gopher paper's web-text heuristics; they are
 tuned for documents of a paragraph or more, so `top_ngram` ignores documents shorter than
@@ -16,10 +18,9 @@ from __future__ import annotations
 import inspect
 import re
 import unicodedata
-from collections import Counter
 
 from .errors import DataStageError
-from .text import tokens
+from .tokenhash import top_ngram_shares
 
 FILTERS: dict[str, type] = {}
 
@@ -33,18 +34,12 @@ def register(name: str):
 
 
 class Doc:
-    """One document in flight: its id and (mutable) text; tokens are cached per text value."""
+    """One document in flight: its id and (mutable) text."""
 
-    __slots__ = ("id", "text", "_toks", "_toks_of")
+    __slots__ = ("id", "text")
 
     def __init__(self, id: str, text: str):
-        self.id, self.text, self._toks, self._toks_of = id, text, None, None
-
-    @property
-    def tokens(self) -> list[str]:
-        if self._toks_of is not self.text:
-            self._toks, self._toks_of = tokens(self.text), self.text
-        return self._toks
+        self.id, self.text = id, text
 
 
 class Filter:
@@ -52,6 +47,10 @@ class Filter:
 
     def __call__(self, doc: Doc) -> bool | tuple[bool, str]:
         raise NotImplementedError
+
+    def batch(self, docs: list[Doc]) -> list:
+        """Verdicts for many documents; override to vectorize."""
+        return [self(d) for d in docs]
 
 
 @register("nfkc")
@@ -143,7 +142,8 @@ class DuplicateLines(Filter):
 
 @register("top_ngram")
 class TopNgram(Filter):
-    """Gopher: drop when the most frequent token n-gram covers more than max_frac of the characters."""
+    """Gopher: drop when the most frequent token n-gram (the longest on ties) covers more than
+    max_frac of the token characters. Tokens as in text.tokens; vectorized over a batch."""
 
     def __init__(self, n: int = 2, max_frac: float = 0.2, cjk_n: int | None = None, min_tokens: int = 50):
         if n < 1 or not 0 < max_frac <= 1:
@@ -152,18 +152,11 @@ class TopNgram(Filter):
         self.reason = f"top_{n}gram"
 
     def __call__(self, doc):
-        toks = doc.tokens
-        if len(toks) < self.min_tokens:
-            return True
-        n = self.cjk_n if len(toks) * 2 > len(doc.text) else self.n  # CJK text: ~1 token per character
-        grams = Counter(zip(*(toks[i:] for i in range(n))))
-        if not grams:
-            return True
-        top, count = grams.most_common(1)[0]
-        if count < 2:
-            return True
-        share = count * sum(map(len, top)) / sum(map(len, toks))
-        return (False, self.reason) if share > self.max_frac else True
+        return self.batch([doc])[0]
+
+    def batch(self, docs):
+        shares = top_ngram_shares([d.text for d in docs], self.n, self.cjk_n, self.min_tokens)
+        return [(False, self.reason) if s > self.max_frac else True for s in shares]
 
 
 _NOT_LETTER = re.compile(r"[\W\d_]")
@@ -238,6 +231,21 @@ def build_filters(specs) -> list[Filter]:
             raise DataStageError(f"data.filters[{i}].params", params, f"{name}: {err}",
                                  "see the filter's docstring in pipeline_lib/data/filters.py") from None
     return out
+
+
+def apply_filters_batch(docs: list[Doc], filters: list[Filter]) -> list[tuple[str, str] | None]:
+    """apply_filters for many documents, one filter at a time over the survivors."""
+    verdicts: list[tuple[str, str] | None] = [None] * len(docs)
+    alive = list(range(len(docs)))
+    for f in filters:
+        nxt = []
+        for i, v in zip(alive, f.batch([docs[i] for i in alive])):
+            if v is True:
+                nxt.append(i)
+            else:
+                verdicts[i] = (f.name, v[1])
+        alive = nxt
+    return verdicts
 
 
 def apply_filters(doc: Doc, filters: list[Filter]) -> tuple[str, str] | None:

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import load_prior, segment_meta, write_segment
-from .filters import Doc, apply_filters, build_filters
+from .filters import Doc, apply_filters_batch, build_filters
 from .minhash import shingle_hashes, signatures
 from .readers import iter_shard_batches
 from .sources import ShardSpec, list_inputs, plan_shards
@@ -70,23 +70,23 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
     with open(ws.local(f"{folder}/quarantine.jsonl"), "w", encoding="utf-8") as qf, \
             open(ws.local(f"{folder}/excluded.jsonl"), "w", encoding="utf-8") as xf:
         for batch in iter_shard_batches(spec, d.text_field, d.read_batch_size, ws.endpoint):
-            start = len(texts)
+            start, docs, lines = len(texts), [], []
             for line, text, reason, raw in batch:
                 read += 1
-                doc_id = f"{spec.label}:{line}"
                 if reason:
                     rejected[reason] += 1
-                    qf.write(json.dumps({"id": doc_id, "file": spec.uri, "line": line, "reason": reason,
-                                         "raw": _raw_text(raw)}, ensure_ascii=False) + "\n")
-                    continue
-                doc = Doc(doc_id, text)
-                dropped = apply_filters(doc, filters)
+                    qf.write(json.dumps({"id": f"{spec.label}:{line}", "file": spec.uri, "line": line,
+                                         "reason": reason, "raw": _raw_text(raw)}, ensure_ascii=False) + "\n")
+                else:
+                    docs.append(Doc(f"{spec.label}:{line}", text))
+                    lines.append((line, text))
+            for doc, (line, text), dropped in zip(docs, lines, apply_filters_batch(docs, filters)):
                 if dropped:
                     filtered[dropped[1]] += 1
-                    xf.write(json.dumps({"id": doc_id, "file": spec.uri, "line": line, "filter": dropped[0],
+                    xf.write(json.dumps({"id": doc.id, "file": spec.uri, "line": line, "filter": dropped[0],
                                          "reason": dropped[1], "text": text}, ensure_ascii=False) + "\n")
                     continue
-                ids.append(doc_id)
+                ids.append(doc.id)
                 texts.append(doc.text)
                 keys.append(exact_key(doc.text))
             if d.dedup.near:

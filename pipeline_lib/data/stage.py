@@ -25,6 +25,7 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
+import threading
 from functools import partial
 
 from ..storage import Manifest, invalidate, manifest_matches, read_manifest, sha256_file, write_manifest
@@ -169,6 +170,20 @@ def _mindrecord_pool(pool, cfg, paths, n_files: int, workers: int):
     return pool if sum(p["rows"] for p in plan.values()) >= 50_000 else None
 
 
+def _preimport_mindspore() -> None:
+    """The MindRecord step imports MindSpore (~3 s). With a pool the main process idles while
+    the workers prepare shards: import it meanwhile, in a daemon thread (errors surface later,
+    at the real import)."""
+    def target():
+        try:
+            os.environ.setdefault("GLOG_v", "3")
+            import mindspore.mindrecord  # noqa: F401
+        except Exception:
+            pass
+
+    threading.Thread(target=target, name="preimport-mindspore", daemon=True).start()
+
+
 def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
     """Workers forked from a fork server that imported this package once: cheap to start, and
     never forked from a process with threads (Prefect's, boto3's). Like spawn, it imports the
@@ -195,6 +210,8 @@ def run_data_stage(cfg, paths, *, workers: int | None = None, progress=None, log
     workers = workers or cfg.data.num_workers
     report = _Progress(progress)
     pool = _make_pool(workers) if workers > 1 else None
+    if pool is not None:
+        _preimport_mindspore()
     shared = False  # one machine runs every step: on S3 only the deliverables are uploaded
     try:
         shards = plan_data_stage(cfg, paths, shared=shared)

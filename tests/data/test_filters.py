@@ -96,3 +96,50 @@ def test_build_filters_errors_name_the_field():
         build_filters([{"name": "nfkc"}, {"name": "length", "params": {"min": 3}}])
     with pytest.raises(DataStageError, match=r"data.filters\[0\].params.*min_chars <= max_chars"):
         build_filters([{"name": "length", "params": {"min_chars": 10, "max_chars": 5}}])
+
+
+def _reference_share(text: str, n: int, cjk_n: int, min_tokens: int) -> float:
+    from collections import Counter
+
+    from pipeline_lib.data.text import tokens
+
+    toks = tokens(text)
+    if len(toks) < min_tokens:
+        return 0.0
+    k = cjk_n if len(toks) * 2 > len(text) else n
+    grams = Counter(zip(*(toks[i:] for i in range(k))))
+    count, width = max(((c, sum(map(len, g))) for g, c in grams.items()), default=(0, 0))
+    return count * width / sum(map(len, toks)) if count >= 2 else 0.0
+
+
+def test_vectorized_top_ngram_equals_the_counter_definition():
+    import random
+
+    from datagen import random_doc
+
+    from pipeline_lib.data.tokenhash import top_ngram_shares
+
+    rng = random.Random(11)
+    texts = [random_doc(rng, zh=i % 2 == 0)[: rng.randint(10, 400)] for i in range(150)]
+    texts += [" ".join(["buy cheap transformers"] * k) for k in (3, 30)] + ["点击购买优惠" * 30, "", "!!!", ZH, EN]
+    texts += [t[:200] + "数据质量" * rng.randint(1, 12) + t[200:] for t in texts[:40]]
+    got = top_ngram_shares(texts, 2, 4, 50)
+    want = [_reference_share(t, 2, 4, 50) for t in texts]
+    assert max(abs(g - w) for g, w in zip(got, want)) < 1e-9
+    assert max(want) > 0.5 and sum(w > 0 for w in want) > 20
+
+
+def test_batch_filtering_gives_the_same_verdicts_as_one_document_at_a_time():
+    import random
+
+    from datagen import random_doc
+
+    from pipeline_lib.data.filters import apply_filters_batch
+
+    rng = random.Random(12)
+    texts = [random_doc(rng, zh=i % 2 == 0)[: rng.randint(5, 300)] for i in range(60)]
+    texts += ["http://a.b/" + "x" * 50, "1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 ab", "重复" * 60, ZH, EN]
+    filters = build_filters(DataConfig().filters)
+    one = [apply_filters(Doc(str(i), t), filters) for i, t in enumerate(texts)]
+    assert apply_filters_batch([Doc(str(i), t) for i, t in enumerate(texts)], filters) == one
+    assert len({v for v in one if v}) >= 3

@@ -1,0 +1,106 @@
+"""Vectorized tokens and token n-grams of a batch of texts (numpy, no per-character Python).
+
+The tokens are those of `text.tokens` (one per CJK character, one per run of other letters or
+digits, lowercased), found with a per-code-point class table over the UTF-32 code points of the
+whole batch. Each token gets a 32-bit hash (fmix32 of its code points times position weights);
+an n-gram chains its tokens' hashes with fmix32. Used for MinHash shingles (minhash.py) and for
+the repetition statistics of the top_ngram filter (`top_ngram_shares`).
+
+Limits: 32-bit n-gram hashes; two different n-grams of one document collide with probability
+~k^2 / 2^33 for k n-grams (1e-5 at 300), which can only merge two counts.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from .text import CJK
+
+_CLASS_TABLE: dict = {}
+_POS_W = (np.random.RandomState(20240601).randint(0, 1 << 31, 64, dtype=np.int64) * 2 + 1).astype(np.uint32)
+_CHAIN = np.uint32(0x9E3779B1)
+
+
+def char_classes() -> np.ndarray:
+    """Per code point: 0 not part of a token, 1 word character, 2 CJK character (built once, ~0.3 s)."""
+    table = _CLASS_TABLE.get("t")
+    if table is None:
+        every = "".join(map(chr, range(0x110000)))
+        table = np.zeros(0x110000, dtype=np.uint8)
+        for m in re.finditer(r"[^\W_]+", every):
+            table[m.start():m.end()] = 1
+        for m in re.finditer(f"[{CJK}]+", every):
+            table[m.start():m.end()] = 2
+        _CLASS_TABLE["t"] = table
+    return table
+
+
+def fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finalizer (wrapping uint32 arithmetic)."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x85EBCA6B)
+    h = h ^ (h >> np.uint32(13))
+    h = h * np.uint32(0xC2B2AE35)
+    return h ^ (h >> np.uint32(16))
+
+
+def token_arrays(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token hashes uint32, document index per token, characters per token), in text order."""
+    table = char_classes()
+    lowered = [t.lower() for t in texts]
+    lengths = np.fromiter((len(t) + 1 for t in lowered), dtype=np.int64, count=len(lowered))
+    cp = np.frombuffer("\n".join(lowered).encode("utf-32-le") + b"\n\0\0\0", dtype=np.uint32)
+    cls = table[cp]
+    prev = np.concatenate([[0], cls[:-1]])
+    start = (cls == 2) | ((cls == 1) & (prev != 1))
+    in_tok = cls > 0
+    idx = np.arange(len(cp))
+    pos = idx - np.maximum.accumulate(np.where(start, idx, 0))
+    tok_starts = np.flatnonzero(start[in_tok])
+    with np.errstate(over="ignore"):
+        val = cp[in_tok] * _POS_W[pos[in_tok] & 63]
+        toks = fmix32(np.add.reduceat(val, tok_starts, dtype=np.uint32) if len(tok_starts) else val[:0])
+    tok_doc = np.repeat(np.arange(len(texts)), lengths)[idx[start]]
+    tok_len = np.diff(np.append(tok_starts, int(in_tok.sum())))
+    return toks, tok_doc, tok_len
+
+
+def chain(toks: np.ndarray, n: int) -> np.ndarray:
+    """Hash of every window of n consecutive tokens (len(toks) - n + 1 of them)."""
+    m = len(toks) - n + 1
+    if m <= 0:
+        return toks[:0]
+    h = toks[:m].copy()
+    with np.errstate(over="ignore"):
+        for j in range(1, n):
+            h = fmix32(h * _CHAIN + toks[j:j + m])
+    return h
+
+
+def top_ngram_shares(texts: list[str], n: int, cjk_n: int, min_tokens: int) -> np.ndarray:
+    """Per text, the share of token characters covered by its most frequent token n-gram
+    (the longest one on ties), 0 when no n-gram repeats or the text has < min_tokens tokens.
+    A text is CJK when it has more tokens than half its characters; it then uses cjk_n."""
+    toks, tok_doc, tok_len = token_arrays(texts)
+    per_doc = np.bincount(tok_doc, minlength=len(texts))
+    chars = np.bincount(tok_doc, weights=tok_len, minlength=len(texts))
+    text_len = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+    size = np.where(per_doc * 2 > text_len, cjk_n, n)
+    share = np.zeros(len(texts))
+    cum = np.concatenate([[0], np.cumsum(tok_len)])
+    for k in np.unique(size):
+        win = np.arange(max(len(toks) - k + 1, 0))
+        doc = tok_doc[win]
+        ok = (doc == tok_doc[win + k - 1]) & (size[doc] == k) & (per_doc[doc] >= min_tokens)
+        win, doc = win[ok], doc[ok]
+        if not len(win):
+            continue
+        key = (doc.astype(np.uint64) << np.uint64(32)) | chain(toks, k)[win].astype(np.uint64)
+        _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
+        count, width = counts[inverse], cum[win + k] - cum[win]
+        order = np.lexsort((width, count, doc))           # best window of each document last
+        last = order[np.append(doc[order][1:] != doc[order][:-1], True)]
+        best = np.where(count[last] >= 2, count[last] * width[last], 0)
+        share[doc[last]] = best / np.maximum(chars[doc[last]], 1)
+    return share
