@@ -129,12 +129,13 @@ def _parallel(cfg: PipelineConfig, on_cpu: bool, accum: int | None) -> tuple[dic
 def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, output_dir: str,
                      load_checkpoint: str | None = None, resume: bool = False,
                      train_rows: int | None = None, steps: int | None = None,
-                     target: str | None = None) -> dict:
+                     target: str | None = None, extra_callbacks: list[dict] | None = None) -> dict:
     """The mindformers run config of `stage` as a plain dict.
 
     `steps` overrides the stage's step budget (preflight); `target` overrides the device target
     (default platform.device_target(cfg)). `resume` sets `resume_training` (then `load_checkpoint`
-    should be the stage's own checkpoint folder or file). Raises ValueError for an unknown stage, an
+    should be the stage's own checkpoint folder or file). `extra_callbacks` are appended to the yaml's
+    `callbacks` (e.g. `pipeline_lib.train.metrics.training_callbacks(...)`; the entry module registers them). Raises ValueError for an unknown stage, an
     SFT run without a base checkpoint, or a dataset too small for one batch.
     """
     if stage not in ("pretrain", "sft"):
@@ -185,6 +186,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     callbacks = [{"type": "MFLossMonitor", "per_print_times": 1}, ckpt_cb]
     if stop_step is not None:
         callbacks.append({"type": STOP_CALLBACK, "stop_step": stop_step})
+    callbacks += [dict(c) for c in extra_callbacks or ()]
     context = {"mode": 0, "device_target": target, "max_call_depth": 10000, "save_graphs": False,
                "device_id": 0}
     if not on_cpu:

@@ -2,7 +2,7 @@
 
 What: reads a yaml written by `pipeline_lib.config.mindformers_yaml`, points mindformers' and
 MindSpore's logs/dumps into the run's output_dir (before importing them), imports the CPU wrapper
-shim and callbacks, then does what mindformers' run_mindformer.py does:
+shim and the pipeline's callbacks (StopAtStep, PipelineMetrics, LossGuard), then does what mindformers' run_mindformer.py does:
 `MindFormerConfig(yaml)` -> `build_context(cfg)` -> `Trainer(cfg).train()`.
 The LoRA finetune also goes through `train()`: the yaml carries `run_mode: finetune` and
 `load_checkpoint: <base.ckpt>`, which `train()` loads (`finetune()` without an explicit checkpoint
@@ -46,6 +46,7 @@ def run(yaml_path: str) -> None:
     _prepare_env(raw.get("output_dir") or "./output")
     from mindformers import MindFormerConfig, Trainer, build_context  # noqa: E402 (env must be set first)
 
+    import pipeline_lib.train.callbacks  # noqa: F401  (registers PipelineMetrics and LossGuard)
     import pipeline_lib.train.cpu_wrappers  # noqa: F401  (registers CPUTrainOneStepCell)
     import pipeline_lib.train.mf_callbacks  # noqa: F401  (registers StopAtStep)
 
