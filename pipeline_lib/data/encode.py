@@ -51,7 +51,12 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
         write_config(tok, f"loaded from {t.path}")
     else:
         summary = ws.read_json("shards/dedup.json")["shards"]
-        step = max(1, math.ceil(sum(s["kept"] for s in summary) / t.sample_docs))
+        kept = sum(s["kept"] for s in summary)
+        if kept == 0:
+            raise DataStageError("data.inputs", list(cfg.data.inputs), "no document survived cleaning and dedup "
+                                 "(see quarantine.jsonl and excluded.jsonl under shards/ of the stage folder)",
+                                 "check data.text_field and data.filters, or set tokenizer.path to an existing model")
+        step = max(1, math.ceil(kept / t.sample_docs))
 
         def sample():
             seen = 0
@@ -90,10 +95,10 @@ def tokenize_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         counts[f"tokens_{split}"] = int(len(stream))
     part = f"cleaned/part-{index:05d}.jsonl.gz"
     tmp = atomic_path(ws.local(part))
+    lines = [json.dumps({"id": doc_id, "text": text, "split": "heldout" if h else "train"}, ensure_ascii=False) + "\n"
+             for doc_id, text, h in zip(kept["id"], kept["text"], held)]
     with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=3) as gz:
-        for doc_id, text, h in zip(kept["id"], kept["text"], held):
-            line = {"id": doc_id, "text": text, "split": "heldout" if h else "train"}
-            gz.write((json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
+        gz.write("".join(lines).encode("utf-8"))
     os.replace(tmp, ws.local(part))
     ws.publish(part, f"{folder}/tokens_train.npy", f"{folder}/tokens_heldout.npy")
     ws.write_json(f"{folder}/tokens.json", counts)

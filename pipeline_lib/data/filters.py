@@ -27,8 +27,7 @@ FILTERS: dict[str, type] = {}
 
 def register(name: str):
     def deco(cls):
-        cls.name = name
-        FILTERS[name] = cls
+        cls.name, FILTERS[name] = name, cls
         return cls
     return deco
 
@@ -48,8 +47,7 @@ class Filter:
     def __call__(self, doc: Doc) -> bool | tuple[bool, str]:
         raise NotImplementedError
 
-    def batch(self, docs: list[Doc]) -> list:
-        """Verdicts for many documents; override to vectorize."""
+    def batch(self, docs: list[Doc]) -> list:  # override to vectorize
         return [self(d) for d in docs]
 
 
@@ -81,8 +79,7 @@ class StripControl(Filter):
         return True
 
 
-_HSPACE = re.compile(r"[^\S\n]+")
-_LINE_EDGE = re.compile(r" ?\n ?")
+_HSPACE, _LINE_EDGE = re.compile(r"[^\S\n]+"), re.compile(r" ?\n ?")
 
 
 @register("normalize_whitespace")
@@ -159,8 +156,7 @@ class TopNgram(Filter):
         return [(False, self.reason) if s > self.max_frac else True for s in shares]
 
 
-_NOT_LETTER = re.compile(r"[\W\d_]")
-_WS = re.compile(r"\s")
+_NOT_LETTER, _WS = re.compile(r"[\W\d_]"), re.compile(r"\s")
 
 
 @register("char_ratio")
@@ -250,8 +246,4 @@ def apply_filters_batch(docs: list[Doc], filters: list[Filter]) -> list[tuple[st
 
 def apply_filters(doc: Doc, filters: list[Filter]) -> tuple[str, str] | None:
     """Run the filters in order; None if kept, else (filter name, reason) of the first drop."""
-    for f in filters:
-        verdict = f(doc)
-        if verdict is not True:
-            return f.name, verdict[1]
-    return None
+    return apply_filters_batch([doc], filters)[0]

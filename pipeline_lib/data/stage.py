@@ -12,6 +12,9 @@ whose completion marker exists, each reading and writing only the stage folder):
     tokenize_shard(cfg, paths, k)    for k in range(len(shards))
     write_mindrecord_shard(cfg, paths, split, j)  for (split, j) in plan_mindrecord(cfg, paths)
     manifest = finalize_data_stage(cfg, paths)
+Step functions default to shared=True (work files and markers in the stage folder, so mapped
+tasks may run on other machines); run_data_stage passes shared=False (see workspace.py). A
+script using the process pool must guard its entry point (if __name__ == "__main__").
 The output does not depend on the number of workers. Finalizing checks conservation
 (stats.json), commits this run's additions to the persistent dedup index, writes manifest.json
 last, then removes the work files under shards/.

@@ -27,10 +27,15 @@ def stage_dir(cfg, run_id="r1") -> Path:
     return Path(cfg.run.output_root) / run_id / "data"
 
 
+STEPS = ["prep", "dedup", "tokenizer", "tokenize", "mindrecord", "finalize"]
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     cfg = make_cfg(tmp_path_factory.mktemp("tiny"), docs_per_shard=100)
-    manifest = run(cfg, workers=1)
+    seen = []
+    manifest = run(cfg, workers=1, progress=lambda step, done, total: seen.append((step, done, total)))
+    assert [s for s, d, t in seen if d == t] == STEPS and ("prep", 2, 5) in seen
     return cfg, manifest
 
 
@@ -114,6 +119,12 @@ def test_rerun_is_skipped_and_an_interrupted_run_redoes_only_unfinished_shards(t
     assert read == [1, 2] and manifest.metrics["read"] == 438
     read.clear()
     assert run(cfg, workers=1).outputs == manifest.outputs and read == []
+
+
+def test_nothing_left_after_cleaning_is_an_error_naming_the_inputs(tmp_path):
+    path = write_jsonl(tmp_path / "short.jsonl", ["太短", "too short"])
+    with pytest.raises(DataStageError, match=r"data.inputs=.*no document survived"):
+        run(make_cfg(tmp_path, inputs=[str(path)]), workers=1)
 
 
 def test_incremental_dedup_against_an_earlier_run_and_failed_runs_leave_no_trace(tmp_path):
