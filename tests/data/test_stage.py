@@ -121,6 +121,21 @@ def test_rerun_is_skipped_and_an_interrupted_run_redoes_only_unfinished_shards(t
     assert run(cfg, workers=1).outputs == manifest.outputs and read == []
 
 
+def test_continued_pretraining_keeps_the_base_tokenizer(tiny_run, tmp_path):
+    cfg, _ = tiny_run
+    base = stage_dir(cfg) / "tokenizer" / "tokenizer.model"
+    other = make_cfg(tmp_path, docs_per_shard=100)
+    other.tokenizer.path, other.tokenizer.vocab_size = str(base), 500  # vocab_size is ignored when loading
+    run(other, workers=1)
+    folder = stage_dir(other)
+    assert (folder / "tokenizer" / "tokenizer.model").read_bytes() == base.read_bytes()
+    meta = json.loads((folder / "tokenizer" / "tokenizer_config.json").read_text())
+    assert meta["source"] == f"loaded from {base}" and meta["vocab_size"] == 2000
+    other.model.vocab_size = 1024
+    with pytest.raises(DataStageError, match="model.vocab_size=1024"):
+        run(other, "r2", workers=1)
+
+
 def test_nothing_left_after_cleaning_is_an_error_naming_the_inputs(tmp_path):
     path = write_jsonl(tmp_path / "short.jsonl", ["太短", "too short"])
     with pytest.raises(DataStageError, match=r"data.inputs=.*no document survived"):
