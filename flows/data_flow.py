@@ -1,7 +1,10 @@
 """The data stage flow: the steps of pipeline_lib.data.stage as tasks mapped over shards.
 
-Shard steps run in a process pool task runner (data.num_workers processes); every step is
-idempotent, so a retry or a resumed run redoes only the shards without a completion marker.
+Shard steps run as concurrent task runs (a thread pool of data.num_workers; the heavy parts,
+MinHash in numpy, sentencepiece encoding and MindRecord writing, run in native code). Task runs
+in a process pool are not recorded by Prefect 3.9's server in our tests, so every shard could
+not be watched in the UI; data.executor=local runs the stage in one task with its own process
+pool instead. Every step is idempotent: a retry or a resumed run redoes only unfinished shards.
 """
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import time
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.states import Completed
-from prefect.task_runners import ProcessPoolTaskRunner
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from pipeline_lib.stages import stage_done, stamp_manifest
 from pipeline_lib.storage import Manifest, RunPaths, invalidate, read_manifest
@@ -52,7 +55,7 @@ def run_mapped_data(cfg, run_id: str) -> dict:
         return Completed(message="data: manifest complete, not redone", name="Skipped", data=result)
     get_run_logger().info(f"data: running ({why})")
     invalidate(uri, paths.endpoint_url)
-    runner = ProcessPoolTaskRunner(max_workers=cfg.data.num_workers)
+    runner = ThreadPoolTaskRunner(max_workers=cfg.data.num_workers)
     raw = _shard_steps.with_options(task_runner=runner)(config=cfg.model_dump(mode="json"), run_id=run_id)
     manifest = stamp_manifest(cfg, paths, "data", Manifest(**raw))
     publish_stage_artifacts(cfg, paths, "data", manifest)

@@ -78,7 +78,8 @@ class DataConfig(_Section):
     num_workers: int = Field(2, ge=1, description="Parallel shard workers (output does not depend on it).")
     executor: Literal["prefect", "local"] = Field(
         "prefect", description="prefect: shard steps are Prefect tasks mapped over shards (a task run per "
-        "shard in the UI, process-pool task runner); local: one task runs the stage with its own process pool.")
+        "shard in the UI, run concurrently in threads); local: one task runs the stage with its own process pool "
+        "(fastest for large CPU-bound corpora).")
     filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     heldout_fraction: float = Field(
