@@ -15,7 +15,8 @@ share a band with an earlier one (only those are queried) or a later one (only t
 inserted): in a corpus of mostly unique documents MinHashLSH handles a small minority, and the
 decisions are exactly those of querying and inserting everything.
 
-Limits: the signatures of every kept document of the run stay in memory (num_perm x 4 bytes each).
+Limits: the signatures of every kept document of the run stay in memory (num_perm x 4 bytes each),
+and the band keys of every document of the run (bands x 8 bytes each).
 """
 from __future__ import annotations
 

@@ -123,13 +123,13 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     if d.near:  # pass 1: which documents share an LSH band with another one of this run
         from .minhash import band_keys, is_empty
 
-        sigs_all = [np.load(ws.fetch(f"{shard_dir(k)}/sigs.npy")) for k in range(n_shards)]
-        sizes = [len(s) for s in sigs_all]
-        keys_all = np.concatenate([band_keys(s, dd.bands, dd.rows) for s in sigs_all])
-        empty = np.concatenate([is_empty(s) for s in sigs_all]) if sigs_all else np.zeros(0, bool)
-        del sigs_all
-        query, insert = collision_flags(keys_all, empty)
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        parts = []
+        for k in range(n_shards):  # one shard's signatures in memory at a time
+            sig = np.load(ws.fetch(f"{shard_dir(k)}/sigs.npy"))
+            parts.append((band_keys(sig, dd.bands, dd.rows), is_empty(sig)))
+        query, insert = collision_flags(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+        bounds = np.concatenate([[0], np.cumsum([len(p[1]) for p in parts])])
+        del parts
     per_shard = []
     out_path = ws.local("duplicates.jsonl")
     tmp = atomic_path(out_path)
