@@ -1,0 +1,184 @@
+"""Instruction data for SFT: read jsonl / parquet records and turn each into a checked conversation.
+
+What: `iter_instruction_records(inputs)` streams every record of `sft.inputs` (local globs, folders,
+s3:// prefixes; .jsonl, .jsonl.gz, .parquet; file listing as in the data stage, `sources.list_inputs`)
+as `RawRecord(id, uri, line, obj, reason, raw)`. `to_turns(obj, ...)` recognises three shapes and
+returns a list of `Turn(role, content)` or a quarantine reason:
+
+    {"prompt": ..., "response": ..., ["system": ...]}                      prompt/response
+    {"instruction": ..., "input": ..., "output": ..., ["system": ...]}      alpaca (input may be empty)
+    {"messages": [{"role": "system|user|assistant", "content": ...}, ...]}  multi-turn
+
+A conversation is: an optional system turn first, then user and assistant turns alternating,
+starting with user and ending with assistant. Alpaca's `input` is appended to the instruction after a
+blank line. Contents are stripped of surrounding whitespace. `system_prompt` (sft.system_prompt) is
+added when a sample has no system turn.
+
+Limits: shapes are detected by keys (messages, then instruction/output, then prompt/response); other
+keys are ignored. Text holding a special token of the chat template (e.g. "<|user|>") is refused,
+because the tokenizer would read it as a turn boundary.
+Raises DataStageError only for an input entry that matches no file; malformed records come back
+with one of `REASONS` for the quarantine file.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from typing import Iterable, Iterator, NamedTuple
+
+from ..storage import iter_lines, store_for
+from .readers import open_parquet
+from .sources import kind_of, list_inputs
+
+ROLES = ("system", "user", "assistant")
+REASONS = ("empty_line", "bad_utf8", "bad_json", "not_an_object", "unknown_shape", "field_not_string",
+           "empty_prompt", "empty_response", "messages_not_list", "bad_message", "unknown_role",
+           "system_not_first", "roles_out_of_order", "ends_without_response", "special_token_in_text")
+
+
+class Turn(NamedTuple):
+    role: str
+    content: str
+
+
+@dataclass
+class RawRecord:
+    """One input record: `obj` is the parsed dict, or None with `reason` (and the `raw` text) set."""
+
+    id: str
+    uri: str
+    line: int
+    obj: dict | None
+    reason: str | None = None
+    raw: str | None = None
+
+
+def _parse_jsonl_line(raw: bytes) -> tuple[dict | None, str | None]:
+    if not raw.strip():
+        return None, "empty_line"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "bad_utf8"
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None, "bad_json"
+    return (obj, None) if isinstance(obj, dict) else (None, "not_an_object")
+
+
+def _iter_file(uri: str, label: str, endpoint_url: str | None) -> Iterator[RawRecord]:
+    kind = kind_of(uri)
+    if kind == "parquet":
+        pf = open_parquet(uri, endpoint_url)
+        row = 0
+        for batch in pf.iter_batches(batch_size=1000):
+            for obj in batch.to_pylist():  # list<struct> columns come back as lists of dicts
+                yield RawRecord(f"{label}:{row}", uri, row, obj)
+                row += 1
+        return
+    with store_for(uri, endpoint_url).open_read(uri) as fh:
+        stream = gzip.GzipFile(fileobj=fh) if kind == "jsonl.gz" else fh
+        for i, raw in enumerate(iter_lines(stream), start=1):
+            obj, reason = _parse_jsonl_line(raw)
+            text = raw.decode("utf-8", errors="backslashreplace") if reason else None
+            yield RawRecord(f"{label}:{i}", uri, i, obj, reason, text)
+
+
+def iter_instruction_records(inputs: list[str], endpoint_url: str | None = None) -> Iterator[RawRecord]:
+    """Every record of every input file, in config order (see the module docstring)."""
+    for uri, label in list_inputs(inputs, endpoint_url):
+        yield from _iter_file(uri, label, endpoint_url)
+
+
+def _text(obj: dict, key: str) -> tuple[str | None, str | None]:
+    """(stripped text, None), ("", None) when absent/None, or (None, reason) when not a string."""
+    value = obj.get(key)
+    if value is None:
+        return "", None
+    if not isinstance(value, str):
+        return None, "field_not_string"
+    return value.strip(), None
+
+
+def _from_messages(messages) -> tuple[list[Turn] | None, str | None]:
+    if not isinstance(messages, list):
+        return None, "messages_not_list"
+    turns = []
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            return None, "bad_message"
+        role, content = m["role"], m["content"]
+        if not isinstance(role, str) or not isinstance(content, str):
+            return None, "field_not_string"
+        role = role.strip().lower()
+        if role not in ROLES:
+            return None, "unknown_role"
+        turns.append(Turn(role, content.strip()))
+    return turns, None
+
+
+def _flat(obj: dict, prompt_keys: tuple[str, ...], response_key: str) -> tuple[list[Turn] | None, str | None]:
+    parts = []
+    for key in (*prompt_keys, response_key, "system"):
+        text, reason = _text(obj, key)
+        if reason:
+            return None, reason
+        parts.append(text)
+    *prompt_parts, response, system = parts
+    prompt = "\n\n".join(p for p in prompt_parts if p)
+    turns = [Turn("system", system)] if system else []
+    return turns + [Turn("user", prompt), Turn("assistant", response)], None
+
+
+def check_turns(turns: list[Turn]) -> str | None:
+    """None for a valid conversation (see the module docstring), else the quarantine reason."""
+    body = turns[1:] if turns and turns[0].role == "system" else turns
+    if any(t.role == "system" for t in body):
+        return "system_not_first"
+    if not body:
+        return "unknown_shape"
+    for i, t in enumerate(body):
+        if t.role != ("user" if i % 2 == 0 else "assistant"):
+            return "roles_out_of_order"
+        if not t.content:
+            return "empty_prompt" if t.role == "user" else "empty_response"
+    if body[-1].role != "assistant":
+        return "ends_without_response"
+    return None
+
+
+def to_turns(obj: dict, *, system_prompt: str | None = None,
+             forbidden: Iterable[str] = ()) -> tuple[list[Turn] | None, str | None]:
+    """(turns, None) for a good record, (None, reason) for a malformed one."""
+    if "messages" in obj:
+        turns, reason = _from_messages(obj["messages"])
+    elif "instruction" in obj and "output" in obj:
+        turns, reason = _flat(obj, ("instruction", "input"), "output")
+    elif "prompt" in obj and "response" in obj:
+        turns, reason = _flat(obj, ("prompt",), "response")
+    else:
+        return None, "unknown_shape"
+    if reason:
+        return None, reason
+    reason = check_turns(turns)
+    if reason:
+        return None, reason
+    forbidden = [f for f in forbidden if f]
+    if any(f in t.content for t in turns for f in forbidden):
+        return None, "special_token_in_text"
+    if turns[0].role != "system" and system_prompt and system_prompt.strip():
+        turns = [Turn("system", system_prompt.strip()), *turns]
+    return turns, None
+
+
+def shape_of(obj: dict) -> str:
+    """'messages', 'alpaca', 'prompt_response' or 'unknown' (for the stats report)."""
+    if "messages" in obj:
+        return "messages"
+    if "instruction" in obj and "output" in obj:
+        return "alpaca"
+    if "prompt" in obj and "response" in obj:
+        return "prompt_response"
+    return "unknown"

@@ -1,0 +1,257 @@
+"""SFT rows and files: instruction records -> packed (input_ids, labels) rows -> MindRecord + reports.
+
+Row format (what mindformers 1.9 `LlamaForCausalLM.construct` consumes in training): `input_ids` and
+`labels`, both int32 and exactly `seq_length + 1` long. The model shifts by itself: it feeds
+`input_ids[:, :-1]`, scores `labels[:, 1:]`, and masks a position whose input token is pad or whose
+label is -100. So `labels[i] = input_ids[i]` where token i is trained (answer tokens and the EOS ending
+each answer, see chat_template.py) and -100 elsewhere (BOS, markers, system/user text, pad).
+
+Packing (sft.packing): samples are placed in input order, each whole, into the current row while they
+fit, else a new row starts; rows are right-padded (pad id, label -100). Labels stay per sample (the
+BOS of a packed sample is -100, so nothing is learned across a boundary), but attention is not reset
+between packed samples (mindformers resets it only with Ascend flash attention). Without packing each
+sample is one row.
+
+`prepare_sft_data(cfg, tokenizer, out_dir)` writes into out_dir: `data/sft.mindrecord` (+ .db),
+`quarantine.jsonl` (malformed records: id, file, line, reason, raw), `excluded.jsonl` (samples dropped by
+sft.truncation: id, file, line, reason, tokens) and `sft_stats.json` (per file and in total: read,
+rejected and dropped by reason, kept, shapes, tokens, trained tokens, rows; `balanced` is
+read = rejected + dropped + kept). The MindRecord file is written by a MindSpore subprocess
+(`python -m pipeline_lib.data.sft_records ROWS.npz OUT.mindrecord`); the rest is numpy only.
+Raises DataStageError naming sft.inputs / model.seq_length / sft.micro_batch_size when too little
+data is left to train on; RuntimeError when the accounting does not add up (a bug).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Iterable
+
+import numpy as np
+
+from .chat_template import IGNORE, ChatTemplate, fit_to_row, labels_for
+from .errors import DataStageError
+from .instructions import iter_instruction_records, shape_of, to_turns
+
+SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}, "labels": {"type": "int32", "shape": [-1]}}
+DATA_FILE = "data/sft.mindrecord"
+STATS_FILE = "sft_stats.json"
+
+
+@dataclass
+class PackedRows:
+    """`input_ids` / `labels` [rows, row_len] int32 and, per row, the (start, end) of each sample."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    spans: list[list[tuple[int, int]]]
+
+    @property
+    def trained_tokens(self) -> int:
+        return int((self.labels[:, 1:] != IGNORE).sum())
+
+
+def pack(samples: list[tuple[list[int], list[bool]]], row_len: int, pad_id: int, packing: bool) -> PackedRows:
+    """Rows of samples (each already fitting `row_len`), see the module docstring."""
+    rows: list[list[tuple[list[int], list[bool]]]] = []
+    used = row_len + 1  # forces a new row for the first sample
+    for ids, trained in samples:
+        if len(ids) > row_len:
+            raise ValueError(f"a sample of {len(ids)} tokens does not fit a row of {row_len}; fit_to_row first")
+        if not packing or used + len(ids) > row_len:
+            rows.append([])
+            used = 0
+        rows[-1].append((ids, trained))
+        used += len(ids)
+    input_ids = np.full((len(rows), row_len), pad_id, dtype=np.int32)
+    labels = np.full((len(rows), row_len), IGNORE, dtype=np.int32)
+    spans = []
+    for r, row in enumerate(rows):
+        pos, row_spans = 0, []
+        for ids, trained in row:
+            input_ids[r, pos:pos + len(ids)] = ids
+            labels[r, pos:pos + len(ids)] = labels_for(ids, trained)
+            row_spans.append((pos, pos + len(ids)))
+            pos += len(ids)
+        spans.append(row_spans)
+    return PackedRows(input_ids, labels, spans)
+
+
+def _blank_counts(uri: str) -> dict:
+    return {"uri": uri, "read": 0, "rejected": Counter(), "dropped": Counter(), "kept": 0, "shapes": Counter(),
+            "tokens": 0, "trained_tokens": 0}
+
+
+def build_sft_rows(records: Iterable, template, tok, *, row_len: int, truncation: str, packing: bool,
+                   system_prompt: str | None = None, quarantine: IO[str] | None = None,
+                   excluded: IO[str] | None = None, threads: int = 2, batch: int = 512) -> tuple[PackedRows, dict]:
+    """Records (instructions.RawRecord) -> packed rows and per-file counts.
+
+    Malformed records go to `quarantine` (id, file, line, reason, raw), samples dropped by the
+    truncation policy to `excluded` (id, file, line, reason, tokens). Per file and in total:
+    read = rejected + dropped + kept (`balanced`).
+    """
+    files: dict[str, dict] = {}
+    samples: list[tuple[list[int], list[bool]]] = []
+    pending: list[tuple] = []
+
+    def flush() -> None:
+        encoded = template.encode(tok, [turns for _, turns in pending], threads=threads)
+        for (rec, _), (ids, trained) in zip(pending, encoded):
+            counts, n = files[rec.uri], len(ids)
+            ids, trained, reason = fit_to_row(ids, trained, row_len, truncation)
+            if reason:
+                counts["dropped"][reason] += 1
+                if excluded is not None:
+                    excluded.write(json.dumps({"id": rec.id, "file": rec.uri, "line": rec.line, "reason": reason,
+                                               "tokens": n}) + "\n")
+                continue
+            counts["kept"] += 1
+            counts["tokens"] += len(ids)
+            counts["trained_tokens"] += sum(trained[1:])
+            samples.append((ids, trained))
+        pending.clear()
+
+    for rec in records:
+        counts = files.setdefault(rec.uri, _blank_counts(rec.uri))
+        counts["read"] += 1
+        turns, reason = (None, rec.reason) if rec.obj is None else to_turns(
+            rec.obj, system_prompt=system_prompt, forbidden=template.forbidden_text)
+        if reason:
+            counts["rejected"][reason] += 1
+            if quarantine is not None:
+                raw = rec.raw if rec.obj is None else json.dumps(rec.obj, ensure_ascii=False, default=str)
+                quarantine.write(json.dumps({"id": rec.id, "file": rec.uri, "line": rec.line, "reason": reason,
+                                             "raw": raw}, ensure_ascii=False) + "\n")
+            continue
+        counts["shapes"][shape_of(rec.obj)] += 1
+        pending.append((rec, turns))
+        if len(pending) >= batch:
+            flush()
+    if pending:
+        flush()
+    rows = pack(samples, row_len, template.pad_id, packing)
+    return rows, summarize(files, rows)
+
+
+def summarize(files: dict[str, dict], rows: PackedRows) -> dict:
+    """JSON-ready counts per file and in total, with the conservation check."""
+    total = _blank_counts("")
+    out = {}
+    for uri, c in files.items():
+        for key in ("read", "kept", "tokens", "trained_tokens"):
+            total[key] += c[key]
+        for key in ("rejected", "dropped", "shapes"):
+            total[key] += c[key]
+        out[uri] = c
+    for c in (*out.values(), total):
+        for key in ("rejected", "dropped", "shapes"):
+            c[key] = dict(sorted(c[key].items()))
+        c["rejected_total"], c["dropped_total"] = sum(c["rejected"].values()), sum(c["dropped"].values())
+        c["balanced"] = c["read"] == c["rejected_total"] + c["dropped_total"] + c["kept"]
+    total.pop("uri")
+    total.update(rows=int(len(rows.input_ids)), row_tokens=int(rows.input_ids.shape[1]) if len(rows.input_ids) else 0,
+                 row_trained_tokens=rows.trained_tokens)
+    return {"files": out, "total": total, "balanced": all(c["balanced"] for c in (*out.values(), total)),
+            "conservation": "read = rejected + dropped + kept"}
+
+
+def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpoint_url: str | None = None,
+                     log=None) -> dict:
+    """Write the SFT data files into out_dir (see the module docstring); returns the stats dict."""
+    from .tokenizer import Tokenizer
+
+    out = Path(out_dir)
+    (out / DATA_FILE).parent.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(tokenizer_path)
+    template = ChatTemplate.from_tokenizer(tok, cfg.tokenizer.special_tokens)
+    records = iter_instruction_records(list(cfg.sft.inputs), endpoint_url)
+    with open(out / "quarantine.jsonl", "w", encoding="utf-8") as q, open(out / "excluded.jsonl", "w") as x:
+        rows, stats = build_sft_rows(records, template, tok, row_len=cfg.model.seq_length + 1,
+                                     truncation=cfg.sft.truncation, packing=cfg.sft.packing,
+                                     system_prompt=cfg.sft.system_prompt, quarantine=q, excluded=x,
+                                     threads=cfg.tokenizer.encode_threads)
+    stats["template"] = {"markers": template.markers, "bos_id": template.bos_id, "eos_id": template.eos_id,
+                         "pad_id": template.pad_id, "truncation": cfg.sft.truncation, "packing": cfg.sft.packing}
+    # identity of the rows (the MindRecord bytes are not reproducible: its header differs per write)
+    stats["rows_sha256"] = hashlib.sha256(rows.input_ids.tobytes() + rows.labels.tobytes()).hexdigest()
+    (out / STATS_FILE).write_text(json.dumps(stats, indent=2, ensure_ascii=False), encoding="utf-8")
+    t = stats["total"]
+    if not stats["balanced"]:
+        raise RuntimeError(f"SFT accounting does not add up (read != rejected + dropped + kept); see {out / STATS_FILE}")
+    if t["rows"] < cfg.sft.micro_batch_size * cfg.parallel.data_parallel:
+        raise DataStageError("sft.inputs", list(cfg.sft.inputs),
+                             f"{t['kept']} usable samples in {t['rows']} rows (read {t['read']}, rejected "
+                             f"{t['rejected']}, dropped {t['dropped']}), fewer than one batch of "
+                             f"sft.micro_batch_size x data_parallel = {cfg.sft.micro_batch_size * cfg.parallel.data_parallel}",
+                             "add instruction data, raise model.seq_length, use sft.truncation=truncate_prompt, "
+                             "or lower sft.micro_batch_size")
+    npz = out / "data" / ".rows.npz"
+    np.savez(npz, input_ids=rows.input_ids, labels=rows.labels)
+    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.data.sft_records", str(npz), str(out / DATA_FILE)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    npz.unlink(missing_ok=True)
+    if proc.returncode:
+        raise RuntimeError(f"writing {out / DATA_FILE} failed (exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
+    if log:
+        log(f"sft: {t['read']} records -> {t['kept']} samples ({t['rejected_total']} quarantined, "
+            f"{t['dropped_total']} dropped), {t['rows']} rows, {t['row_trained_tokens']} trained tokens")
+    return stats
+
+
+def table_rows(stats: dict) -> list[dict]:
+    """One row per input file plus a TOTAL row, for a table artifact."""
+    def row(name, c):
+        return {"file": name, "read": c["read"], "rejected": c["rejected_total"], "dropped": c["dropped_total"],
+                "kept": c["kept"], "trained_tokens": c["trained_tokens"], "balanced": c["balanced"]}
+    return [row(Path(uri).name, c) for uri, c in stats["files"].items()] + [row("TOTAL", stats["total"])]
+
+
+def write_sft_mindrecord(path: str | Path, input_ids: np.ndarray, labels: np.ndarray) -> Path:
+    """One MindRecord file (+ .db) with both columns, written in a temp folder then moved into place."""
+    if input_ids.shape != labels.shape or input_ids.ndim != 2 or not len(input_ids):
+        raise ValueError(f"rows: input_ids {input_ids.shape} and labels {labels.shape} must be equal, 2-D, non-empty")
+    os.environ.setdefault("GLOG_v", "3")
+    from mindspore.mindrecord import FileWriter
+
+    path = Path(path)
+    tmp = path.parent / f".tmp-{path.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        writer = FileWriter(str(tmp / path.name), shard_num=1, overwrite=True)
+        writer.add_schema(SCHEMA, "sft")
+        writer.write_raw_data([{"input_ids": a, "labels": b} for a, b in zip(input_ids, labels)])
+        writer.commit()
+        os.replace(tmp / f"{path.name}.db", path.parent / f"{path.name}.db")
+        os.replace(tmp / path.name, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def read_sft_mindrecord(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, labels) of a file written above, read back through mindspore.dataset (for checks)."""
+    os.environ.setdefault("GLOG_v", "3")
+    import mindspore.dataset as ds
+
+    data = ds.MindDataset([str(path)], columns_list=["input_ids", "labels"], shuffle=False)
+    rows = list(data.create_tuple_iterator(output_numpy=True, num_epochs=1))
+    return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m pipeline_lib.data.sft_records ROWS.npz OUT.mindrecord")
+    with np.load(sys.argv[1]) as z:
+        write_sft_mindrecord(sys.argv[2], z["input_ids"], z["labels"])
