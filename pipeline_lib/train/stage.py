@@ -200,9 +200,14 @@ def total_steps(cfg, rows: int) -> int:
 
 
 def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: Path | None = None,
-                resume: bool = False, steps: int | None = None, extra_epochs: int = 0,
+                resume_from: Path | None = None, steps: int | None = None, extra_epochs: int = 0,
                 save_steps: int | None = None) -> Path:
-    """Generate the mindformers yaml (stage 'pretrain') with the metrics and guard callbacks appended."""
+    """Generate the mindformers yaml (stage 'pretrain') with the metrics and guard callbacks appended.
+
+    `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`: the yaml gets `load_checkpoint: <dir>` and
+    `resume_training: <name>` (mindformers 1.9 wants a folder to resume from and picks each rank's own file by
+    the name, with the rank replaced), which names exactly the verified checkpoint instead of meta.json's latest.
+    """
     import yaml
 
     t, dp = cfg.training, cfg.parallel.data_parallel
@@ -212,15 +217,18 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
     tokens = t.micro_batch_size * t.gradient_accumulation_steps * dp * cfg.model.seq_length
     callbacks = training_callbacks(out, tokens_per_step=tokens, batch_size=batch, data_parallel=dp, num_rows=rows,
                                    spike_factor=t.guard.spike_factor, window=t.guard.window)
-    kwargs = dict(stage="pretrain", dataset_dir=str(data_dir), output_dir=str(out),
-                  load_checkpoint=str(load) if load else None, resume=resume, train_rows=rows, steps=steps,
-                  extra_callbacks=callbacks)
-    write_run_yaml(cfg, path, **kwargs)
-    if extra_epochs or save_steps:
-        # a rollback skips data: the run needs more epochs to reach the same optimizer-step budget
+    if resume_from is not None:
+        load = Path(resume_from).parent.parent
+    write_run_yaml(cfg, path, stage="pretrain", dataset_dir=str(data_dir), output_dir=str(out),
+                   load_checkpoint=str(load) if load else None, resume=resume_from is not None, train_rows=rows,
+                   steps=steps, extra_callbacks=callbacks)
+    if resume_from is not None or extra_epochs or save_steps:
         text = path.read_text(encoding="utf-8")
         header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
         run = yaml.safe_load(text)
+        if resume_from is not None:
+            run["resume_training"] = Path(resume_from).name
+        # a rollback skips data: the run needs more epochs to reach the same optimizer-step budget
         run["runner_config"]["epochs"] += extra_epochs
         for cb in run["callbacks"]:
             if cb["type"] == "CheckpointMonitor" and save_steps:
@@ -229,9 +237,10 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
     return path
 
 
-def _launch(cfg, yaml_path: Path, out: Path, node_rank: int, log, on_tick=None) -> LaunchResult:
+def _launch(cfg, yaml_path: Path, out: Path, node_rank: int, log, on_tick=None,
+            env: dict[str, str] | None = None) -> LaunchResult:
     command = build_command(cfg.parallel, yaml_path, node_rank=node_rank, log_dir=out / "msrun")
-    env = child_env({"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om")})
+    env = child_env({"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om"), **(env or {})})
     try:
         return launch(command, log=log, cwd=out / "cwd", timeout_s=cfg.training.timeout_seconds,
                       log_dir=out / "msrun", env=env, on_tick=on_tick, guard_dir=out)
@@ -248,7 +257,7 @@ def _launch(cfg, yaml_path: Path, out: Path, node_rank: int, log, on_tick=None) 
 # ---------------------------------------------------------------- preflight
 
 def _preflight(cfg, out: Path, data_dir: Path, rows: int, load: Path | None, node_rank: int, ranks: list[int],
-               log) -> dict:
+               log, env: dict[str, str] | None = None) -> dict:
     from ..planner import predicted_peak_gb, predicted_vs_measured
 
     steps, pre = cfg.training.preflight_steps, out / "preflight"
@@ -257,7 +266,7 @@ def _preflight(cfg, out: Path, data_dir: Path, rows: int, load: Path | None, nod
                             save_steps=10 ** 9)
     log(f"pretrain: preflight of {steps} steps in {pre}")
     try:
-        result = _launch(cfg, yaml_path, pre, node_rank, log)
+        result = _launch(cfg, yaml_path, pre, node_rank, log, env=env)
         crash = None
     except GuardTripped as err:  # a non-finite loss is a verdict, not a crash
         result, crash = err.result, None
@@ -312,34 +321,40 @@ def describe_guard(diag: dict, latest: dict | None) -> str:
             "training.grad_clip, remove those rows, or set training.guard.on_failure=rollback to skip the window")
 
 
-def _rollback_checkpoint(src: Path, dest: Path, step_num: int, steps_per_epoch: int) -> Path:
-    """A copy of `src` whose data position (`step_num`, `epoch_num`) is `step_num` (written in a MindSpore process)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+def _rollback_checkpoint(latest: dict, dest_dir: Path, step_num: int, steps_per_epoch: int) -> Path:
+    """Copies of the latest checkpoint's per-rank files under dest_dir/rank_N/ with their data position
+    (`step_num`, `epoch_num`) set to `step_num` (written in a MindSpore process); returns the first rank's file."""
     epoch = max(1, math.ceil(step_num / steps_per_epoch))
-    env = child_env({"GLOG_v": "3", "LOG_MF_PATH": str(dest.parent / "log"), "MS_OM_PATH": str(dest.parent / "om")})
-    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.stage", "set-position", str(src), str(dest),
-                           str(step_num), str(epoch)], capture_output=True, text=True, env=env, timeout=900)
+    pairs = []
+    for rank, info in sorted(latest["ranks"].items(), key=lambda kv: int(kv[0])):
+        src = Path(info["path"])
+        dst = dest_dir / f"rank_{rank}" / src.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        pairs += [str(src), str(dst)]
+    env = child_env({"GLOG_v": "3", "LOG_MF_PATH": str(dest_dir / "log"), "MS_OM_PATH": str(dest_dir / "om")})
+    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.stage", "set-position", str(step_num), str(epoch),
+                           *pairs], capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode:
-        raise RuntimeError(f"writing the rollback checkpoint {dest} failed: {proc.stderr[-2000:]}")
-    return dest
+        raise RuntimeError(f"writing the rollback checkpoint under {dest_dir} failed: {proc.stderr[-2000:]}")
+    return Path(pairs[1])
 
 
-def _set_position_main(src: str, dest: str, step_num: int, epoch_num: int) -> None:
-    """In a MindSpore process: copy a checkpoint with its data position set (see _rollback_checkpoint)."""
+def _set_position_main(step_num: int, epoch_num: int, pairs: list[str]) -> None:
+    """In a MindSpore process: copy checkpoints (src, dest pairs) with their data position set."""
     import numpy as np
     import mindspore as ms
 
-    params = ms.load_checkpoint(src)
-    items = []
-    for name, param in params.items():
-        if name in ("step_num", "epoch_num"):
-            old = param.asnumpy()
-            value = np.full(old.shape, step_num if name == "step_num" else epoch_num, old.dtype)
-            param = ms.Parameter(ms.Tensor(value), name=name)
-        items.append({"name": name, "data": param})
-    tmp = dest + ".tmp.ckpt"
-    ms.save_checkpoint(items, tmp)
-    os.replace(tmp, dest)
+    for src, dest in zip(pairs[::2], pairs[1::2]):
+        items = []
+        for name, param in ms.load_checkpoint(src).items():
+            if name in ("step_num", "epoch_num"):
+                old = param.asnumpy()
+                value = np.full(old.shape, step_num if name == "step_num" else epoch_num, old.dtype)
+                param = ms.Parameter(ms.Tensor(value), name=name)
+            items.append({"name": name, "data": param})
+        tmp = dest + ".tmp.ckpt"
+        ms.save_checkpoint(items, tmp)
+        os.replace(tmp, dest)
 
 
 # ---------------------------------------------------------------- helpers
@@ -385,10 +400,11 @@ def _restore_remote_checkpoint(manager: CheckpointManager, remote: str, endpoint
 # ---------------------------------------------------------------- the stage
 
 def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
-                       checkpoint_bytes: int | None = None) -> Manifest:
+                       checkpoint_bytes: int | None = None, env: dict[str, str] | None = None) -> Manifest:
     """Run the pretraining stage (see the module docstring); returns the manifest it wrote.
 
-    `checkpoint_bytes` overrides the estimated size of one checkpoint for the free-disk check.
+    `checkpoint_bytes` overrides the estimated size of one checkpoint for the free-disk check; `env` is added
+    to the trainer processes' environment (e.g. HCCL settings, or the guard's NaN test hook).
     """
     log = log or (lambda line: None)
     started = time.time()
@@ -414,9 +430,8 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
 
     # 2. resume or start afresh
     identity = _identity(cfg, paths, base_info)
-    upload = join(stage_uri, "checkpoint") if t.upload_checkpoints and is_s3(stage_uri) else None
-    if t.upload_checkpoints and not remote:
-        upload = None  # the checkpoints already live in the (local) run store
+    # on a local run store the checkpoints already live in the stage folder: nothing to upload
+    upload = join(stage_uri, "checkpoint") if t.upload_checkpoints and remote else None
     manager = CheckpointManager(out, ranks=ranks, keep=t.keep_checkpoint_max, upload_uri=upload,
                                 endpoint_url=endpoint, log=log)
     ident_file = out / IDENTITY_FILE
@@ -457,7 +472,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     # 4. preflight on a fresh start
     preflight = None
     if t.preflight_steps and latest is None:
-        preflight = _preflight(cfg, out, data_dir, rows, load, node_rank, ranks, log)
+        preflight = _preflight(cfg, out, data_dir, rows, load, node_rank, ranks, log, env)
     elif (out / PREFLIGHT_FILE).exists():
         preflight = json.loads((out / PREFLIGHT_FILE).read_text(encoding="utf-8"))
 
@@ -482,12 +497,12 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
             log(f"pretrain: training {steps} steps" + (f" from {load}" if load else " from random init"))
         else:
             start = Path(latest.get("rollback_path") or latest["path"])
-            yaml_path = _write_yaml(cfg, out / RESUME_YAML, out=out, data_dir=data_dir, rows=rows, load=start,
-                                    resume=True, extra_epochs=math.ceil(skipped / steps_per_epoch) if skipped else 0)
+            yaml_path = _write_yaml(cfg, out / RESUME_YAML, out=out, data_dir=data_dir, rows=rows, resume_from=start,
+                                    extra_epochs=math.ceil(skipped / steps_per_epoch) if skipped else 0)
             log(f"pretrain: resuming at data step {latest.get('data_step', latest['step'])} (optimizer step "
                 f"{latest.get('global_step')}) of {steps} from {start.name}")
         try:
-            _launch(cfg, yaml_path, out, node_rank, log, on_tick=tick)
+            _launch(cfg, yaml_path, out, node_rank, log, on_tick=tick, env=env)
         except GuardTripped as err:
             manager.sync()
             good = manager.latest()
@@ -499,8 +514,8 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
                        f" (training.guard.max_rollbacks={t.guard.max_rollbacks} reached)")
                 raise GuardTripped(message + why + "\n" + str(err), err.result, err.diagnoses) from None
             bad = int(diag["step"])
-            dest = out / "rollback" / f"rollback{len(rollbacks) + 1}_step{bad}.ckpt"
-            _rollback_checkpoint(Path(good["path"]), dest, bad, steps_per_epoch)
+            dest = _rollback_checkpoint(good, out / "rollback" / f"rollback{len(rollbacks) + 1}_step{bad}", bad,
+                                        steps_per_epoch)
             skipped += bad - int(good["step"])
             rollbacks.append({"bad_step": bad, "from_step": good["step"], "skipped_steps": list(range(good["step"] + 1, bad + 1)),
                               "loss": _finite(diag.get("loss")), "reason": diag.get("reason"),
@@ -588,7 +603,7 @@ def _summary_markdown(steps, latest, records, summary, resumed_from, rollbacks, 
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 6 and sys.argv[1] == "set-position":
-        _set_position_main(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    if len(sys.argv) >= 6 and sys.argv[1] == "set-position" and len(sys.argv) % 2 == 0:
+        _set_position_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
     else:
-        sys.exit("usage: python -m pipeline_lib.train.stage set-position SRC.ckpt DEST.ckpt STEP_NUM EPOCH_NUM")
+        sys.exit("usage: python -m pipeline_lib.train.stage set-position STEP_NUM EPOCH_NUM SRC.ckpt DEST.ckpt [...]")

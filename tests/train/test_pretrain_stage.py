@@ -1,0 +1,289 @@
+"""The pretraining stage on the real data stage's output and a tiny Llama (CPU, mindformers Trainer in its own process).
+
+The stage runs below are independent, so the module starts them together (3 at a time on 2 cores: each spends
+much of its time importing MindSpore, compiling the graph and verifying checkpoints in subprocesses) and the tests
+then assert on each outcome. Model: seq 64, hidden 64, 2 layers, 4 heads / 2 KV heads, vocab 2048; 4 rows per
+step, 16 steps, a checkpoint every 4 steps, 2 kept. What is asserted:
+- reference: loss falls (7.62 at random init), preflight.json (step time, tokens/s, peak RSS, predicted vs
+  measured memory), manifest outputs and metrics (latest_checkpoint, final loss, steps, tokens/s, table, image);
+- killed: SIGKILL of the trainer's process group after the 2nd checkpoint, then a rerun: the step count continues
+  from the last verified checkpoint and the final weights equal the reference's (float tolerance);
+- nan_stop: NaN injected at step 6 stops training at step 6 with a diagnosis naming step, loss, lr, loss scale,
+  global norm and the dataset rows; the last good checkpoint (step 4) is the latest;
+- rollback (training.guard.on_failure=rollback): the same NaN rolls back to step 4, skips data steps 5-6 and
+  finishes the 8 optimizer steps;
+- preflight_fail: a preflight whose peak memory exceeds parallel.device_memory_gb stops the stage before training;
+- dp2: msrun with 2 CPU ranks (data parallel): identical weights in rank_0 and rank_1 checkpoints;
+plus the fast failures (missing base checkpoint, not enough disk) that must happen before anything is launched.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pretrain_fixtures import free_port, new_run, pretrain_data  # noqa: E402,F401
+
+from pipeline_lib.storage import read_manifest  # noqa: E402
+from pipeline_lib.train.checkpoints import InsufficientDiskError  # noqa: E402
+from pipeline_lib.train.launch import GuardTripped  # noqa: E402
+from pipeline_lib.train.metrics import read_metrics  # noqa: E402
+from pipeline_lib.train.stage import PreflightFailed, PretrainStageError, TrainerKilled, run_pretrain_stage  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+@dataclass
+class Outcome:
+    cfg: object
+    paths: object
+    manifest: object = None
+    error: BaseException | None = None
+    lines: list = field(default_factory=list)
+    progress: list = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def out(self) -> Path:
+        return Path(self.paths.stage_uri("pretrain"))
+
+    def run(self, **kwargs):
+        t0 = time.time()
+        try:
+            self.manifest = run_pretrain_stage(self.cfg, self.paths, log=self.lines.append,
+                                               progress=lambda *a: self.progress.append(a), **kwargs)
+        except BaseException as err:  # the test asserts on it
+            self.error = err
+        self.seconds += time.time() - t0
+        return self
+
+
+def _kill_after_checkpoints(out: Path, n: int, done: threading.Event, record: dict) -> None:
+    """SIGKILL the trainer's process group as soon as `n` checkpoint files exist in rank_0."""
+    yaml_path = str(out / "run.yaml")
+    while not done.is_set():
+        if len(list((out / "checkpoint" / "rank_0").glob("*.ckpt"))) >= n:
+            for proc in psutil.process_iter(["cmdline"]):
+                if any(yaml_path in c for c in proc.info["cmdline"] or []):
+                    record["killed_pgid"] = os.getpgid(proc.pid)
+                    record["checkpoints_at_kill"] = sorted(p.name for p in (out / "checkpoint" / "rank_0").glob("*.ckpt"))
+                    os.killpg(record["killed_pgid"], signal.SIGKILL)
+                    return
+        time.sleep(0.02)
+
+
+def _killed_then_resumed(data) -> Outcome:
+    cfg, paths = new_run(data, "killed")
+    first = Outcome(cfg, paths)
+    done, record = threading.Event(), {}
+    watcher = threading.Thread(target=_kill_after_checkpoints, args=(first.out, 2, done, record), daemon=True)
+    watcher.start()
+    first.run()
+    done.set()
+    latest_before = json.loads((first.out / "latest_checkpoint.json").read_text())
+    second = Outcome(cfg, paths)
+    second.extra = {"first_error": first.error, "kill": record, "latest_before": latest_before,
+                    "rerun_started": time.time(), "first_lines": first.lines}
+    return second.run()
+
+
+def _scenarios(data) -> dict[str, callable]:
+    nan = {"LLM_PIPELINE_INJECT_NAN_STEP": "6"}
+    return {
+        "killed": lambda: _killed_then_resumed(data),
+        "reference": lambda: Outcome(*new_run(data, "reference", training={"preflight_steps": 4})).run(),
+        "rollback": lambda: Outcome(*new_run(data, "rollback", training={
+            "steps": 8, "guard": {"on_failure": "rollback", "max_rollbacks": 1}})).run(env=nan),
+        "dp2": lambda: Outcome(*new_run(data, "dp2", parallel={
+            "devices": 2, "data_parallel": 2, "devices_per_node": 2, "master_port": free_port()},
+            training={"steps": 4, "global_batch_size": 8})).run(),
+        "nan_stop": lambda: Outcome(*new_run(data, "nan-stop", training={"steps": 8})).run(env=nan),
+        "preflight_fail": lambda: Outcome(*new_run(data, "preflight-fail", training={"preflight_steps": 3},
+                                                   parallel={"device_memory_gb": 0.05})).run(),
+    }
+
+
+@pytest.fixture(scope="module")
+def outcomes(pretrain_data) -> dict[str, Outcome]:
+    t0 = time.time()
+    only = os.environ.get("PRETRAIN_TEST_SCENARIOS")  # development: e.g. "killed,reference"
+    todo = {k: v for k, v in _scenarios(pretrain_data).items() if not only or k in only.split(",")}
+    with cf.ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {name: pool.submit(fn) for name, fn in todo.items()}
+        results = {name: f.result() for name, f in futures.items()}
+    print(f"\nstage runs: {time.time() - t0:.0f} s wall; " +
+          ", ".join(f"{k} {v.seconds:.0f} s" for k, v in results.items()))
+    return results
+
+
+def _ok(o: Outcome):
+    if o.error is not None:
+        raise AssertionError(f"stage failed: {o.error}\n" + "\n".join(o.lines[-40:]))
+    return o.manifest
+
+
+def _weights(path: str) -> dict[str, np.ndarray]:
+    import mindspore as ms
+
+    return {n: p.asnumpy() for n, p in ms.load_checkpoint(path).items()
+            if "." in n and not n.startswith(("adam_m.", "adam_v.", "accu_grads"))}
+
+
+def _by_step(o: Outcome) -> dict[int, dict]:
+    return {r["step"]: r for r in read_metrics(o.out / "metrics.jsonl")}
+
+
+# ---------------------------------------------------------------- fast failures (nothing launched)
+
+def test_missing_base_checkpoint_fails_fast(pretrain_data, tmp_path):
+    cfg, paths = new_run(pretrain_data, "missing-base", model={"base_checkpoint": str(tmp_path / "nope.ckpt")})
+    t0 = time.time()
+    with pytest.raises(PretrainStageError, match=r"model\.base_checkpoint=.*nope\.ckpt.*no such file"):
+        run_pretrain_stage(cfg, paths, log=lambda line: None)
+    assert time.time() - t0 < 5
+    assert not Path(paths.stage_uri("pretrain")).exists()  # refused before the stage folder was touched
+
+
+def test_not_enough_disk_refuses_before_launch(pretrain_data):
+    cfg, paths = new_run(pretrain_data, "no-disk")
+    with pytest.raises(InsufficientDiskError, match=r"need .* bytes \(2 x 1,000,000,000,000,000,000 per checkpoint "
+                                                    r"x 1 rank\(s\)\).*training\.keep_checkpoint_max"):
+        run_pretrain_stage(cfg, paths, log=lambda line: None, checkpoint_bytes=10 ** 18)
+    out = Path(paths.stage_uri("pretrain"))
+    assert not (out / "run.yaml").exists() and not (out / "checkpoint").exists()
+    assert read_manifest(str(out)) is None
+
+
+# ---------------------------------------------------------------- trained runs
+
+def test_reference_loss_falls_and_manifest(outcomes):
+    o = outcomes["reference"]
+    m = _ok(o).metrics
+    steps = _by_step(o)
+    assert sorted(steps) == list(range(1, 17))
+    assert steps[1]["loss"] > 7.3  # ~ln(2048) at random init
+    last = np.mean([steps[s]["loss"] for s in (14, 15, 16)])
+    assert last < steps[1]["loss"] - 0.8, {s: r["loss"] for s, r in steps.items()}
+
+    assert m["steps"] == m["total_steps"] == 16 and m["resumed_from_step"] is None
+    assert m["final_loss"] == pytest.approx(steps[16]["loss"]) and m["loss_first"] == pytest.approx(steps[1]["loss"])
+    assert m["tokens_per_s"] > 0 and m["step_time_ms"] > 0 and m["tokens_per_step"] == 256
+    assert m["images"] == {"loss_curve": "loss_curve.png"}
+    assert [r["step"] for r in m["tables"]["metrics"]["rows"]] == list(range(7, 17))
+    latest = Path(m["latest_checkpoint"])
+    assert latest.is_absolute() and latest.name == "tiny_llama_rank_0-1_16.ckpt" and latest.exists()
+    assert m["latest_checkpoint_step"] == 16
+    # keep_checkpoint_max=2: only the two newest checkpoints stay
+    assert sorted(p.name for p in (o.out / "checkpoint" / "rank_0").glob("*.ckpt")) == \
+        ["tiny_llama_rank_0-1_12.ckpt", "tiny_llama_rank_0-1_16.ckpt"]
+    outputs = {x["path"] for x in o.manifest.outputs}
+    assert {"run.yaml", "metrics.jsonl", "loss_curve.png", "latest_checkpoint.json", "preflight.json",
+            "checkpoint/rank_0/tiny_llama_rank_0-1_16.ckpt"} <= outputs
+    assert json.loads((o.out / "latest_checkpoint.json").read_text())["path"] == str(latest)
+    run_yaml = (o.out / "run.yaml").read_text()
+    for needle in ("python -m pipeline_lib.train.entry --yaml", "type: PipelineMetrics", "type: LossGuard",
+                   "type: StopAtStep", "resume_training: false", f"output_dir: {o.out}"):
+        assert needle in run_yaml, needle
+    # progress from metrics.jsonl during training, ending at the total
+    assert o.progress[-1] == ("train", 16, 16) and all(p[0] == "train" and p[2] == 16 for p in o.progress)
+
+    pre = json.loads((o.out / "preflight.json").read_text())
+    assert pre["ok"] and pre["steps"] == 4 and pre["loss_finite"] and pre["loss_falling"]
+    assert pre["step_time_ms"] > 0 and pre["tokens_per_s"] > 0 and pre["peak_rss_bytes"] > 2e8
+    assert pre["predicted_gb_per_device"] > 0 and "measured/predicted" in pre["memory"]
+    assert not (o.out / "preflight" / "checkpoint").exists()
+    assert m["preflight"]["ok"] is True
+
+
+def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
+    o, ref = outcomes["killed"], outcomes["reference"]
+    _ok(ref)
+    first = o.extra["first_error"]
+    assert isinstance(first, TrainerKilled), (first, o.extra["first_lines"][-30:])
+    assert "signal 9" in str(first) and o.extra["kill"]["checkpoints_at_kill"]
+    m = _ok(o).metrics
+    resumed = m["resumed_from_step"]
+    assert resumed == o.extra["latest_before"]["step"] and resumed in (4, 8)
+    assert any(f"resuming at data step {resumed} (optimizer step {resumed}) of 16" in ln for ln in o.lines)
+    resume_yaml = (o.out / "run_resume.yaml").read_text()
+    name = Path(o.extra["latest_before"]["path"]).name
+    assert f"resume_training: {name}" in resume_yaml and f"load_checkpoint: {o.out / 'checkpoint'}" in resume_yaml
+    # the rerun's own metric records continue the step count after the checkpoint
+    rerun = [r for r in read_metrics(o.out / "metrics.jsonl") if r["time"] >= o.extra["rerun_started"]]
+    assert [r["step"] for r in rerun] == list(range(resumed + 1, 17))
+    assert m["steps"] == 16 and m["attempts"] == 1
+    # same losses and the same final weights (and optimizer state) as the uninterrupted run
+    ref_steps = _by_step(ref)
+    for r in rerun:
+        assert r["loss"] == pytest.approx(ref_steps[r["step"]]["loss"], rel=1e-4, abs=1e-4), r["step"]
+    a, b = _weights(m["latest_checkpoint"]), _weights(ref.manifest.metrics["latest_checkpoint"])
+    assert sorted(a) == sorted(b) and len(a) == 2 * 9 + 3
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_nan_at_step_k_stops_at_k_with_diagnosis(outcomes):
+    o = outcomes["nan_stop"]
+    assert isinstance(o.error, GuardTripped), (o.error, o.lines[-30:])
+    text = str(o.error)
+    assert "loss guard stopped training at step 6 " in text
+    for needle in ("loss=nan", "lr=", "loss_scale=", "global_norm=", "batch dataset rows [20, 21, 22, 23]",
+                   "last good checkpoint: step 4", "training.guard.on_failure=rollback"):
+        assert needle in text, needle
+    diag = o.error.diagnoses[0]
+    assert diag["step"] == 6 and diag["reason"] == "nonfinite" and diag["lr"] > 0
+    steps = _by_step(o)
+    assert max(steps) == 6 and math.isnan(steps[6]["loss"]) and all(math.isfinite(steps[s]["loss"]) for s in range(1, 6))
+    assert json.loads((o.out / "latest_checkpoint.json").read_text())["step"] == 4
+    assert read_manifest(str(o.out)) is None
+
+
+def test_rollback_skips_the_bad_window_and_finishes(outcomes):
+    o = outcomes["rollback"]
+    m = _ok(o).metrics
+    (rb,) = m["rollbacks"]
+    assert (rb["bad_step"], rb["from_step"], rb["skipped_steps"], rb["reason"]) == (6, 4, [5, 6], "nonfinite")
+    assert any("rollback 1/1: back to step 4, skipping data steps 5..6" in ln for ln in o.lines)
+    assert m["steps"] == 8 and m["data_steps"] == 10  # 8 optimizer steps over data steps 1-4 and 7-10
+    records = read_metrics(o.out / "metrics.jsonl")
+    after = [r["step"] for r in records if r["step"] > 6]
+    assert after == [7, 8, 9, 10] and all(math.isfinite(r["loss"]) for r in records if r["step"] != 6)
+
+
+def test_failed_preflight_stops_before_training(outcomes):
+    o = outcomes["preflight_fail"]
+    assert isinstance(o.error, PreflightFailed), (o.error, o.lines[-30:])
+    text = str(o.error)
+    assert "peak host memory" in text and "exceeds the limit 0.05 GB" in text
+    assert "training.micro_batch_size" in text and "measured/predicted" in text
+    pre = json.loads((o.out / "preflight.json").read_text())
+    assert pre["ok"] is False and pre["steps"] == 3 and pre["loss_finite"]
+    assert not (o.out / "checkpoint").exists() and read_manifest(str(o.out)) is None
+
+
+def test_two_rank_data_parallel_identical_weights(outcomes):
+    o = outcomes["dp2"]
+    m = _ok(o).metrics
+    assert m["steps"] == 4 and m["ranks"] == [0, 1]
+    ckpts = m["checkpoints"]
+    assert sorted(ckpts) == ["0", "1"] and "rank_1" in ckpts["1"]
+    assert {f"checkpoint/rank_{r}/{Path(ckpts[str(r)]).name}" for r in (0, 1)} <= {x["path"] for x in o.manifest.outputs}
+    assert any("mindspore.parallel.cluster.run" in ln or "worker_1" in ln for ln in o.lines)
+    a, b = _weights(ckpts["0"]), _weights(ckpts["1"])
+    assert sorted(a) == sorted(b) and len(a) == 2 * 9 + 3
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    assert m["tokens_per_step"] == 512
