@@ -55,7 +55,7 @@ def test_step_functions_share_their_work_through_s3(s3_bucket, tmp_path):
     bucket, endpoint = s3_bucket
     small = tmp_path / "small.jsonl"
     small.write_bytes(b"\n".join(TINY.read_bytes().split(b"\n")[:200]) + b"\n")
-    cfg = make_cfg(tmp_path, inputs=[str(small)], docs_per_shard=80)
+    cfg = make_cfg(tmp_path, inputs=[str(small)], docs_per_shard=100)
     cfg.run.output_root, cfg.run.s3_endpoint_url = join(bucket, "runs"), endpoint
     paths = RunPaths(cfg.run.output_root, "mapped", endpoint)
     ws = Workspace(cfg, paths)
@@ -63,7 +63,7 @@ def test_step_functions_share_their_work_through_s3(s3_bucket, tmp_path):
     for k in range(len(shards)):
         prep_shard(cfg, paths, k)
     store = store_for(bucket, endpoint)
-    assert store.exists(join(paths.stage_uri("data"), "shards", "00002.prep.done"))
+    assert store.exists(join(paths.stage_uri("data"), "shards", "00001.prep.done"))
     shutil.rmtree(ws.root)  # "another machine": nothing local survives between steps
     dedup_stage(cfg, paths)
     build_tokenizer(cfg, paths)
@@ -74,5 +74,5 @@ def test_step_functions_share_their_work_through_s3(s3_bucket, tmp_path):
         write_mindrecord_shard(cfg, paths, split, j)
     shutil.rmtree(ws.root)
     manifest = finalize_data_stage(cfg, paths)
-    local = make_cfg(tmp_path / "local", inputs=[str(small)], docs_per_shard=80)
+    local = make_cfg(tmp_path / "local", inputs=[str(small)], docs_per_shard=100)
     assert run_data_stage(local, RunPaths(local.run.output_root, "mapped"), workers=1).outputs == manifest.outputs
