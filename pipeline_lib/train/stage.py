@@ -393,6 +393,9 @@ def _restore_remote_checkpoint(manager: CheckpointManager, remote: str, endpoint
         dest = manager.output_dir / manager.subdir / f"rank_{rank}" / name
         store.get_file(info["uri"], dest)
         store.get_file(info["uri"] + ".verified.json", dest.with_name(dest.name + ".verified.json"))
+    metrics_uri = join(stage_uri, METRICS_FILE)
+    if store.exists(metrics_uri):
+        store.get_file(metrics_uri, manager.output_dir / METRICS_FILE)
     log(f"pretrain: downloaded the uploaded checkpoint of step {latest['step']} from {remote} to resume")
     manager.sync()
 
@@ -452,7 +455,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
         for p in list(out.iterdir()):  # an earlier run of another config, or an attempt without a checkpoint
             if p.name != "_data":
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
-        _write_json(ident_file, {"identity": identity, "created_at": time.time()})
+        _write_json(ident_file, {"identity": identity})
         if remote:
             store_for(stage_uri, endpoint).put_file(ident_file, join(stage_uri, IDENTITY_FILE))
     resumed_from = latest["step"] if latest else None
@@ -480,8 +483,15 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     if progress:
         progress("train", latest["step"] if latest else 0, steps)
 
+    uploaded_metrics = [0]
+
     def tick():
         manager.sync()
+        metrics_file = out / METRICS_FILE
+        if upload and metrics_file.exists() and metrics_file.stat().st_size != uploaded_metrics[0]:
+            # the loss history travels with the uploaded checkpoints (a rerun elsewhere resumes with both)
+            uploaded_metrics[0] = metrics_file.stat().st_size
+            store_for(stage_uri, endpoint).put_file(metrics_file, join(stage_uri, METRICS_FILE))
         if progress:
             records = read_metrics(out / METRICS_FILE)
             if records:

@@ -302,7 +302,7 @@ def test_stage_continues_pretraining_from_hf_checkpoint(pretrain_data, tmp_path)
     from pipeline_lib.train.stage import run_pretrain_stage
 
     cfg, _ = new_run(pretrain_data, "hf-probe")
-    t = hf_tensors(cfg.model, seed=5, scale=0.1)
+    t = hf_tensors(cfg.model, seed=5, scale=0.2)
     folder = write_hf(tmp_path / "hf", cfg.model, t)
 
     cfg, paths = new_run(pretrain_data, "hf-missing", model={"hf_checkpoint": str(tmp_path / "absent")})
@@ -330,6 +330,6 @@ def test_stage_continues_pretraining_from_hf_checkpoint(pretrain_data, tmp_path)
     mask = tokens != cfg.tokenizer.pad_id
     expected = float((nll * mask).sum() / mask.sum())
     step1 = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}[1]["loss"]
-    assert expected > 8.5  # far from a random init's ~ln(2048) = 7.62
+    assert abs(expected - np.log(2048)) > 0.3  # far from a random init's ~ln(2048) = 7.62
     assert step1 == pytest.approx(expected, rel=2e-4), (step1, expected)
 

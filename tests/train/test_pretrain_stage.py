@@ -22,6 +22,7 @@ import concurrent.futures as cf
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -100,9 +101,45 @@ def _killed_then_resumed(data) -> Outcome:
     return second.run()
 
 
-def _scenarios(data) -> dict[str, callable]:
+def _on_s3(data, endpoint: str) -> Outcome:
+    """A run whose store is s3:// (moto): the data stage is uploaded there; checkpoints upload as they verify."""
+    import uuid
+
+    import boto3
+
+    from pipeline_lib.storage import RunPaths, join, store_for
+
+    bucket = f"pretrain-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    cfg, local_paths = new_run(data, "s3-source", training={"steps": 4, "upload_checkpoints": True})
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_root": f"s3://{bucket}/runs",
+                                                                     "s3_endpoint_url": endpoint})})
+    paths = RunPaths(f"s3://{bucket}/runs", "s3-run", endpoint)
+    store = store_for(paths.stage_uri("data"), endpoint)
+    src = Path(local_paths.stage_uri("data"))
+    for f in src.rglob("*"):
+        if f.is_file():
+            store.put_file(f, join(paths.stage_uri("data"), f.relative_to(src).as_posix()))
+    first = Outcome(cfg, paths).run()
+    # a rerun on "another machine" (the local work folder is gone) finds the uploaded checkpoint and does not train
+    from pipeline_lib.storage import invalidate
+    from pipeline_lib.train.stage import _work_dir
+
+    work = _work_dir(paths.stage_uri("pretrain"))
+    first.extra["work_dir"] = work
+    if first.error is None:
+        shutil.rmtree(work)
+        invalidate(paths.stage_uri("pretrain"), endpoint)
+        second = Outcome(cfg, paths).run()
+        first.extra["rerun"] = second
+        shutil.rmtree(work, ignore_errors=True)
+    return first
+
+
+def _scenarios(data, s3_endpoint=None) -> dict[str, callable]:
     nan = {"LLM_PIPELINE_INJECT_NAN_STEP": "6"}
     return {
+        "s3": lambda: _on_s3(data, s3_endpoint),
         "killed": lambda: _killed_then_resumed(data),
         "reference": lambda: Outcome(*new_run(data, "reference", training={"preflight_steps": 4})).run(),
         "rollback": lambda: Outcome(*new_run(data, "rollback", training={
@@ -117,10 +154,10 @@ def _scenarios(data) -> dict[str, callable]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(pretrain_data) -> dict[str, Outcome]:
+def outcomes(pretrain_data, s3_endpoint) -> dict[str, Outcome]:
     t0 = time.time()
     only = os.environ.get("PRETRAIN_TEST_SCENARIOS")  # development: e.g. "killed,reference"
-    todo = {k: v for k, v in _scenarios(pretrain_data).items() if not only or k in only.split(",")}
+    todo = {k: v for k, v in _scenarios(pretrain_data, s3_endpoint).items() if not only or k in only.split(",")}
     with cf.ThreadPoolExecutor(max_workers=3) as pool:
         futures = {name: pool.submit(fn) for name, fn in todo.items()}
         results = {name: f.result() for name, f in futures.items()}
@@ -287,3 +324,26 @@ def test_two_rank_data_parallel_identical_weights(outcomes):
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     assert m["tokens_per_step"] == 512
+
+
+def test_s3_store_uploads_outputs_and_a_rerun_elsewhere_resumes_from_the_upload(outcomes):
+    from pipeline_lib.storage import join, store_for
+
+    o = outcomes["s3"]
+    m = _ok(o).metrics
+    stage = o.paths.stage_uri("pretrain")
+    store = store_for(stage, o.paths.endpoint_url)
+    assert m["latest_checkpoint"] == join(stage, "checkpoint/rank_0/tiny_llama_rank_0-1_4.ckpt")
+    assert store.exists(m["latest_checkpoint"]) and store.exists(join(stage, "manifest.json"))
+    rerun = o.extra["rerun"]
+    for out in _ok(rerun).outputs:
+        assert store.size(join(stage, out["path"])) == out["size"], out["path"]
+    assert {"run.yaml", "metrics.jsonl", "loss_curve.png", "latest_checkpoint.json"} <= {x["path"] for x in o.manifest.outputs}
+    # training.upload_checkpoints: the checkpoint and its verification went up as training ran
+    assert store.exists(join(stage, "checkpoint", "latest_checkpoint.json"))
+    assert store.exists(m["latest_checkpoint"] + ".verified.json")
+    assert not Path(stage).exists()  # nothing written to a local folder named like the URI
+    m2 = _ok(rerun).metrics
+    assert any("downloaded the uploaded checkpoint of step 4" in ln for ln in rerun.lines)
+    assert not any("pretrain: training 4 steps" in ln for ln in rerun.lines) and m2["attempts"] == 0
+    assert m2["latest_checkpoint"] == m["latest_checkpoint"] and m2["latest_checkpoint_sha256"] == m["latest_checkpoint_sha256"]
