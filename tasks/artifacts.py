@@ -65,10 +65,27 @@ def _image_markdown(stage_uri: str, rel: str, store) -> str:
     return f"![{rel}](data:image/png;base64,{base64.b64encode(data).decode()})\n\n`{uri}`"
 
 
+def _data_stats_table(stage_uri: str, store) -> dict | None:
+    """The data stage's accounting (per input file and total) from its stats.json."""
+    import json
+
+    from pipeline_lib.data.stats import table_rows
+
+    uri = join(stage_uri, "stats.json")
+    if not store.exists(uri):
+        return None
+    rows = table_rows(json.loads(store.get_bytes(uri)))
+    return {"description": "data: read = rejected + filtered + duplicates + kept, per input file", "rows": rows}
+
+
 def publish_stage_artifacts(cfg, paths, stage: str, manifest) -> None:
-    metrics = manifest.metrics or {}
+    metrics = dict(manifest.metrics or {})
     stage_uri = paths.stage_uri(stage)
     store = paths.store()
+    if stage == "data" and "stats" not in (metrics.get("tables") or {}):
+        table = _data_stats_table(stage_uri, store)
+        if table:
+            metrics["tables"] = {**(metrics.get("tables") or {}), "stats": table}
     for name, table in (metrics.get("tables") or {}).items():
         create_table_artifact(table["rows"], key=_key(stage, name), description=table.get("description", name))
     for name, rel in (metrics.get("images") or {}).items():

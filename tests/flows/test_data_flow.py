@@ -37,6 +37,13 @@ def test_mapped_data_stage_matches_local_pool_and_skips_on_rerun(tmp_path):
     if plan_shards:
         assert len(prep_runs) == plan_shards
 
+    with get_client(sync_client=True) as client:
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["data-stats"])))
+    assert arts and arts[0].type == "table"
+    assert "TOTAL" in str(arts[0].data) and str(stats["total"]["read"]) in str(arts[0].data)
+
     # Same output as the local process-pool executor (output does not depend on how work is spread).
     # A separate output root: the persistent dedup index under the first one has seen every document.
     local = load_config("configs/pipelines/tiny-cpu.yaml", [f"run.output_root={tmp_path}/other", "data.docs_per_shard=150",
