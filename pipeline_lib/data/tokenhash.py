@@ -99,8 +99,10 @@ def top_ngram_shares(texts: list[str], n: int, cjk_n: int, min_tokens: int) -> n
         key = (doc.astype(np.uint64) << np.uint64(32)) | chain(toks, k)[win].astype(np.uint64)
         _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
         count, width = counts[inverse], cum[win + k] - cum[win]
-        order = np.lexsort((width, count, doc))           # best window of each document last
-        last = order[np.append(doc[order][1:] != doc[order][:-1], True)]
-        best = np.where(count[last] >= 2, count[last] * width[last], 0)
-        share[doc[last]] = best / np.maximum(chars[doc[last]], 1)
+        starts = np.flatnonzero(np.append(True, doc[1:] != doc[:-1]))  # windows come grouped by document
+        best = np.maximum.reduceat(count, starts)
+        widest = np.maximum.reduceat(np.where(count == np.repeat(best, np.diff(np.append(starts, len(doc)))),
+                                              width, 0), starts)
+        docs = doc[starts]
+        share[docs] = np.where(best >= 2, best * widest, 0) / np.maximum(chars[docs], 1)
     return share
