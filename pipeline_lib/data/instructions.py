@@ -14,8 +14,8 @@ starting with user and ending with assistant. Alpaca's `input` is appended to th
 blank line. Contents are stripped of surrounding whitespace. `system_prompt` (sft.system_prompt) is
 added when a sample has no system turn.
 
-Limits: shapes are detected by keys (messages, then instruction/output, then prompt/response); other
-keys are ignored. Text holding a special token of the chat template (e.g. "<|user|>") is refused,
+Limits: shapes are detected by non-null keys (messages, then instruction/output, then prompt/response);
+other keys are ignored. Text holding a special token of the chat template (e.g. "<|user|>") is refused,
 because the tokenizer would read it as a turn boundary.
 Raises DataStageError only for an input entry that matches no file; malformed records come back
 with one of `REASONS` for the quarantine file.
@@ -152,11 +152,12 @@ def check_turns(turns: list[Turn]) -> str | None:
 def to_turns(obj: dict, *, system_prompt: str | None = None,
              forbidden: Iterable[str] = ()) -> tuple[list[Turn] | None, str | None]:
     """(turns, None) for a good record, (None, reason) for a malformed one."""
-    if "messages" in obj:
+    shape = shape_of(obj)
+    if shape == "messages":
         turns, reason = _from_messages(obj["messages"])
-    elif "instruction" in obj and "output" in obj:
+    elif shape == "alpaca":
         turns, reason = _flat(obj, ("instruction", "input"), "output")
-    elif "prompt" in obj and "response" in obj:
+    elif shape == "prompt_response":
         turns, reason = _flat(obj, ("prompt",), "response")
     else:
         return None, "unknown_shape"
@@ -174,11 +175,15 @@ def to_turns(obj: dict, *, system_prompt: str | None = None,
 
 
 def shape_of(obj: dict) -> str:
-    """'messages', 'alpaca', 'prompt_response' or 'unknown' (for the stats report)."""
-    if "messages" in obj:
+    """'messages', 'alpaca', 'prompt_response' or 'unknown'. A key holding null does not count, so one
+    parquet file (one schema, null where a row lacks a column) can mix the shapes."""
+    def has(*keys):
+        return all(obj.get(k) is not None for k in keys)
+
+    if has("messages"):
         return "messages"
-    if "instruction" in obj and "output" in obj:
+    if has("instruction", "output"):
         return "alpaca"
-    if "prompt" in obj and "response" in obj:
+    if has("prompt", "response"):
         return "prompt_response"
     return "unknown"

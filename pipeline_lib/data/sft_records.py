@@ -12,7 +12,8 @@ BOS of a packed sample is -100, so nothing is learned across a boundary), but at
 between packed samples (mindformers resets it only with Ascend flash attention). Without packing each
 sample is one row.
 
-`prepare_sft_data(cfg, tokenizer, out_dir)` writes into out_dir: `data/sft.mindrecord` (+ .db),
+`prepare_sft_data(cfg, tokenizer, out_dir)` writes into out_dir: `data/sft.mindrecord` (+ .db, and
+`.rows_sha256`: the same rows are not written twice),
 `quarantine.jsonl` (malformed records: id, file, line, reason, raw), `excluded.jsonl` (samples dropped by
 sft.truncation: id, file, line, reason, tokens) and `sft_stats.json` (per file and in total: read,
 rejected and dropped by reason, kept, shapes, tokens, trained tokens, rows; `balanced` is
@@ -193,16 +194,20 @@ def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpo
                              f"sft.micro_batch_size x data_parallel = {cfg.sft.micro_batch_size * cfg.parallel.data_parallel}",
                              "add instruction data, raise model.seq_length, use sft.truncation=truncate_prompt, "
                              "or lower sft.micro_batch_size")
-    npz = out / "data" / ".rows.npz"
-    np.savez(npz, input_ids=rows.input_ids, labels=rows.labels)
-    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
-                                                        os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.data.sft_records", str(npz), str(out / DATA_FILE)],
-                          capture_output=True, text=True, env=env, timeout=600)
-    npz.unlink(missing_ok=True)
-    if proc.returncode:
-        raise RuntimeError(f"writing {out / DATA_FILE} failed (exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
+    marker = out / (DATA_FILE + ".rows_sha256")  # the same rows are not written again (a resumed run)
+    if not ((out / DATA_FILE).exists() and marker.exists() and marker.read_text() == stats["rows_sha256"]):
+        marker.unlink(missing_ok=True)
+        npz = out / "data" / ".rows.npz"
+        np.savez(npz, input_ids=rows.input_ids, labels=rows.labels)
+        env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+                                                            os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run([sys.executable, "-m", "pipeline_lib.data.sft_records", str(npz), str(out / DATA_FILE)],
+                              capture_output=True, text=True, env=env, timeout=600)
+        npz.unlink(missing_ok=True)
+        if proc.returncode:
+            raise RuntimeError(f"writing {out / DATA_FILE} failed (exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
+        marker.write_text(stats["rows_sha256"])
     if log:
         log(f"sft: {t['read']} records -> {t['kept']} samples ({t['rejected_total']} quarantined, "
             f"{t['dropped_total']} dropped), {t['rows']} rows, {t['row_trained_tokens']} trained tokens")

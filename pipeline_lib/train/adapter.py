@@ -28,6 +28,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..config.mindformers_yaml import lora_target_regex
+from ..config.validate import lora_model_name
+
 LORA_MARK = ".mindpet_delta_lora_"
 OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.", "moment1.", "moment2.", "accu_grads.", "accumulated_grads.")
 ADAPTER_FILE = "adapter.ckpt"
@@ -76,9 +79,6 @@ def is_lora_param(name: str) -> bool:
 def adapter_config(cfg, *, base: dict, result: dict, source: str) -> dict:
     """The adapter_config.json content (see the module docstring)."""
     s, m = cfg.sft, cfg.model
-    from ..config.mindformers_yaml import lora_target_regex
-    from ..config.validate import lora_model_name
-
     return {"format": "mindformers-lora-v1", "pet_type": "lora", "lora_rank": s.lora_rank,
             "lora_alpha": s.lora_alpha, "lora_dropout": s.lora_dropout, "scaling": s.lora_alpha / s.lora_rank,
             "target_modules": list(s.target_modules), "target_regex": lora_target_regex(list(s.target_modules)),
@@ -143,7 +143,10 @@ def _check(params: dict, base: dict, expected: dict) -> tuple[dict, list[str], l
     # weights have dotted names (model.*, lm_head.weight); step counters and loss scale do not
     shared = [n for n in base if n in params and "." in n and not n.startswith(OPTIMIZER_PREFIXES)]
     changed = [n for n in shared if not np.array_equal(base[n].asnumpy(), params[n].asnumpy())]
-    if changed or not shared:
+    if not shared:
+        raise AdapterError("the SFT checkpoint shares no weight name with the base checkpoint: it was trained on "
+                           "another model; check model.* and the base checkpoint")
+    if changed:
         raise AdapterError(f"{len(changed)} of {len(shared)} base weights differ from the base checkpoint after SFT, "
                            f"e.g. {changed[:4]}: the base was not loaded (random init) or not frozen; pass the "
                            "base as load_checkpoint with run_mode finetune")

@@ -1,72 +1,70 @@
-"""The SFT stage: instruction data -> LoRA finetune of the pretrained base -> adapter kept apart from the base.
+"""The SFT stage: instruction data -> LoRA finetune of the pretrained base -> an adapter kept apart from the base.
 
 What `run_sft_stage(cfg, paths, log=..., progress=..., base_checkpoint=None)` does, in order:
-1. inputs: the tokenizer from the data stage (tokenizer.path when set); the base checkpoint = the
-   `base_checkpoint` argument, else the pretrain manifest's `metrics.latest_checkpoint` (or `checkpoint`,
-   or its highest-step .ckpt output), else model.base_checkpoint. Its sha256 is taken before training.
-2. data (data/sft_records.py): sft.inputs -> chat template -> labels -> rows of seq_length + 1 ->
-   `data/sft.mindrecord` (input_ids + labels); `quarantine.jsonl` (malformed records), `excluded.jsonl`
-   (dropped by sft.truncation), `sft_stats.json` (read = rejected + dropped + kept).
-3. train: `sft.yaml` (mindformers_yaml stage "sft": pet_config LoRA, run_mode finetune, load_checkpoint =
-   the base, plus the PipelineMetrics/LossGuard callbacks) run through the launcher in its own process
-   (`python -m pipeline_lib.train.sft_stage --yaml`, which registers the callbacks and runs
-   pipeline_lib.train.entry, i.e. `Trainer(cfg).train()`). A preflight of training.preflight_steps
-   runs first (in `preflight/`, removed after) and stops the stage when its verdict is bad. Checkpoints
-   are verified, pruned and pointed at by `train/latest_checkpoint.json` (CheckpointManager); a rerun
-   after a failure resumes from it when the stage identity (config, base sha256, data) is unchanged.
-4. adapter: `adapter/adapter.ckpt` (LoRA factors only) + `adapter/adapter_config.json` (train/adapter.py),
-   after checking that LoRA alone was trained and the frozen weights equal the base bitwise; the base
-   file's sha256 is checked again (it is never written).
-5. `loss.png` and the manifest (last): metrics `adapter_checkpoint`, `base_checkpoint`, losses, counts,
-   tables and images for the UI.
+1. inputs: the tokenizer (tokenizer.path, else the data stage's) and the base checkpoint (the argument, else
+   the pretrain manifest's `metrics.latest_checkpoint`, else model.base_checkpoint); sha256 of the base.
+2. data (data/sft_records.py): sft.inputs -> chat template -> labels -> rows -> `data/sft.mindrecord` (input_ids
+   + labels), `quarantine.jsonl`, `excluded.jsonl`, `sft_stats.json` (read = rejected + dropped + kept).
+3. train, as the pretrain stage does (train/stage.py: same launcher, work folder, node rank, checkpoint
+   manager): `sft.yaml` is the mindformers LoRA finetune (pet_config, run_mode finetune, load_checkpoint = the
+   base, then `Trainer.train()`) plus the PipelineMetrics / LossGuard callbacks, run in its own process with
+   output_dir `train/`. A preflight of training.preflight_steps runs on a fresh start (`preflight.json`; a bad
+   verdict raises SFTPreflightFailed). Checkpoints are verified, pruned and named by
+   `train/latest_checkpoint.json`; a rerun of the same run (config, base sha256, rows) resumes from it.
+4. adapter (train/adapter.py): `adapter/adapter.ckpt` holds the LoRA factors only, `adapter/adapter_config.json`
+   rank, alpha, targets and the base's sha256; extraction checks that only LoRA was trained and every frozen
+   weight equals the base bitwise. The base file is only read (its sha256 is checked again at the end).
+5. `loss.png` and the manifest (last): metrics `adapter_checkpoint`, `base_checkpoint` (what evaluate and
+   export read), losses, counts, a data table and the loss image for the UI.
 
-Limits: resume works from the local stage folder (an s3:// run store trains in a scratch folder; set
-training.upload_checkpoints to keep copies). SFT has no gradient accumulation (mindformers_yaml).
-Raises SFTStageError (inputs/data, naming the field and fix), AdapterError, and the launcher's
-TrainingLaunchError / TrainingTimeout / GuardTripped.
+Limits: the loss guard stops SFT (training.guard.on_failure=rollback is not applied here); SFT has no gradient
+accumulation (mindformers_yaml). Raises SFTStageError (inputs and data, naming the field and fix),
+SFTPreflightFailed, AdapterError, InsufficientDiskError and the launcher's GuardTripped / TrainerKilled
+(transient) / TrainingTimeout / TrainingLaunchError.
 """
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 from ..config.load import config_hash
 from ..config.mindformers_yaml import build_run_config
 from ..data.sft_records import prepare_sft_data, table_rows
-from ..stages import stage_hash
+from ..stages import stage_hash, stage_inputs
 from ..storage import Manifest, RunPaths, invalidate, is_s3, join, read_manifest, sha256_file, store_for, write_manifest
-from .checkpoints import CheckpointManager
-from .launch import build_command, launch
+from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
+from .checkpoints import CheckpointManager, check_free_disk
+from .launch import GuardTripped, TrainingLaunchError
 from .metrics import plot_loss, read_metrics, training_callbacks
 from .preflight import evaluate_preflight
-from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
+from .stage import _launch, _local_ranks, _node_rank, _work_dir, describe_guard
 
 STAGE = "sft"
-_STEP = re.compile(r"(\d+)")
+_NUMBERS = re.compile(r"(\d+)")
 
 
 class SFTStageError(ValueError):
     """A problem with the SFT stage's inputs or data that a user must fix (not worth a retry)."""
 
 
+class SFTPreflightFailed(SFTStageError):
+    """The preflight's verdict was bad; the message lists each problem with its fix."""
+
+
 def _upstream(paths: RunPaths, stage: str, keys: tuple[str, ...], suffix: str) -> str | None:
-    """A file named by an upstream manifest: metrics[key] (str, or dict with uri/path), else the output
-    ending in `suffix` with the highest numbers in its path (steps); relative values resolve in its folder."""
+    """A file an upstream manifest names: metrics[key] (str, or dict with uri/path), else its output ending in
+    `suffix` with the highest numbers in its path; relative values are resolved in that stage's folder."""
     uri = paths.stage_uri(stage)
     m = read_manifest(uri, paths.endpoint_url)
     if m is None:
         return None
-    values = [m.metrics.get(k) for k in keys]
-    values = [v.get("uri") or v.get("path") if isinstance(v, dict) else v for v in values]
+    values = [v.get("uri") or v.get("path") if isinstance(v, dict) else v for v in (m.metrics.get(k) for k in keys)]
     found = [o["path"] for o in m.outputs if o["path"].endswith(suffix) and "trainable" not in o["path"]]
     value = next((str(v) for v in values if v), None) or max(
-        found, key=lambda p: [int(x) for x in _STEP.findall(p)], default=None)
+        found, key=lambda p: [int(x) for x in _NUMBERS.findall(p)], default=None)
     if value is None:
         return None
     return value if is_s3(value) or Path(value).is_absolute() else join(uri, value)
@@ -86,140 +84,148 @@ def find_tokenizer(cfg, paths: RunPaths) -> str | None:
 def _local(uri: str, cache: Path, endpoint_url: str | None, sidecar: str | None = None) -> Path:
     """An absolute local path for a local or s3:// file (downloaded into `cache`, with `sidecar` beside it)."""
     if not is_s3(uri):
-        return Path(uri).resolve()
+        return Path(uri).expanduser().resolve()
     store, folder = store_for(uri, endpoint_url), uri.rsplit("/", 1)[0]
     if sidecar and store.exists(f"{folder}/{sidecar}"):
         store.get_file(f"{folder}/{sidecar}", cache / sidecar)
     return Path(store.get_file(uri, cache / uri.rsplit("/", 1)[-1])).resolve()
 
 
-def _identity(cfg, base_sha: str, data_sha: str) -> str:
-    """What a resumable attempt must share: stage config, training knobs SFT reuses, base and data."""
-    training = cfg.training.model_dump(mode="json")
-    for knob in ("timeout_seconds", "upload_checkpoints", "preflight_steps"):
-        training.pop(knob)
-    return config_hash({"stage": stage_hash(cfg, STAGE), "training": training, "base": base_sha, "data": data_sha})
-
-
-def _write_yaml(cfg, out_dir: Path, data_dir: Path, load: Path, rows: int, *, resume: Path | None = None,
+def _write_yaml(cfg, out_dir: Path, data_dir: Path, base: Path, rows: int, *, resume: Path | None = None,
                 steps: int | None = None) -> Path:
-    """The mindformers LoRA finetune yaml (mindformers_yaml) plus the metrics and loss-guard callbacks.
+    """out_dir/sft.yaml: the LoRA finetune (mindformers_yaml stage 'sft') with the metrics and guard callbacks.
 
-    `resume` (a checkpoint file of out_dir/checkpoint/rank_N) resumes: mindformers 1.9 wants the checkpoint
-    folder as load_checkpoint and the file name as resume_training (a file path is refused)."""
+    `resume` (a file of out_dir/checkpoint/rank_N) resumes: mindformers 1.9 wants the checkpoint folder as
+    load_checkpoint and the file name as resume_training (it refuses a file path)."""
     import yaml
 
+    t, dp = cfg.training, cfg.parallel.data_parallel
+    callbacks = training_callbacks(out_dir, tokens_per_step=cfg.sft.micro_batch_size * dp * cfg.model.seq_length,
+                                   batch_size=cfg.sft.micro_batch_size, data_parallel=dp, num_rows=rows,
+                                   spike_factor=t.guard.spike_factor, window=t.guard.window)
     run = build_run_config(cfg, stage="sft", dataset_dir=str(data_dir), output_dir=str(out_dir),
-                           load_checkpoint=str(resume.parent.parent if resume else load), resume=bool(resume),
-                           train_rows=rows, steps=steps)
+                           load_checkpoint=str(resume.parent.parent if resume else base), resume=bool(resume),
+                           train_rows=rows, steps=steps, extra_callbacks=callbacks)
     if resume:
         run["resume_training"] = resume.name
-    batch, dp, guard = run["train_dataset"]["batch_size"], cfg.parallel.data_parallel, cfg.training.guard
-    run["callbacks"] += training_callbacks(out_dir, tokens_per_step=batch * dp * cfg.model.seq_length,
-                                           batch_size=batch, data_parallel=dp, num_rows=rows,
-                                           spike_factor=guard.spike_factor, window=guard.window)
     path = out_dir / "sft.yaml"
     out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# LoRA finetune of {load} ({run['lr_schedule']['total_steps']} steps), generated by "
-                    "pipeline_lib.train.sft_stage.\n# Run: python -m pipeline_lib.train.sft_stage --yaml <this file>\n"
+    path.write_text(f"# LoRA finetune of {base} ({run['lr_schedule']['total_steps']} steps), written by "
+                    "pipeline_lib.train.sft_stage.\n# Run: python -m pipeline_lib.train.entry --yaml <this file>\n"
                     + yaml.safe_dump(run, sort_keys=False, allow_unicode=True), encoding="utf-8")
     return path
 
 
-def _launch(cfg, yaml_path: Path, out_dir: Path, log, on_tick=None):
-    command = build_command(cfg.parallel, yaml_path, log_dir=out_dir / "msrun", entry_module="pipeline_lib.train.sft_stage")
-    return launch(command, log=log, cwd=out_dir / "cwd", timeout_s=cfg.training.timeout_seconds,
-                  log_dir=out_dir / "msrun", on_tick=on_tick, guard_dir=out_dir)
-
-
-def _preflight(cfg, out: Path, base: Path, rows: int, log) -> dict:
+def _preflight(cfg, out: Path, base: Path, rows: int, node_rank: int, log) -> dict:
+    """training.preflight_steps steps in out/preflight; a crash or a NaN is a verdict, not an exception."""
     steps, pre = cfg.training.preflight_steps, out / "preflight"
     shutil.rmtree(pre, ignore_errors=True)
-    result = _launch(cfg, _write_yaml(cfg, pre, out / "data", base, rows, steps=steps), pre, log)
+    log(f"sft: preflight of {steps} steps in {pre}")
+    crash = None
+    try:
+        result = _launch(cfg, _write_yaml(cfg, pre, out / "data", base, rows, steps=steps), pre, node_rank, log)
+    except GuardTripped as err:
+        result = err.result
+    except TrainingLaunchError as err:
+        result, crash = err.result, str(err).splitlines()[0]
     verdict = evaluate_preflight(read_metrics(pre / "metrics.jsonl"), expected_steps=steps,
-                                 peak_rss_bytes=result.peak_rss_bytes)
+                                 peak_rss_bytes=result.peak_rss_bytes or None)
+    s = verdict.summary
+    report = {"ok": verdict.ok and crash is None, "message": verdict.message, "problems": verdict.problems,
+              "crash": crash, "steps": s.steps, "step_time_ms": s.step_time_ms, "tokens_per_s": s.tokens_per_s,
+              "loss_first": s.loss_first, "loss_last": s.loss_last, "peak_rss_bytes": result.peak_rss_bytes,
+              "seconds": round(result.duration_s, 1)}
+    (out / "preflight.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     shutil.rmtree(pre, ignore_errors=True)
-    log(f"sft: {verdict.message}")
-    if not verdict.ok:
-        raise SFTStageError(f"sft preflight: {verdict.message}")
-    return {"message": verdict.message, "loss_first": verdict.summary.loss_first,
-            "loss_last": verdict.summary.loss_last, "step_time_ms": verdict.summary.step_time_ms}
+    log(f"sft: {verdict.message}" + (f"; the trainer failed: {crash}" if crash else ""))
+    if not report["ok"]:
+        raise SFTPreflightFailed(f"sft {verdict.message}" + (f"\n- the trainer failed: {crash}" if crash else "")
+                                 + f"\n(see {out / 'preflight.json'})")
+    return report
 
 
 def _train(cfg, out: Path, base: Path, rows: int, identity: str, log, progress, upload, endpoint) -> dict:
-    """Preflight, then train (or resume) in out/train; returns the final checkpoint and the losses."""
-    train_dir, steps = out / "train", cfg.sft.steps
+    """Preflight, then train or resume in out/train; returns the final checkpoint, losses and resume facts."""
+    train_dir, steps, node_rank = out / "train", cfg.sft.steps, _node_rank(cfg)
+    ranks = _local_ranks(cfg, node_rank)
     ident_file = train_dir / "identity.json"
-    manager = CheckpointManager(train_dir, ranks=range(cfg.parallel.data_parallel), log=log,
-                                keep=cfg.training.keep_checkpoint_max, upload_uri=upload, endpoint_url=endpoint)
-    latest = manager.latest() if ident_file.exists() and json.loads(ident_file.read_text())["identity"] == identity \
-        else None
-    if latest is not None and not Path(latest["path"]).exists():
+    manager = CheckpointManager(train_dir, ranks=ranks, log=log, keep=cfg.training.keep_checkpoint_max,
+                                upload_uri=upload, endpoint_url=endpoint)
+    same_run = ident_file.exists() and json.loads(ident_file.read_text())["identity"] == identity
+    if same_run:
+        manager.sync()  # verify what a killed attempt left behind
+    latest = manager.latest() if same_run else None
+    if latest is not None and not all(Path(r["path"]).exists() for r in latest["ranks"].values()):
         latest = None
-    info: dict = {"resumed": latest is not None, "preflight": None}
+    info: dict = {"resumed_from_step": latest["step"] if latest else None, "preflight": None}
+    check_free_disk(out, int(base.stat().st_size * 1.2), copies=2, ranks_on_node=len(ranks))
     if latest is None:
         shutil.rmtree(train_dir, ignore_errors=True)
         if cfg.training.preflight_steps:
-            info["preflight"] = _preflight(cfg, out, base, rows, log)
+            info["preflight"] = _preflight(cfg, out, base, rows, node_rank, log)
         train_dir.mkdir(parents=True)
         ident_file.write_text(json.dumps({"identity": identity}), encoding="utf-8")
     if latest is None or (latest.get("global_step") or 0) < steps:
-        load = Path(latest["path"]) if latest else base
-        log(f"sft: training {steps} steps from {load.name}" + (" (resume)" if latest else ""))
+        start = Path(latest["path"]) if latest else None
+        yaml_path = _write_yaml(cfg, train_dir, out / "data", base, rows, resume=start)
+        if start is None or not (out / "sft.yaml").exists():  # the stage's yaml is the run from the base
+            shutil.copyfile(yaml_path, out / "sft.yaml")
+        log(f"sft: training {steps} steps from " + (f"{start.name} (resume)" if start else str(base)))
 
         def tick():
             manager.sync()
-            if progress:
-                progress("train", min(len(read_metrics(train_dir / "metrics.jsonl")), steps), steps)
+            records = read_metrics(train_dir / "metrics.jsonl")
+            if progress and records:
+                progress("train", min(max(r["step"] for r in records), steps), steps)
 
-        yaml_path = _write_yaml(cfg, train_dir, out / "data", base, rows, resume=latest and load)
-        if latest is None or not (out / "sft.yaml").exists():  # the stage's yaml: the run from the base
-            shutil.copyfile(yaml_path, out / "sft.yaml")
-        _launch(cfg, yaml_path, train_dir, log, on_tick=tick)
+        try:
+            _launch(cfg, yaml_path, train_dir, node_rank, log, on_tick=tick)
+        except GuardTripped as err:
+            manager.sync()
+            raise GuardTripped(describe_guard(err.diagnoses[0], manager.latest()).replace("pretrain:", "sft:", 1)
+                               + "\n" + str(err), err.result, err.diagnoses) from None
+        manager.sync()
         latest = manager.latest()
-    if latest is None:
-        raise SFTStageError(f"training left no verified checkpoint in {train_dir}/checkpoint: see the log above; "
-                            "check training.save_steps and the disk")
+    if latest is None or (latest.get("global_step") or 0) < steps:
+        raise SFTStageError(f"sft.steps={steps}: training stopped at optimizer step "
+                            f"{latest and latest.get('global_step')} without an error; see {train_dir}/log")
     # a resumed attempt repeats the steps after its checkpoint: keep the last record of each step
     records = sorted({r["step"]: r for r in read_metrics(train_dir / "metrics.jsonl")}.values(), key=lambda r: r["step"])
     if records:
-        plot_loss(records, out / "loss.png", title="SFT loss (LoRA)")
-    losses = [r.get("loss") for r in records]
-    return {**info, "checkpoint": latest["path"], "steps": latest.get("global_step"),
-            "loss_first": losses[0] if losses else float("nan"), "loss_last": losses[-1] if losses else float("nan")}
+        plot_loss(records, out / "loss.png", title=f"SFT loss (LoRA r={cfg.sft.lora_rank})")
+    rank = min(latest["ranks"], key=int)
+    return {**info, "checkpoint": latest["ranks"][rank]["path"], "steps": latest.get("global_step"),
+            "loss_first": records[0]["loss"] if records else None, "loss_last": records[-1]["loss"] if records else None}
 
 
 def run_sft_stage(cfg, paths: RunPaths, log=print, progress=None, *, base_checkpoint: str | None = None) -> Manifest:
     """Run the SFT stage (see the module docstring); returns the manifest it wrote."""
     log = log or (lambda msg: None)
-    started = time.time()
-    base_ref = find_base_checkpoint(cfg, paths, base_checkpoint)
-    if not base_ref:
-        raise SFTStageError("model.base_checkpoint=None: no base checkpoint; run the pretrain stage (its manifest "
-                            "names latest_checkpoint) or set model.base_checkpoint to a mindformers .ckpt")
-    tok_ref = find_tokenizer(cfg, paths)
-    if not tok_ref:
-        raise SFTStageError("tokenizer.path=None: no tokenizer; run the data stage first or set tokenizer.path")
-    uri = paths.stage_uri(STAGE)
-    invalidate(uri, paths.endpoint_url)  # first: a stage being redone is never seen as done
-    out = Path(tempfile.mkdtemp(prefix="sft-")) if is_s3(uri) else Path(uri).resolve()
-    for stale in ("adapter", "loss.png", "_work"):  # train/ stays: it is what a rerun resumes from
-        shutil.rmtree(out / stale, ignore_errors=True) if (out / stale).is_dir() else (out / stale).unlink(missing_ok=True)
-    cache = out / "_work"
-    base = _local(base_ref, cache, paths.endpoint_url)
+    started, uri, endpoint = time.time(), paths.stage_uri(STAGE), paths.endpoint_url
+    base_ref, tok_ref = find_base_checkpoint(cfg, paths, base_checkpoint), find_tokenizer(cfg, paths)
+    if not (base_ref and tok_ref):
+        raise SFTStageError(f"model.base_checkpoint={base_ref!r}, tokenizer.path={tok_ref!r}: SFT needs both; run the "
+                            "data and pretrain stages (their manifests name them) or set these fields")
+    invalidate(uri, endpoint)  # a stage being redone is never seen as done
+    out = _work_dir(uri)
+    for stale in ("adapter", "_inputs", "loss.png"):  # train/ stays: a rerun resumes from it
+        shutil.rmtree(out / stale) if (out / stale).is_dir() else (out / stale).unlink(missing_ok=True)
+    base = _local(base_ref, out / "_inputs", endpoint)
     if not base.is_file():
-        raise SFTStageError(f"base checkpoint {base_ref!r} does not exist: point model.base_checkpoint (or the "
-                            "pretrain stage) at a mindformers .ckpt file")
-    tok = _local(tok_ref, cache, paths.endpoint_url, sidecar="tokenizer_config.json")
+        raise SFTStageError(f"base checkpoint {base_ref!r} is not a file: point model.base_checkpoint (or the pretrain "
+                            "stage) at a mindformers .ckpt")
+    tok = _local(tok_ref, out / "_inputs", endpoint, sidecar="tokenizer_config.json")
     base_sha = sha256_file(base)
     log(f"sft: base {base_ref} (sha256 {base_sha[:12]}), tokenizer {tok_ref}")
-
     if progress:
         progress("data", 0, 1)
-    stats = prepare_sft_data(cfg, tok, out, paths.endpoint_url, log)
-    rows = stats["total"]["rows"]
-    upload = join(uri, "train_checkpoints") if cfg.training.upload_checkpoints else None
-    train = _train(cfg, out, base, rows, _identity(cfg, base_sha, stats["rows_sha256"]), log, progress, upload, paths.endpoint_url)
+    stats = prepare_sft_data(cfg, tok, out, endpoint, log)
+    training = {k: v for k, v in cfg.training.model_dump(mode="json").items()
+                if k not in ("timeout_seconds", "upload_checkpoints", "preflight_steps")}
+    identity = config_hash({"stage": stage_hash(cfg, STAGE), "training": training, "base": base_sha,
+                            "rows": stats["rows_sha256"]})
+    upload = join(uri, "train", "checkpoint") if cfg.training.upload_checkpoints and is_s3(uri) else None
+    train = _train(cfg, out, base, stats["total"]["rows"], identity, log, progress, upload, endpoint)
 
     log(f"sft: extracting the adapter from {Path(train['checkpoint']).name}")
     expected = expected_lora_shapes(cfg.model, list(cfg.sft.target_modules), cfg.sft.lora_rank)
@@ -228,23 +234,22 @@ def run_sft_stage(cfg, paths: RunPaths, log=print, progress=None, *, base_checkp
         raise SFTStageError(f"base checkpoint {base_ref!r} changed on disk during SFT (sha256 {base_sha[:12]} -> "
                             f"{sha256_file(base)[:12]}): something else writes to it; keep the base read-only")
     base_info = {"uri": base_ref, "sha256": base_sha, "size": base.stat().st_size}
-    write_adapter_config(out / "adapter", adapter_config(cfg, base=base_info, result=result,
-                                                         source=os.path.relpath(train["checkpoint"], out)))
-    shutil.rmtree(cache, ignore_errors=True)
-    rels = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    rels = [r for r in rels if not r.startswith(("train/", "preflight/", "_work/")) and r != "manifest.json"]
+    write_adapter_config(out / "adapter", adapter_config(
+        cfg, base=base_info, result=result, source=Path(train["checkpoint"]).relative_to(out).as_posix()))
+    shutil.rmtree(out / "_inputs", ignore_errors=True)
+    rels = [p.relative_to(out).as_posix() for d in (out, out / "adapter", out / "data") for p in sorted(d.iterdir())
+            if p.is_file() and p.name != "manifest.json"]
     rels += [r for r in ("train/metrics.jsonl", "train/latest_checkpoint.json") if (out / r).exists()]
-    store = store_for(uri, paths.endpoint_url)
-    if is_s3(uri):
-        for rel in rels:
-            store.put_file(out / rel, join(uri, rel))
+    for rel in rels if is_s3(uri) else ():
+        store_for(uri, endpoint).put_file(out / rel, join(uri, rel))
     outputs = [{"path": r, "size": (out / r).stat().st_size, "sha256": sha256_file(out / r)} for r in rels]
     t = stats["total"]
     metrics = {
         "adapter_checkpoint": f"adapter/{ADAPTER_FILE}", "adapter_config": f"adapter/{CONFIG_FILE}",
         "base_checkpoint": base_ref, "base_sha256": base_sha, "tokenizer": tok_ref,
         "trainable_params": result["lora_numel"], "steps": train["steps"], "loss_first": train["loss_first"],
-        "loss_last": train["loss_last"], "resumed": train["resumed"], "preflight": train.get("preflight"),
+        "loss_last": train["loss_last"], "resumed": train["resumed_from_step"] is not None,
+        "resumed_from_step": train["resumed_from_step"], "preflight": train["preflight"],
         "samples": {k: t[k] for k in ("read", "rejected_total", "dropped_total", "kept", "rows", "row_trained_tokens")},
         "seconds": round(time.time() - started, 1),
         "tables": {"sft_data": {"description": "SFT samples per input file (read = rejected + dropped + kept)",
@@ -252,30 +257,8 @@ def run_sft_stage(cfg, paths: RunPaths, log=print, progress=None, *, base_checkp
         "images": {"loss": "loss.png"} if (out / "loss.png").exists() else {},
     }
     manifest = Manifest(stage=STAGE, run_id=paths.run_id, config_hash=stage_hash(cfg, STAGE),
-                        inputs={"base_checkpoint": base_ref, "base_sha256": base_sha, "tokenizer": tok_ref},
-                        outputs=outputs, metrics=metrics)
+                        inputs=stage_inputs(paths, STAGE), outputs=outputs, metrics=metrics)
+    write_manifest(uri, manifest, endpoint)
     log(f"sft: done in {metrics['seconds']} s, loss {train['loss_first']:.4f} -> {train['loss_last']:.4f}, "
-        f"{result['lora_numel']:,} LoRA parameters -> {uri}/adapter")
-    write_manifest(uri, manifest, paths.endpoint_url)
-    if is_s3(uri):
-        shutil.rmtree(out, ignore_errors=True)
+        f"{result['lora_numel']:,} LoRA parameters -> {join(uri, 'adapter')}")
     return manifest
-
-
-def _trainer_main(argv: list[str]) -> int:
-    """Trainer process: register the pipeline's callbacks, then run pipeline_lib.train.entry."""
-    import yaml
-
-    yaml_path = argv[argv.index("--yaml") + 1]
-    output_dir = yaml.safe_load(Path(yaml_path).read_text(encoding="utf-8")).get("output_dir") or "./output"
-    os.environ.setdefault("LOG_MF_PATH", os.path.join(output_dir, "log"))
-    os.environ.setdefault("MS_OM_PATH", os.path.join(output_dir, "om"))
-    os.environ.setdefault("GLOG_v", "3")
-    import pipeline_lib.train.callbacks  # noqa: F401  (registers PipelineMetrics and LossGuard)
-    from pipeline_lib.train import entry
-
-    return entry.main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(_trainer_main(sys.argv[1:]))

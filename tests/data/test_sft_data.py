@@ -202,3 +202,26 @@ def test_prompt_ids_end_where_the_answer_starts(tpl, tok):
     assert full[:len(prompt)] == prompt and prompt[-1] == tpl.marker_ids["assistant"]
     text = tpl.prompt_text("断路器多久检查一次？")
     assert text.startswith("<|user|> ") and text.endswith("<|end|><|assistant|>")
+
+
+def test_parquet_and_gzip_inputs_mix_the_three_shapes(tmp_path, tpl, tok):
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": "断路器多久检查一次？", "response": "每年一次。"},
+            {"instruction": "Answer.", "input": "", "output": "Once a year."},
+            {"messages": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]},
+            {"prompt": None, "response": None}]
+    keys = ["prompt", "response", "instruction", "input", "output", "messages"]
+    table = pa.table({k: [r.get(k) for r in rows] for k in keys})  # one schema: nulls where a row lacks a column
+    pq.write_table(table, tmp_path / "mixed.parquet")
+    with gzip.open(tmp_path / "more.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps(rows[0], ensure_ascii=False) + "\nnot json\n")
+    records = list(iter_instruction_records([str(tmp_path / "mixed.parquet"), str(tmp_path / "more.jsonl.gz")]))
+    assert [r.id for r in records] == ["mixed.parquet:0", "mixed.parquet:1", "mixed.parquet:2", "mixed.parquet:3",
+                                       "more.jsonl.gz:1", "more.jsonl.gz:2"]
+    out = [to_turns(r.obj, forbidden=tpl.forbidden_text) if r.obj else (None, r.reason) for r in records]
+    assert [reason for _, reason in out] == [None, None, None, "unknown_shape", None, "bad_json"]
+    assert out[2][0] == [Turn("user", "Q?"), Turn("assistant", "A.")]
