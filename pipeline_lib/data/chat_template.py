@@ -10,16 +10,17 @@ Layout of an encoded conversation (ids; `enc(x)` is the tokenizer's encoding of 
 Role markers and `<|end|>` are user-defined symbols of the tokenizer (one id each, never split, never
 produced from ordinary text: `instructions.to_turns` refuses text holding them), BOS/EOS are its
 control ids, so every turn boundary is unambiguous. Each content is encoded on its own, exactly as a
-pretraining document is (sentencepiece's word-start prefix included), which keeps the encoding of the
-answer independent of what precedes it.
+pretraining document is, so the encoding of an answer does not depend on what precedes it.
 
 Config: the markers are the first four `tokenizer.special_tokens`, in the order system, user,
 assistant, end (default `<|system|> <|user|> <|assistant|> <|end|>`); BOS/EOS/pad ids come from the
 tokenizer; `sft.system_prompt` is applied by `instructions.to_turns`.
 
 `prompt_ids(...)` gives what a model must see to answer (ends with the `<|assistant|>` marker); decode
-until EOS. `prompt_text(...)` is the same prompt as text for string-based callers; sentencepiece
-encodes it with one extra word-start piece at its very beginning, so prefer `prompt_ids`.
+until EOS. `prompt_text(...)` is the same prompt as text for string-based callers (e.g. an evaluate
+'{prompt}' template): BOS + its encoding equals `prompt_ids` for the pipeline's own tokenizer (trained
+without sentencepiece's dummy word-start prefix, and pieces never cross a user-defined symbol); with a
+loaded tokenizer that adds the prefix, use `prompt_ids`.
 Labels and the truncation policy live here too, because they follow from the layout: `labels_for`
 gives the id of each trained token and -100 elsewhere; `fit_to_row` (sft.truncation) makes a sample
 fit a row of `row_len` tokens:
@@ -134,13 +135,13 @@ class ChatTemplate:
     def prompt_text(self, user: str, system: str | None = None) -> str:
         """The single-turn prompt as text (no BOS; callers add it), e.g. for a '{prompt}' template."""
         m = self.markers
-        head = f"{m['system']} {system.strip()}{m['end']}" if system else ""
-        return f"{head}{m['user']} {user.strip()}{m['end']}{m['assistant']}"
+        head = f"{m['system']}{system.strip()}{m['end']}" if system else ""
+        return f"{head}{m['user']}{user.strip()}{m['end']}{m['assistant']}"
 
     def render(self, turns: Sequence[Turn]) -> str:
         """Human-readable text of a conversation (quarantine files, debugging); not for training."""
         m = self.markers
-        return "".join(f"{m[t.role]} {t.content}" + ("</s>" if t.role == "assistant" else m["end"])
+        return "".join(f"{m[t.role]}{t.content}" + ("</s>" if t.role == "assistant" else m["end"])
                        for t in turns)
 
 

@@ -147,8 +147,7 @@ def _preflight(cfg, out: Path, base: Path, rows: int, node_rank: int, log) -> di
 def _train(cfg, out: Path, base: Path, rows: int, identity: str, log, progress, upload, endpoint) -> dict:
     """Preflight, then train or resume in out/train; returns the final checkpoint, losses and resume facts."""
     train_dir, steps, node_rank = out / "train", cfg.sft.steps, _node_rank(cfg)
-    ranks = _local_ranks(cfg, node_rank)
-    ident_file = train_dir / "identity.json"
+    ranks, ident_file = _local_ranks(cfg, node_rank), train_dir / "identity.json"
     manager = CheckpointManager(train_dir, ranks=ranks, log=log, keep=cfg.training.keep_checkpoint_max,
                                 upload_uri=upload, endpoint_url=endpoint)
     same_run = ident_file.exists() and json.loads(ident_file.read_text())["identity"] == identity
@@ -182,8 +181,9 @@ def _train(cfg, out: Path, base: Path, rows: int, identity: str, log, progress, 
             _launch(cfg, yaml_path, train_dir, node_rank, log, on_tick=tick)
         except GuardTripped as err:
             manager.sync()
-            raise GuardTripped(describe_guard(err.diagnoses[0], manager.latest()).replace("pretrain:", "sft:", 1)
-                               + "\n" + str(err), err.result, err.diagnoses) from None
+            why = describe_guard(err.diagnoses[0], manager.latest()).replace("pretrain:", "sft:", 1)
+            raise GuardTripped(why.replace("training.learning_rate", "sft.learning_rate") + "; rerun to resume\n"
+                               + str(err), err.result, err.diagnoses) from None
         manager.sync()
         latest = manager.latest()
     if latest is None or (latest.get("global_step") or 0) < steps:
@@ -207,7 +207,7 @@ def run_sft_stage(cfg, paths: RunPaths, log=print, progress=None, *, base_checkp
         raise SFTStageError(f"model.base_checkpoint={base_ref!r}, tokenizer.path={tok_ref!r}: SFT needs both; run the "
                             "data and pretrain stages (their manifests name them) or set these fields")
     invalidate(uri, endpoint)  # a stage being redone is never seen as done
-    out = _work_dir(uri)
+    out = _work_dir(uri)  # the stage folder, or a fixed local folder per s3:// stage (reruns resume there)
     for stale in ("adapter", "_inputs", "loss.png"):  # train/ stays: a rerun resumes from it
         shutil.rmtree(out / stale) if (out / stale).is_dir() else (out / stale).unlink(missing_ok=True)
     base = _local(base_ref, out / "_inputs", endpoint)

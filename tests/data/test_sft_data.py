@@ -200,8 +200,11 @@ def test_prompt_ids_end_where_the_answer_starts(tpl, tok):
     prompt = tpl.prompt_ids(tok, history)
     full, _ = tpl.encode(tok, [[*history, Turn("assistant", "每年一次。")]])[0]
     assert full[:len(prompt)] == prompt and prompt[-1] == tpl.marker_ids["assistant"]
-    text = tpl.prompt_text("断路器多久检查一次？")
-    assert text.startswith("<|user|> ") and text.endswith("<|end|><|assistant|>")
+    for q, system in (("断路器多久检查一次？", None), ("How often is the breaker tested?", "Be brief.")):
+        text = tpl.prompt_text(q, system=system)
+        assert text.startswith("<|system|>" if system else "<|user|>") and text.endswith("<|end|><|assistant|>")
+        turns = [Turn("system", system)] * bool(system) + [Turn("user", q)]
+        assert [tok.bos_id, *tok.encode(text)] == tpl.prompt_ids(tok, turns)  # the text form encodes the same
 
 
 def test_parquet_and_gzip_inputs_mix_the_three_shapes(tmp_path, tpl, tok):
