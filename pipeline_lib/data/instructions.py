@@ -115,7 +115,8 @@ def _from_messages(messages) -> tuple[list[Turn] | None, str | None]:
         role = role.strip().lower()
         if role not in ROLES:
             return None, "unknown_role"
-        turns.append(Turn(role, content.strip()))
+        if role != "system" or content.strip():  # an empty system turn says nothing: left out
+            turns.append(Turn(role, content.strip()))
     return turns, None
 
 
@@ -138,7 +139,7 @@ def check_turns(turns: list[Turn]) -> str | None:
     if any(t.role == "system" for t in body):
         return "system_not_first"
     if not body:
-        return "unknown_shape"
+        return "ends_without_response"
     for i, t in enumerate(body):
         if t.role != ("user" if i % 2 == 0 else "assistant"):
             return "roles_out_of_order"
@@ -166,11 +167,11 @@ def to_turns(obj: dict, *, system_prompt: str | None = None,
     reason = check_turns(turns)
     if reason:
         return None, reason
+    if turns[0].role != "system" and system_prompt and system_prompt.strip():
+        turns = [Turn("system", system_prompt.strip()), *turns]
     forbidden = [f for f in forbidden if f]
     if any(f in t.content for t in turns for f in forbidden):
         return None, "special_token_in_text"
-    if turns[0].role != "system" and system_prompt and system_prompt.strip():
-        turns = [Turn("system", system_prompt.strip()), *turns]
     return turns, None
 
 
