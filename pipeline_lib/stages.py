@@ -40,8 +40,9 @@ class StageSpec:
 
 def _data_fields(c: PipelineConfig) -> dict:
     # How the work is spread (workers, executor) does not change the output.
-    return {"data": c.data.model_dump(mode="json", exclude={"num_workers", "executor"}), "tokenizer": c.tokenizer.model_dump(mode="json"),
-            "seq_length": c.model.seq_length, "seed": c.run.seed}
+    return {"data": c.data.model_dump(mode="json", exclude={"num_workers", "executor", "read_batch_size"}),
+            "tokenizer": c.tokenizer.model_dump(mode="json", exclude={"encode_threads"}),
+            "seq_length": c.model.seq_length, "vocab_size": c.model.vocab_size}
 
 
 def _pretrain_fields(c: PipelineConfig) -> dict:
@@ -52,17 +53,22 @@ def _pretrain_fields(c: PipelineConfig) -> dict:
             "training": training, "seed": c.run.seed, "device": device_target(c)}
 
 
-def _sft_fields(c: PipelineConfig) -> dict:
-    return {"sft": c.sft.model_dump(mode="json"), "model": c.model.model_dump(mode="json"),
-            "precision": c.training.precision, "seed": c.run.seed, "device": device_target(c)}
-
-
 def _file_digest(path: str) -> str | None:
     try:
         with open(path, "rb") as fh:
             return hashlib.sha256(fh.read()).hexdigest()[:16]
     except OSError:
         return None
+
+
+def _sft_fields(c: PipelineConfig) -> dict:
+    # SFT reuses the optimizer/schedule/guard knobs of `training`, and its data files' contents matter.
+    reused = c.training.model_dump(mode="json", include={"optimizer", "warmup_steps", "min_lr", "precision",
+                                                         "loss_scale", "grad_clip", "save_steps",
+                                                         "keep_checkpoint_max", "guard"})
+    return {"sft": c.sft.model_dump(mode="json"), "model": c.model.model_dump(mode="json"), "training": reused,
+            "special_tokens": c.tokenizer.special_tokens, "seed": c.run.seed, "device": device_target(c),
+            "inputs": {p: _file_digest(p) for p in c.sft.inputs}}
 
 
 def _evaluate_fields(c: PipelineConfig) -> dict:
