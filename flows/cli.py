@@ -74,6 +74,16 @@ class embedded_api:
 
     def __exit__(self, *exc):
         if self.server is not None:
+            # Send the logs and events still queued while the API is up, not after it stopped.
+            try:
+                from prefect.events.worker import EventsWorker
+                from prefect.logging.handlers import APILogHandler, APILogWorker
+
+                APILogHandler().flush()
+                APILogWorker.drain_all(timeout=10)
+                EventsWorker.drain_all(timeout=10)
+            except Exception:
+                pass
             self.settings.__exit__(*exc)
             os.environ.pop("PREFECT_API_URL", None)
             self.server.stop()
