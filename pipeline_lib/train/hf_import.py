@@ -438,8 +438,7 @@ def _to_hf_main(ckpt: str, folder: str, model_json: str, dtype: str) -> None:
 
     cfg = _model_cfg(model_json)
     raw = ms.load_checkpoint(ckpt)
-    params = {n: (p.float() if p.dtype == ms.bfloat16 else p).asnumpy() for n, p in raw.items()
-              if mf_to_hf_name(n) is not None}
+    params = {n: ms.ops.cast(p, ms.float32).asnumpy() for n, p in raw.items() if mf_to_hf_name(n) is not None}
     tensors = {k: v.astype(dtype) for k, v in mindformers_to_hf(params, cfg).items()}
     tmp = os.path.join(folder, ".tmp-" + SINGLE_FILE)
     save_file(tensors, tmp, metadata={"format": "pt"})

@@ -4,7 +4,8 @@ What `run_pretrain_stage(cfg, paths, log=..., progress=...)` does, in order:
 1. inputs: the data stage's manifest (its `mindrecord/train` shards and row count) and the base weights:
    `model.base_checkpoint` (a mindformers .ckpt) or `model.hf_checkpoint` (a Hugging Face Llama folder, checked
    against model.* and converted by `hf_import` into `base/hf_import.ckpt`). A missing or mismatched base fails
-   here, before anything is launched.
+   here, before anything is launched. Continued pretraining loads the base's weights only: optimizer state, step
+   count and LR schedule start afresh (a nightly run is a new run on new data).
 2. resume: when the stage folder holds `identity.json` of the same run (stage config hash, data manifest, base)
    and a verified `latest_checkpoint.json`, training continues from that checkpoint with `resume_training`
    (weights, AdamW moments, global step and so the LR position, the data position); otherwise the folder is
@@ -16,9 +17,10 @@ What `run_pretrain_stage(cfg, paths, log=..., progress=...)` does, in order:
 5. train: `run.yaml` (mindformers_yaml + the PipelineMetrics / LossGuard callbacks) is exactly the yaml that is
    launched (`python -m pipeline_lib.train.entry --yaml run.yaml`, msrun for several ranks, own process group,
    timeout training.timeout_seconds, node rank from $LLM_PIPELINE_NODE_RANK); a resumed attempt launches
-   `run_resume.yaml` (the same plus resume_training/load_checkpoint). Logs stream into `log`; every tick syncs
+   `run_resume.yaml` (the same plus resume_training/load_checkpoint). Logs stream into `log`; ticks sync
    checkpoints (verify, keep training.keep_checkpoint_max, `latest_checkpoint.json`, upload when
-   training.upload_checkpoints) and reports `progress("train", step, total)` from metrics.jsonl.
+   training.upload_checkpoints; verification takes at most ~5% of the wall time while the trainer runs, and runs
+   again after every attempt) and report `progress("train", step, total)` from metrics.jsonl.
 6. guard: a NaN/spike stops training at that step (callbacks.LossGuard); the stage raises `GuardTripped` whose
    message names step, loss, lr, loss scale, global norm and the batch's dataset rows. With
    training.guard.on_failure=rollback it instead resumes from the last good checkpoint with the data position
@@ -57,7 +59,7 @@ from ..config.platform import device_target
 from ..stages import TransientError, stage_hash, stage_inputs
 from ..storage import Manifest, RunPaths, invalidate, is_s3, join, read_manifest, sha256_file, store_for, \
     write_manifest
-from .checkpoints import LATEST_FILE, CheckpointManager, check_free_disk, expected_checkpoint_bytes
+from .checkpoints import LATEST_FILE, CheckpointManager, check_free_disk, expected_checkpoint_bytes, list_checkpoints
 from .launch import GuardTripped, LaunchResult, TrainingLaunchError, build_command, child_env, launch
 from .metrics import METRICS_FILE, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight, summarize_steps
@@ -71,6 +73,9 @@ LOSS_PNG = "loss_curve.png"
 NODE_RANK_ENV = "LLM_PIPELINE_NODE_RANK"
 WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 TABLE_STEPS = 10
+VERIFY_DUTY = 0.05      # share of wall time checkpoint verification may take while the trainer runs
+VERIFY_FIRST_S = 100.0  # ~ one verifier run (MindSpore import + load, ~5 s on 2 cores) / VERIFY_DUTY
+VERIFY_MIN_GAP_S = 30.0
 
 
 class PretrainStageError(ValueError):
@@ -115,7 +120,7 @@ def _data_inputs(paths: RunPaths, work: Path, log) -> tuple[Path, int, Manifest]
     return local, int(rows), m
 
 
-def _base_inputs(cfg, out: Path, log) -> tuple[Path | None, dict]:
+def _base_inputs(cfg) -> tuple[Path | None, dict]:
     """Check the base weights (fast, before any launch); convert an HF folder. Returns (local .ckpt or None, info)."""
     m = cfg.model
     if m.base_checkpoint and m.hf_checkpoint:
@@ -371,6 +376,72 @@ def _records(out: Path) -> list[dict]:
     return sorted({r["step"]: r for r in read_metrics(out / METRICS_FILE)}.values(), key=lambda r: r["step"])
 
 
+def _sync(manager: CheckpointManager, log) -> None:
+    """manager.sync() during training: mindformers' own keep_checkpoint_max may delete a file between its
+    verification and its hashing (FileNotFoundError from checkpoints.verify_checkpoints); the next tick lists the
+    folder again, so that is logged and skipped rather than killing the run."""
+    try:
+        manager.sync()
+    except FileNotFoundError as err:
+        log(f"[checkpoints] {Path(err.filename or '?').name} was rotated away while it was verified; next sync retries")
+
+
+class _Ticker:
+    """The launcher's on_tick: checkpoint sync within a CPU budget, the metrics file upload, progress.
+
+    Verifying a checkpoint loads it whole in a fresh MindSpore process (seconds of CPU and the checkpoint's size
+    in host memory), which competes with the trainer: during training a sync that has files to verify runs at most
+    once per (its last duration / VERIFY_DUTY) seconds, the first one VERIFY_FIRST_S after launch. The stage syncs
+    unconditionally after every attempt (success, guard, crash), so nothing stays unverified.
+    """
+
+    def __init__(self, manager: CheckpointManager, out: Path, steps: int, progress, log, metrics_uri: str | None,
+                 endpoint: str | None):
+        self.manager, self.out, self.steps, self.progress, self.log = manager, out, steps, progress, log
+        self.metrics_uri, self.endpoint = metrics_uri, endpoint
+        self.next_verify = time.monotonic() + VERIFY_FIRST_S
+        self.offset, self.step, self.reported = 0, 0, None
+        self.uploaded_size = 0
+
+    def _pending(self) -> bool:
+        return any(not c.sidecar.exists() for c in list_checkpoints(self.out) if c.rank in self.manager.ranks)
+
+    def __call__(self) -> None:
+        if time.monotonic() >= self.next_verify and self._pending():
+            t0 = time.monotonic()
+            _sync(self.manager, self.log)
+            self._upload_metrics()
+            self.next_verify = time.monotonic() + max(VERIFY_MIN_GAP_S, (time.monotonic() - t0) / VERIFY_DUTY)
+        self._report()
+
+    def _upload_metrics(self) -> None:
+        # the loss history travels with the uploaded checkpoints (a rerun elsewhere resumes with both)
+        path = self.out / METRICS_FILE
+        if self.metrics_uri and path.exists() and path.stat().st_size != self.uploaded_size:
+            self.uploaded_size = path.stat().st_size
+            store_for(self.metrics_uri, self.endpoint).put_file(path, self.metrics_uri)
+
+    def _report(self) -> None:
+        """Newest step in metrics.jsonl (read incrementally) -> progress("train", step, total)."""
+        path = self.out / METRICS_FILE
+        if self.progress is None or not path.exists():
+            return
+        with open(path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        complete = data[:data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                self.step = max(self.step, int(json.loads(line)["step"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        done = min(self.step, self.steps)
+        if done != self.reported:
+            self.reported = done
+            self.progress("train", done, self.steps)
+
+
 def _finite(x):
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
@@ -418,7 +489,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     ranks = _local_ranks(cfg, node_rank)
 
     # 1. inputs (fast failures first: nothing is launched or deleted before they pass)
-    base, base_info = _base_inputs(cfg, out, log)
+    base, base_info = _base_inputs(cfg)
     invalidate(stage_uri, endpoint)  # a stage being redone is never seen as done
     out.mkdir(parents=True, exist_ok=True)
     data_dir, rows, _ = _data_inputs(paths, out, log)
@@ -483,19 +554,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     if progress:
         progress("train", latest["step"] if latest else 0, steps)
 
-    uploaded_metrics = [0]
-
-    def tick():
-        manager.sync()
-        metrics_file = out / METRICS_FILE
-        if upload and metrics_file.exists() and metrics_file.stat().st_size != uploaded_metrics[0]:
-            # the loss history travels with the uploaded checkpoints (a rerun elsewhere resumes with both)
-            uploaded_metrics[0] = metrics_file.stat().st_size
-            store_for(stage_uri, endpoint).put_file(metrics_file, join(stage_uri, METRICS_FILE))
-        if progress:
-            records = read_metrics(out / METRICS_FILE)
-            if records:
-                progress("train", min(max(r["step"] for r in records), steps), steps)
+    tick = _Ticker(manager, out, steps, progress, log, join(stage_uri, METRICS_FILE) if upload else None, endpoint)
 
     rollbacks: list[dict] = []
     attempts = 0
@@ -534,6 +593,10 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
                 f"skipping data steps {good['step'] + 1}..{bad}")
             latest = {**good, "rollback_path": str(dest), "data_step": bad}
             continue
+        except TrainingLaunchError:
+            manager.sync()  # what the failed attempt saved is verified and latest_checkpoint.json points at it
+            tick._upload_metrics()
+            raise
         manager.sync()
         latest = manager.latest()
         if latest is None:

@@ -243,6 +243,10 @@ def test_reference_loss_falls_and_manifest(outcomes):
     assert pre["predicted_gb_per_device"] > 0 and "measured/predicted" in pre["memory"]
     assert not (o.out / "preflight" / "checkpoint").exists()
     assert m["preflight"]["ok"] is True
+    # the stage registry sees the manifest as complete: a rerun through it is skipped (nothing launched)
+    from pipeline_lib.stages import run_stage
+
+    assert run_stage(o.cfg, o.paths, "pretrain", log=lambda line: None)[1] is True
 
 
 def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
