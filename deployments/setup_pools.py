@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import copy
 
+from tasks.stage_task import node_limit_name
+
 ASCEND_ENV = {"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "HCCL_CONNECT_TIMEOUT": "1200"}
-
-
-def node_limit_name(host: str) -> str:
-    return f"ascend-node-{host}"
 
 
 def process_template(env_defaults: dict | None = None) -> dict:

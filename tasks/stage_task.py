@@ -10,9 +10,11 @@
 """
 from __future__ import annotations
 
+import socket
 import time
 
 from prefect import get_run_logger, task
+from prefect.concurrency.sync import concurrency
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.states import Completed
 from prefect.tasks import exponential_backoff
@@ -22,6 +24,14 @@ from pipeline_lib.stages import TransientError, run_stage, stage_done
 from pipeline_lib.storage import RunPaths
 
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
+
+TRAINING_STAGES = ("pretrain", "sft")
+
+
+def node_limit_name(host: str | None = None) -> str:
+    """Global concurrency limit (1 slot, made by `llm-pipeline pools`) that keeps a node to one training."""
+    return f"ascend-node-{host or socket.gethostname()}"
+
 
 TRANSIENT_NAMES = {"EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
                    "ConnectTimeoutError", "ProtocolError", "LostWorkerError"}
@@ -57,7 +67,12 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     paths = _run_paths(cfg, run_id)
     reporter = ProgressReporter(stage)
     started = time.time()
-    manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
+    if stage in TRAINING_STAGES:
+        # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
+        with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
+            manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
+    else:
+        manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
     reporter.finish()
     result = {"stage": stage, "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
               "stage_uri": paths.stage_uri(stage), "manifest": manifest.__dict__}

@@ -8,6 +8,7 @@ many more times: "ConnectionError 1" fails the next attempt only.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from pipeline_lib.storage import Manifest, describe_outputs, write_manifest
@@ -57,3 +58,31 @@ pretrain = _stage("pretrain")
 sft = _stage("sft")
 evaluate = _stage("evaluate")
 export = _stage("export")
+
+
+def _slots_now() -> dict:
+    """What the server says about this node's training limit while a stage runs."""
+    from prefect import get_client
+
+    from tasks.stage_task import node_limit_name
+
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(node_limit_name())
+    return {"limit": limit.limit, "active_slots": limit.active_slots}
+
+
+def _training_stage(stage: str):
+    inner = _stage(stage)
+
+    def run(cfg, paths, log=print, progress=None):
+        slots = Path(paths.run_uri) / f"slots-{stage}.json"
+        if os.environ.get("LLM_PIPELINE_TEST_RECORD_SLOTS"):
+            slots.parent.mkdir(parents=True, exist_ok=True)
+            slots.write_text(json.dumps(_slots_now()))
+        return inner(cfg, paths, log=log, progress=progress)
+
+    return run
+
+
+pretrain = _training_stage("pretrain")
+sft = _training_stage("sft")

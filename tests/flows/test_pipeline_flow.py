@@ -94,3 +94,21 @@ def test_artifacts_are_published(tiny_cfg):
                                                                                               "data-outputs"])))
     assert {a.key for a in arts} == {"data-summary", "data-outputs"}
     assert any(a.type == "table" for a in arts)
+
+
+def test_training_stage_holds_the_node_training_slot(tiny_cfg, monkeypatch):
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from tasks.stage_task import node_limit_name
+
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=node_limit_name(), limit=1))
+    monkeypatch.setenv("LLM_PIPELINE_TEST_RECORD_SLOTS", "1")
+    assert run(tiny_cfg, "r-slot", ["data", "pretrain"]).is_completed()
+    import json
+
+    seen = json.loads((Path(tiny_cfg.run.output_root) / "r-slot" / "slots-pretrain.json").read_text())
+    assert seen == {"limit": 1, "active_slots": 1}
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(node_limit_name()).active_slots == 0
+        client.delete_global_concurrency_limit_by_name(node_limit_name())
