@@ -269,6 +269,7 @@ def test_msrun_two_workers_are_followed_per_rank_and_killed_when_the_caller_stop
             if line.startswith(f"[worker_{rank}] ready rank {rank} pid "):
                 ready[rank] = int(line.rsplit(" ", 1)[1])
         if len(ready) == 2:
+            snapshot()  # both workers are up now: record the tree before stopping (ticks may not have seen it)
             raise Enough
 
     tree = set()
