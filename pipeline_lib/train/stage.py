@@ -30,9 +30,9 @@ What `run_pretrain_stage(cfg, paths, log=..., progress=...)` does, in order:
    final loss, steps, tokens/s, a table of the last steps and the loss-curve image.
 
 An s3:// run store trains in a local work folder ($LLM_PIPELINE_WORK_DIR or the temp dir, one per stage URI, so a
-rerun on the same machine resumes) and uploads the outputs; with training.upload_checkpoints the checkpoints
-(and `checkpoint/latest_checkpoint.json`) are uploaded as they are verified, and a rerun on another machine
-downloads the latest one to resume.
+rerun on the same machine resumes; removed once the manifest is written) and uploads the outputs; with
+training.upload_checkpoints the checkpoints (with `checkpoint/latest_checkpoint.json` and metrics.jsonl) are
+uploaded as they are verified, and a rerun on another machine downloads the latest one to resume.
 
 Limits: resume uses rank 0's checkpoint file for every rank (data parallel: identical weights); tensor/pipeline
 parallel resume needs per-rank files (not handled here). Every node writes its own manifest of its ranks.
@@ -651,6 +651,8 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     manifest = Manifest(stage=STAGE, run_id=paths.run_id, config_hash=stage_hash(cfg, STAGE),
                         inputs=stage_inputs(paths, STAGE), outputs=outputs, metrics=metrics)
     write_manifest(stage_uri, manifest, endpoint)
+    if remote:  # everything is in the run store now; a 7B run would otherwise leave its checkpoints in /tmp
+        shutil.rmtree(out, ignore_errors=True)
     if progress:
         progress("train", steps, steps)
     log(f"pretrain: done in {metrics['seconds']} s: {latest.get('global_step')} steps, loss "

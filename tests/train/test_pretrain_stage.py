@@ -128,7 +128,8 @@ def _on_s3(data, endpoint: str) -> Outcome:
     work = _work_dir(paths.stage_uri("pretrain"))
     first.extra["work_dir"] = work
     if first.error is None:
-        shutil.rmtree(work)
+        first.extra["work_dir_removed"] = not work.exists()
+        shutil.rmtree(work, ignore_errors=True)
         invalidate(paths.stage_uri("pretrain"), endpoint)
         second = Outcome(cfg, paths).run()
         first.extra["rerun"] = second
@@ -347,6 +348,7 @@ def test_s3_store_uploads_outputs_and_a_rerun_elsewhere_resumes_from_the_upload(
     assert store.exists(join(stage, "checkpoint", "latest_checkpoint.json"))
     assert store.exists(m["latest_checkpoint"] + ".verified.json")
     assert not Path(stage).exists()  # nothing written to a local folder named like the URI
+    assert o.extra["work_dir_removed"]  # the local work folder goes once the manifest is in the store
     m2 = _ok(rerun).metrics
     assert any("downloaded the uploaded checkpoint of step 4" in ln for ln in rerun.lines)
     assert not any("pretrain: training 4 steps" in ln for ln in rerun.lines) and m2["attempts"] == 0
