@@ -47,8 +47,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,13 +54,16 @@ from pathlib import Path
 from ..config.load import config_hash
 from ..config.mindformers_yaml import write_run_yaml
 from ..config.platform import device_target
-from ..stages import TransientError, stage_hash, stage_inputs
+from ..stages import stage_hash, stage_inputs
 from ..storage import Manifest, RunPaths, invalidate, is_s3, join, read_manifest, sha256_file, store_for, \
     write_manifest
-from .checkpoints import LATEST_FILE, CheckpointManager, check_free_disk, expected_checkpoint_bytes, list_checkpoints
-from .launch import GuardTripped, LaunchResult, TrainingLaunchError, build_command, child_env, launch
+from .checkpoints import LATEST_FILE, CheckpointManager, check_free_disk, expected_checkpoint_bytes
+from .launch import GuardTripped, TrainingLaunchError
 from .metrics import METRICS_FILE, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight, summarize_steps
+from .runner import TrainerKilled  # noqa: F401  (re-exported: raised by this stage)
+from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, resume_fields, rollback_checkpoint
+from .runner import node_rank as runner_node_rank
 
 STAGE = "pretrain"
 RUN_YAML = "run.yaml"
@@ -70,12 +71,8 @@ RESUME_YAML = "run_resume.yaml"
 IDENTITY_FILE = "identity.json"
 PREFLIGHT_FILE = "preflight.json"
 LOSS_PNG = "loss_curve.png"
-NODE_RANK_ENV = "LLM_PIPELINE_NODE_RANK"
 WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 TABLE_STEPS = 10
-VERIFY_DUTY = 0.05      # share of wall time checkpoint verification may take while the trainer runs
-VERIFY_FIRST_S = 100.0  # ~ one verifier run (MindSpore import + load, ~5 s on 2 cores) / VERIFY_DUTY
-VERIFY_MIN_GAP_S = 30.0
 
 
 class PretrainStageError(ValueError):
@@ -84,10 +81,6 @@ class PretrainStageError(ValueError):
 
 class PreflightFailed(PretrainStageError):
     """The preflight's verdict was bad; the message lists each problem with its fix."""
-
-
-class TrainerKilled(TrainingLaunchError, TransientError):
-    """The trainer was killed by a signal (node lost, OOM killer): a retry resumes from the last checkpoint."""
 
 
 # ---------------------------------------------------------------- inputs
@@ -176,26 +169,6 @@ def _identity(cfg, paths: RunPaths, base_info: dict) -> str:
                         "base": {k: v for k, v in base_info.items() if k != "remote"}})
 
 
-def _local_ranks(cfg, node_rank: int) -> list[int]:
-    p = cfg.parallel
-    world = p.data_parallel * p.model_parallel * p.pipeline_stage
-    start = node_rank * p.devices_per_node
-    return list(range(start, min(world, start + p.devices_per_node)))
-
-
-def _node_rank(cfg) -> int:
-    text = os.environ.get(NODE_RANK_ENV, "0")
-    try:
-        rank = int(text)
-    except ValueError:
-        raise PretrainStageError(f"${NODE_RANK_ENV}={text!r}: must be an integer node rank") from None
-    if not 0 <= rank < cfg.parallel.num_nodes:
-        raise PretrainStageError(f"${NODE_RANK_ENV}={rank}: must be in [0, {cfg.parallel.num_nodes}) for "
-                                 f"parallel.devices={cfg.parallel.devices} at devices_per_node="
-                                 f"{cfg.parallel.devices_per_node}")
-    return rank
-
-
 def total_steps(cfg, rows: int) -> int:
     """Optimizer steps of the run: training.steps, else epochs x (rows // global batch)."""
     t = cfg.training
@@ -210,8 +183,7 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
     """Generate the mindformers yaml (stage 'pretrain') with the metrics and guard callbacks appended.
 
     `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`: the yaml gets `load_checkpoint: <dir>` and
-    `resume_training: <name>` (mindformers 1.9 wants a folder to resume from and picks each rank's own file by
-    the name, with the rank replaced), which names exactly the verified checkpoint instead of meta.json's latest.
+    `resume_training: <name>` (runner.resume_fields: mindformers 1.9 resumes only from a folder).
     """
     import yaml
 
@@ -223,7 +195,7 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
     callbacks = training_callbacks(out, tokens_per_step=tokens, batch_size=batch, data_parallel=dp, num_rows=rows,
                                    spike_factor=t.guard.spike_factor, window=t.guard.window)
     if resume_from is not None:
-        load = Path(resume_from).parent.parent
+        load = Path(resume_fields(resume_from)["load_checkpoint"])
     write_run_yaml(cfg, path, stage="pretrain", dataset_dir=str(data_dir), output_dir=str(out),
                    load_checkpoint=str(load) if load else None, resume=resume_from is not None, train_rows=rows,
                    steps=steps, extra_callbacks=callbacks)
@@ -232,7 +204,7 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
         header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
         run = yaml.safe_load(text)
         if resume_from is not None:
-            run["resume_training"] = Path(resume_from).name
+            run["resume_training"] = resume_fields(resume_from)["resume_training"]
         # a rollback skips data: the run needs more epochs to reach the same optimizer-step budget
         run["runner_config"]["epochs"] += extra_epochs
         for cb in run["callbacks"]:
@@ -240,23 +212,6 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
                 cb["save_checkpoint_steps"] = save_steps
         path.write_text(header + yaml.safe_dump(run, sort_keys=False, allow_unicode=True), encoding="utf-8")
     return path
-
-
-def _launch(cfg, yaml_path: Path, out: Path, node_rank: int, log, on_tick=None,
-            env: dict[str, str] | None = None) -> LaunchResult:
-    command = build_command(cfg.parallel, yaml_path, node_rank=node_rank, log_dir=out / "msrun")
-    env = child_env({"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om"), **(env or {})})
-    try:
-        return launch(command, log=log, cwd=out / "cwd", timeout_s=cfg.training.timeout_seconds,
-                      log_dir=out / "msrun", env=env, on_tick=on_tick, guard_dir=out)
-    except GuardTripped:
-        raise
-    except TrainingLaunchError as err:
-        rc = err.result.returncode
-        if rc is not None and rc < 0 and not err.result.timed_out:
-            raise TrainerKilled(f"the trainer was killed by signal {-rc}; a retry resumes from the last verified "
-                                f"checkpoint\n{err}", err.result) from None
-        raise
 
 
 # ---------------------------------------------------------------- preflight
@@ -271,7 +226,7 @@ def _preflight(cfg, out: Path, data_dir: Path, rows: int, load: Path | None, nod
                             save_steps=10 ** 9)
     log(f"pretrain: preflight of {steps} steps in {pre}")
     try:
-        result = _launch(cfg, yaml_path, pre, node_rank, log, env=env)
+        result = launch_trainer(cfg, yaml_path, pre, node_rank, log, env=env)
         crash = None
     except GuardTripped as err:  # a non-finite loss is a verdict, not a crash
         result, crash = err.result, None
@@ -311,57 +266,6 @@ def _preflight(cfg, out: Path, data_dir: Path, rows: int, load: Path | None, nod
 
 # ---------------------------------------------------------------- guard
 
-def describe_guard(diag: dict, latest: dict | None) -> str:
-    """One paragraph naming what the guard saw (step, loss, lr, loss scale, global norm, rows) and what to do."""
-    def num(key):
-        v = diag.get(key)
-        return "n/a" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
-
-    where = (f"last good checkpoint: step {latest['step']} ({latest['path']})" if latest
-             else "no checkpoint was verified before it")
-    return (f"pretrain: loss guard stopped training at step {diag.get('step')} (rank {diag.get('rank')}, "
-            f"{diag.get('reason')}): loss={num('loss')} running_mean={num('running_mean')} lr={num('lr')} "
-            f"loss_scale={num('loss_scale')} global_norm={num('global_norm')} overflow={diag.get('overflow')}; "
-            f"batch dataset rows {diag.get('batch_rows')}; {where}. Fix: lower training.learning_rate or "
-            "training.grad_clip, remove those rows, or set training.guard.on_failure=rollback to skip the window")
-
-
-def _rollback_checkpoint(latest: dict, dest_dir: Path, step_num: int, steps_per_epoch: int) -> Path:
-    """Copies of the latest checkpoint's per-rank files under dest_dir/rank_N/ with their data position
-    (`step_num`, `epoch_num`) set to `step_num` (written in a MindSpore process); returns the first rank's file."""
-    epoch = max(1, math.ceil(step_num / steps_per_epoch))
-    pairs = []
-    for rank, info in sorted(latest["ranks"].items(), key=lambda kv: int(kv[0])):
-        src = Path(info["path"])
-        dst = dest_dir / f"rank_{rank}" / src.name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        pairs += [str(src), str(dst)]
-    env = child_env({"GLOG_v": "3", "LOG_MF_PATH": str(dest_dir / "log"), "MS_OM_PATH": str(dest_dir / "om")})
-    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.stage", "set-position", str(step_num), str(epoch),
-                           *pairs], capture_output=True, text=True, env=env, timeout=900)
-    if proc.returncode:
-        raise RuntimeError(f"writing the rollback checkpoint under {dest_dir} failed: {proc.stderr[-2000:]}")
-    return Path(pairs[1])
-
-
-def _set_position_main(step_num: int, epoch_num: int, pairs: list[str]) -> None:
-    """In a MindSpore process: copy checkpoints (src, dest pairs) with their data position set."""
-    import numpy as np
-    import mindspore as ms
-
-    for src, dest in zip(pairs[::2], pairs[1::2]):
-        items = []
-        for name, param in ms.load_checkpoint(src).items():
-            if name in ("step_num", "epoch_num"):
-                old = param.asnumpy()
-                value = np.full(old.shape, step_num if name == "step_num" else epoch_num, old.dtype)
-                param = ms.Parameter(ms.Tensor(value), name=name)
-            items.append({"name": name, "data": param})
-        tmp = dest + ".tmp.ckpt"
-        ms.save_checkpoint(items, tmp)
-        os.replace(tmp, dest)
-
-
 # ---------------------------------------------------------------- helpers
 
 def _write_json(path: Path, obj) -> None:
@@ -374,72 +278,6 @@ def _write_json(path: Path, obj) -> None:
 def _records(out: Path) -> list[dict]:
     """metrics.jsonl with the last record of each step (a resumed attempt repeats steps after its checkpoint)."""
     return sorted({r["step"]: r for r in read_metrics(out / METRICS_FILE)}.values(), key=lambda r: r["step"])
-
-
-def _sync(manager: CheckpointManager, log) -> None:
-    """manager.sync() during training: mindformers' own keep_checkpoint_max may delete a file between its
-    verification and its hashing (FileNotFoundError from checkpoints.verify_checkpoints); the next tick lists the
-    folder again, so that is logged and skipped rather than killing the run."""
-    try:
-        manager.sync()
-    except FileNotFoundError as err:
-        log(f"[checkpoints] {Path(err.filename or '?').name} was rotated away while it was verified; next sync retries")
-
-
-class _Ticker:
-    """The launcher's on_tick: checkpoint sync within a CPU budget, the metrics file upload, progress.
-
-    Verifying a checkpoint loads it whole in a fresh MindSpore process (seconds of CPU and the checkpoint's size
-    in host memory), which competes with the trainer: during training a sync that has files to verify runs at most
-    once per (its last duration / VERIFY_DUTY) seconds, the first one VERIFY_FIRST_S after launch. The stage syncs
-    unconditionally after every attempt (success, guard, crash), so nothing stays unverified.
-    """
-
-    def __init__(self, manager: CheckpointManager, out: Path, steps: int, progress, log, metrics_uri: str | None,
-                 endpoint: str | None):
-        self.manager, self.out, self.steps, self.progress, self.log = manager, out, steps, progress, log
-        self.metrics_uri, self.endpoint = metrics_uri, endpoint
-        self.next_verify = time.monotonic() + VERIFY_FIRST_S
-        self.offset, self.step, self.reported = 0, 0, None
-        self.uploaded_size = 0
-
-    def _pending(self) -> bool:
-        return any(not c.sidecar.exists() for c in list_checkpoints(self.out) if c.rank in self.manager.ranks)
-
-    def __call__(self) -> None:
-        if time.monotonic() >= self.next_verify and self._pending():
-            t0 = time.monotonic()
-            _sync(self.manager, self.log)
-            self._upload_metrics()
-            self.next_verify = time.monotonic() + max(VERIFY_MIN_GAP_S, (time.monotonic() - t0) / VERIFY_DUTY)
-        self._report()
-
-    def _upload_metrics(self) -> None:
-        # the loss history travels with the uploaded checkpoints (a rerun elsewhere resumes with both)
-        path = self.out / METRICS_FILE
-        if self.metrics_uri and path.exists() and path.stat().st_size != self.uploaded_size:
-            self.uploaded_size = path.stat().st_size
-            store_for(self.metrics_uri, self.endpoint).put_file(path, self.metrics_uri)
-
-    def _report(self) -> None:
-        """Newest step in metrics.jsonl (read incrementally) -> progress("train", step, total)."""
-        path = self.out / METRICS_FILE
-        if self.progress is None or not path.exists():
-            return
-        with open(path, "rb") as fh:
-            fh.seek(self.offset)
-            data = fh.read()
-        complete = data[:data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            try:
-                self.step = max(self.step, int(json.loads(line)["step"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-        done = min(self.step, self.steps)
-        if done != self.reported:
-            self.reported = done
-            self.progress("train", done, self.steps)
 
 
 def _finite(x):
@@ -485,8 +323,11 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     stage_uri, endpoint = paths.stage_uri(STAGE), paths.endpoint_url
     remote = is_s3(stage_uri)
     out = _work_dir(stage_uri)
-    node_rank = _node_rank(cfg)
-    ranks = _local_ranks(cfg, node_rank)
+    try:
+        node_rank = runner_node_rank(cfg)
+    except ValueError as err:
+        raise PretrainStageError(str(err)) from None
+    ranks = local_ranks(cfg, node_rank)
 
     # 1. inputs (fast failures first: nothing is launched or deleted before they pass)
     base, base_info = _base_inputs(cfg)
@@ -554,7 +395,8 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     if progress:
         progress("train", latest["step"] if latest else 0, steps)
 
-    tick = _Ticker(manager, out, steps, progress, log, join(stage_uri, METRICS_FILE) if upload else None, endpoint)
+    tick = CheckpointTicker(manager, out, steps, progress, log, join(stage_uri, METRICS_FILE) if upload else None,
+                            endpoint)
 
     rollbacks: list[dict] = []
     attempts = 0
@@ -571,7 +413,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
             log(f"pretrain: resuming at data step {latest.get('data_step', latest['step'])} (optimizer step "
                 f"{latest.get('global_step')}) of {steps} from {start.name}")
         try:
-            _launch(cfg, yaml_path, out, node_rank, log, on_tick=tick, env=env)
+            launch_trainer(cfg, yaml_path, out, node_rank, log, on_tick=tick, env=env)
         except GuardTripped as err:
             manager.sync()
             good = manager.latest()
@@ -583,7 +425,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
                        f" (training.guard.max_rollbacks={t.guard.max_rollbacks} reached)")
                 raise GuardTripped(message + why + "\n" + str(err), err.result, err.diagnoses) from None
             bad = int(diag["step"])
-            dest = _rollback_checkpoint(good, out / "rollback" / f"rollback{len(rollbacks) + 1}_step{bad}", bad,
+            dest = rollback_checkpoint(good, out / "rollback" / f"rollback{len(rollbacks) + 1}_step{bad}", bad,
                                         steps_per_epoch)
             skipped += bad - int(good["step"])
             rollbacks.append({"bad_step": bad, "from_step": good["step"], "skipped_steps": list(range(good["step"] + 1, bad + 1)),
@@ -595,7 +437,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
             continue
         except TrainingLaunchError:
             manager.sync()  # what the failed attempt saved is verified and latest_checkpoint.json points at it
-            tick._upload_metrics()
+            tick.upload_metrics()
             raise
         manager.sync()
         latest = manager.latest()
@@ -676,9 +518,3 @@ def _summary_markdown(steps, latest, records, summary, resumed_from, rollbacks, 
                      f"{len(rb['skipped_steps'])} batch(es) |")
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    if len(sys.argv) >= 6 and sys.argv[1] == "set-position" and len(sys.argv) % 2 == 0:
-        _set_position_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
-    else:
-        sys.exit("usage: python -m pipeline_lib.train.stage set-position STEP_NUM EPOCH_NUM SRC.ckpt DEST.ckpt [...]")
