@@ -83,6 +83,19 @@ class PreflightFailed(PretrainStageError):
     """The preflight's verdict was bad; the message lists each problem with its fix."""
 
 
+# Names the SFT stage imports from this module (kept as they were; new code imports pipeline_lib.train.runner).
+_launch = launch_trainer
+_local_ranks = local_ranks
+
+
+def _node_rank(cfg) -> int:
+    """This node's rank ($LLM_PIPELINE_NODE_RANK); PretrainStageError names the variable and the valid range."""
+    try:
+        return runner_node_rank(cfg)
+    except ValueError as err:
+        raise PretrainStageError(str(err)) from None
+
+
 # ---------------------------------------------------------------- inputs
 
 def _data_inputs(paths: RunPaths, work: Path, log) -> tuple[Path, int, Manifest]:
@@ -323,10 +336,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     stage_uri, endpoint = paths.stage_uri(STAGE), paths.endpoint_url
     remote = is_s3(stage_uri)
     out = _work_dir(stage_uri)
-    try:
-        node_rank = runner_node_rank(cfg)
-    except ValueError as err:
-        raise PretrainStageError(str(err)) from None
+    node_rank = _node_rank(cfg)
     ranks = local_ranks(cfg, node_rank)
 
     # 1. inputs (fast failures first: nothing is launched or deleted before they pass)
