@@ -114,7 +114,10 @@ def verify_checkpoints(paths: Iterable[str | Path], timeout_s: float = 900) -> l
             continue
         res = VerifyResult(**found[path]) if path in found else VerifyResult(path, False, crash)
         if res.ok:  # hash what was verified; a later change of the file shows up as a sha mismatch
-            res.sha256, res.size = sha256_file(path), os.path.getsize(path)
+            try:
+                res.sha256, res.size = sha256_file(path), os.path.getsize(path)
+            except OSError as err:  # rotated away by keep_checkpoint_max after the load: not verified
+                res = VerifyResult(path, False, f"file disappeared during verification ({err})")
         results.append(res)
     return results
 
