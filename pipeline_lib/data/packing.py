@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
 _HASH_SPAN = float(2 ** 64)
 
 
@@ -76,28 +75,40 @@ def page_sizes(n_rows: int, row_len: int) -> tuple[int, int]:
     return page, _pow2((1 << 14) + 1024 * pages, 1 << 14, 1 << 27)  # page metadata, generously
 
 
-def write_mindrecord(path: Path, rows: np.ndarray, description: str = "pretrain") -> None:
-    """Write rows as one MindRecord file at `path` (+ path.db), atomically (see the module docstring)."""
+def write_mindrecord_columns(path: str | Path, columns: dict[str, np.ndarray], description: str,
+                             page_sizes_: tuple[int, int] | None = None) -> Path:
+    """Write equal-length int32 columns as one MindRecord file at `path` (+ path.db), atomically:
+    written under its final name in a temp folder (the header records the file name, so a rename
+    would break MindDataset), then moved into place, .db first."""
     os.environ.setdefault("GLOG_v", "3")
     from mindspore.mindrecord import FileWriter
 
     path = Path(path)
+    names = list(columns)
+    n = len(columns[names[0]])
     tmp_dir = path.parent / f".tmp-{path.name}"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     tmp_dir.mkdir(parents=True)
     try:
         writer = FileWriter(str(tmp_dir / path.name), shard_num=1, overwrite=True)
-        page, header = page_sizes(*rows.shape) if rows.ndim == 2 else (1 << 25, 1 << 24)
-        writer.set_page_size(page)
-        writer.set_header_size(header)
-        writer.add_schema(SCHEMA, description)
-        for i in range(0, len(rows), 1000):
-            writer.write_raw_data([{"input_ids": r} for r in rows[i:i + 1000]])
+        if page_sizes_ is not None:
+            writer.set_page_size(page_sizes_[0])
+            writer.set_header_size(page_sizes_[1])
+        writer.add_schema({name: {"type": "int32", "shape": [-1]} for name in names}, description)
+        for i in range(0, n, 1000):
+            writer.write_raw_data([{name: columns[name][j] for name in names} for j in range(i, min(i + 1000, n))])
         writer.commit()
         os.replace(tmp_dir / f"{path.name}.db", path.parent / f"{path.name}.db")
         os.replace(tmp_dir / path.name, path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+    return path
+
+
+def write_mindrecord(path: Path, rows: np.ndarray, description: str = "pretrain") -> None:
+    """Write rows as one MindRecord file at `path` (+ path.db), atomically (see the module docstring)."""
+    sizes = page_sizes(*rows.shape) if rows.ndim == 2 else (1 << 25, 1 << 24)
+    write_mindrecord_columns(path, {"input_ids": rows}, description, sizes)
 
 
 def read_mindrecord(paths: list[str | Path]) -> np.ndarray:

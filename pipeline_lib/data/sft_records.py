@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -41,7 +40,6 @@ from .chat_template import IGNORE, ChatTemplate, fit_to_row, labels_for
 from .errors import DataStageError
 from .instructions import iter_instruction_records, shape_of, to_turns
 
-SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}, "labels": {"type": "int32", "shape": [-1]}}
 DATA_FILE = "data/sft.mindrecord"
 STATS_FILE = "sft_stats.json"
 
@@ -226,23 +224,9 @@ def write_sft_mindrecord(path: str | Path, input_ids: np.ndarray, labels: np.nda
     """One MindRecord file (+ .db) with both columns, written in a temp folder then moved into place."""
     if input_ids.shape != labels.shape or input_ids.ndim != 2 or not len(input_ids):
         raise ValueError(f"rows: input_ids {input_ids.shape} and labels {labels.shape} must be equal, 2-D, non-empty")
-    os.environ.setdefault("GLOG_v", "3")
-    from mindspore.mindrecord import FileWriter
+    from .packing import write_mindrecord_columns
 
-    path = Path(path)
-    tmp = path.parent / f".tmp-{path.name}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        writer = FileWriter(str(tmp / path.name), shard_num=1, overwrite=True)
-        writer.add_schema(SCHEMA, "sft")
-        writer.write_raw_data([{"input_ids": a, "labels": b} for a, b in zip(input_ids, labels)])
-        writer.commit()
-        os.replace(tmp / f"{path.name}.db", path.parent / f"{path.name}.db")
-        os.replace(tmp / path.name, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return write_mindrecord_columns(path, {"input_ids": input_ids, "labels": labels}, "sft")
 
 
 def read_sft_mindrecord(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
