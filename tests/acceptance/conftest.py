@@ -1,0 +1,77 @@
+"""Run the product the way a user does: from a copy of the repository in a temporary folder,
+with the README's commands, the shipped configs and relative paths.
+
+The copy holds exactly the tracked files (what `git clone` gives) and reuses the installed
+`.venv` through a symlink, so these tests cost minutes, not an install. `PYTHONPATH` points at
+the copy, so the copy's code runs (the editable install would otherwise import the original).
+Each copy gets its own PREFECT_HOME (a user's ~/.prefect) and no PREFECT_API_URL: `llm-pipeline`
+starts its embedded API exactly as it does for a user.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = Path(sys.prefix)
+
+
+def tracked_files(root: Path) -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+        return [p for p in out.decode().split("\0") if p and (root / p).is_file()]
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: everything but build output
+        skip = {".venv", ".git", "runs", "output", "__pycache__", ".pytest_cache"}
+        return [str(p.relative_to(root)) for p in root.rglob("*")
+                if p.is_file() and not skip & set(p.relative_to(root).parts)]
+
+
+def readme_commands(root: Path = ROOT) -> dict[str, str]:
+    """{'demo': 'make demo', 'test': 'make test'}: the commands in the README's first code block."""
+    block = re.search(r"```\n(.*?)```", (root / "README.md").read_text(encoding="utf-8"), re.S).group(1)
+    cmds = [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+    return {c.split()[-1]: c for c in cmds}
+
+
+class UserRepo:
+    """A fresh copy of the repository and a way to run commands in it as a user would."""
+
+    def __init__(self, path: Path, home: Path):
+        self.path, self.home = path, home
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PYTEST"))}
+        self.env.update(PYTHONPATH=str(path), PREFECT_HOME=str(home / ".prefect"),
+                        PREFECT_SERVER_ANALYTICS_ENABLED="false", HOME=str(home))
+
+    def run(self, cmd: str | list[str], timeout: float = 900, check: bool = True,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+        shell = isinstance(cmd, str)
+        proc = subprocess.run(cmd, shell=shell, cwd=self.path, env={**self.env, **(env or {})}, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"`{cmd}` exited {proc.returncode}:\n{proc.stdout[-6000:]}")
+        return proc
+
+    def make(self, target_cmd: str, **kw) -> subprocess.CompletedProcess:
+        """A README `make X` command; setup is already done (the .venv is the installed one), so
+        make is told not to remake its stamp (it would reinstall into the shared .venv)."""
+        assert target_cmd.startswith("make "), target_cmd
+        return self.run(target_cmd.replace("make ", "make -o .venv/.setup-stamp ", 1), **kw)
+
+
+@pytest.fixture
+def user_repo(tmp_path) -> UserRepo:
+    if not (VENV / "bin" / "llm-pipeline").exists():
+        pytest.skip(f"no installed .venv at {VENV} (run `make setup`)")
+    repo = tmp_path / "llm-pipeline"
+    for rel in tracked_files(ROOT):
+        dst = repo / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dst)
+    (repo / ".venv").symlink_to(VENV)
+    return UserRepo(repo, tmp_path)

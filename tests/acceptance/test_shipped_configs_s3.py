@@ -1,0 +1,92 @@
+"""The shipped Ascend configs' data stage, run as a user runs it, on a real S3 endpoint.
+
+Their `data.inputs` are `s3://.../*.jsonl.gz` globs and their tokenizer is the base model's
+(Llama-2 layout). The test uploads gzip'd jsonl files under exactly those patterns (plus files
+the glob must not match), gives a Llama-2-layout tokenizer trained here, shrinks the model by
+overrides, and runs `llm-pipeline run <shipped config> --stages data` from a fresh copy of the
+repository with a relative config path. Every matching file must be read, no other.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.slow
+CONFIGS = sorted(p.name for p in (ROOT / "configs" / "pipelines").glob("*.yaml")
+                 if any(str(i).startswith("s3://") for i in
+                        (yaml.safe_load(p.read_text()).get("data") or {}).get("inputs", [])))
+SHRINK = ["model.seq_length=64", "model.hidden_size=64", "model.num_layers=4", "model.num_heads=4",
+          "model.n_kv_heads=null", "model.intermediate_size=176", "model.vocab_size=1000",
+          "data.num_workers=2", "data.docs_per_shard=200", "data.rows_per_mindrecord_shard=100",
+          "training.steps=10", "training.warmup_steps=2"]
+
+
+def llama2_layout_tokenizer(folder: Path) -> Path:
+    """A sentencepiece model with Llama-2's id layout and options, trained on the bundled corpus."""
+    import sentencepiece as spm
+
+    texts = []
+    for raw in (ROOT / "configs/data/tiny_corpus.jsonl").read_bytes().splitlines():
+        try:
+            texts.append(json.loads(raw)["text"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    corpus = folder / "corpus.txt"
+    corpus.write_text("\n".join(t for t in texts if isinstance(t, str)), encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=1000,
+                                   model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   byte_fallback=True, character_coverage=0.9995, minloglevel=2)
+    return folder / "tokenizer.model"
+
+
+def glob_parts(pattern: str) -> tuple[str, str, str]:
+    """s3://bucket/prefix/*.jsonl.gz -> (bucket, 'prefix/', '.jsonl.gz')."""
+    bucket, key = re.match(r"s3://([^/]+)/(.*)", pattern).groups()
+    head, _, tail = key.partition("*")
+    assert "*" not in tail and "?" not in tail, f"test expects one '*' in {pattern}"
+    return bucket, head, tail
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_shipped_config_data_stage_reads_its_s3_glob(config, user_repo, s3_endpoint, tmp_path):
+    import boto3
+
+    spec = yaml.safe_load((user_repo.path / "configs/pipelines" / config).read_text())
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    lines = (ROOT / "configs/data/tiny_corpus.jsonl").read_bytes().rstrip(b"\n").split(b"\n")
+    matching = []
+    for pattern in spec["data"]["inputs"]:
+        bucket, head, tail = glob_parts(pattern)
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        for k, part in enumerate((lines[:200], lines[200:])):
+            key = f"{head}{Path(config).stem}-part{k}{tail}"
+            client.put_object(Bucket=bucket, Key=key, Body=gzip.compress(b"\n".join(part) + b"\n"))
+            matching.append((f"s3://{bucket}/{key}", len(part)))
+        # Not matched by the glob: another suffix, and a file in a sub-folder (`*` stops at '/').
+        client.put_object(Bucket=bucket, Key=f"{head}README.txt", Body=b"not data")
+        client.put_object(Bucket=bucket, Key=f"{head}old/skip{tail}", Body=gzip.compress(lines[0]))
+    tok = llama2_layout_tokenizer(tmp_path)
+    out = f"s3://{glob_parts(spec['data']['inputs'][0])[0]}/runs-{Path(config).stem}"
+    proc = user_repo.run(["./.venv/bin/llm-pipeline", "run", f"configs/pipelines/{config}", "--stages", "data",
+                          "--run-id", "accept-s3", f"run.output_root={out}", f"run.s3_endpoint_url={s3_endpoint}",
+                          f"tokenizer.path={tok}", *SHRINK],
+                         env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                              "AWS_DEFAULT_REGION": "us-east-1"}, timeout=900)
+    bucket, _, prefix = out[len("s3://"):].partition("/")
+    stats = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/accept-s3/data/stats.json")["Body"].read())
+    read_per_file = {f["uri"]: f["read"] for f in stats["files"].values()}
+    assert read_per_file == dict(matching), proc.stdout[-3000:]
+    assert stats["total"]["kept"] > 0 and stats["total"]["rows_train"] > 0
+    tok_cfg = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/accept-s3/data/tokenizer/"
+                                           "tokenizer_config.json")["Body"].read())
+    assert (tok_cfg.get("bos_id"), tok_cfg.get("eos_id"), tok_cfg.get("unk_id")) == (1, 2, 0), tok_cfg
