@@ -1,4 +1,4 @@
-"""Which device this run trains on, and the overrides a CPU run needs (measured, see DESIGN.md)."""
+"""Which device this run trains on, and the overrides a CPU run needs (measured, see docs/mindformers-facts.md)."""
 from __future__ import annotations
 
 import glob
