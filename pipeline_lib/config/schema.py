@@ -7,9 +7,15 @@ so that all of them are reported together.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from .paths import resolve_input, resolve_output
+
+# Local paths are made absolute when a config is built (see paths.py): workers run elsewhere.
+InputPath = Annotated[str, AfterValidator(resolve_input)]
+OutputPath = Annotated[str, AfterValidator(resolve_output)]
 
 
 class _Section(BaseModel):
@@ -19,8 +25,8 @@ class _Section(BaseModel):
 
 class RunConfig(_Section):
     name: str = Field("tiny-cpu", description="Pipeline name; used in run ids and flow-run names.")
-    output_root: str = Field(
-        "runs",
+    output_root: OutputPath = Field(
+        "runs", validate_default=True,
         description="Where runs are written: a local path or s3://bucket/prefix. "
         "Each run lands in <output_root>/<run_id>/<stage>/.",
     )
@@ -62,14 +68,14 @@ class DedupConfig(_Section):
         description="Persist the exact hashes and LSH index in the run store, so later runs "
         "(nightly) are deduplicated against everything seen before.",
     )
-    index_uri: str | None = Field(
+    index_uri: OutputPath | None = Field(
         None, description="Where the persistent dedup index lives; default <output_root>/_dedup_index."
     )
 
 
 class DataConfig(_Section):
-    inputs: list[str] = Field(
-        default_factory=lambda: ["configs/data/tiny_corpus.jsonl"],
+    inputs: list[InputPath] = Field(
+        default_factory=lambda: ["configs/data/tiny_corpus.jsonl"], validate_default=True,
         description="Local globs or s3:// prefixes of raw jsonl(.gz) / parquet files.",
     )
     text_field: str = Field("text", description="Name of the text field in each record.")
@@ -92,7 +98,7 @@ class DataConfig(_Section):
 
 
 class TokenizerConfig(_Section):
-    path: str | None = Field(
+    path: InputPath | None = Field(
         None,
         description="An existing sentencepiece tokenizer.model to load instead of training one "
         "(continued pretraining must keep the base model's tokenizer).",
@@ -133,8 +139,8 @@ class ModelConfig(_Section):
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="Activation recompute: none, selective (attention scores) or full (whole layer)."
     )
-    base_checkpoint: str | None = Field(None, description="mindformers .ckpt to continue pretraining from.")
-    hf_checkpoint: str | None = Field(
+    base_checkpoint: InputPath | None = Field(None, description="mindformers .ckpt to continue pretraining from.")
+    hf_checkpoint: InputPath | None = Field(
         None, description="Folder with a Hugging Face Llama model.safetensors + config.json to import."
     )
 
@@ -222,8 +228,8 @@ class TrainingConfig(_Section):
 
 
 class SFTConfig(_Section):
-    inputs: list[str] = Field(
-        default_factory=lambda: ["configs/data/tiny_sft.jsonl"],
+    inputs: list[InputPath] = Field(
+        default_factory=lambda: ["configs/data/tiny_sft.jsonl"], validate_default=True,
         description="Instruction data: prompt/response, alpaca or messages jsonl/parquet.",
     )
     system_prompt: str | None = Field(None, description="System message added when a sample has none.")
@@ -244,9 +250,9 @@ class SFTConfig(_Section):
 
 
 class EvaluateConfig(_Section):
-    prompt_files: list[str] = Field(
+    prompt_files: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/domain_qa.jsonl", "configs/eval/open_chat.jsonl",
-                                 "configs/eval/instruction_following.jsonl"],
+                                 "configs/eval/instruction_following.jsonl"], validate_default=True,
         description="Fixed prompt sets (jsonl with id, prompt, optional keywords).",
     )
     max_new_tokens: int = Field(24, ge=1, description="Tokens generated per prompt.")
@@ -256,7 +262,7 @@ class EvaluateConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Sampling nucleus top-p.")
     batch_size: int = Field(4, ge=1, description="Prompts decoded together.")
     perplexity_max_rows: int = Field(64, ge=1, description="Held-out rows used for perplexity.")
-    compare_checkpoints: dict[str, str] = Field(
+    compare_checkpoints: dict[str, InputPath] = Field(
         default_factory=dict,
         description="Extra checkpoints (label -> .ckpt path) shown side by side, e.g. last night's.")
 
