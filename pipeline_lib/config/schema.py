@@ -1,7 +1,8 @@
 """Typed pipeline config: one YAML file describes one pipeline.
 
 Every field has a default that works for the tiny CPU run, and a description that is the
-documentation (``llm-pipeline validate --explain`` prints it). Single-field checks live here
+documentation (``llm-pipeline validate --explain`` prints it). Path fields (InputPath,
+OutputPath) are made absolute when a config is built (paths.py). Single-field checks live here
 (pydantic refuses them at load time); rules that relate several fields live in ``validate.py``
 so that all of them are reported together.
 """
@@ -27,8 +28,8 @@ class RunConfig(_Section):
     name: str = Field("tiny-cpu", description="Pipeline name; used in run ids and flow-run names.")
     output_root: OutputPath = Field(
         "runs", validate_default=True,
-        description="Where runs are written: a local path or s3://bucket/prefix. "
-        "Each run lands in <output_root>/<run_id>/<stage>/.",
+        description="Where runs are written: a local path (relative to the directory the command runs from) "
+        "or s3://bucket/prefix. Each run lands in <output_root>/<run_id>/<stage>/.",
     )
     s3_endpoint_url: str | None = Field(
         None, description="Endpoint of an S3-compatible store (MinIO, OBS); None means AWS."
@@ -76,7 +77,8 @@ class DedupConfig(_Section):
 class DataConfig(_Section):
     inputs: list[InputPath] = Field(
         default_factory=lambda: ["configs/data/tiny_corpus.jsonl"], validate_default=True,
-        description="Local globs or s3:// prefixes of raw jsonl(.gz) / parquet files.",
+        description="Local globs or s3:// prefixes of raw jsonl(.gz) / parquet files (relative paths: from the "
+        "directory the command runs from, else the repository's bundled files).",
     )
     text_field: str = Field("text", description="Name of the text field in each record.")
     read_batch_size: int = Field(1000, ge=1, description="Records per streamed batch.")
@@ -104,7 +106,8 @@ class TokenizerConfig(_Section):
         "(continued pretraining must keep the base model's tokenizer).",
     )
     model_type: Literal["bpe", "unigram"] = Field("bpe", description="sentencepiece model type.")
-    vocab_size: int = Field(2000, ge=100, description="Vocabulary size to train.")
+    vocab_size: int = Field(2000, ge=100, description="Vocabulary size to train; a CJK corpus needs at least its "
+                            "distinct characters (at character_coverage) + special and byte pieces.")
     byte_fallback: bool = Field(True, description="Unknown characters become byte tokens, never <unk>.")
     character_coverage: float = Field(0.9995, gt=0, le=1, description="sentencepiece character_coverage.")
     sample_docs: int = Field(200_000, ge=1, description="Cleaned documents sampled to train on.")
@@ -212,7 +215,8 @@ class TrainingConfig(_Section):
     grad_clip: float = Field(1.0, gt=0, description="Global-norm gradient clipping.")
     save_steps: int = Field(20, ge=1, description="Checkpoint every N steps.")
     keep_checkpoint_max: int = Field(3, ge=1, description="Checkpoints kept.")
-    preflight_steps: int = Field(10, ge=0, description="Steps of the preflight run; 0 disables it.")
+    preflight_steps: int = Field(10, ge=0, description="Steps of the preflight run (>= 3: it judges the loss "
+                                 "trend by thirds); 0 disables it.")
     guard: GuardConfig = Field(default_factory=GuardConfig)
     timeout_seconds: int = Field(3600, ge=1, description="Launcher timeout; the whole process group is killed.")
     upload_checkpoints: bool = Field(False, description="Copy finished checkpoints to the run store (S3).")

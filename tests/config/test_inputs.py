@@ -83,9 +83,11 @@ def test_an_unreachable_s3_endpoint_is_a_quick_warning(free_port_url):
 
 @pytest.fixture
 def free_port_url():
-    from conftest import free_port
+    import socket
 
-    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 def cjk_corpus(path: Path, distinct: int = 3000) -> Path:
