@@ -72,14 +72,15 @@ def test_defaults_are_absolute_and_uris_untouched(tmp_path, monkeypatch):
 
 
 ECHO = textwrap.dedent('''
-    import os
+    import os, sys
     from pipeline_lib.config.load import config_from_dict
     from pipeline_lib.evaluate.launch import worker_main
 
     def run(req):
         cfg = config_from_dict(req["config"])
         return {"cwd": os.getcwd(), "output_root": cfg.run.output_root, "sft": cfg.sft.inputs,
-                "prompts": cfg.evaluate.prompt_files}
+                "prompts": cfg.evaluate.prompt_files, "argv": sys.argv[1:],
+                "env": [os.environ["LOG_MF_PATH"], os.environ["MS_OM_PATH"]]}
 
     if __name__ == "__main__":
         raise SystemExit(worker_main(run))
@@ -97,11 +98,13 @@ def test_a_worker_in_its_scratch_cwd_sees_the_users_absolute_paths(tmp_path, mon
     monkeypatch.chdir(user)
     cfg = load_config(TINY)  # output_root: runs (relative in the yaml)
     request = {"config": cfg.model_dump(mode="json")}
-    res = run_worker("echo_worker", request, tmp_path / "work", timeout_s=120)
+    res = run_worker("echo_worker", request, "work", timeout_s=120)  # even a relative workdir
     assert res["cwd"] != str(user)
+    assert all(os.path.isabs(a) for a in res["argv"] if not a.startswith("--")) and len(res["argv"]) == 4
+    assert all(os.path.isabs(p) for p in res["env"])
     assert res["output_root"] == str(user / "runs")
     assert res["sft"] == cfg.sft.inputs and all(os.path.isabs(p) for p in res["sft"] + res["prompts"])
-    sent = json.loads((tmp_path / "work" / "request.json").read_text())["config"]
+    sent = json.loads((user / "work" / "request.json").read_text())["config"]
     assert os.path.isabs(sent["run"]["output_root"])
     # the tokenizer the stages look up lives under the run folder: absolute too
     assert os.path.isabs(RunPaths(cfg.run.output_root, "r1").stage_uri("data"))
