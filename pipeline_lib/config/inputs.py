@@ -4,7 +4,8 @@
 set (data.inputs[1], sft.inputs[0], evaluate.prompt_files[2] ...):
 - local inputs are listed with the data stage's own lister (`data.sources.list_inputs`), prompt sets
   are parsed with the evaluate stage's reader, a tokenizer.path is loaded and checked as the data
-  stage checks it, checkpoints must exist;
+  stage checks it, an hf_checkpoint folder is checked as the pretrain stage checks it (config.json and
+  tensor headers), checkpoints must exist;
 - s3:// entries are listed only when the endpoint answers a TCP connect within S3_CONNECT_TIMEOUT_S;
   otherwise (or without credentials) they are a warning, and the stage checks them when it runs;
 - a tokenizer to train gets a warning when a bounded sample of the local data.inputs already has
@@ -128,6 +129,17 @@ class _Checker:
         elif t.path is None:
             self.vocab_vs_characters()
 
+    def hf_folder(self) -> None:
+        """The pretrain stage's own fast check (config.json against model.*, tensor names and shapes)."""
+        from ..train.hf_import import HFImportError, check_hf_folder
+
+        try:
+            check_hf_folder(self.cfg.model.hf_checkpoint, self.cfg.model)
+        except HFImportError as err:  # its message names each mismatch and the model.* value to set
+            self.errors.append(ConfigIssue("model.hf_checkpoint", self.cfg.model.hf_checkpoint, str(err),
+                                           "set the model.* fields the message names, or point "
+                                           "model.hf_checkpoint at the checkpoint of this model"))
+
     def vocab_vs_characters(self) -> None:
         t = self.cfg.tokenizer
         texts = sample_texts(self.cfg.data.inputs, self.cfg.data.text_field)
@@ -209,8 +221,9 @@ def check_inputs(cfg: PipelineConfig) -> tuple[list[ConfigIssue], list[ConfigIss
     c.prompts()
     c.tokenizer()
     c.exists("model.base_checkpoint", cfg.model.base_checkpoint, what="mindformers .ckpt")
-    c.exists("model.hf_checkpoint", cfg.model.hf_checkpoint, folder=True,
-             what="folder with a Hugging Face config.json and model.safetensors")
+    if c.exists("model.hf_checkpoint", cfg.model.hf_checkpoint, folder=True,
+                what="folder with a Hugging Face config.json and model.safetensors"):
+        c.hf_folder()
     for label, path in cfg.evaluate.compare_checkpoints.items():
         c.exists(f"evaluate.compare_checkpoints.{label}", path, what=".ckpt", otherwise="remove that entry")
     return c.errors, c.warnings

@@ -116,3 +116,13 @@ def test_cjk_corpus_beyond_the_vocabulary_warns_with_the_number_sentencepiece_ne
     bigger = config_from_dict({"data": {"inputs": [str(corpus)], "filters": []},
                                "tokenizer": {"vocab_size": need}, "model": {"vocab_size": need}})
     assert check_inputs(bigger) == ([], [])
+
+
+def test_an_hf_folder_is_checked_against_model_like_the_pretrain_stage_does(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 128, "num_hidden_layers": 2,
+                                                    "num_attention_heads": 4, "num_key_value_heads": 4}))
+    errors, _ = check_inputs(config_from_dict({"model": {"hf_checkpoint": str(folder)}}))
+    issue = by_field(errors)["model.hf_checkpoint"]
+    assert "hidden_size=128 but model.hidden_size=64: set model.hidden_size: 128" in issue.problem
