@@ -20,7 +20,6 @@ import os
 import socket
 import unicodedata
 from collections import Counter
-from pathlib import Path
 from urllib.parse import urlparse
 
 from .errors import ConfigError, ConfigIssue
@@ -184,11 +183,14 @@ def sample_texts(entries: list[str], text_field: str) -> list[str]:
     except ValueError:  # a missing input is already an error of its own
         return []
     for uri, _ in files:
-        for text in _file_texts(uri, kind_of(uri), text_field):
-            texts.append(text)
-            size += len(text.encode("utf-8"))
-            if size >= SAMPLE_BYTES or len(texts) >= SAMPLE_RECORDS:
-                return texts
+        try:
+            for text in _file_texts(uri, kind_of(uri), text_field):
+                texts.append(text)
+                size += len(text.encode("utf-8"))
+                if size >= SAMPLE_BYTES or len(texts) >= SAMPLE_RECORDS:
+                    return texts
+        except (OSError, EOFError, ValueError):  # a damaged file is the data stage's to quarantine
+            continue
     return texts
 
 
