@@ -20,7 +20,8 @@ import sys
 # only adds lock contention there.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from pipeline_lib.cli import plan_main, validate_main  # noqa: E402
+from pipeline_lib.cli import plan_main, print_warnings, validate_main  # noqa: E402
+from pipeline_lib.config.inputs import validate_inputs  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
 from pipeline_lib.stages import parse_stages  # noqa: E402
 
@@ -101,6 +102,7 @@ def run_main(argv: list[str]) -> int:
     args = ap.parse_intermixed_args(argv)
     try:
         cfg = validate(load_config(args.config, args.overrides))
+        print_warnings(validate_inputs(cfg), file=sys.stderr)
         stages = parse_stages(args.stages)
     except (ConfigError, ValueError) as err:
         print(err, file=sys.stderr)

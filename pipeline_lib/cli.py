@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from .config import ConfigError, check, load_config
+from .config.inputs import check_inputs
 from .config.platform import device_target
 from .config.schema import PipelineConfig
 
@@ -81,7 +82,8 @@ def validate_main(argv: list[str]) -> int:
     ap.add_argument("config", nargs="?")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. training.steps=100")
     ap.add_argument("--plan-only", action="store_true",
-                    help="check the layout as a plan (skip the rules that only apply to running here)")
+                    help="check the layout as a plan (skip the rules and input-file checks that only "
+                    "apply to running here)")
     ap.add_argument("--explain", action="store_true", help="print every field, its default and meaning")
     args = ap.parse_intermixed_args(argv)
     if args.explain:
@@ -95,15 +97,26 @@ def validate_main(argv: list[str]) -> int:
         print(err, file=sys.stderr)
         return 2
     issues = check(cfg, for_run=not args.plan_only)
+    warnings = []
+    if not args.plan_only:  # a plan is checked for another machine: its files are not here
+        errors, warnings = check_inputs(cfg)
+        issues += errors
     if issues:
         print(f"{args.config}: {len(issues)} problem(s):", file=sys.stderr)
         for issue in issues:
             print(f"  - {issue}", file=sys.stderr)
+        print_warnings(warnings, file=sys.stderr)
         return 2
     print(f"{args.config}: OK")
     for line in summary_lines(cfg):
         print("  " + line)
+    print_warnings(warnings)
     return 0
+
+
+def print_warnings(warnings, file=None) -> None:
+    for issue in warnings:
+        print(f"WARNING: {issue}", file=file or sys.stdout)
 
 
 def plan_main(argv: list[str]) -> int:

@@ -61,20 +61,30 @@ def _file_digest(path: str) -> str | None:
         return None
 
 
+def _contents(paths: list[str]) -> list[list]:
+    """[name, digest] of each file, so the same files reached from another folder or clone keep the
+    identity (config paths are absolute); [path, None] for what is not a local file (s3, a glob)."""
+    out = []
+    for p in paths:
+        digest = _file_digest(p)
+        out.append([p.rsplit("/", 1)[-1], digest] if digest else [p, None])
+    return out
+
+
 def _sft_fields(c: PipelineConfig) -> dict:
     # SFT reuses the optimizer/schedule/guard knobs of `training`, and its data files' contents matter.
     reused = c.training.model_dump(mode="json", include={"optimizer", "warmup_steps", "min_lr", "precision",
                                                          "loss_scale", "grad_clip", "save_steps",
                                                          "keep_checkpoint_max", "guard"})
-    return {"sft": c.sft.model_dump(mode="json"), "model": c.model.model_dump(mode="json"), "training": reused,
-            "special_tokens": c.tokenizer.special_tokens, "seed": c.run.seed, "device": device_target(c),
-            "inputs": {p: _file_digest(p) for p in c.sft.inputs}}
+    return {"sft": c.sft.model_dump(mode="json", exclude={"inputs"}), "model": c.model.model_dump(mode="json"),
+            "training": reused, "special_tokens": c.tokenizer.special_tokens, "seed": c.run.seed,
+            "device": device_target(c), "inputs": _contents(c.sft.inputs)}
 
 
 def _evaluate_fields(c: PipelineConfig) -> dict:
     # The prompt files' contents are part of the identity: editing a prompt set re-runs evaluation.
-    return {"evaluate": c.evaluate.model_dump(mode="json"), "seq_length": c.model.seq_length,
-            "prompts": {p: _file_digest(p) for p in c.evaluate.prompt_files},
+    return {"evaluate": c.evaluate.model_dump(mode="json", exclude={"prompt_files"}),
+            "seq_length": c.model.seq_length, "prompts": _contents(c.evaluate.prompt_files),
             "base": c.model.base_checkpoint}
 
 

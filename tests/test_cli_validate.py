@@ -45,3 +45,18 @@ def test_pipeline_lib_never_imports_prefect():
                 names = [node.module or ""]
             offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in ("prefect", "flows", "tasks")]
     assert offenders == []
+
+
+def test_validate_checks_input_files_and_runtime_rules(tmp_path):
+    res = cli("validate", TINY, f"sft.inputs=[{tmp_path}/nope.jsonl]", f"data.inputs=[{tmp_path}/raw/*.jsonl]",
+              "training.preflight_steps=2")
+    assert res.returncode == 2
+    for named in ("sft.inputs[0]", "data.inputs[0]", "training.preflight_steps=2"):
+        assert named in res.stderr, res.stderr
+
+
+def test_run_refuses_a_missing_input_with_exit_2(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "run", TINY, f"sft.inputs=[{tmp_path}/nope.jsonl]",
+                          f"run.output_root={tmp_path}/runs"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "sft.inputs[0]" in res.stderr, res.stderr
+    assert not (tmp_path / "runs").exists()

@@ -1,15 +1,22 @@
 """Typed pipeline config: one YAML file describes one pipeline.
 
 Every field has a default that works for the tiny CPU run, and a description that is the
-documentation (``llm-pipeline validate --explain`` prints it). Single-field checks live here
+documentation (``llm-pipeline validate --explain`` prints it). Path fields (InputPath,
+OutputPath) are made absolute when a config is built (paths.py). Single-field checks live here
 (pydantic refuses them at load time); rules that relate several fields live in ``validate.py``
 so that all of them are reported together.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from .paths import resolve_input, resolve_output
+
+# Local paths are made absolute when a config is built (see paths.py): workers run elsewhere.
+InputPath = Annotated[str, AfterValidator(resolve_input)]
+OutputPath = Annotated[str, AfterValidator(resolve_output)]
 
 
 class _Section(BaseModel):
@@ -19,10 +26,10 @@ class _Section(BaseModel):
 
 class RunConfig(_Section):
     name: str = Field("tiny-cpu", description="Pipeline name; used in run ids and flow-run names.")
-    output_root: str = Field(
-        "runs",
-        description="Where runs are written: a local path or s3://bucket/prefix. "
-        "Each run lands in <output_root>/<run_id>/<stage>/.",
+    output_root: OutputPath = Field(
+        "runs", validate_default=True,
+        description="Where runs are written: a local path (relative to the directory the command runs from) "
+        "or s3://bucket/prefix. Each run lands in <output_root>/<run_id>/<stage>/.",
     )
     s3_endpoint_url: str | None = Field(
         None, description="Endpoint of an S3-compatible store (MinIO, OBS); None means AWS."
@@ -62,15 +69,16 @@ class DedupConfig(_Section):
         description="Persist the exact hashes and LSH index in the run store, so later runs "
         "(nightly) are deduplicated against everything seen before.",
     )
-    index_uri: str | None = Field(
+    index_uri: OutputPath | None = Field(
         None, description="Where the persistent dedup index lives; default <output_root>/_dedup_index."
     )
 
 
 class DataConfig(_Section):
-    inputs: list[str] = Field(
-        default_factory=lambda: ["configs/data/tiny_corpus.jsonl"],
-        description="Local globs or s3:// prefixes of raw jsonl(.gz) / parquet files.",
+    inputs: list[InputPath] = Field(
+        default_factory=lambda: ["configs/data/tiny_corpus.jsonl"], validate_default=True,
+        description="Local globs or s3:// prefixes of raw jsonl(.gz) / parquet files (relative paths: from the "
+        "directory the command runs from, else the repository's bundled files).",
     )
     text_field: str = Field("text", description="Name of the text field in each record.")
     read_batch_size: int = Field(1000, ge=1, description="Records per streamed batch.")
@@ -92,13 +100,14 @@ class DataConfig(_Section):
 
 
 class TokenizerConfig(_Section):
-    path: str | None = Field(
+    path: InputPath | None = Field(
         None,
         description="An existing sentencepiece tokenizer.model to load instead of training one "
         "(continued pretraining must keep the base model's tokenizer).",
     )
     model_type: Literal["bpe", "unigram"] = Field("bpe", description="sentencepiece model type.")
-    vocab_size: int = Field(2000, ge=100, description="Vocabulary size to train.")
+    vocab_size: int = Field(2000, ge=100, description="Vocabulary size to train; a CJK corpus needs at least its "
+                            "distinct characters (at character_coverage) + special and byte pieces.")
     byte_fallback: bool = Field(True, description="Unknown characters become byte tokens, never <unk>.")
     character_coverage: float = Field(0.9995, gt=0, le=1, description="sentencepiece character_coverage.")
     sample_docs: int = Field(200_000, ge=1, description="Cleaned documents sampled to train on.")
@@ -133,8 +142,8 @@ class ModelConfig(_Section):
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="Activation recompute: none, selective (attention scores) or full (whole layer)."
     )
-    base_checkpoint: str | None = Field(None, description="mindformers .ckpt to continue pretraining from.")
-    hf_checkpoint: str | None = Field(
+    base_checkpoint: InputPath | None = Field(None, description="mindformers .ckpt to continue pretraining from.")
+    hf_checkpoint: InputPath | None = Field(
         None, description="Folder with a Hugging Face Llama model.safetensors + config.json to import."
     )
 
@@ -206,7 +215,8 @@ class TrainingConfig(_Section):
     grad_clip: float = Field(1.0, gt=0, description="Global-norm gradient clipping.")
     save_steps: int = Field(20, ge=1, description="Checkpoint every N steps.")
     keep_checkpoint_max: int = Field(3, ge=1, description="Checkpoints kept.")
-    preflight_steps: int = Field(10, ge=0, description="Steps of the preflight run; 0 disables it.")
+    preflight_steps: int = Field(10, ge=0, description="Steps of the preflight run (>= 3: it judges the loss "
+                                 "trend by thirds); 0 disables it.")
     guard: GuardConfig = Field(default_factory=GuardConfig)
     timeout_seconds: int = Field(3600, ge=1, description="Launcher timeout; the whole process group is killed.")
     upload_checkpoints: bool = Field(False, description="Copy finished checkpoints to the run store (S3).")
@@ -222,8 +232,8 @@ class TrainingConfig(_Section):
 
 
 class SFTConfig(_Section):
-    inputs: list[str] = Field(
-        default_factory=lambda: ["configs/data/tiny_sft.jsonl"],
+    inputs: list[InputPath] = Field(
+        default_factory=lambda: ["configs/data/tiny_sft.jsonl"], validate_default=True,
         description="Instruction data: prompt/response, alpaca or messages jsonl/parquet.",
     )
     system_prompt: str | None = Field(None, description="System message added when a sample has none.")
@@ -244,9 +254,9 @@ class SFTConfig(_Section):
 
 
 class EvaluateConfig(_Section):
-    prompt_files: list[str] = Field(
+    prompt_files: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/domain_qa.jsonl", "configs/eval/open_chat.jsonl",
-                                 "configs/eval/instruction_following.jsonl"],
+                                 "configs/eval/instruction_following.jsonl"], validate_default=True,
         description="Fixed prompt sets (jsonl with id, prompt, optional keywords).",
     )
     max_new_tokens: int = Field(24, ge=1, description="Tokens generated per prompt.")
@@ -256,7 +266,7 @@ class EvaluateConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Sampling nucleus top-p.")
     batch_size: int = Field(4, ge=1, description="Prompts decoded together.")
     perplexity_max_rows: int = Field(64, ge=1, description="Held-out rows used for perplexity.")
-    compare_checkpoints: dict[str, str] = Field(
+    compare_checkpoints: dict[str, InputPath] = Field(
         default_factory=dict,
         description="Extra checkpoints (label -> .ckpt path) shown side by side, e.g. last night's.")
 

@@ -1,7 +1,10 @@
 """Cross-field rules checked before anything runs.
 
 Each rule returns ConfigIssues naming the field, its value, the broken relation and the fix.
-`validate(cfg)` raises ConfigError with all of them; `check(cfg)` returns them.
+`validate(cfg)` raises ConfigError with all of them; `check(cfg)` returns them. These rules are
+pure (no file or network access); the checks of the input files are in inputs.py. A rule a stage
+also enforces at run time lives here and the stage calls it (one source of truth), e.g.
+`preflight_steps_issues`, `base_weights_issues`, `special_id_issues`.
 """
 from __future__ import annotations
 
@@ -124,9 +127,18 @@ def _names(cfg: PipelineConfig) -> list[ConfigIssue]:
     return []
 
 
+def special_id_issues(tok) -> list[ConfigIssue]:
+    """A tokenizer to train (TokenizerConfig) needs four distinct special ids >= 0 (sentencepiece)."""
+    ids = {"pad_id": tok.pad_id, "unk_id": tok.unk_id, "bos_id": tok.bos_id, "eos_id": tok.eos_id}
+    if len(set(ids.values())) != 4 or min(ids.values()) < 0:
+        return [ConfigIssue("tokenizer.pad_id/unk_id/bos_id/eos_id", ids,
+                            "a trained tokenizer needs four distinct ids >= 0", "use e.g. pad 0, unk 1, bos 2, eos 3")]
+    return []
+
+
 def _tokens(cfg: PipelineConfig) -> list[ConfigIssue]:
     tok, m = cfg.tokenizer, cfg.model
-    issues = []
+    issues = special_id_issues(tok) if tok.path is None else []
     if tok.path is None and tok.vocab_size > m.vocab_size:
         issues.append(ConfigIssue("model.vocab_size", m.vocab_size,
                                   f"smaller than tokenizer.vocab_size={tok.vocab_size}: token ids would index "
@@ -159,6 +171,37 @@ def _lora(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 LORA_TARGETS = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}
 
+MIN_PREFLIGHT_STEPS = 3  # the preflight judges the loss trend from thirds of its steps
+
+
+def preflight_steps_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
+    steps = cfg.training.preflight_steps
+    if 0 < steps < MIN_PREFLIGHT_STEPS:
+        return [ConfigIssue("training.preflight_steps", steps,
+                            f"the preflight needs at least {MIN_PREFLIGHT_STEPS} steps to judge the loss trend",
+                            f"set training.preflight_steps >= {MIN_PREFLIGHT_STEPS} (e.g. 10), or 0 to skip it")]
+    return []
+
+
+def base_weights_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
+    m = cfg.model
+    if m.base_checkpoint and m.hf_checkpoint:
+        return [ConfigIssue("model.hf_checkpoint", m.hf_checkpoint,
+                            f"model.base_checkpoint={m.base_checkpoint!r} is set too: the base weights would "
+                            "come from two places", "keep one of model.base_checkpoint and model.hf_checkpoint")]
+    return []
+
+
+def _filters(cfg: PipelineConfig) -> list[ConfigIssue]:
+    from ..data.errors import DataStageError  # the data stage builds them the same way
+    from ..data.filters import build_filters
+
+    try:
+        build_filters(cfg.data.filters)
+    except DataStageError as err:
+        return [ConfigIssue(err.field, err.value, err.problem, err.fix)]
+    return []
+
 
 def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
     if device_target(cfg) != "CPU":
@@ -176,7 +219,8 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
     return issues
 
 
-RULES = (_batch, _devices, _pipeline, _heads, _tp_inside_node, _precision, _names, _tokens, _lora)
+RULES = (_batch, _devices, _pipeline, _heads, _tp_inside_node, _precision, _names, _tokens, _lora,
+         preflight_steps_issues, base_weights_issues, _filters)
 
 
 def check(cfg: PipelineConfig, *, for_run: bool = True) -> list[ConfigIssue]:

@@ -86,9 +86,11 @@ def _iter_file(uri: str, label: str, endpoint_url: str | None) -> Iterator[RawRe
             yield RawRecord(f"{label}:{i}", uri, i, obj, reason, text)
 
 
-def iter_instruction_records(inputs: list[str], endpoint_url: str | None = None) -> Iterator[RawRecord]:
-    """Every record of every input file, in config order (see the module docstring)."""
-    for uri, label in list_inputs(inputs, endpoint_url):
+def iter_instruction_records(inputs: list[str], endpoint_url: str | None = None,
+                             field: str = "sft.inputs") -> Iterator[RawRecord]:
+    """Every record of every input file, in config order (see the module docstring); a missing
+    input is reported as `field`[i]."""
+    for uri, label in list_inputs(inputs, endpoint_url, field=field):
         yield from _iter_file(uri, label, endpoint_url)
 
 

@@ -2,8 +2,8 @@
 
 - Inputs: local globs (`**` allowed), local folders, files, or s3:// prefixes; kept are files
   ending .jsonl, .json (one JSON object per line), .jsonl.gz, .json.gz or .parquet, in config
-  order and sorted within each entry. A relative local path not found from the working directory
-  is tried from the repository root (so the bundled default works from anywhere).
+  order and sorted within each entry. Relative local paths start at the working directory (the
+  config resolves its paths to absolute ones when it is built: config/paths.py).
 - File labels, used in document ids (`<label>:<line>`), are the basenames, or the shortest
   unique path suffix when two inputs share a basename.
 - Shards: plain jsonl is split into byte ranges of `docs_per_shard` lines (one streaming pass
@@ -28,7 +28,6 @@ from .readers import open_parquet
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl.gz", ".json.gz": "jsonl.gz",
             ".parquet": "parquet"}
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def kind_of(uri: str) -> str | None:
@@ -63,9 +62,6 @@ def _expand(entry: str, endpoint_url: str | None) -> list[str]:
             return [entry]
         return [u for u in store_for(entry, endpoint_url).list(entry) if kind_of(u)]
     path = entry[len("file://"):] if entry.startswith("file://") else entry
-    if not Path(path).is_absolute() and not glob.glob(path, recursive=True):
-        alt = str(REPO_ROOT / path)
-        path = alt if glob.glob(alt, recursive=True) else path
     out = []
     for p in sorted(glob.glob(path, recursive=True)):
         if os.path.isdir(p):
@@ -88,13 +84,14 @@ def _labels(uris: list[str]) -> list[str]:
             return ["/".join(p) for p in parts]
 
 
-def list_inputs(inputs: list[str], endpoint_url: str | None = None) -> list[tuple[str, str]]:
-    """[(uri, label)] of every input file, in config order, without repeats."""
+def list_inputs(inputs: list[str], endpoint_url: str | None = None,
+                field: str = "data.inputs") -> list[tuple[str, str]]:
+    """[(uri, label)] of every input file, in config order, without repeats; errors name `field`[i]."""
     uris: list[str] = []
     for i, entry in enumerate(inputs):
         found = _expand(entry, endpoint_url)
         if not found:
-            raise DataStageError(f"data.inputs[{i}]", entry, "matches no .jsonl, .jsonl.gz or .parquet file",
+            raise DataStageError(f"{field}[{i}]", entry, "matches no .jsonl, .jsonl.gz or .parquet file",
                                  "check the path or glob (relative paths start at the working directory) "
                                  "or the s3:// prefix")
         uris += [u for u in found if u not in uris]

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Iterable
 
 import sentencepiece as spm
 
+from ..config.validate import special_id_issues
 from .errors import DataStageError
 
 MAX_PIECE_CHARS = 2000
@@ -111,9 +113,8 @@ def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ids = {"pad_id": cfg.pad_id, "unk_id": cfg.unk_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
-    if len(set(ids.values())) != 4 or min(ids.values()) < 0:
-        raise DataStageError("tokenizer.pad_id/unk_id/bos_id/eos_id", ids, "the four ids must be distinct and >= 0",
-                             "use e.g. pad 0, unk 1, bos 2, eos 3")
+    for issue in special_id_issues(cfg):  # the rule `validate` applies
+        raise DataStageError(issue.field, issue.value, issue.problem, issue.fix)
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -125,12 +126,29 @@ def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer
             split_digits=True, max_sentence_length=4 * MAX_PIECE_CHARS + 16, minloglevel=2,
             num_threads=TRAIN_THREADS, **ids)
     except RuntimeError as err:
-        raise DataStageError("tokenizer.vocab_size", cfg.vocab_size, f"sentencepiece could not train: {err}",
-                             "lower tokenizer.vocab_size (the corpus is too small for it) or add data") from None
+        raise training_error(err, cfg) from None
     (out_dir / "tokenizer.model").write_bytes(model.getvalue())
     tok = Tokenizer(out_dir / "tokenizer.model", pad_id=cfg.pad_id, special_tokens=list(cfg.special_tokens))
     write_config(tok, "trained")
     return tok
+
+
+_TOO_MANY_CHARS = re.compile(r"smaller than required_chars\. (\d+) vs (\d+)")
+
+
+def training_error(err: RuntimeError, cfg) -> DataStageError:
+    """The DataStageError for a failed sentencepiece training, with the fix that matches the cause."""
+    too_many_chars = _TOO_MANY_CHARS.search(str(err))
+    if too_many_chars:  # a CJK corpus: every kept character needs its own piece
+        need = int(too_many_chars.group(2))
+        return DataStageError(
+            "tokenizer.vocab_size", cfg.vocab_size,
+            f"the corpus needs {need} pieces (its characters at character_coverage={cfg.character_coverage:g}, "
+            f"plus the special and byte pieces), more than vocab_size={cfg.vocab_size}",
+            f"raise tokenizer.vocab_size to at least {need} (and model.vocab_size with it), "
+            "or lower tokenizer.character_coverage (e.g. 0.995)")
+    return DataStageError("tokenizer.vocab_size", cfg.vocab_size, f"sentencepiece could not train: {err}",
+                          "lower tokenizer.vocab_size (the corpus is too small for it) or add data")
 
 
 def check_loaded(tok: Tokenizer, cfg, model_vocab_size: int) -> None:

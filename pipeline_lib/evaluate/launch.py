@@ -75,7 +75,7 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 def run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: float, log=None) -> dict:
     """Run the worker; returns its result dict (with "ok": True)."""
     emit = as_log(log)
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()  # the worker runs in workdir/cwd: its arguments and env must be absolute
     cwd = workdir / "cwd"
     cwd.mkdir(parents=True, exist_ok=True)
     req, res = workdir / "request.json", workdir / "result.json"

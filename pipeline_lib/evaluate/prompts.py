@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from ..config.paths import resolve_input
 
 
 class PromptSetError(ValueError):
@@ -40,11 +40,8 @@ class Prompt:
 
 
 def resolve_prompt_file(path: str | Path) -> Path:
-    """A prompt file as given (absolute or relative to the cwd), else relative to the repo root."""
-    p = Path(path)
-    if p.exists() or p.is_absolute():
-        return p
-    return REPO_ROOT / p
+    """A prompt file as the config resolves it (the config's one resolver: cwd, else the repo root)."""
+    return Path(resolve_input(str(path)))
 
 
 def _parse_line(text: str, where: str, set_name: str) -> Prompt:

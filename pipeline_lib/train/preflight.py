@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
+from ..config.validate import MIN_PREFLIGHT_STEPS
+
 GB = 1e9
 
 
@@ -159,7 +161,8 @@ def evaluate_preflight(metrics: list[dict], *, expected_steps: int | None = None
                         "use training.precision fp32/bf16 or a loss_scale for fp16, and check the batch rows "
                         "named in the guard diagnosis")
     elif s.steps and s.loss_falling is None:
-        problems.append(f"{s.steps} step(s) are too few to judge the loss trend: set training.preflight_steps >= 3")
+        problems.append(f"{s.steps} step(s) are too few to judge the loss trend: set training.preflight_steps >= "
+                        f"{MIN_PREFLIGHT_STEPS}")
     elif s.loss_falling is False:
         problems.append(f"loss did not fall over {s.steps} steps (first-third mean {s.first_third_mean:.4f}, "
                         f"last-third mean {s.last_third_mean:.4f}): raise training.learning_rate or "

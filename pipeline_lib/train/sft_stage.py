@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ..config.load import config_hash
 from ..config.mindformers_yaml import build_run_config
+from ..config.validate import preflight_steps_issues
 from ..data.sft_records import prepare_sft_data, table_rows
 from ..stages import stage_hash, stage_inputs
 from ..storage import Manifest, RunPaths, invalidate, is_s3, join, read_manifest, sha256_file, store_for, write_manifest
@@ -202,6 +203,8 @@ def run_sft_stage(cfg, paths: RunPaths, log=print, progress=None, *, base_checkp
     """Run the SFT stage (see the module docstring); returns the manifest it wrote."""
     log = log or (lambda msg: None)
     started, uri, endpoint = time.time(), paths.stage_uri(STAGE), paths.endpoint_url
+    for issue in preflight_steps_issues(cfg):  # the rule `validate` applies
+        raise SFTStageError(str(issue))
     base_ref, tok_ref = find_base_checkpoint(cfg, paths, base_checkpoint), find_tokenizer(cfg, paths)
     if not (base_ref and tok_ref):
         raise SFTStageError(f"model.base_checkpoint={base_ref!r}, tokenizer.path={tok_ref!r}: SFT needs both; run the "

@@ -54,6 +54,7 @@ from pathlib import Path
 from ..config.load import config_hash
 from ..config.mindformers_yaml import write_run_yaml
 from ..config.platform import device_target
+from ..config.validate import base_weights_issues, preflight_steps_issues
 from ..stages import stage_hash, stage_inputs
 from ..storage import Manifest, RunPaths, invalidate, is_s3, join, read_manifest, sha256_file, store_for, \
     write_manifest
@@ -129,9 +130,8 @@ def _data_inputs(paths: RunPaths, work: Path, log) -> tuple[Path, int, Manifest]
 def _base_inputs(cfg) -> tuple[Path | None, dict]:
     """Check the base weights (fast, before any launch); convert an HF folder. Returns (local .ckpt or None, info)."""
     m = cfg.model
-    if m.base_checkpoint and m.hf_checkpoint:
-        raise PretrainStageError(f"model.base_checkpoint={m.base_checkpoint!r} and model.hf_checkpoint="
-                                 f"{m.hf_checkpoint!r} are both set: keep one of them")
+    for issue in base_weights_issues(cfg):  # the rule `validate` applies
+        raise PretrainStageError(str(issue))
     if m.base_checkpoint:
         if is_s3(m.base_checkpoint):
             return None, {"base_checkpoint": m.base_checkpoint, "remote": True}
@@ -340,6 +340,8 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     ranks = local_ranks(cfg, node_rank)
 
     # 1. inputs (fast failures first: nothing is launched or deleted before they pass)
+    for issue in preflight_steps_issues(cfg):  # the rule `validate` applies
+        raise PretrainStageError(str(issue))
     base, base_info = _base_inputs(cfg)
     invalidate(stage_uri, endpoint)  # a stage being redone is never seen as done
     out.mkdir(parents=True, exist_ok=True)

@@ -134,3 +134,25 @@ def test_validate_raises_with_every_issue():
 def test_warmup_longer_than_steps_refused_at_load():
     with pytest.raises(ConfigError, match="warmup_steps"):
         config_from_dict({"training": {"steps": 3, "warmup_steps": 10}})
+
+
+def test_preflight_needs_three_steps_or_none():
+    issue = issues(training={"preflight_steps": 2})["training.preflight_steps"]
+    assert issue.value == 2 and "training.preflight_steps >= 3" in issue.fix and "or 0" in issue.fix
+    assert issues(training={"preflight_steps": 0}) == {} and issues(training={"preflight_steps": 3}) == {}
+
+
+def test_one_source_of_base_weights(tmp_path):
+    found = issues(model={"base_checkpoint": "s3://b/base.ckpt", "hf_checkpoint": "s3://b/hf"})
+    assert "keep one of model.base_checkpoint and model.hf_checkpoint" in found["model.hf_checkpoint"].fix
+
+
+def test_filters_are_built_as_the_data_stage_builds_them():
+    found = issues(data={"filters": [{"name": "nfkc"}, {"name": "lenght"}]})
+    assert "length" in found["data.filters[1].name"].fix
+    found = issues(data={"filters": [{"name": "length", "params": {"min_char": 3}}]})
+    assert "min_chars" in found["data.filters[0].params"].fix
+
+
+def test_trained_tokenizer_needs_four_distinct_special_ids():
+    assert "tokenizer.pad_id/unk_id/bos_id/eos_id" in issues(tokenizer={"bos_id": 3, "eos_id": 3})

@@ -228,3 +228,11 @@ def test_parquet_and_gzip_inputs_mix_the_three_shapes(tmp_path, tpl, tok):
     out = [to_turns(r.obj, forbidden=tpl.forbidden_text) if r.obj else (None, r.reason) for r in records]
     assert [reason for _, reason in out] == [None, None, None, "unknown_shape", None, "bad_json"]
     assert out[2][0] == [Turn("user", "Q?"), Turn("assistant", "A.")]
+
+
+def test_a_missing_sft_input_is_named_as_sft_inputs(tmp_path):
+    from pipeline_lib.data.errors import DataStageError
+
+    with pytest.raises(DataStageError) as err:
+        list(iter_instruction_records([str(BUNDLED), str(tmp_path / "nope.jsonl")]))
+    assert err.value.field == "sft.inputs[1]"

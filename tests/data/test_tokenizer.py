@@ -72,3 +72,23 @@ def test_loading_checks_ids_special_tokens_and_model_vocab(tok, tmp_path):
         check_loaded(Tokenizer(model, pad_id=0, special_tokens=["<|tool|>"]), cfg, 2048)
     with pytest.raises(DataStageError, match="model.vocab_size=1024.*1200 pieces"):
         check_loaded(loaded, cfg, 1024)
+
+
+def cjk_texts(distinct: int = 3000, docs: int = 400, seed: int = 0) -> list[str]:
+    """A small CJK corpus with `distinct` different characters (more than a 2000-piece vocabulary)."""
+    import random
+
+    rng = random.Random(seed)
+    chars = [chr(0x4E00 + i) for i in range(distinct)]
+    return ["".join(rng.choice(chars) for _ in range(200)) for _ in range(docs)]
+
+
+def test_cjk_corpus_larger_than_the_vocabulary_says_to_raise_it(tmp_path):
+    with pytest.raises(DataStageError) as err:
+        train_tokenizer(cjk_texts(), TokenizerConfig(vocab_size=2000), tmp_path / "small")
+    need = int(err.value.fix.split("at least ")[1].split()[0])
+    assert err.value.field == "tokenizer.vocab_size" and need > 3000
+    assert "raise tokenizer.vocab_size" in err.value.fix and "character_coverage" in err.value.fix
+    assert f"needs {need} pieces" in err.value.problem and "lower tokenizer.vocab_size" not in str(err.value)
+    # the number is right: that vocabulary trains
+    assert train_tokenizer(cjk_texts(), TokenizerConfig(vocab_size=need), tmp_path / "fits").vocab_size == need

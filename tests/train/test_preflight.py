@@ -79,3 +79,20 @@ def test_summary_sorts_steps_and_handles_missing_times():
                                                                                           True)
     assert math.isclose(s.last_third_mean, 1.0)
     assert evaluate_preflight(rows).to_dict()["summary"]["steps"] == 3
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "sft"])
+def test_stages_refuse_too_few_preflight_steps_before_launching(stage, tmp_path):
+    """The stages apply validate's own rule (training.preflight_steps >= 3) before anything starts."""
+    from pipeline_lib.config import config_from_dict
+    from pipeline_lib.storage import RunPaths
+
+    if stage == "pretrain":
+        from pipeline_lib.train.stage import PretrainStageError as Refused, run_pretrain_stage as run
+    else:
+        from pipeline_lib.train.sft_stage import SFTStageError as Refused, run_sft_stage as run
+    cfg = config_from_dict({"run": {"output_root": str(tmp_path / "runs")}, "training": {"preflight_steps": 2}})
+    started = time.time()
+    with pytest.raises(Refused, match=r"training.preflight_steps=2: .* Fix: set training.preflight_steps >= 3"):
+        run(cfg, RunPaths(cfg.run.output_root, "r1"), log=None)
+    assert time.time() - started < 30 and not (tmp_path / "runs" / "r1" / stage / "preflight").exists()

@@ -1,0 +1,239 @@
+"""Checks of a config's input files: what `validate` can find out without training.
+
+`check_inputs(cfg)` returns (errors, warnings), both lists of ConfigIssue naming the field the user
+set (data.inputs[1], sft.inputs[0], evaluate.prompt_files[2] ...):
+- local inputs are listed with the data stage's own lister (`data.sources.list_inputs`), prompt sets
+  are parsed with the evaluate stage's reader, a tokenizer.path is loaded and checked as the data
+  stage checks it, an hf_checkpoint folder is checked as the pretrain stage checks it (config.json and
+  tensor headers), checkpoints must exist;
+- s3:// entries are listed only when the endpoint answers a TCP connect within S3_CONNECT_TIMEOUT_S;
+  otherwise (or without credentials) they are a warning, and the stage checks them when it runs;
+- a tokenizer to train gets a warning when a bounded sample of the local data.inputs already has
+  more characters than tokenizer.vocab_size can hold (sentencepiece refuses that: CJK corpora).
+Kept apart from validate.py, whose rules are pure, so configs built in memory never touch files.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import unicodedata
+from collections import Counter
+from urllib.parse import urlparse
+
+from .errors import ConfigError, ConfigIssue
+from .schema import PipelineConfig
+
+S3_CONNECT_TIMEOUT_S = 2.0
+SAMPLE_BYTES = 2 << 20      # characters are counted on about this much text ...
+SAMPLE_RECORDS = 5000       # ... or this many records, whichever comes first
+
+
+def _s3_reachable(endpoint_url: str | None) -> tuple[bool, str]:
+    url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or "https://s3.amazonaws.com"
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=S3_CONNECT_TIMEOUT_S).close()
+        return True, url
+    except OSError:
+        return False, url
+
+
+class _Checker:
+    def __init__(self, cfg: PipelineConfig):
+        self.cfg, self.endpoint = cfg, cfg.run.s3_endpoint_url
+        self.errors: list[ConfigIssue] = []
+        self.warnings: list[ConfigIssue] = []
+        self._s3: tuple[bool, str] | None = None
+
+    def s3_ok(self, field: str, uri: str) -> bool:
+        """True when s3 can be asked; else records a warning for this entry."""
+        if self._s3 is None:
+            self._s3 = _s3_reachable(self.endpoint)
+        if not self._s3[0]:
+            self.warnings.append(ConfigIssue(field, uri, f"not checked: the S3 endpoint {self._s3[1]} did not answer "
+                                             f"within {S3_CONNECT_TIMEOUT_S:g} s (the stage checks it when it runs)",
+                                             "set run.s3_endpoint_url (or AWS_ENDPOINT_URL) to a reachable endpoint"))
+        return self._s3[0]
+
+    def s3_failed(self, field: str, uri: str, err: Exception) -> None:
+        self.warnings.append(ConfigIssue(field, uri, f"not checked: S3 refused the listing ({type(err).__name__}: "
+                                         f"{err})", "check the S3 credentials (AWS_ACCESS_KEY_ID ...) and the bucket"))
+
+    def listed(self, field: str, entries: list[str]) -> None:
+        from ..data.errors import DataStageError
+        from ..data.sources import list_inputs
+
+        for i, entry in enumerate(entries):
+            name = f"{field}[{i}]"
+            if entry.startswith("s3://") and not self.s3_ok(name, entry):
+                continue
+            try:
+                list_inputs([entry], self.endpoint, field=field)
+            except DataStageError as err:
+                self.errors.append(ConfigIssue(name, entry, err.problem, err.fix))
+            except Exception as err:  # botocore: credentials, access denied, no such bucket
+                self.s3_failed(name, entry, err)
+
+    def exists(self, field: str, uri: str | None, *, folder: bool = False, what: str = "file",
+               otherwise: str = "set it to null") -> bool:
+        if not uri:
+            return False
+        if uri.startswith("s3://"):
+            if self.s3_ok(field, uri):
+                from ..storage import store_for
+
+                try:
+                    if not store_for(uri, self.endpoint).exists(uri):
+                        self.errors.append(ConfigIssue(field, uri, "no such object or prefix on the store",
+                                                       f"point {field} at an existing {what} or {otherwise}"))
+                except Exception as err:
+                    self.s3_failed(field, uri, err)
+            return False
+        ok = os.path.isdir(uri) if folder else os.path.isfile(uri)
+        if not ok:
+            self.errors.append(ConfigIssue(field, uri, f"no such {'folder' if folder else 'file'}",
+                                           f"point {field} at an existing {what} (relative paths start at the "
+                                           f"directory you run from) or {otherwise}"))
+        return ok
+
+    def prompts(self) -> None:
+        from ..evaluate.prompts import PromptSetError, load_prompt_file
+
+        for i, path in enumerate(self.cfg.evaluate.prompt_files):
+            field = f"evaluate.prompt_files[{i}]"
+            if self.exists(field, path, what="prompt jsonl such as configs/eval/domain_qa.jsonl",
+                           otherwise="remove it from the list"):
+                try:
+                    load_prompt_file(path)
+                except PromptSetError as err:  # its message names the line and what to write there
+                    self.errors.append(ConfigIssue(field, path, str(err), "correct that line of the prompt file"))
+
+    def tokenizer(self) -> None:
+        t = self.cfg.tokenizer
+        if self.exists("tokenizer.path", t.path, what="sentencepiece tokenizer.model"):
+            from ..data.errors import DataStageError
+            from ..data.tokenizer import Tokenizer, check_loaded
+
+            try:
+                check_loaded(Tokenizer(t.path, pad_id=t.pad_id, special_tokens=list(t.special_tokens)), t,
+                             self.cfg.model.vocab_size)
+            except DataStageError as err:
+                self.errors.append(ConfigIssue(err.field, err.value, err.problem, err.fix))
+            except (OSError, RuntimeError) as err:
+                self.errors.append(ConfigIssue("tokenizer.path", t.path, f"not a sentencepiece model ({err})",
+                                               "point tokenizer.path at a tokenizer.model"))
+        elif t.path is None:
+            self.vocab_vs_characters()
+
+    def hf_folder(self) -> None:
+        """The pretrain stage's own fast check (config.json against model.*, tensor names and shapes)."""
+        from ..train.hf_import import HFImportError, check_hf_folder
+
+        try:
+            check_hf_folder(self.cfg.model.hf_checkpoint, self.cfg.model)
+        except HFImportError as err:  # its message names each mismatch and the model.* value to set
+            self.errors.append(ConfigIssue("model.hf_checkpoint", self.cfg.model.hf_checkpoint, str(err),
+                                           "set the model.* fields the message names, or point "
+                                           "model.hf_checkpoint at the checkpoint of this model"))
+
+    def vocab_vs_characters(self) -> None:
+        t = self.cfg.tokenizer
+        texts = sample_texts(self.cfg.data.inputs, self.cfg.data.text_field)
+        if any(f.name == "nfkc" for f in self.cfg.data.filters):  # the tokenizer trains on cleaned text
+            texts = [unicodedata.normalize("NFKC", s) for s in texts]
+        need = vocab_floor(required_chars(texts, t.character_coverage), t) if texts else 0
+        if need > t.vocab_size:
+            self.warnings.append(ConfigIssue(
+                "tokenizer.vocab_size", t.vocab_size,
+                f"a sample of data.inputs already needs {need} pieces (its distinct characters at "
+                f"character_coverage={t.character_coverage:g}, plus the special and byte pieces): sentencepiece "
+                "will refuse to train (the whole corpus may need more)",
+                f"raise tokenizer.vocab_size to at least {need} (and model.vocab_size with it), "
+                "or lower tokenizer.character_coverage (e.g. 0.995)"))
+
+
+def vocab_floor(required: int, tok) -> int:
+    """The vocab_size sentencepiece needs for `required` characters: they, the special tokens, the
+    four pad/unk/bos/eos pieces and (with byte_fallback) the 256 byte pieces."""
+    return required + len(tok.special_tokens) + 4 + (256 if tok.byte_fallback else 0)
+
+
+def required_chars(texts: list[str], coverage: float) -> int:
+    """Characters sentencepiece keeps: the most frequent ones, until they cover `coverage` of all."""
+    counts = Counter(ch for s in texts for ch in s if ch not in "\r\n")  # lines are split on newlines
+    total, acc = sum(counts.values()), 0
+    for n, (_, c) in enumerate(counts.most_common(), start=1):
+        acc += c
+        if acc / total >= coverage:
+            return n
+    return len(counts)
+
+
+def sample_texts(entries: list[str], text_field: str) -> list[str]:
+    """Texts of the first records of the local input files (SAMPLE_BYTES / SAMPLE_RECORDS at most)."""
+    from ..data.sources import kind_of, list_inputs
+
+    texts, size = [], 0
+    local = [e for e in entries if not e.startswith("s3://")]
+    try:
+        files = list_inputs(local) if local else []
+    except ValueError:  # a missing input is already an error of its own
+        return []
+    for uri, _ in files:
+        try:
+            for text in _file_texts(uri, kind_of(uri), text_field):
+                texts.append(text)
+                size += len(text.encode("utf-8"))
+                if size >= SAMPLE_BYTES or len(texts) >= SAMPLE_RECORDS:
+                    return texts
+        except (OSError, EOFError, ValueError):  # a damaged file is the data stage's to quarantine
+            continue
+    return texts
+
+
+def _file_texts(path: str, kind: str | None, text_field: str):
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1000, columns=[text_field]):
+                yield from (v for v in batch.column(0).to_pylist() if isinstance(v, str))
+        except (KeyError, ValueError, OSError):
+            return
+        return
+    opener = gzip.open if kind == "jsonl.gz" else open
+    with opener(path, "rb") as fh:
+        for line in fh:
+            try:
+                value = json.loads(line).get(text_field)
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(value, str):
+                yield value
+
+
+def check_inputs(cfg: PipelineConfig) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
+    """(errors, warnings) about the files the config names (see the module docstring)."""
+    c = _Checker(cfg)
+    c.listed("data.inputs", cfg.data.inputs)
+    c.listed("sft.inputs", cfg.sft.inputs)
+    c.prompts()
+    c.tokenizer()
+    c.exists("model.base_checkpoint", cfg.model.base_checkpoint, what="mindformers .ckpt")
+    if c.exists("model.hf_checkpoint", cfg.model.hf_checkpoint, folder=True,
+                what="folder with a Hugging Face config.json and model.safetensors"):
+        c.hf_folder()
+    for label, path in cfg.evaluate.compare_checkpoints.items():
+        c.exists(f"evaluate.compare_checkpoints.{label}", path, what=".ckpt", otherwise="remove that entry")
+    return c.errors, c.warnings
+
+
+def validate_inputs(cfg: PipelineConfig) -> list[ConfigIssue]:
+    """Raise ConfigError with every input error; return the warnings."""
+    errors, warnings = check_inputs(cfg)
+    if errors:
+        raise ConfigError(errors)
+    return warnings

@@ -1,0 +1,67 @@
+"""Resolve the paths of a pipeline config once, against the directory the user ran the command from.
+
+Stages hand paths to workers and subprocesses that run in scratch working directories, so every
+local path in a PipelineConfig is made absolute when the config is built (schema.py applies these
+functions as field validators; resolving an absolute path again is a no-op, so a config dumped and
+rebuilt in a worker keeps the same paths):
+
+- URIs with a scheme (s3://...) are returned untouched; `file://` keeps its prefix, its path is resolved.
+- `~` is expanded; glob patterns stay glob patterns, made absolute.
+- `resolve_input`: a relative path that matches nothing from the working directory but exists from
+  the repository root resolves there (so the bundled configs/data and configs/eval files work from
+  any directory); otherwise it resolves against the working directory.
+- `resolve_output`: always against the working directory (where the user expects results to land).
+"""
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_FILE = "file://"
+
+
+def _split_scheme(value: str) -> tuple[str, str] | None:
+    """(prefix, path) for a local path ('' or 'file://'), None for any other URI."""
+    if value.startswith(_FILE):
+        return _FILE, value[len(_FILE):]
+    if "://" in value:
+        return None
+    return "", value
+
+
+def _exists(path: str) -> bool:
+    return bool(glob.glob(path, recursive=True)) if glob.has_magic(path) else os.path.exists(path)
+
+
+def _absolute(path: str, base: str | Path) -> str:
+    return os.path.normpath(os.path.join(str(base), os.path.expanduser(path)))
+
+
+def resolve_input(value: str | None, cwd: str | Path | None = None) -> str | None:
+    """An input path or glob made absolute (see the module docstring)."""
+    if value is None or value == "":
+        return value
+    split = _split_scheme(value)
+    if split is None:
+        return value
+    prefix, path = split
+    cwd = Path.cwd() if cwd is None else Path(cwd)
+    here = _absolute(path, cwd)
+    if not os.path.isabs(os.path.expanduser(path)) and not _exists(here):
+        bundled = _absolute(path, REPO_ROOT)
+        if _exists(bundled):
+            return prefix + bundled
+    return prefix + here
+
+
+def resolve_output(value: str | None, cwd: str | Path | None = None) -> str | None:
+    """An output location made absolute against the working directory (URIs untouched)."""
+    if value is None or value == "":
+        return value
+    split = _split_scheme(value)
+    if split is None:
+        return value
+    prefix, path = split
+    return prefix + _absolute(path, Path.cwd() if cwd is None else cwd)

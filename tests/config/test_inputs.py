@@ -1,0 +1,128 @@
+"""Input-file checks of `validate`: every missing input is an error naming the field the user set."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.config.inputs import check_inputs
+from pipeline_lib.data.errors import DataStageError
+from pipeline_lib.data.tokenizer import train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def by_field(issues) -> dict:
+    return {i.field: i for i in issues}
+
+
+def test_the_bundled_defaults_pass(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the bundled files are found from anywhere
+    assert check_inputs(config_from_dict({})) == ([], [])
+
+
+def test_each_missing_input_is_named_by_its_own_field(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ok.jsonl").write_text('{"text": "hello"}\n')
+    cfg = config_from_dict({
+        "data": {"inputs": ["ok.jsonl", "raw/*.jsonl"]},
+        "sft": {"inputs": ["missing_sft.jsonl"]},
+        "evaluate": {"prompt_files": ["configs/eval/domain_qa.jsonl", "my_prompts.jsonl"],
+                     "compare_checkpoints": {"last": "night/last.ckpt"}},
+        "tokenizer": {"path": "tok/tokenizer.model"},
+        "model": {"base_checkpoint": "base.ckpt"}})
+    errors, _ = check_inputs(cfg)
+    found = by_field(errors)
+    assert set(found) == {"data.inputs[1]", "sft.inputs[0]", "evaluate.prompt_files[1]", "tokenizer.path",
+                          "model.base_checkpoint", "evaluate.compare_checkpoints.last"}
+    assert found["data.inputs[1]"].value == str(tmp_path / "raw" / "*.jsonl")
+    assert "remove it from the list" in found["evaluate.prompt_files[1]"].fix
+    assert "set it to null" in found["model.base_checkpoint"].fix
+
+
+def test_a_broken_prompt_file_names_its_line(tmp_path):
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"id": "a", "prompt": "x"}\nnot json\n')
+    errors, _ = check_inputs(config_from_dict({"evaluate": {"prompt_files": [str(bad)]}}))
+    assert ":2" in by_field(errors)["evaluate.prompt_files[0]"].problem
+
+
+def test_a_tokenizer_path_is_loaded_and_checked_against_the_model(tmp_path):
+    from pipeline_lib.config.schema import TokenizerConfig
+
+    texts = [line for line in (ROOT / "configs/data/tiny_corpus.jsonl").read_text(errors="replace").splitlines()][:300]
+    tok = train_tokenizer(texts, TokenizerConfig(vocab_size=600), tmp_path)
+    cfg = config_from_dict({"tokenizer": {"path": tok.model_file}, "model": {"vocab_size": 512}})
+    found = by_field(check_inputs(cfg)[0])
+    assert "model.vocab_size >= 600" in found["model.vocab_size"].fix
+
+
+def test_s3_inputs_are_listed_when_the_store_answers(s3_bucket):
+    bucket, endpoint = s3_bucket
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).put_object(Bucket=bucket[5:], Key="raw/a.jsonl", Body=b'{"text":"x"}\n')
+    cfg = config_from_dict({"run": {"s3_endpoint_url": endpoint},
+                            "data": {"inputs": [f"{bucket}/raw/", f"{bucket}/nothing/"]},
+                            "model": {"base_checkpoint": f"{bucket}/base.ckpt"}})
+    errors, warnings = check_inputs(cfg)
+    assert set(by_field(errors)) == {"data.inputs[1]", "model.base_checkpoint"} and warnings == []
+
+
+def test_an_unreachable_s3_endpoint_is_a_quick_warning(free_port_url):
+    cfg = config_from_dict({"run": {"s3_endpoint_url": free_port_url},
+                            "sft": {"inputs": ["s3://bucket/sft/"]}})
+    started = time.time()
+    errors, warnings = check_inputs(cfg)
+    assert errors == [] and "did not answer" in by_field(warnings)["sft.inputs[0]"].problem
+    assert time.time() - started < 10
+
+
+@pytest.fixture
+def free_port_url():
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def cjk_corpus(path: Path, distinct: int = 3000) -> Path:
+    import random
+
+    rng = random.Random(0)
+    chars = [chr(0x4E00 + i) for i in range(distinct)]
+    with open(path, "w", encoding="utf-8") as fh:
+        for _ in range(400):
+            fh.write(json.dumps({"text": "".join(rng.choice(chars) for _ in range(200))}, ensure_ascii=False) + "\n")
+    return path
+
+
+def test_cjk_corpus_beyond_the_vocabulary_warns_with_the_number_sentencepiece_needs(tmp_path):
+    from pipeline_lib.config.schema import TokenizerConfig
+
+    corpus = cjk_corpus(tmp_path / "zh.jsonl")
+    cfg = config_from_dict({"data": {"inputs": [str(corpus)], "filters": []}})
+    errors, warnings = check_inputs(cfg)
+    warning = by_field(warnings)["tokenizer.vocab_size"]
+    assert errors == [] and "raise tokenizer.vocab_size to at least" in warning.fix
+    need = int(warning.fix.split("at least ")[1].split()[0])
+    texts = [json.loads(line)["text"] for line in corpus.read_text(encoding="utf-8").splitlines()]
+    with pytest.raises(DataStageError, match=f"at least {need} "):  # sentencepiece's own count agrees
+        train_tokenizer(texts, TokenizerConfig(vocab_size=2000), tmp_path / "tok")
+    bigger = config_from_dict({"data": {"inputs": [str(corpus)], "filters": []},
+                               "tokenizer": {"vocab_size": need}, "model": {"vocab_size": need}})
+    assert check_inputs(bigger) == ([], [])
+
+
+def test_an_hf_folder_is_checked_against_model_like_the_pretrain_stage_does(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 128, "num_hidden_layers": 2,
+                                                    "num_attention_heads": 4, "num_key_value_heads": 4}))
+    errors, _ = check_inputs(config_from_dict({"model": {"hf_checkpoint": str(folder)}}))
+    issue = by_field(errors)["model.hf_checkpoint"]
+    assert "hidden_size=128 but model.hidden_size=64: set model.hidden_size: 128" in issue.problem

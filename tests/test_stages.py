@@ -1,0 +1,26 @@
+"""Stage identity: the same input files reached through another folder keep the stage's identity."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.stages import stage_hash
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _copy_inputs(dest: Path) -> dict:
+    (dest / "eval").mkdir(parents=True)
+    shutil.copy(ROOT / "configs/data/tiny_sft.jsonl", dest / "tiny_sft.jsonl")
+    shutil.copy(ROOT / "configs/eval/domain_qa.jsonl", dest / "eval" / "domain_qa.jsonl")
+    return {"sft": {"inputs": [str(dest / "tiny_sft.jsonl")]},
+            "evaluate": {"prompt_files": [str(dest / "eval" / "domain_qa.jsonl")]}}
+
+
+def test_sft_and_evaluate_identity_follow_file_contents_not_their_folder(tmp_path):
+    a, b = config_from_dict(_copy_inputs(tmp_path / "a")), config_from_dict(_copy_inputs(tmp_path / "b"))
+    for stage in ("sft", "evaluate"):
+        assert stage_hash(a, stage) == stage_hash(b, stage)
+    (tmp_path / "b" / "tiny_sft.jsonl").write_text('{"prompt": "p", "response": "r"}\n')
+    assert stage_hash(a, "sft") != stage_hash(b, "sft")  # edited data: the stage reruns
