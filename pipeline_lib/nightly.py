@@ -9,13 +9,11 @@ watermark and the `latest` pointer where they were and its data is picked up aga
 from __future__ import annotations
 
 import datetime as dt
-import fnmatch
-import glob
 import json
-import os
 
 from .config.schema import PipelineConfig
-from .storage import is_s3, join, store_for
+from .data.sources import find_inputs
+from .storage import join, store_for
 
 
 def state_uri(cfg: PipelineConfig) -> str:
@@ -36,20 +34,12 @@ def save_state(cfg: PipelineConfig, state: dict) -> None:
 
 
 def list_raw_files(cfg: PipelineConfig) -> dict[str, int]:
-    """Every raw input file matched by data.inputs (local globs or s3:// prefixes/globs) with its size."""
+    """Every raw input file of data.inputs with its size, listed exactly as the data stage lists
+    them (data.sources.find_inputs); an entry matching nothing yet is not an error here."""
     found: dict[str, int] = {}
-    for pattern in cfg.data.inputs:
-        if is_s3(pattern):
-            store = store_for(pattern, cfg.run.s3_endpoint_url)
-            has_glob = any(c in pattern for c in "*?[")
-            prefix = pattern.split("*")[0].rsplit("/", 1)[0] if has_glob else pattern
-            for uri in store.list(prefix):
-                if not has_glob or fnmatch.fnmatch(uri, pattern):
-                    found[uri] = store.size(uri)
-        else:
-            for path in sorted(glob.glob(pattern, recursive=True)):
-                if os.path.isfile(path):
-                    found[path] = os.path.getsize(path)
+    for uris in find_inputs(cfg.data.inputs, cfg.run.s3_endpoint_url):
+        for uri in uris:
+            found[uri] = store_for(uri, cfg.run.s3_endpoint_url).size(uri)
     return dict(sorted(found.items()))
 
 
