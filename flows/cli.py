@@ -6,6 +6,7 @@
   llm-pipeline status CONFIG --run-id ID               which stages of a run are complete
   llm-pipeline pools [--ascend-nodes N]                create work pools and limits (idempotent)
   llm-pipeline nightly CONFIG [key=value ...]          one nightly continued-pretraining round now
+  llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
 needs to be started by hand. Rerun with the same --run-id to resume: finished stages are skipped.
@@ -20,7 +21,7 @@ import sys
 # only adds lock contention there.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from pipeline_lib.cli import plan_main, print_warnings, validate_main  # noqa: E402
+from pipeline_lib.cli import dedup_index_main, plan_main, print_warnings, validate_main  # noqa: E402
 from pipeline_lib.config.inputs import validate_inputs  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
 from pipeline_lib.stages import parse_stages  # noqa: E402
@@ -173,12 +174,13 @@ def nightly_main(argv: list[str]) -> int:
 
     with embedded_api():
         state = nightly(config=args.config, overrides=args.overrides, return_state=True)
-    print(state.result() if state.is_completed() else f"nightly failed: {state.message}")
+    print(f"nightly {state.name}: {state.message}" if state.name in ("Skipped", "NoNewData") else
+          state.result() if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1
 
 
 COMMANDS = {"validate": validate_main, "plan": plan_main, "run": run_main, "status": status_main,
-            "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main}
+            "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main, "dedup-index": dedup_index_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,10 @@
 """Nightly continued pretraining: new raw data since the last good night -> data (incremental
 dedup against everything seen) -> pretrain from last night's checkpoint -> evaluate side by side
-with last night. The watermark and `latest` pointer move only when every stage succeeded."""
+with last night. The watermark and `latest` pointer move only when every stage succeeded.
+
+Final states: Completed "Skipped" (no new file), Completed "NoNewData" (new files, but every
+document in them was seen before: they are consumed, nothing is trained, a markdown artifact and
+the webhook say so), Completed (trained), or Failed (watermark unchanged, webhook notice)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -9,12 +13,13 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed
 
 from pipeline_lib.config import config_from_dict
-from pipeline_lib.nightly import commit_night, deep_update, load_state, new_files, nightly_overrides
+from pipeline_lib.nightly import (commit_night, consume_without_training, deep_update, load_state, new_files,
+                                  nightly_overrides, no_new_documents)
 from pipeline_lib.stages import available
 from pipeline_lib.storage import RunPaths, read_manifest
 
 from flows.common import resolve_config
-from flows.notify import notify_failure
+from flows.notify import notify_failure, notify_no_new_data
 from flows.pipeline import llm_pipeline
 
 NIGHT_STAGES = ["data", "pretrain", "evaluate"]
@@ -34,17 +39,44 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: st
     state = load_state(cfg)
     files = new_files(cfg, state)
     if not files:
-        return Completed(name="Skipped", message="no new raw data since the last successful night",
+        return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
     run_id = _night_id(run_date)
     night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(state, files)))
     logger.info(f"{run_id}: {len(files)} new file(s); continuing from "
                 f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
     stages = [s for s in NIGHT_STAGES if available(s)]
-    summary = llm_pipeline(config=night_cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
-                           dispatch=dispatch)
+    run = llm_pipeline(config=night_cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
+                       dispatch=dispatch, notify=False, return_state=True)
+    if not run.is_completed():
+        found = no_new_documents(night_cfg, run_id)
+        if found is None:
+            run.result()  # raises the night's real failure: this flow fails and notifies
+        return _no_new_data(cfg, state, files, run_id, found)
+    summary = run.result()
     pretrain = read_manifest(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("pretrain"),
                              cfg.run.s3_endpoint_url)
     checkpoint = (pretrain.metrics or {}).get("latest_checkpoint") if pretrain else None
     commit_night(cfg, state, files, run_id, checkpoint)
     return {"run_id": run_id, "new_files": len(files), "checkpoint": checkpoint, "summary": summary}
+
+
+def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: dict):
+    """Consume the files, train nothing, and say so (UI artifact, state message, webhook)."""
+    from prefect.artifacts import create_markdown_artifact
+
+    consume_without_training(cfg, state, files, run_id, found)
+    message = (f"{run_id}: no new data: {len(files)} new file(s), {found['read']} documents read, "
+               f"{found['duplicates_of_earlier_runs']} duplicates of earlier runs ({', '.join(found['earlier_runs'])}), "
+               f"0 new; files consumed, nothing trained, latest checkpoint unchanged")
+    get_run_logger().info(message)
+    create_markdown_artifact(
+        key="nightly-no-new-data", description=message,
+        markdown="\n".join([f"# {run_id}: no new data", "", message, "", "| file | size |", "|---|---|",
+                            *[f"| {u} | {s} |" for u, s in sorted(files.items())], "",
+                            f"Dedup index: `{found['index_uri']}` (lineage `{found['lineage']}`)."]))
+    payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "NoNewData",
+               "message": message, "new_files": len(files), "counts": found}
+    notify_no_new_data(cfg.orchestration.failure_webhook_url, payload)
+    return Completed(name="NoNewData", message=message, data={"run_id": run_id, "new_files": len(files),
+                                                               "no_new_data": found, "notice": payload})

@@ -1,4 +1,5 @@
-"""Failure notice: POST the run, the failed stage and the error to a webhook (off by default)."""
+"""Notices to orchestration.failure_webhook_url (off by default): a failed run (the run, the failed
+stage, the error), and a nightly that found no new data (state NoNewData, with the counts)."""
 from __future__ import annotations
 
 import json
@@ -28,12 +29,22 @@ def failure_payload(flow, flow_run, state) -> dict:
 
 
 def notify_failure(flow, flow_run, state) -> None:
-    url = _webhook_url(flow_run.parameters)
+    if flow_run.parameters.get("notify") is False:  # a parent flow (the nightly) reports instead
+        return
+    _post(_webhook_url(flow_run.parameters), failure_payload(flow, flow_run, state))
+
+
+def notify_no_new_data(url: str | None, payload: dict) -> None:
+    """{flow, run_id, state: COMPLETED, name: NoNewData, message, counts} to the webhook, if set."""
+    _post(url, payload)
+
+
+def _post(url: str | None, payload: dict) -> None:
     if not url:
         return
-    body = json.dumps(failure_payload(flow, flow_run, state)).encode()
+    body = json.dumps(payload).encode()
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
     try:
         urllib.request.urlopen(req, timeout=10).close()
     except Exception as err:  # a notice must never mask the real failure
-        print(f"failure webhook {url} not reached: {err}")
+        print(f"webhook {url} not reached: {err}")

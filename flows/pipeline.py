@@ -41,8 +41,9 @@ def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
       on_failure=[notify_failure], on_crashed=[notify_failure])
 def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = None,
                  overrides: list[str] | None = None, dispatch: bool = False,
-                 deployment_suffix: str = "default") -> dict:
-    """Run the requested stages in order; returns per-stage state, seconds and stage folder."""
+                 deployment_suffix: str = "default", notify: bool = True) -> dict:
+    """Run the requested stages in order; returns per-stage state, seconds and stage folder.
+    notify=False: no failure webhook from this flow (the calling flow, e.g. the nightly, sends it)."""
     logger = get_run_logger()
     cfg = resolve_config(config, overrides)
     resolved = cfg.model_dump(mode="json")

@@ -76,6 +76,39 @@ def explain_lines() -> list[str]:
     return lines
 
 
+def dedup_index_main(argv: list[str]) -> int:
+    """`dedup-index list|clear CONFIG [--lineage X] [key=value ...]`: a lineage's incremental dedup index."""
+    from .data.dedup_index import clear_index, index_uri, lineage, list_segments
+
+    ap = argparse.ArgumentParser(prog="llm-pipeline dedup-index",
+                                 description="List or clear the dedup index of a lineage (data.dedup.lineage, "
+                                 "default run.name): the documents later runs are deduplicated against.")
+    ap.add_argument("action", choices=["list", "clear"])
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    ap.add_argument("--lineage", help="the lineage (default: the config's data.dedup.lineage or run.name)")
+    args = ap.parse_intermixed_args(argv)
+    overrides = list(args.overrides) + ([f"data.dedup.lineage={args.lineage}"] if args.lineage else [])
+    try:
+        cfg = load_config(args.config, overrides)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    endpoint = cfg.run.s3_endpoint_url
+    segments = list_segments(cfg, endpoint)
+    print(f"lineage {lineage(cfg)}: index {index_uri(cfg)}")
+    if args.action == "list":
+        for m in segments:
+            files = ", ".join(f["uri"] for f in m.get("inputs", [])) or "(inputs not recorded)"
+            print(f"  {m['run_id']:<32} {m['docs']:>9} docs  {files}")
+        print(f"{len(segments)} run(s), {sum(m['docs'] for m in segments)} documents")
+        return 0
+    n = clear_index(cfg, endpoint)
+    print(f"cleared: {n} run(s), {sum(m['docs'] for m in segments)} documents; the next run of this lineage "
+          "is deduplicated against nothing earlier")
+    return 0
+
+
 def validate_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="llm-pipeline validate",
                                  description="Check a pipeline config before anything runs.")
@@ -125,7 +158,7 @@ def plan_main(argv: list[str]) -> int:
     return _plan(argv)
 
 
-COMMANDS = {"validate": validate_main, "plan": plan_main}
+COMMANDS = {"validate": validate_main, "plan": plan_main, "dedup-index": dedup_index_main}
 
 
 def main(argv: list[str] | None = None) -> int:

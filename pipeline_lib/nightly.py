@@ -5,17 +5,18 @@ State lives in the run store at <output_root>/_nightly/state.json:
   latest:   {run_id, checkpoint, finished_at} of the last night where EVERY stage succeeded
 It is rewritten (atomically) only after a night succeeds, so a failed night leaves the
 watermark and the `latest` pointer where they were and its data is picked up again tomorrow.
+A night whose new files hold no new document (all seen by earlier runs of the dedup lineage)
+is not a failure: its files are consumed (the watermark moves past them), nothing is trained and
+`latest` stays (`consume_without_training`).
 """
 from __future__ import annotations
 
 import datetime as dt
-import fnmatch
-import glob
 import json
-import os
 
 from .config.schema import PipelineConfig
-from .storage import is_s3, join, store_for
+from .data.sources import find_inputs
+from .storage import join, store_for
 
 
 def state_uri(cfg: PipelineConfig) -> str:
@@ -36,20 +37,12 @@ def save_state(cfg: PipelineConfig, state: dict) -> None:
 
 
 def list_raw_files(cfg: PipelineConfig) -> dict[str, int]:
-    """Every raw input file matched by data.inputs (local globs or s3:// prefixes/globs) with its size."""
+    """Every raw input file of data.inputs with its size, listed exactly as the data stage lists
+    them (data.sources.find_inputs); an entry matching nothing yet is not an error here."""
     found: dict[str, int] = {}
-    for pattern in cfg.data.inputs:
-        if is_s3(pattern):
-            store = store_for(pattern, cfg.run.s3_endpoint_url)
-            has_glob = any(c in pattern for c in "*?[")
-            prefix = pattern.split("*")[0].rsplit("/", 1)[0] if has_glob else pattern
-            for uri in store.list(prefix):
-                if not has_glob or fnmatch.fnmatch(uri, pattern):
-                    found[uri] = store.size(uri)
-        else:
-            for path in sorted(glob.glob(pattern, recursive=True)):
-                if os.path.isfile(path):
-                    found[path] = os.path.getsize(path)
+    for uris in find_inputs(cfg.data.inputs, cfg.run.s3_endpoint_url):
+        for uri in uris:
+            found[uri] = store_for(uri, cfg.run.s3_endpoint_url).size(uri)
     return dict(sorted(found.items()))
 
 
@@ -77,6 +70,27 @@ def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id
     state["latest"] = {"run_id": run_id, "checkpoint": checkpoint,
                        "finished_at": dt.datetime.now(dt.timezone.utc).isoformat()}
     state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint})
+    save_state(cfg, state)
+    return state
+
+
+def no_new_documents(cfg: PipelineConfig, run_id: str) -> dict | None:
+    """The counts the data stage left when every document of the night was seen before, else None."""
+    from .data.prep import NO_NEW_DOCUMENTS
+    from .storage import RunPaths
+
+    uri = join(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("data"), NO_NEW_DOCUMENTS)
+    store = store_for(uri, cfg.run.s3_endpoint_url)
+    return json.loads(store.get_bytes(uri)) if store.exists(uri) else None
+
+
+def consume_without_training(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
+                             found: dict) -> dict:
+    """Move the watermark past files that held only already-seen documents; `latest` stays."""
+    state = json.loads(json.dumps(state))
+    state.setdefault("consumed", {}).update(files)
+    state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": None,
+                                            "no_new_data": found})
     save_state(cfg, state)
     return state
 

@@ -66,11 +66,21 @@ class DedupConfig(_Section):
     threshold: float = Field(0.8, gt=0, lt=1, description="Jaccard threshold; bands x rows are chosen for it.")
     incremental: bool = Field(
         True,
-        description="Persist the exact hashes and LSH index in the run store, so later runs "
-        "(nightly) are deduplicated against everything seen before.",
+        description="Deduplicate against the earlier successful runs of this lineage (their kept documents' "
+        "exact hashes and MinHash signatures persist in the index) and add this run's to it. Rule: a run is "
+        "not deduplicated against an earlier run that read exactly the same input files (same URI, size and "
+        "content hash) or a subset of them: that is a rerun of the same data (running a config twice gives the "
+        "same dataset twice), not data seen before. New files (the nightly's) are deduplicated against "
+        "everything earlier. A run left with no new document fails at dedup, naming the counts and the ways out.",
+    )
+    lineage: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Name of the dedup index this run reads and extends; default run.name. Runs of one lineage "
+        "are deduplicated against each other; a fresh name starts from nothing.",
     )
     index_uri: OutputPath | None = Field(
-        None, description="Where the persistent dedup index lives; default <output_root>/_dedup_index."
+        None, description="Where the lineage's dedup index lives; default <output_root>/_dedup_index/<lineage>. "
+        "List or clear it with `llm-pipeline dedup-index list|clear CONFIG`."
     )
 
 

@@ -1,14 +1,20 @@
-"""The persistent dedup index: what earlier runs kept, so tonight's data is deduplicated against it.
+"""The persistent dedup index of a lineage: what its earlier runs kept, so tonight's data is
+deduplicated against it.
 
-Layout at `data.dedup.index_uri` (default <output_root>/_dedup_index), one segment per run:
+Layout at `data.dedup.index_uri` (default <output_root>/_dedup_index/<lineage>, the lineage being
+data.dedup.lineage or run.name), one segment per run:
   segments/<run_id>/keys.npy   uint64 exact keys of the kept documents (text.exact_key)
   segments/<run_id>/sigs.npy   uint32 (n, num_perm) MinHash signatures (absent when near dedup was off)
   segments/<run_id>/ids.txt    the kept documents' ids, one per line
-  segments/<run_id>/meta.json  written last: a segment without it is ignored
+  segments/<run_id>/meta.json  written last: a segment without it is ignored; holds the run's input
+                               files (uri, size, content fingerprint)
 About 8 + 4 x num_perm bytes per document (520 B at 128 permutations). Band keys are not stored:
 they are recomputed from the signatures, so a changed threshold still works with an old index.
 A run commits its segment only when the whole stage succeeded (a failed run leaves no trace),
-and a run never loads its own segment (a rerun is not deduplicated against itself).
+and a run never loads its own segment (a resumed run is not deduplicated against itself).
+The rerun rule: a run does not load a segment whose input files (uri, size, fingerprint) are all
+among its own inputs: that run read the same data, it is a rerun, not data seen before (so running
+a config twice gives the same dataset twice, while new files are checked against everything).
 
 Limits: every segment is loaded into memory (numpy arrays, sorted for binary search); two runs
 committing to one index at the same time are not coordinated. A segment written with another
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +35,50 @@ from .errors import DataStageError
 from .minhash import SCHEME, SEED, SHINGLE_VERSION, band_keys
 
 
+def lineage(cfg) -> str:
+    """data.dedup.lineage, or run.name made safe for a path."""
+    return cfg.data.dedup.lineage or re.sub(r"[^A-Za-z0-9._-]", "_", cfg.run.name) or "default"
+
+
 def index_uri(cfg) -> str:
-    return cfg.data.dedup.index_uri or join(cfg.run.output_root, "_dedup_index")
+    return cfg.data.dedup.index_uri or join(cfg.run.output_root, "_dedup_index", lineage(cfg))
 
 
-def segment_meta(cfg, run_id: str, n: int, has_sigs: bool) -> dict:
+def segment_meta(cfg, run_id: str, n: int, has_sigs: bool, inputs: list[dict] | None = None) -> dict:
+    """inputs: the run's input files [{uri, size, fingerprint}] (the rerun rule compares them)."""
     d = cfg.data.dedup
-    return {"run_id": run_id, "docs": n, "num_perm": d.num_perm, "ngram": d.ngram, "seed": SEED, "scheme": SCHEME,
-            "shingle_version": SHINGLE_VERSION, "has_sigs": has_sigs}
+    return {"run_id": run_id, "lineage": lineage(cfg), "docs": n, "num_perm": d.num_perm, "ngram": d.ngram,
+            "seed": SEED, "scheme": SCHEME, "shingle_version": SHINGLE_VERSION, "has_sigs": has_sigs,
+            "inputs": inputs or []}
+
+
+def _file_ids(inputs) -> set[tuple]:
+    return {(f["uri"], f["size"], f.get("fingerprint")) for f in inputs or []}
+
+
+def is_rerun_of(meta: dict, inputs: list[dict] | None) -> bool:
+    """True when every input file of the segment's run (same uri, size, fingerprint) is an input of
+    this run too: this run rereads that data, so it is not deduplicated against that run."""
+    theirs = _file_ids(meta.get("inputs"))
+    return bool(theirs) and all(f[2] for f in theirs) and theirs <= _file_ids(inputs)
+
+
+def list_segments(cfg, endpoint_url: str | None = None) -> list[dict]:
+    """The meta.json of every committed segment of the lineage's index, in commit-name order."""
+    uri = index_uri(cfg)
+    store = store_for(uri, endpoint_url)
+    metas = sorted(u for u in store.list(join(uri, "segments") + "/") if u.endswith("/meta.json"))
+    return [json.loads(store.get_bytes(m)) | {"uri": m.rsplit("/", 1)[0]} for m in metas]
+
+
+def clear_index(cfg, endpoint_url: str | None = None) -> int:
+    """Delete the lineage's whole index; returns how many segments it held."""
+    n = len(list_segments(cfg, endpoint_url))
+    uri = index_uri(cfg)
+    store = store_for(uri, endpoint_url)
+    if store.exists(uri) or store.list(uri.rstrip("/") + "/"):
+        store.delete(uri)
+    return n
 
 
 def write_segment(folder: Path, meta: dict, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None) -> list[str]:
@@ -64,7 +107,7 @@ class PriorIndex:
     """The loaded segments of earlier runs: exact-key and LSH-band lookups, vectorized."""
 
     def __init__(self, ids: list[str], keys: np.ndarray, sigs: np.ndarray, bands: int, rows: int, runs: list[str]):
-        self.ids, self.sigs, self.runs = ids, sigs, runs
+        self.ids, self.sigs, self.runs, self.reruns = ids, sigs, runs, []
         self.key_order = np.argsort(keys, kind="stable")
         self.sorted_keys = keys[self.key_order]
         has = ~(sigs == np.uint32(0xFFFFFFFF)).all(axis=1) if len(sigs) else np.zeros(0, bool)
@@ -93,16 +136,19 @@ class PriorIndex:
         return [np.unique(np.concatenate(c)) if c else np.zeros(0, np.int64) for c in out]
 
 
-def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str | None = None) -> PriorIndex:
-    """Every committed segment of the index except `exclude_run`'s, in commit-name order."""
+def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str | None = None,
+               inputs: list[dict] | None = None) -> PriorIndex:
+    """Every committed segment of the index except `exclude_run`'s and those this run reruns
+    (is_rerun_of: listed in `.reruns`), in commit-name order."""
     uri, d = index_uri(cfg), cfg.data.dedup
     store = store_for(uri, endpoint_url)
-    metas = sorted(u for u in store.list(join(uri, "segments") + "/") if u.endswith("/meta.json"))
     ids: list[str] = []
-    keys, sigs, runs = [], [], []
-    for meta_uri in metas:
-        meta = json.loads(store.get_bytes(meta_uri))
+    keys, sigs, runs, reruns = [], [], [], []
+    for meta in list_segments(cfg, endpoint_url):
         if meta["run_id"] == exclude_run:
+            continue
+        if is_rerun_of(meta, inputs):
+            reruns.append(meta["run_id"])
             continue
         for field, mine in (("num_perm", d.num_perm), ("ngram", d.ngram)):
             if meta[field] != mine:
@@ -112,7 +158,7 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
         if meta["shingle_version"] != SHINGLE_VERSION or meta["seed"] != SEED or meta["scheme"] != SCHEME:
             raise DataStageError("data.dedup.index_uri", uri, f"segment {meta['run_id']} uses another shingle/hash "
                                  "version", "start a new index (set data.dedup.index_uri)")
-        base = meta_uri.rsplit("/", 1)[0]
+        base = meta["uri"]
         keys.append(np.load(io.BytesIO(store.get_bytes(join(base, "keys.npy")))))
         n = len(keys[-1])
         sigs.append(np.load(io.BytesIO(store.get_bytes(join(base, "sigs.npy")))) if meta["has_sigs"]
@@ -120,5 +166,7 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
         run_ids = store.get_bytes(join(base, "ids.txt")).decode("utf-8").splitlines()
         ids += [f"{meta['run_id']}/{i}" for i in run_ids]
         runs.append(meta["run_id"])
-    return PriorIndex(ids, np.concatenate(keys) if keys else np.zeros(0, np.uint64),
-                      np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32), bands, rows, runs)
+    prior = PriorIndex(ids, np.concatenate(keys) if keys else np.zeros(0, np.uint64),
+                       np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32), bands, rows, runs)
+    prior.reruns = reruns
+    return prior

@@ -55,7 +55,7 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
         if kept == 0:
             raise DataStageError("data.inputs", list(cfg.data.inputs), "no document survived cleaning and dedup "
                                  "(see quarantine.jsonl and excluded.jsonl under shards/ of the stage folder)",
-                                 "check data.text_field and data.filters, or set tokenizer.path to an existing model")
+                                 "check data.text_field and data.filters")
         step = max(1, math.ceil(kept / t.sample_docs))
 
         def sample():

@@ -14,5 +14,14 @@ class DataStageError(ValueError):
         super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
 
 
+class NoNewDocuments(DataStageError):
+    """Every document that survived cleaning is a duplicate of an earlier run of the lineage.
+    `counts` holds read / candidates / duplicates of earlier runs / duplicates within the run."""
+
+    def __init__(self, field: str, value: object, problem: str, fix: str, counts: dict):
+        super().__init__(field, value, problem, fix)
+        self.counts = counts
+
+
 class ConservationError(RuntimeError):
     """The stage's accounting does not add up (a bug, never a data problem); stats.json says where."""

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .dedup import EXACT, NEAR, Deduplicator, collision_flags
-from .dedup_index import load_prior, segment_meta, write_segment
+from .dedup_index import index_uri, lineage, load_prior, segment_meta, write_segment
+from .errors import DataStageError, NoNewDocuments
 from .filters import Doc, apply_filters_batch, build_filters
 from .minhash import shingle_hashes, signatures
 from .readers import iter_shard_batches
@@ -25,8 +26,9 @@ from .text import exact_key
 from .workspace import Workspace, atomic_path
 
 
+NO_NEW_DOCUMENTS = "no_new_documents.json"  # left by a run whose documents were all seen before
 STAGE_OUTPUTS = ("shards", "cleaned", "tokenizer", "mindrecord", "quarantine.jsonl", "excluded.jsonl",
-                 "duplicates.jsonl", "stats.json")
+                 "duplicates.jsonl", "stats.json", NO_NEW_DOCUMENTS)
 
 
 def shard_dir(index: int) -> str:
@@ -45,9 +47,17 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     from ..storage import store_for
 
     sizes = [{"uri": u, "label": lab, "size": store_for(u, ws.endpoint).size(u)} for u, lab in files]
+    if uses_index(cfg):  # the rerun rule of the dedup index compares input files by content
+        for f in sizes:
+            f["fingerprint"] = store_for(f["uri"], ws.endpoint).fingerprint(f["uri"])
     ws.write_json("shards/plan.json", {"files": sizes, "shards": shards})
     ws.mark("plan")
     return shards
+
+
+def uses_index(cfg) -> bool:
+    d = cfg.data.dedup
+    return d.incremental and (d.exact or d.near)
 
 
 def _raw_text(raw) -> str | None:
@@ -114,11 +124,12 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     ws, d = Workspace(cfg, paths, shared), cfg.data.dedup
     if ws.is_marked("dedup"):
         return ws.read_json("shards/dedup.json")
-    n_shards = len(ws.read_json("shards/plan.json")["shards"])
-    use_index = d.incremental and (d.exact or d.near)
+    plan = ws.read_json("shards/plan.json")
+    n_shards = len(plan["shards"])
+    use_index = uses_index(cfg)
     dd = Deduplicator(d, None, paths.run_id)
     if use_index:
-        dd.prior = load_prior(cfg, paths.run_id, dd.bands, dd.rows, ws.endpoint)
+        dd.prior = load_prior(cfg, paths.run_id, dd.bands, dd.rows, ws.endpoint, inputs=plan["files"])
     query = insert = None
     if d.near:  # pass 1: which documents share an LSH band with another one of this run
         from .minhash import band_keys, is_empty
@@ -130,7 +141,7 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
         query, insert = collision_flags(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
         bounds = np.concatenate([[0], np.cumsum([len(p[1]) for p in parts])])
         del parts
-    per_shard = []
+    per_shard, from_earlier = [], 0
     out_path = ws.local("duplicates.jsonl")
     tmp = atomic_path(out_path)
     with open(tmp, "w", encoding="utf-8") as out:
@@ -147,6 +158,7 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
                 decisions, records = np.zeros(len(ids), np.int8), []
             for rec in records:
                 out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                from_earlier += rec["kept_run"] is not None
             np.save(ws.local(f"{folder}/keep.npy"), decisions)
             ws.publish(f"{folder}/keep.npy")
             per_shard.append({"exact_duplicates": int((decisions == EXACT).sum()),
@@ -155,15 +167,42 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
                 progress("dedup", k + 1, n_shards)
     os.replace(tmp, out_path)
     ws.publish("duplicates.jsonl")
+    if sum(s["kept"] for s in per_shard) == 0:
+        _nothing_kept(cfg, ws, n_shards, per_shard, from_earlier, dd.prior)
     segment = []
     if use_index:
         ids, keys, sigs = dd.segment()
-        segment = write_segment(ws.local("shards/segment"), segment_meta(cfg, paths.run_id, len(ids), sigs is not None),
-                                ids, keys, sigs)
+        meta = segment_meta(cfg, paths.run_id, len(ids), sigs is not None, plan["files"])
+        segment = write_segment(ws.local("shards/segment"), meta, ids, keys, sigs)
         ws.publish(*[f"shards/segment/{n}" for n in segment])
     summary = {"shards": per_shard, "bands": dd.bands, "rows": dd.rows, "segment": segment,
                "prior_docs": len(dd.prior) if dd.prior is not None else 0,
-               "prior_runs": dd.prior.runs if dd.prior is not None else []}
+               "prior_runs": dd.prior.runs if dd.prior is not None else [],
+               "rerun_of": dd.prior.reruns if dd.prior is not None else []}
     ws.write_json("shards/dedup.json", summary)
     ws.mark("dedup")
     return summary
+
+
+def _nothing_kept(cfg, ws: Workspace, n_shards: int, per_shard: list[dict], from_earlier: int, prior) -> None:
+    """Fail the dedup step, saying why no document is left. When earlier runs of the lineage hold
+    them all, leave NO_NEW_DOCUMENTS in the stage folder too (the nightly reads it: no new data)."""
+    counts = [ws.read_json(f"{shard_dir(k)}/counts.json") for k in range(n_shards)]
+    read, candidates = sum(c["read"] for c in counts), sum(c["candidates"] for c in counts)
+    if from_earlier == 0:
+        raise DataStageError("data.inputs", list(cfg.data.inputs), f"no document survived cleaning: all {read} read "
+                             f"were rejected or filtered (see quarantine.jsonl and excluded.jsonl in {ws.uri})",
+                             "check data.text_field (the text field of your records) and data.filters")
+    uri = index_uri(cfg)
+    found = {"read": read, "candidates": candidates, "duplicates_of_earlier_runs": from_earlier,
+             "duplicates_within_run": candidates - from_earlier, "kept": 0, "lineage": lineage(cfg),
+             "index_uri": uri, "earlier_runs": prior.runs if prior is not None else []}
+    ws.write_json(NO_NEW_DOCUMENTS, found)
+    raise NoNewDocuments(
+        "data.dedup.lineage", lineage(cfg),
+        f"no new document: every one of the {candidates} documents that survived cleaning (of {read} read) was "
+        f"seen before, {from_earlier} in earlier runs of this lineage ({', '.join(found['earlier_runs'])}), "
+        f"{candidates - from_earlier} earlier in this run; the dedup index is at {uri}",
+        "nothing is wrong if these are old documents. To train on them anyway: a fresh lineage "
+        "(data.dedup.lineage=NEW_NAME), or data.dedup.incremental=false, or clear this lineage's index "
+        f"(llm-pipeline dedup-index list|clear CONFIG --lineage {lineage(cfg)})", found)

@@ -1,9 +1,11 @@
 """Find the input files of `data.inputs` and split them into shards (the unit of parallel work).
 
-- Inputs: local globs (`**` allowed), local folders, files, or s3:// prefixes; kept are files
-  ending .jsonl, .json (one JSON object per line), .jsonl.gz, .json.gz or .parquet, in config
-  order and sorted within each entry. Relative local paths start at the working directory (the
-  config resolves its paths to absolute ones when it is built: config/paths.py).
+- Inputs: files, folders, s3:// prefixes (read as folders) and globs, local or s3:// (`*`, `?`,
+  `[...]` within one path segment, `**` any depth), all listed by storage.list_matching (the one
+  lister, shared with the nightly job); kept are files ending .jsonl, .json (one JSON object per
+  line), .jsonl.gz, .json.gz or .parquet, in config order and sorted within each entry. Relative local paths start at
+  the working directory (the config resolves its paths to absolute ones when it is built:
+  config/paths.py).
 - File labels, used in document ids (`<label>:<line>`), are the basenames, or the shortest
   unique path suffix when two inputs share a basename.
 - Shards: plain jsonl is split into byte ranges of `docs_per_shard` lines (one streaming pass
@@ -15,14 +17,11 @@ Raises: DataStageError when an entry matches no supported file.
 """
 from __future__ import annotations
 
-import glob
-import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
-from ..storage import is_s3, store_for
+from ..storage import is_s3, list_matching, store_for
 from .errors import DataStageError
 from .readers import open_parquet
 
@@ -57,18 +56,14 @@ class ShardSpec:
 
 
 def _expand(entry: str, endpoint_url: str | None) -> list[str]:
-    if is_s3(entry):
-        if kind_of(entry) and store_for(entry, endpoint_url).exists(entry):
-            return [entry]
-        return [u for u in store_for(entry, endpoint_url).list(entry) if kind_of(u)]
-    path = entry[len("file://"):] if entry.startswith("file://") else entry
-    out = []
-    for p in sorted(glob.glob(path, recursive=True)):
-        if os.path.isdir(p):
-            out += sorted(str(q) for q in Path(p).rglob("*") if q.is_file() and kind_of(str(q)))
-        elif kind_of(p):
-            out.append(os.path.abspath(p))
-    return out
+    if not is_s3(entry) and entry.startswith("file://"):
+        entry = entry[len("file://"):]
+    return [u for u in list_matching(entry, endpoint_url) if kind_of(u)]
+
+
+def find_inputs(inputs: list[str], endpoint_url: str | None = None) -> list[list[str]]:
+    """Per entry of `inputs`, the supported files it matches (possibly none)."""
+    return [_expand(entry, endpoint_url) for entry in inputs]
 
 
 def _labels(uris: list[str]) -> list[str]:
@@ -88,12 +83,11 @@ def list_inputs(inputs: list[str], endpoint_url: str | None = None,
                 field: str = "data.inputs") -> list[tuple[str, str]]:
     """[(uri, label)] of every input file, in config order, without repeats; errors name `field`[i]."""
     uris: list[str] = []
-    for i, entry in enumerate(inputs):
-        found = _expand(entry, endpoint_url)
+    for i, (entry, found) in enumerate(zip(inputs, find_inputs(inputs, endpoint_url))):
         if not found:
             raise DataStageError(f"{field}[{i}]", entry, "matches no .jsonl, .jsonl.gz or .parquet file",
                                  "check the path or glob (relative paths start at the working directory) "
-                                 "or the s3:// prefix")
+                                 "or the s3:// prefix or glob (s3://bucket/prefix/, s3://bucket/prefix/*.jsonl.gz)")
         uris += [u for u in found if u not in uris]
     return list(zip(uris, _labels(uris)))
 

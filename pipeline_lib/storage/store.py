@@ -7,8 +7,11 @@ copy, delete the temp key), so a reader never sees a half-written file as done.
 """
 from __future__ import annotations
 
+import glob
+import hashlib
 import io
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 TMP_PREFIX = ".tmp-"
+GLOB_CHARS = "*?["
 
 
 def is_s3(uri: str) -> bool:
@@ -109,6 +113,14 @@ class LocalStore:
     def local_path(self, uri: str) -> Path | None:
         return self._path(uri)
 
+    def fingerprint(self, uri: str) -> str:
+        """sha256 of the content (one streaming read)."""
+        digest = hashlib.sha256()
+        with open(self._path(uri), "rb") as fh:
+            while chunk := fh.read(8 << 20):
+                digest.update(chunk)
+        return "sha256:" + digest.hexdigest()
+
 
 class S3Store:
     """S3 through boto3; endpoint_url makes MinIO, OBS or moto work the same way."""
@@ -195,6 +207,11 @@ class S3Store:
     def local_path(self, uri: str) -> None:
         return None
 
+    def fingerprint(self, uri: str) -> str:
+        """The object's ETag: a content hash kept by the server (no download)."""
+        bucket, key = split_s3(uri)
+        return "etag:" + self.client.head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
+
 
 _S3_CLIENTS: dict[str | None, S3Store] = {}
 
@@ -205,6 +222,90 @@ def store_for(uri: str, endpoint_url: str | None = None) -> LocalStore | S3Store
             _S3_CLIENTS[endpoint_url] = S3Store(endpoint_url)
         return _S3_CLIENTS[endpoint_url]
     return LocalStore()
+
+
+def has_glob(pattern: str) -> bool:
+    return any(c in pattern for c in GLOB_CHARS)
+
+
+def glob_regex(pattern: str) -> re.Pattern:
+    """A glob as a regex over '/'-separated keys: `*` and `?` stay within one path segment,
+    `**` spans any number of segments (`a/**/b` matches `a/b` too), `[...]` is a character class
+    (`[!...]` negated)."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:[^/]*/)*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[" and _class_end(pattern, i) > 0:
+            end = _class_end(pattern, i)
+            body = pattern[i + 1:end].replace("\\", "\\\\")
+            body = "^/" + body[1:] if body.startswith("!") else ("\\" + body if body.startswith("^") else body)
+            out.append("[" + body + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """Index of the ']' closing the character class opened at i, or -1 (then '[' is literal)."""
+    j = i + 1
+    j += pattern.startswith("!", j)
+    j += pattern.startswith("]", j)  # a leading ']' is a member
+    return pattern.find("]", j)
+
+
+def list_matching(pattern: str, endpoint_url: str | None = None) -> list[str]:
+    """Every file a pattern names, sorted, temp files excluded. The one lister of the project:
+    - a file or object: itself;
+    - a local folder, or an s3:// prefix read as a folder (s3://b/raw = s3://b/raw/): every file
+      under it, recursively;
+    - a glob (local or s3://): `*`, `?`, `[...]` match within one path segment, `**` any depth.
+    Local results are absolute paths; S3 results are s3://bucket/key URIs. Nothing matched: []."""
+    pattern = str(pattern)
+    if is_s3(pattern):
+        store = store_for(pattern, endpoint_url)
+        bucket, key = split_s3(pattern)
+        if not has_glob(key):
+            if key and not key.endswith("/") and _s3_object_exists(store, pattern):
+                return [pattern]
+            return store.list(f"s3://{bucket}/{key.rstrip('/')}/" if key.strip("/") else f"s3://{bucket}/")
+        literal = re.split(r"[*?\[]", key, maxsplit=1)[0]  # list only under the literal head
+        regex = glob_regex(key)
+        return [u for u in store.list(f"s3://{bucket}/{literal}") if regex.match(split_s3(u)[1])]
+    path = pattern[len("file://"):] if pattern.startswith("file://") else pattern
+    found: list[str] = []
+    for p in sorted(glob.glob(path, recursive=True)) if has_glob(path) else [path]:
+        if os.path.isdir(p):
+            found += LocalStore().list(p)
+        elif os.path.isfile(p) and not os.path.basename(p).startswith(TMP_PREFIX):
+            found.append(p)
+    return sorted({os.path.abspath(p) for p in found})
+
+
+def _s3_object_exists(store: "S3Store", uri: str) -> bool:
+    from botocore.exceptions import ClientError
+
+    bucket, key = split_s3(uri)
+    try:
+        store.client.head_object(Bucket=bucket, Key=key)
+        return True
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
 
 
 def iter_lines(fh: BinaryIO) -> Iterator[bytes]:

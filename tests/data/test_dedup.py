@@ -81,13 +81,13 @@ def test_empty_prior_index_is_harmless():
 def test_index_built_with_other_parameters_is_refused(tmp_path, field, value):
     from datagen import make_cfg
 
-    from pipeline_lib.data.dedup_index import commit_segment, load_prior, segment_meta, write_segment
+    from pipeline_lib.data.dedup_index import commit_segment, index_uri, load_prior, segment_meta, write_segment
     from pipeline_lib.data.errors import DataStageError
 
     cfg = make_cfg(tmp_path)
     names = write_segment(tmp_path / "seg", segment_meta(cfg, "old", 1, True), ["a:1"],
                           np.array([5], np.uint64), np.zeros((1, 128), np.uint32))
-    commit_segment(tmp_path / "seg", names, str(tmp_path / "runs" / "_dedup_index"), "old")
+    commit_segment(tmp_path / "seg", names, index_uri(cfg), "old")
     assert len(load_prior(cfg, "new", 14, 9)) == 1 and len(load_prior(cfg, "old", 14, 9)) == 0
     other = make_cfg(tmp_path, dedup={field: value})
     with pytest.raises(DataStageError, match=f"data.dedup.{field}={value}.*built with {field}="):

@@ -39,7 +39,7 @@ def test_stage_streams_s3_inputs_and_writes_the_stage_to_s3(s3_bucket, tmp_path)
             local.append(store.get_file(join(stage, rel + suffix), tmp_path / "dl" / (rel + suffix)))
     rows = read_mindrecord([p for p in local if p.suffix == ".mindrecord" and "train" in str(p)])
     assert len(rows) == stats["total"]["rows_train"]
-    assert store.list(join(bucket, "runs", "_dedup_index", "segments", "s3run") + "/")
+    assert store.list(join(bucket, "runs", "_dedup_index", "tiny-cpu", "segments", "s3run") + "/")
     assert not store.list(join(stage, "shards") + "/")            # work files removed
     assert not Workspace(cfg, paths).root.exists() or not any(Workspace(cfg, paths).root.iterdir())
 

@@ -13,7 +13,8 @@ from make_tiny_corpus import PLANTED, make_corpus
 
 import pipeline_lib.data.prep as prep
 from pipeline_lib.data import run_data_stage, table_rows
-from pipeline_lib.data.errors import DataStageError
+from pipeline_lib.data.dedup_index import index_uri, list_segments
+from pipeline_lib.data.errors import DataStageError, NoNewDocuments
 from pipeline_lib.data.packing import read_mindrecord
 from pipeline_lib.data.tokenizer import Tokenizer
 from pipeline_lib.storage import RunPaths, read_manifest
@@ -153,7 +154,7 @@ def test_incremental_dedup_against_an_earlier_run_and_failed_runs_leave_no_trace
     failing.tokenizer.vocab_size = 50_000
     with pytest.raises(DataStageError, match="tokenizer.vocab_size"):
         run(failing, "night2", workers=1)
-    index = tmp_path / "runs" / "_dedup_index" / "segments"
+    index = tmp_path / "runs" / "_dedup_index" / "tiny-cpu" / "segments"  # the lineage defaults to run.name
     assert sorted(p.name for p in index.iterdir()) == ["night1"]
     m = run(make_cfg(tmp_path, inputs=[str(day2)]), "night2", workers=1)
     dups = [json.loads(x) for x in (stage_dir(failing, "night2") / "duplicates.jsonl").read_text().splitlines()]
@@ -162,3 +163,52 @@ def test_incremental_dedup_against_an_earlier_run_and_failed_runs_leave_no_trace
     assert sorted(p.name for p in index.iterdir()) == ["night1", "night2"]
     meta = json.loads((index / "night2" / "meta.json").read_text())
     assert meta["docs"] == 60 and meta["has_sigs"]
+
+
+def test_the_same_config_twice_with_new_run_ids_gives_the_same_dataset(tmp_path):
+    """`llm-pipeline run` of the default twice: the second run rereads the same files, so it is not
+    deduplicated against the first (the rerun rule), and both succeed with the same documents."""
+    cfg = make_cfg(tmp_path)
+    first = run(cfg, "r1", workers=1)
+    second = run(cfg, "r2", workers=1)
+    for key in ("read", "exact_duplicates", "near_duplicates", "kept", "rows_train"):
+        assert second.metrics[key] == first.metrics[key], key
+    assert json.loads((stage_dir(cfg, "r2") / "stats.json").read_text())["dedup"]["prior_docs"] == 0
+    assert [m["run_id"] for m in list_segments(cfg)] == ["r1", "r2"]
+    # a third run reading the same file plus a new one is still checked against nothing it rereads,
+    # but a run reading only the new file is checked against the earlier ones
+    texts = [json.loads(x)["text"] for x in TINY.read_text(errors="replace").splitlines()
+             if x.startswith('{"text": "') and '"source": "tiny"' in x]
+    extra = write_jsonl(tmp_path / "in" / "extra.jsonl", texts[:200])
+    both = make_cfg(tmp_path, inputs=[str(TINY), str(extra)])
+    assert run(both, "r3", workers=1).metrics["kept"] == first.metrics["kept"]
+    assert json.loads((stage_dir(cfg, "r3") / "stats.json").read_text())["dedup"]["prior_docs"] == 0
+    with pytest.raises(NoNewDocuments):
+        run(make_cfg(tmp_path, inputs=[str(extra)]), "r4", workers=1)
+
+
+def test_a_run_with_only_earlier_documents_fails_at_dedup_naming_counts_index_and_ways_out(tmp_path):
+    texts = [json.loads(x)["text"] for x in TINY.read_text(errors="replace").splitlines()
+             if x.startswith('{"text": "') and '"source": "tiny"' in x]
+    day1 = write_jsonl(tmp_path / "in" / "day1.jsonl", texts[:200])
+    day2 = write_jsonl(tmp_path / "in" / "day2.jsonl", texts[:120] + texts[:10])  # all seen yesterday
+    run(make_cfg(tmp_path, inputs=[str(day1)]), "night1", workers=1)
+    cfg = make_cfg(tmp_path, inputs=[str(day2)])
+    paths = RunPaths(cfg.run.output_root, "night2")
+    prep.plan_data_stage(cfg, paths)
+    counts = [prep.prep_shard(cfg, paths, k) for k in range(len(prep.plan_data_stage(cfg, paths)))]
+    with pytest.raises(NoNewDocuments) as err:
+        prep.dedup_stage(cfg, paths)  # the dedup step itself fails, not the tokenizer after it
+    msg, found = str(err.value), err.value.counts
+    candidates = sum(c["candidates"] for c in counts)
+    assert found["read"] == 130 and found["kept"] == 0
+    # the repeats inside day2 also match night1's documents (nothing of day2 is kept to match them)
+    assert found["duplicates_of_earlier_runs"] == candidates > 100 and found["earlier_runs"] == ["night1"]
+    assert "of 130 read" in msg and f"{found['duplicates_of_earlier_runs']} in earlier runs" in msg
+    assert index_uri(cfg) in msg and "data.dedup.lineage=" in msg and "data.dedup.incremental=false" in msg
+    assert "llm-pipeline dedup-index list|clear CONFIG --lineage tiny-cpu" in msg
+    assert json.loads((stage_dir(cfg, "night2") / "no_new_documents.json").read_text()) == found
+    # the ways out work: a fresh lineage sees nothing of night1's index
+    fresh = make_cfg(tmp_path, inputs=[str(day2)], dedup={"lineage": "fresh"})
+    assert run(fresh, "night2b", workers=1).metrics["kept"] > 0
+    assert index_uri(fresh) != index_uri(cfg)

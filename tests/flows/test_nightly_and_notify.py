@@ -95,3 +95,52 @@ def test_webhook_is_off_by_default(tiny_cfg):
     assert llm_pipeline(config=tiny_cfg.model_dump(mode="json"), run_id="r-nohook", stages=["data"],
                         return_state=True).is_failed()
     assert _Hook.received == []
+
+
+@pytest.fixture
+def real_data_stage(monkeypatch):
+    """The real data stage, doubles for the training and evaluation stages (fast, still real files)."""
+    import dataclasses
+
+    from pipeline_lib import stages
+
+    monkeypatch.setitem(stages.SPECS, "data", dataclasses.replace(
+        stages.SPECS["data"], runner="pipeline_lib.data.stage:run_data_stage"))  # stage_doubles ran first
+    yield
+
+
+def test_three_nights_new_data_then_only_duplicates_then_nothing(tiny_cfg, tmp_path, real_data_stage):
+    """Night 1 trains; night 2's new file holds only night 1's documents: NoNewData, the watermark
+    moves past it, nothing is trained, the webhook hears it; night 3 has no new file: Skipped."""
+    server = HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Hook.received.clear()
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    corpus = (Path(__file__).resolve().parents[2] / "configs" / "data" / "tiny_corpus.jsonl").read_bytes()
+    (raw / "day1.jsonl").write_bytes(corpus)
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.data.inputs, cfg.data.num_workers = [str(raw / "*.jsonl")], 1
+    cfg.orchestration.failure_webhook_url = f"http://127.0.0.1:{server.server_port}/hook"
+    config = cfg.model_dump(mode="json")
+    try:
+        first = nightly(config=config, run_date="2026-12-01", return_state=True)
+        assert first.is_completed() and first.name == "Completed", first.message
+        runs = Path(tiny_cfg.run.output_root)
+        assert (runs / "nightly-2026-12-01" / "pretrain" / "out.json").exists()
+
+        (raw / "day2.jsonl").write_bytes(b"\n".join(corpus.splitlines()[:100]) + b"\n")  # seen on night 1
+        second = nightly(config=config, run_date="2026-12-02", return_state=True)
+        assert second.is_completed() and second.name == "NoNewData", second.message
+        assert "no new data" in second.message and "nightly-2026-12-01" in second.message
+        state = load_state(tiny_cfg)
+        assert str(raw / "day2.jsonl") in state["consumed"]  # consumed: not retried every night
+        assert state["latest"]["run_id"] == "nightly-2026-12-01"  # nothing trained, pointer unchanged
+        assert not (runs / "nightly-2026-12-02" / "pretrain").exists()
+        assert [n["name"] for n in _Hook.received] == ["NoNewData"]
+        assert _Hook.received[0]["counts"]["duplicates_of_earlier_runs"] > 0
+
+        third = nightly(config=config, run_date="2026-12-03", return_state=True)
+        assert third.is_completed() and third.name == "Skipped", third.message
+    finally:
+        server.shutdown()

@@ -1,0 +1,49 @@
+"""`llm-pipeline dedup-index list|clear CONFIG [--lineage X]` as a user runs it (real subprocess)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from pipeline_lib.config import load_config
+from pipeline_lib.data.dedup_index import commit_segment, index_uri, list_segments, segment_meta, write_segment
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "configs/pipelines/tiny-cpu.yaml"
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "flows.cli", "dedup-index", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def add_segment(cfg, run_id: str, docs: int, tmp_path: Path) -> None:
+    inputs = [{"uri": "/data/day.jsonl", "size": 10, "fingerprint": "sha256:ab"}]
+    names = write_segment(tmp_path / run_id, segment_meta(cfg, run_id, docs, False, inputs),
+                          [f"day.jsonl:{i}" for i in range(docs)], np.arange(docs, dtype=np.uint64), None)
+    commit_segment(tmp_path / run_id, names, index_uri(cfg), run_id)
+
+
+def test_list_and_clear_one_lineage_only(tmp_path):
+    root = f"run.output_root={tmp_path / 'runs'}"
+    mine = load_config(TINY, [root])
+    other = load_config(TINY, [root, "data.dedup.lineage=other"])
+    add_segment(mine, "r1", 3, tmp_path)
+    add_segment(mine, "r2", 4, tmp_path)
+    add_segment(other, "o1", 5, tmp_path)
+
+    listed = cli("list", TINY, root)
+    assert listed.returncode == 0, listed.stderr
+    assert f"lineage tiny-cpu: index {index_uri(mine)}" in listed.stdout
+    assert "r1" in listed.stdout and "r2" in listed.stdout and "o1" not in listed.stdout
+    assert "2 run(s), 7 documents" in listed.stdout and "/data/day.jsonl" in listed.stdout
+
+    cleared = cli("clear", TINY, root, "--lineage", "other")
+    assert cleared.returncode == 0, cleared.stderr
+    assert "cleared: 1 run(s), 5 documents" in cleared.stdout
+    assert list_segments(other) == [] and [m["run_id"] for m in list_segments(mine)] == ["r1", "r2"]
+
+
+def test_bad_lineage_name_exits_2():
+    res = cli("list", TINY, "--lineage", "../up")
+    assert res.returncode == 2 and "data.dedup.lineage" in res.stderr
