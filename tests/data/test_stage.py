@@ -295,3 +295,12 @@ def test_source_ids_metadata_and_cjk_punctuation_survive_jsonl_and_parquet_input
     assert [(s["id"], s["origin"]) for s in spans] == train  # in packing order, each document once (one file)
     segment = tmp_path / "runs" / "_dedup_index" / "segments" / "r1" / "source_ids.jsonl"
     assert [json.loads(x) for x in segment.read_text().splitlines()].count("J3") == 2
+
+
+@pytest.mark.parametrize("field,value", [("id_field", "doc_id"), ("keep_fields", ["url"])])
+def test_identity_fields_are_part_of_the_stage_identity(tmp_path, field, value):
+    from pipeline_lib.data.stage import stage_hash
+    from pipeline_lib.data.workspace import work_hash
+
+    base, other = make_cfg(tmp_path), make_cfg(tmp_path, **{field: value})
+    assert stage_hash(base) != stage_hash(other) and work_hash(base) != work_hash(other)
