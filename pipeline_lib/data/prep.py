@@ -21,7 +21,7 @@ from .filters import Doc, apply_filters_batch, build_filters
 from .minhash import shingle_hashes, signatures
 from .readers import iter_shard_batches
 from .sources import ShardSpec, list_inputs, plan_shards
-from .text import dedup_form, exact_key
+from .text import dedup_form, key_of_form
 from .workspace import Workspace, atomic_path
 
 
@@ -86,7 +86,7 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
             open(ws.local(f"{folder}/excluded.jsonl"), "w", encoding="utf-8") as xf:
         # positional arguments: tests wrap iter_shard_batches to count the shards read
         for batch in iter_shard_batches(spec, d.text_field, d.read_batch_size, ws.endpoint, fields):
-            start, docs, found = len(texts), [], []
+            docs, found, forms = [], [], []
             for line, text, reason, raw, values in batch:
                 read += 1
                 sid, origin, meta = record_identity(cfg, spec.label, line, values)
@@ -107,9 +107,9 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
                 source_ids.append(_json(sid))
                 metas.append(_json(meta))
                 texts.append(doc.text)
-                keys.append(exact_key(doc.text))
+                forms.append(dedup_form(doc.text))  # what dedup compares: NFKC, unlike the training text
+                keys.append(key_of_form(forms[-1]))
             if d.dedup.near:
-                forms = [dedup_form(t) for t in texts[start:]]
                 sigs.append(signatures(*shingle_hashes(forms, d.dedup.ngram), d.dedup.num_perm))
     table = pa.table({"origin": pa.array(origins, pa.string()), "source_id": pa.array(source_ids, pa.string()),
                       "meta": pa.array(metas, pa.string()), "text": pa.array(texts, pa.string()),

@@ -40,6 +40,11 @@ def dedup_form(text: str) -> str:
     return text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
 
 
+def key_of_form(form: str) -> int:
+    """exact_key of a text whose dedup form (dedup_form) is `form`."""
+    return xxhash.xxh3_64_intdigest(_SPACES.sub(" ", form.casefold()).strip().encode("utf-8"))
+
+
 def exact_key(text: str) -> int:
     """64-bit key of the casefolded, whitespace-collapsed dedup form (exact-duplicate detection)."""
-    return xxhash.xxh3_64_intdigest(_SPACES.sub(" ", dedup_form(text).casefold()).strip().encode("utf-8"))
+    return key_of_form(dedup_form(text))
