@@ -4,7 +4,7 @@
   ending .jsonl, .json (one JSON object per line), .jsonl.gz, .json.gz or .parquet, in config
   order and sorted within each entry. A relative local path not found from the working directory
   is tried from the repository root (so the bundled default works from anywhere).
-- File labels, used in document ids (`<label>:<line>`), are the basenames, or the shortest
+- File labels, used in document origins (`<label>:<line>`), are the basenames, or the shortest
   unique path suffix when two inputs share a basename.
 - Shards: plain jsonl is split into byte ranges of `docs_per_shard` lines (one streaming pass
   counts lines); parquet into runs of whole row groups of about `docs_per_shard` rows (from the
