@@ -185,8 +185,8 @@ def main() -> None:
 
     stage = out / run_id / "data"
     dups = [json.loads(x) for x in (stage / "duplicates.jsonl").read_text().splitlines()]
-    removed = {d["id"] for d in dups}
-    excluded = {json.loads(x)["id"] for x in (stage / "excluded.jsonl").read_text().splitlines()}
+    removed = {d["origin"] for d in dups}
+    excluded = {json.loads(x)["origin"] for x in (stage / "excluded.jsonl").read_text().splitlines()}
     threshold = cfg.data.dedup.threshold
     # a planted copy is found when it is removed as a duplicate (of its source, or of an earlier
     # exact twin of its source); copies the filters dropped are not dedup's to find
@@ -200,7 +200,7 @@ def main() -> None:
     def jac(a, b):
         sa, sb = (set(shingles(tokens(json.loads(lines[k])["text"]), 5)) for k in (a, b))
         return len(sa & sb) / len(sa | sb)
-    flagged = [(d["kept"], d["id"]) for d in dups if d["kind"] == "near"]
+    flagged = [(d["kept_origin"], d["origin"]) for d in dups if d["kind"] == "near"]
     precision = sum(jac(a, b) >= threshold for a, b in flagged) / max(len(flagged), 1)
     print(f"near duplicates: recall {sum(c in removed for c in pos) / max(len(pos), 1):.3f} on {len(pos)} planted "
           f"copies with exact J >= {threshold}; precision {precision:.3f} over all {len(flagged)} flagged pairs "

@@ -47,7 +47,7 @@ class FilterSpec(_Section):
 
 def _default_filters() -> list[FilterSpec]:
     return [
-        FilterSpec(name="nfkc"),
+        FilterSpec(name="width"),  # not nfkc: that folds CJK punctuation (，-> ,)
         FilterSpec(name="strip_control"),
         FilterSpec(name="normalize_whitespace"),
         FilterSpec(name="length", params={"min_chars": 20, "max_chars": 100_000}),
@@ -91,6 +91,14 @@ class DataConfig(_Section):
         "directory the command runs from, else the repository's bundled files).",
     )
     text_field: str = Field("text", description="Name of the text field in each record.")
+    id_field: str = Field(
+        "id", description="Field (or parquet column) holding each record's own id in the source system; every "
+        "output record names it as `id` (any JSON value, kept as is; ids need not be unique). A record without it "
+        "gets its location `<file>:<line>` (jsonl line 1-based, parquet row 0-based) as id.")
+    keep_fields: list[str] = Field(
+        default_factory=lambda: ["lang", "url", "source", "date"],
+        description="Metadata fields (or parquet columns) carried into cleaned/part-*.jsonl.gz under `meta`, "
+        "when a record has them (absent or null ones are left out).")
     read_batch_size: int = Field(1000, ge=1, description="Records per streamed batch.")
     docs_per_shard: int = Field(2000, ge=1, description="Documents per processing shard (unit of work).")
     num_workers: int = Field(2, ge=1, description="Parallel shard workers (output does not depend on it).")

@@ -8,7 +8,10 @@ not depend on how many workers prepared the shards. For each document:
    of several, the most similar one (then the earliest) is recorded;
 3. otherwise it is kept and indexed.
 Only kept documents are indexed: a chain a ~ b ~ c where c is not similar to a keeps c.
-Each removed document yields a record {id, kept, kind, jaccard, kept_run}.
+Documents are keyed by their origin (`<file>:<line>`, unique); their source ids (data.id_field)
+ride along and need not be unique. Each removed document yields a record (duplicates.jsonl)
+{id, origin, kept_id, kept_origin, kept_run, kind, jaccard}: the removed document's source id and
+origin, the kept document's source id and origin, the earlier run that kept it (None: this run).
 
 Speed: `collision_flags` finds, with numpy over the band keys of the whole run, which documents
 share a band with an earlier one (only those are queried) or a later one (only those are
@@ -49,7 +52,8 @@ class Deduplicator:
         self.bands, self.rows = lsh_params(dedup_cfg.threshold, dedup_cfg.num_perm)
         self.lsh = MinHashLSH(num_perm=dedup_cfg.num_perm, params=(self.bands, self.rows))
         self.seen: dict[int, int] = {}        # exact key -> kept index in this run
-        self.kept_ids: list[str] = []
+        self.kept_ids: list[str] = []         # origins
+        self.kept_sources: list = []          # source ids
         self.kept_keys: list[int] = []
         self.kept_sigs: list[np.ndarray] = []
 
@@ -63,8 +67,15 @@ class Deduplicator:
             return [np.zeros(0, np.int64)] * len(sigs)
         return self.prior.candidates(band_keys(sigs, self.bands, self.rows))
 
+    def _kept(self, index: int) -> dict:
+        return {"kept_id": self.kept_sources[index], "kept_origin": self.kept_ids[index], "kept_run": None}
+
+    def _prior_kept(self, row: int) -> dict:
+        run, origin = self.prior.ids[row].split("/", 1)
+        return {"kept_id": self.prior.source_ids[row], "kept_origin": origin, "kept_run": run}
+
     def _best_near(self, sig: np.ndarray, lean, prior_rows: np.ndarray):
-        """(jaccard, kept id, kept run) of the most similar kept document >= threshold, else None."""
+        """(jaccard, kept fields) of the most similar kept document >= threshold, else None."""
         best = None
         if len(prior_rows):
             sims = (self.prior.sigs[prior_rows] == sig).mean(axis=1)
@@ -78,15 +89,16 @@ class Deduplicator:
         if best is None:
             return None
         sim, key, row = best
-        if key >= 0:
-            return sim, self.kept_ids[key], None
-        return sim, self.prior.ids[row], self.prior.ids[row].split("/", 1)[0]
+        return sim, (self._kept(key) if key >= 0 else self._prior_kept(row))
 
     def process(self, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None,
-                query: np.ndarray | None = None, insert: np.ndarray | None = None) -> tuple[np.ndarray, list[dict]]:
+                query: np.ndarray | None = None, insert: np.ndarray | None = None,
+                sources: list | None = None) -> tuple[np.ndarray, list[dict]]:
         """Decide a batch (a shard) of documents in order: (decision per doc, duplicate records).
+        ids: origins; sources: source ids (None: the origins).
         query / insert: per document, whether it can meet an earlier / a later document of this
         run in a band (see collision_flags); None means yes for all."""
+        sources = list(ids) if sources is None else sources
         decisions = np.zeros(len(ids), dtype=np.int8)
         records: list[dict] = []
         keys = np.asarray(keys, dtype=np.uint64)
@@ -99,14 +111,13 @@ class Deduplicator:
             key = int(keys[i])
             if self.cfg.exact and key in self.seen:
                 decisions[i] = EXACT
-                records.append({"id": doc_id, "kept": self.kept_ids[self.seen[key]], "kind": "exact",
-                                "jaccard": 1.0, "kept_run": None})
+                records.append({"id": sources[i], "origin": doc_id, **self._kept(self.seen[key]), "kind": "exact",
+                                "jaccard": 1.0})
                 continue
             if prior_exact[i] >= 0:
                 decisions[i] = EXACT
-                kept = self.prior.ids[prior_exact[i]]
-                records.append({"id": doc_id, "kept": kept, "kind": "exact", "jaccard": 1.0,
-                                "kept_run": kept.split("/", 1)[0]})
+                records.append({"id": sources[i], "origin": doc_id, **self._prior_kept(int(prior_exact[i])),
+                                "kind": "exact", "jaccard": 1.0})
                 continue
             sig = sigs[i] if sigs is not None else None
             lean = None
@@ -115,12 +126,13 @@ class Deduplicator:
                 hit = self._best_near(sig, lean if query[i] else None, prior_near[i])
                 if hit is not None:
                     decisions[i] = NEAR
-                    records.append({"id": doc_id, "kept": hit[1], "kind": "near", "jaccard": round(hit[0], 4),
-                                    "kept_run": hit[2]})
+                    records.append({"id": sources[i], "origin": doc_id, **hit[1], "kind": "near",
+                                    "jaccard": round(hit[0], 4)})
                     continue
             index = len(self.kept_ids)
             self.seen.setdefault(key, index)
             self.kept_ids.append(doc_id)
+            self.kept_sources.append(sources[i])
             self.kept_keys.append(key)
             if near:
                 self.kept_sigs.append(sig)
@@ -128,9 +140,9 @@ class Deduplicator:
                     self.lsh.insert(index, lean, check_duplication=False)
         return decisions, records
 
-    def segment(self) -> tuple[list[str], np.ndarray, np.ndarray | None]:
-        """(ids, exact keys, signatures or None) of everything this run kept: the index segment."""
+    def segment(self) -> tuple[list[str], np.ndarray, np.ndarray | None, list]:
+        """(origins, exact keys, signatures or None, source ids) of everything this run kept: the index segment."""
         sigs = np.stack(self.kept_sigs) if self.kept_sigs else None
         if self.cfg.near and sigs is None:
             sigs = np.zeros((0, self.cfg.num_perm), np.uint32)
-        return self.kept_ids, np.asarray(self.kept_keys, dtype=np.uint64), sigs
+        return self.kept_ids, np.asarray(self.kept_keys, dtype=np.uint64), sigs, self.kept_sources

@@ -5,7 +5,9 @@ Layout at `data.dedup.index_uri` (default <output_root>/_dedup_index/<lineage>, 
 data.dedup.lineage or run.name), one segment per run:
   segments/<run_id>/keys.npy   uint64 exact keys of the kept documents (text.exact_key)
   segments/<run_id>/sigs.npy   uint32 (n, num_perm) MinHash signatures (absent when near dedup was off)
-  segments/<run_id>/ids.txt    the kept documents' ids, one per line
+  segments/<run_id>/ids.txt    the kept documents' origins (`<file>:<line>`), one per line
+  segments/<run_id>/source_ids.jsonl  their source ids (data.id_field), one JSON value per line
+                               (segments written before it existed: the origins stand in)
   segments/<run_id>/meta.json  written last: a segment without it is ignored; holds the run's input
                                files (uri, size, content fingerprint)
 About 8 + 4 x num_perm bytes per document (520 B at 128 permutations). Band keys are not stored:
@@ -81,11 +83,16 @@ def clear_index(cfg, endpoint_url: str | None = None) -> int:
     return n
 
 
-def write_segment(folder: Path, meta: dict, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None) -> list[str]:
+def write_segment(folder: Path, meta: dict, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None,
+                  source_ids: list | None = None) -> list[str]:
     """Write a segment into a local folder; returns the file names, meta.json last."""
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "keys.npy", np.asarray(keys, dtype=np.uint64))
     names = ["keys.npy", "ids.txt"]
+    if source_ids is not None:
+        (folder / "source_ids.jsonl").write_text(
+            "".join(json.dumps(s, ensure_ascii=False, default=str) + "\n" for s in source_ids), encoding="utf-8")
+        names.append("source_ids.jsonl")
     if sigs is not None:
         np.save(folder / "sigs.npy", np.asarray(sigs, dtype=np.uint32))
         names.append("sigs.npy")
@@ -106,8 +113,11 @@ def commit_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoi
 class PriorIndex:
     """The loaded segments of earlier runs: exact-key and LSH-band lookups, vectorized."""
 
-    def __init__(self, ids: list[str], keys: np.ndarray, sigs: np.ndarray, bands: int, rows: int, runs: list[str]):
+    def __init__(self, ids: list[str], keys: np.ndarray, sigs: np.ndarray, bands: int, rows: int, runs: list[str],
+                 source_ids: list | None = None):
+        """ids: `<run>/<origin>` per row; source_ids: the kept documents' source ids (default: the origins)."""
         self.ids, self.sigs, self.runs, self.reruns = ids, sigs, runs, []
+        self.source_ids = source_ids if source_ids is not None else [i.split("/", 1)[1] for i in ids]
         self.key_order = np.argsort(keys, kind="stable")
         self.sorted_keys = keys[self.key_order]
         has = ~(sigs == np.uint32(0xFFFFFFFF)).all(axis=1) if len(sigs) else np.zeros(0, bool)
@@ -143,7 +153,7 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
     uri, d = index_uri(cfg), cfg.data.dedup
     store = store_for(uri, endpoint_url)
     ids: list[str] = []
-    keys, sigs, runs, reruns = [], [], [], []
+    keys, sigs, runs, reruns, sources = [], [], [], [], []
     for meta in list_segments(cfg, endpoint_url):
         if meta["run_id"] == exclude_run:
             continue
@@ -165,8 +175,13 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
                     else np.full((n, d.num_perm), 0xFFFFFFFF, dtype=np.uint32))
         run_ids = store.get_bytes(join(base, "ids.txt")).decode("utf-8").splitlines()
         ids += [f"{meta['run_id']}/{i}" for i in run_ids]
+        if store.exists(join(base, "source_ids.jsonl")):
+            sources += [json.loads(x) for x in store.get_bytes(join(base, "source_ids.jsonl")).decode("utf-8").splitlines()]
+        else:  # a segment from before source ids were kept
+            sources += run_ids
         runs.append(meta["run_id"])
     prior = PriorIndex(ids, np.concatenate(keys) if keys else np.zeros(0, np.uint64),
-                       np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32), bands, rows, runs)
+                       np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32), bands, rows, runs,
+                       sources)
     prior.reruns = reruns
     return prior

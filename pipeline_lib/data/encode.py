@@ -4,9 +4,11 @@
   the kept training documents: every k-th kept document in input order, k chosen so that about
   `tokenizer.sample_docs` are taken (deterministic, whatever the workers).
 - `tokenize_shard` (mapped over shards): kept documents -> cleaned/part-<k>.jsonl.gz and the
-  token streams of its train and held-out documents (tokens + EOS each).
+  token streams of its train and held-out documents (tokens + EOS each), with the documents'
+  ids and token counts (shards/<k>/spans_<split>.jsonl).
 - `plan_mindrecord` then `write_mindrecord_shard` (mapped over (split, j)): MindRecord file j of a
-  split holds rows [j*R, (j+1)*R) of the split's packed stream, R = rows_per_mindrecord_shard.
+  split holds rows [j*R, (j+1)*R) of the split's packed stream, R = rows_per_mindrecord_shard,
+  and its sidecar shard-<j>.docs.jsonl names the documents packed in it (`doc_spans`).
 All are idempotent through their completion markers.
 Raises: DataStageError when the kept data give no full training row.
 """
@@ -85,7 +87,7 @@ def tokenize_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         return ws.read_json(f"{folder}/tokens.json")
     ws.fetch(f"tokenizer/{CONFIG_NAME}")
     tok = Tokenizer(ws.fetch("tokenizer/tokenizer.model"))
-    kept = _kept(ws, index, ["id", "text", "key"])
+    kept = _kept(ws, index, ["origin", "source_id", "meta", "text", "key"])
     held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
     encoded = tok.encode_batch(list(kept["text"]), threads=cfg.tokenizer.encode_threads)
     counts = {"kept_train": int((~held).sum()), "kept_heldout": int(held.sum())}
@@ -93,14 +95,21 @@ def tokenize_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         stream = join_with_eos([e for e, m in zip(encoded, mask) if m], tok.eos_id)
         np.save(ws.local(f"{folder}/tokens_{split}.npy"), stream)
         counts[f"tokens_{split}"] = int(len(stream))
+        with open(ws.local(f"{folder}/spans_{split}.jsonl"), "w", encoding="utf-8") as fh:
+            for origin, sid, e, m in zip(kept["origin"], kept["source_id"], encoded, mask):
+                if m:  # source_id is already JSON text
+                    fh.write(f'{{"id": {sid}, "origin": {json.dumps(origin, ensure_ascii=False)}, '
+                             f'"tokens": {len(e) + 1}}}\n')
     part = f"cleaned/part-{index:05d}.jsonl.gz"
     tmp = atomic_path(ws.local(part))
-    lines = [json.dumps({"id": doc_id, "text": text, "split": "heldout" if h else "train"}, ensure_ascii=False) + "\n"
-             for doc_id, text, h in zip(kept["id"], kept["text"], held)]
+    lines = [json.dumps({"id": json.loads(sid), "origin": origin, "text": text, "split": "heldout" if h else "train",
+                         "meta": json.loads(meta)}, ensure_ascii=False) + "\n"
+             for origin, sid, meta, text, h in zip(kept["origin"], kept["source_id"], kept["meta"], kept["text"], held)]
     with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=3) as gz:
         gz.write("".join(lines).encode("utf-8"))
     os.replace(tmp, ws.local(part))
-    ws.publish(part, f"{folder}/tokens_train.npy", f"{folder}/tokens_heldout.npy")
+    ws.publish(part, *[f"{folder}/{kind}_{split}.{ext}" for split in SPLITS
+                       for kind, ext in (("tokens", "npy"), ("spans", "jsonl"))])
     ws.write_json(f"{folder}/tokens.json", counts)
     ws.mark(f"{index:05d}.tokens")
     return counts
@@ -132,8 +141,34 @@ def mindrecord_name(split: str, j: int) -> str:
     return f"mindrecord/{split}/shard-{j:05d}.mindrecord"
 
 
+def sidecar_name(split: str, j: int) -> str:
+    return f"mindrecord/{split}/shard-{j:05d}.docs.jsonl"
+
+
+def doc_spans(docs: list[dict], doc_start: int, start: int, stop: int, row_len: int) -> list[dict]:
+    """Sidecar lines for the documents `docs` ({id, origin, tokens}, in stream order, the first
+    starting at token `doc_start` of the split's stream) that overlap the file's tokens
+    [start, stop). Offsets are in the file's flattened rows (row r holds [r*row_len, (r+1)*row_len)):
+    token_start/token_end (end exclusive, the document's EOS included), row_start/row_end
+    (inclusive), whole: the document's every token is in this file."""
+    out, pos = [], doc_start
+    for doc in docs:
+        a, b = pos, pos + doc["tokens"]
+        pos = b
+        if b <= start:
+            continue
+        if a >= stop:
+            break
+        lo, hi = max(a, start) - start, min(b, stop) - start
+        out.append({"id": doc["id"], "origin": doc["origin"], "row_start": lo // row_len,
+                    "row_end": (hi - 1) // row_len, "token_start": lo, "token_end": hi,
+                    "whole": a >= start and b <= stop})
+    return out
+
+
 def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = True) -> str:
-    """Pack and write MindRecord file j of `split`; returns its path relative to the stage folder."""
+    """Pack and write MindRecord file j of `split` and its sidecar (the documents in its rows);
+    returns the MindRecord path relative to the stage folder."""
     ws, d = Workspace(cfg, paths, shared), cfg.data
     rel = mindrecord_name(split, j)
     if ws.is_marked(f"mr-{split}-{j:05d}"):
@@ -142,15 +177,23 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
     row_len, per = plan["row_len"], d.rows_per_mindrecord_shard
     first_row, last_row = j * per, min((j + 1) * per, plan["rows"])
     start, stop = first_row * row_len, min(last_row * row_len, sum(plan["token_counts"]))
-    parts, offset = [], 0
+    parts, spans, offset = [], [], 0
     for k, n in enumerate(plan["token_counts"]):
         if n and offset < stop and offset + n > start:
             parts.append((offset, np.load(ws.fetch(f"{shard_dir(k)}/tokens_{split}.npy"), mmap_mode="r")))
+            with open(ws.fetch(f"{shard_dir(k)}/spans_{split}.jsonl"), encoding="utf-8") as fh:
+                spans += doc_spans([json.loads(x) for x in fh], offset, start, stop, row_len)
         offset += n
     rows = rows_from_tokens(gather_tokens(parts, start, stop), row_len, d.remainder, cfg.tokenizer.pad_id)
     assert len(rows) == last_row - first_row, (split, j, len(rows), last_row - first_row)
+    side = ws.local(sidecar_name(split, j))
+    side.parent.mkdir(parents=True, exist_ok=True)
+    tmp = atomic_path(side)
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(s, ensure_ascii=False) + "\n" for s in spans)
+    os.replace(tmp, side)
     write_mindrecord(ws.local(rel), rows)
-    ws.publish(rel + ".db", rel)
+    ws.publish(sidecar_name(split, j), rel + ".db", rel)
     ws.mark(f"mr-{split}-{j:05d}")
     return rel
 

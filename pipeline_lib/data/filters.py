@@ -53,11 +53,38 @@ class Filter:
 
 @register("nfkc")
 class NFKC(Filter):
-    """Unicode NFKC: full-width letters/digits to ASCII, compatibility forms folded."""
+    """Unicode NFKC on the training text: folds every compatibility form, CJK punctuation
+    included, e.g. "ＡＢＣ１２３，（注）：是！？ﬁ" -> "ABC123,(注):是!?fi". A Chinese model trained on
+    that writes ASCII punctuation in Chinese prose, so it is not in the default list (`width` is);
+    use it only when that is what you want."""
 
     def __call__(self, doc):
         if not unicodedata.is_normalized("NFKC", doc.text):
             doc.text = unicodedata.normalize("NFKC", doc.text)
+        return True
+
+
+# Full-width Latin letters and digits (U+FF10-FF19, U+FF21-FF3A, U+FF41-FF5A) -> ASCII.
+_FULLWIDTH_ALNUM = {c: c - 0xFEE0 for r in ((0xFF10, 0xFF19), (0xFF21, 0xFF3A), (0xFF41, 0xFF5A))
+                    for c in range(r[0], r[1] + 1)}
+_HAS_FULLWIDTH_ALNUM = re.compile("[\uff10-\uff19\uff21-\uff3a\uff41-\uff5a]")
+
+
+@register("width")
+class Width(Filter):
+    """NFC (composed characters), then full-width Latin letters and digits folded to ASCII;
+    everything else, CJK punctuation included, is kept as written:
+    "ＧＩＳ设备编号１２３，（注）：正常！" -> "GIS设备编号123，（注）：正常！".
+    The text the model learns to write keeps its punctuation; the dedup keys fold much more
+    (text.dedup_form, NFKC + casefold). The ideographic space is left to normalize_whitespace."""
+
+    def __call__(self, doc):
+        t = doc.text
+        if not unicodedata.is_normalized("NFC", t):
+            t = unicodedata.normalize("NFC", t)
+        if _HAS_FULLWIDTH_ALNUM.search(t):
+            t = t.translate(_FULLWIDTH_ALNUM)
+        doc.text = t
         return True
 
 

@@ -22,7 +22,7 @@ from .filters import Doc, apply_filters_batch, build_filters
 from .minhash import shingle_hashes, signatures
 from .readers import iter_shard_batches
 from .sources import ShardSpec, list_inputs, plan_shards
-from .text import exact_key
+from .text import dedup_form, key_of_form
 from .workspace import Workspace, atomic_path
 
 
@@ -66,42 +66,63 @@ def _raw_text(raw) -> str | None:
     return raw.decode("utf-8", errors="backslashreplace")
 
 
+def record_identity(cfg, label: str, line: int, fields: dict) -> tuple:
+    """(source id, origin, meta) of a record: its `data.id_field` value (else its origin),
+    `<file label>:<line>`, and its present `data.keep_fields` values."""
+    d, origin = cfg.data, f"{label}:{line}"
+    meta = {k: fields[k] for k in d.keep_fields if k in fields}
+    return fields.get(d.id_field, origin), origin, meta
+
+
+def _json(value) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
 def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
     """Read shard `index`, quarantine malformed records, run the filters, and write the surviving
-    documents (id, text, exact key) with their MinHash signatures. Returns the shard's counts."""
+    documents (origin, source id, meta, text, exact key) with their MinHash signatures. Returns
+    the shard's counts. Documents are keyed internally by their origin (`<file>:<line>`, unique);
+    source ids are carried along, never assumed unique."""
     ws, d = Workspace(cfg, paths, shared), cfg.data
     folder = shard_dir(index)
     if ws.is_marked(f"{index:05d}.prep"):
         return ws.read_json(f"{folder}/counts.json")
     spec = ShardSpec(**ws.read_json("shards/plan.json")["shards"][index])
     filters = build_filters(d.filters)
+    fields = (d.id_field, *d.keep_fields)
     rejected, filtered, read = Counter(), Counter(), 0
-    ids, texts, keys, sigs = [], [], [], []
+    origins, source_ids, metas, texts, keys, sigs = [], [], [], [], [], []
     with open(ws.local(f"{folder}/quarantine.jsonl"), "w", encoding="utf-8") as qf, \
             open(ws.local(f"{folder}/excluded.jsonl"), "w", encoding="utf-8") as xf:
-        for batch in iter_shard_batches(spec, d.text_field, d.read_batch_size, ws.endpoint):
-            start, docs, lines = len(texts), [], []
-            for line, text, reason, raw in batch:
+        # positional arguments: tests wrap iter_shard_batches to count the shards read
+        for batch in iter_shard_batches(spec, d.text_field, d.read_batch_size, ws.endpoint, fields):
+            docs, found, forms = [], [], []
+            for line, text, reason, raw, values in batch:
                 read += 1
+                sid, origin, meta = record_identity(cfg, spec.label, line, values)
                 if reason:
                     rejected[reason] += 1
-                    qf.write(json.dumps({"id": f"{spec.label}:{line}", "file": spec.uri, "line": line,
-                                         "reason": reason, "raw": _raw_text(raw)}, ensure_ascii=False) + "\n")
+                    qf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
+                                    "reason": reason, "raw": _raw_text(raw)}) + "\n")
                 else:
-                    docs.append(Doc(f"{spec.label}:{line}", text))
-                    lines.append((line, text))
-            for doc, (line, text), dropped in zip(docs, lines, apply_filters_batch(docs, filters)):
+                    docs.append(Doc(origin, text))
+                    found.append((line, text, sid, meta))
+            for doc, (line, text, sid, meta), dropped in zip(docs, found, apply_filters_batch(docs, filters)):
                 if dropped:
                     filtered[dropped[1]] += 1
-                    xf.write(json.dumps({"id": doc.id, "file": spec.uri, "line": line, "filter": dropped[0],
-                                         "reason": dropped[1], "text": text}, ensure_ascii=False) + "\n")
+                    xf.write(_json({"id": sid, "origin": doc.id, "file": spec.uri, "line": line, "filter": dropped[0],
+                                    "reason": dropped[1], "meta": meta, "text": text}) + "\n")
                     continue
-                ids.append(doc.id)
+                origins.append(doc.id)
+                source_ids.append(_json(sid))
+                metas.append(_json(meta))
                 texts.append(doc.text)
-                keys.append(exact_key(doc.text))
+                forms.append(dedup_form(doc.text))  # what dedup compares: NFKC, unlike the training text
+                keys.append(key_of_form(forms[-1]))
             if d.dedup.near:
-                sigs.append(signatures(*shingle_hashes(texts[start:], d.dedup.ngram), d.dedup.num_perm))
-    table = pa.table({"id": pa.array(ids, pa.string()), "text": pa.array(texts, pa.string()),
+                sigs.append(signatures(*shingle_hashes(forms, d.dedup.ngram), d.dedup.num_perm))
+    table = pa.table({"origin": pa.array(origins, pa.string()), "source_id": pa.array(source_ids, pa.string()),
+                      "meta": pa.array(metas, pa.string()), "text": pa.array(texts, pa.string()),
                       "key": pa.array(np.asarray(keys, dtype=np.uint64), pa.uint64())})
     pq.write_table(table, ws.local(f"{folder}/docs.parquet"), compression="zstd")
     names = ["quarantine.jsonl", "excluded.jsonl", "docs.parquet"]
@@ -111,7 +132,7 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         names.append("sigs.npy")
     ws.publish(*[f"{folder}/{n}" for n in names])
     counts = {"label": spec.label, "uri": spec.uri, "read": read, "rejected": dict(rejected),
-              "filtered": dict(filtered), "candidates": len(ids)}
+              "filtered": dict(filtered), "candidates": len(origins)}
     ws.write_json(f"{folder}/counts.json", counts)
     ws.mark(f"{index:05d}.prep")
     return counts
@@ -147,13 +168,14 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     with open(tmp, "w", encoding="utf-8") as out:
         for k in range(n_shards):
             folder = shard_dir(k)
-            table = pq.read_table(ws.fetch(f"{folder}/docs.parquet"), columns=["id", "key"])
-            ids, keys = table.column("id").to_pylist(), table.column("key").to_numpy()
+            table = pq.read_table(ws.fetch(f"{folder}/docs.parquet"), columns=["origin", "source_id", "key"])
+            ids, keys = table.column("origin").to_pylist(), table.column("key").to_numpy()
+            sources = [json.loads(x) for x in table.column("source_id").to_pylist()]
             if d.exact or d.near:
                 sigs = np.load(ws.fetch(f"{folder}/sigs.npy")) if d.near else None
                 part = slice(bounds[k], bounds[k + 1]) if d.near else slice(None)
                 decisions, records = dd.process(ids, keys, sigs, query[part] if d.near else None,
-                                                insert[part] if d.near else None)
+                                                insert[part] if d.near else None, sources)
             else:
                 decisions, records = np.zeros(len(ids), np.int8), []
             for rec in records:
@@ -171,9 +193,9 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
         _nothing_kept(cfg, ws, n_shards, per_shard, from_earlier, dd.prior)
     segment = []
     if use_index:
-        ids, keys, sigs = dd.segment()
+        ids, keys, sigs, sources = dd.segment()
         meta = segment_meta(cfg, paths.run_id, len(ids), sigs is not None, plan["files"])
-        segment = write_segment(ws.local("shards/segment"), meta, ids, keys, sigs)
+        segment = write_segment(ws.local("shards/segment"), meta, ids, keys, sigs, sources)
         ws.publish(*[f"shards/segment/{n}" for n in segment])
     summary = {"shards": per_shard, "bands": dd.bands, "rows": dd.rows, "segment": segment,
                "prior_docs": len(dd.prior) if dd.prior is not None else 0,

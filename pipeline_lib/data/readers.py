@@ -20,7 +20,7 @@ from ..storage import is_s3, iter_lines, store_for
 from ..storage.store import split_s3
 from .errors import DataStageError
 
-Record = tuple  # (line_or_row, text | None, reason | None, raw bytes | str | None)
+Record = tuple  # (line_or_row, text | None, reason | None, raw bytes | str | None, fields dict)
 
 
 class _Limited(io.RawIOBase):
@@ -97,40 +97,57 @@ def open_parquet(uri: str, endpoint_url: str | None = None):
     return pq.ParquetFile(str(store_for(uri).local_path(uri)))
 
 
-def parse_line(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
-    """(text, None) for a good jsonl line, else (None, reason)."""
+def parse_record(raw: bytes, text_field: str, fields: tuple[str, ...] = ()) -> tuple[str | None, str | None, dict]:
+    """(text, None, fields) for a good jsonl line, else (None, reason, fields); `fields` holds the
+    present, non-null values of the named fields ({} when the line is not a JSON object)."""
     if not raw.strip():
-        return None, "empty_line"
+        return None, "empty_line", {}
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return None, "bad_utf8"
+        return None, "bad_utf8", {}
     try:
         obj = json.loads(line)
     except ValueError:
-        return None, "bad_json"
+        return None, "bad_json", {}
     if not isinstance(obj, dict):
-        return None, "not_an_object"
+        return None, "not_an_object", {}
+    found = {f: obj[f] for f in fields if obj.get(f) is not None}
     if text_field not in obj or obj[text_field] is None:
-        return None, "missing_text"
+        return None, "missing_text", found
     text = obj[text_field]
     if not isinstance(text, str):
-        return None, "text_not_string"
-    return (text, None) if text.strip() else (None, "empty_text")
+        return None, "text_not_string", found
+    return (text, None, found) if text.strip() else (None, "empty_text", found)
 
 
-def _jsonl_records(spec, text_field: str, endpoint_url) -> Iterator[Record]:
+def parse_line(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
+    """(text, None) for a good jsonl line, else (None, reason)."""
+    return parse_record(raw, text_field)[:2]
+
+
+def _jsonl_records(spec, text_field: str, endpoint_url, fields: tuple[str, ...]) -> Iterator[Record]:
     fh = open_range(spec.uri, spec.start, spec.end, endpoint_url)
     try:
         stream = gzip.GzipFile(fileobj=fh) if spec.kind == "jsonl.gz" else fh
         for i, raw in enumerate(iter_lines(stream)):
-            text, reason = parse_line(raw, text_field)
-            yield spec.first + i, text, reason, (raw if reason else None)
+            text, reason, found = parse_record(raw, text_field, fields)
+            yield spec.first + i, text, reason, (raw if reason else None), found
     finally:
         fh.close()
 
 
-def _parquet_records(spec, text_field: str, batch_size: int, endpoint_url) -> Iterator[Record]:
+def _plain(value):
+    """A parquet value as a JSON value: dates and times as ISO strings, bytes as text, the rest as is."""
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace")
+    return value
+
+
+def _parquet_records(spec, text_field: str, batch_size: int, endpoint_url,
+                     fields: tuple[str, ...]) -> Iterator[Record]:
     import pyarrow as pa
 
     pf = open_parquet(spec.uri, endpoint_url)
@@ -146,22 +163,27 @@ def _parquet_records(spec, text_field: str, batch_size: int, endpoint_url) -> It
     groups = list(range(spec.start, spec.end))
     if not groups:
         return
-    for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=[text_field]):
-        for text in batch.column(0).to_pylist():
+    extra = [f for f in dict.fromkeys(fields) if f in names and f != text_field]  # columns present only
+    for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=[text_field, *extra]):
+        values = {f: batch.column(f).to_pylist() for f in extra}
+        for i, text in enumerate(batch.column(text_field).to_pylist()):
+            found = {f: _plain(v[i]) for f, v in values.items() if v[i] is not None}
             if text is None:
-                yield row, None, "missing_text", None
+                yield row, None, "missing_text", None, found
             elif not text.strip():
-                yield row, None, "empty_text", text
+                yield row, None, "empty_text", text, found
             else:
-                yield row, text, None, None
+                yield row, text, None, None, found
             row += 1
 
 
-def iter_shard_batches(spec, text_field: str, batch_size: int,
-                       endpoint_url: str | None = None) -> Iterator[list[Record]]:
-    """Batches of at most `batch_size` records of one shard, in file order."""
-    records = (_parquet_records(spec, text_field, batch_size, endpoint_url) if spec.kind == "parquet"
-               else _jsonl_records(spec, text_field, endpoint_url))
+def iter_shard_batches(spec, text_field: str, batch_size: int, endpoint_url: str | None = None,
+                       fields: tuple[str, ...] = ()) -> Iterator[list[Record]]:
+    """Batches of at most `batch_size` records of one shard, in file order; `fields`: the names
+    whose values each record carries along (see the module docstring)."""
+    fields = tuple(fields)
+    records = (_parquet_records(spec, text_field, batch_size, endpoint_url, fields) if spec.kind == "parquet"
+               else _jsonl_records(spec, text_field, endpoint_url, fields))
     batch = []
     for rec in records:
         batch.append(rec)

@@ -6,7 +6,7 @@
   line), .jsonl.gz, .json.gz or .parquet, in config order and sorted within each entry. Relative local paths start at
   the working directory (the config resolves its paths to absolute ones when it is built:
   config/paths.py).
-- File labels, used in document ids (`<label>:<line>`), are the basenames, or the shortest
+- File labels, used in document origins (`<label>:<line>`), are the basenames, or the shortest
   unique path suffix when two inputs share a basename.
 - Shards: plain jsonl is split into byte ranges of `docs_per_shard` lines (one streaming pass
   counts lines); parquet into runs of whole row groups of about `docs_per_shard` rows (from the

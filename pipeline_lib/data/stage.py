@@ -33,7 +33,8 @@ from functools import partial
 
 from ..storage import Manifest, invalidate, manifest_matches, read_manifest, sha256_file, write_manifest
 from .dedup_index import commit_segment, index_uri
-from .encode import build_tokenizer, plan_mindrecord, tokenize_shard, write_mindrecord_shard
+from .encode import (build_tokenizer, mindrecord_name, plan_mindrecord, sidecar_name, tokenize_shard,
+                     write_mindrecord_shard)
 from .errors import ConservationError
 from .prep import dedup_stage, plan_data_stage, prep_shard, shard_dir
 from .stats import attribute_rows, build_stats
@@ -104,8 +105,8 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> Manifest:
     outputs += [f"cleaned/part-{k:05d}.jsonl.gz" for k in range(n)]
     for split in ("train", "heldout"):
         for j in range(mr[split]["files"]):
-            rel = f"mindrecord/{split}/shard-{j:05d}.mindrecord"
-            outputs += [rel, rel + ".db"]
+            rel = mindrecord_name(split, j)
+            outputs += [rel, rel + ".db", sidecar_name(split, j)]
     described = []
     for rel in sorted(outputs):
         local = ws.fetch(rel)

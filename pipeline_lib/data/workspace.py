@@ -1,9 +1,9 @@
 """The data stage folder (local or s3://) seen through a local working copy, plus its markers.
 
 Layout of <output_root>/<run_id>/data/:
-  cleaned/part-00000.jsonl.gz         kept documents (id, text, split), one part per shard
+  cleaned/part-00000.jsonl.gz         kept documents (id, origin, text, split, meta), one part per shard
   tokenizer/tokenizer.model           + tokenizer_config.json
-  mindrecord/{train,heldout}/shard-00000.mindrecord (+ .db)
+  mindrecord/{train,heldout}/shard-00000.mindrecord (+ .db, + .docs.jsonl: the documents in its rows)
   quarantine.jsonl excluded.jsonl duplicates.jsonl stats.json
   shards/                             work files and completion markers (removed after success)
   manifest.json                       written last

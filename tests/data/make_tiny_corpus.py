@@ -7,7 +7,9 @@ model's loss falls within ~60 steps, plus planted cases the data stage must acco
 exact duplicates (one differing only in spaces and case), near duplicates (one sentence
 changed), malformed lines (bad JSON, bad UTF-8, missing / non-string / empty text, empty line,
 not an object) and documents the default filters drop (too short, URL-heavy, symbol-heavy,
-repeated lines, boilerplate). `PLANTED` gives the expected counts.
+repeated lines, boilerplate). `PLANTED` gives the expected counts. Every record has an `id` (as a
+source system would give it: `pm-0001`... in file order, planted copies included), `lang` and
+`source`; the quarantined records that are still JSON objects name an id too.
 """
 from __future__ import annotations
 
@@ -86,8 +88,8 @@ def jaccard(a: str, b: str) -> float:
 BAD_LINES = [
     b'{"text": "\xe5\x8f\x98\xe5\x8e\x8b\xe5\x99\xa8\xff\xfe broken bytes in the middle of a record"}',  # bad_utf8
     b'{"text": "an unterminated record about the circuit breaker',                                        # bad_json
-    b'{"content": "the text field is missing from this record"}',                                          # missing_text
-    b'{"text": 20240611}',                                                                                # text_not_string
+    b'{"id": "pm-x01", "content": "the text field is missing from this record"}',                          # missing_text
+    b'{"id": "pm-x02", "text": 20240611}',                                                                # text_not_string
     b'{"text": "   "}',                                                                                   # empty_text
     b'',                                                                                                  # empty_line
     b'["a JSON list, not an object"]',                                                                    # not_an_object
@@ -126,6 +128,8 @@ def make_corpus(n_docs: int = 420, seed: int = SEED) -> list[bytes]:
     extra = [{"text": t, "source": "dup"} for t in exact + near] + [{"text": t, "source": "filtered"} for t in FILTERED]
     for item in extra:
         lines.insert(rng.randint(150, len(lines)), item)
+    lines = [{"id": f"pm-{i + 1:04d}", "text": x["text"], "lang": "en" if x["text"].isascii() else "zh",
+              "source": x["source"]} for i, x in enumerate(lines)]
     out = [json.dumps(x, ensure_ascii=False).encode("utf-8") for x in lines]
     for bad in BAD_LINES:
         out.insert(rng.randint(1, len(out) - 1), bad)

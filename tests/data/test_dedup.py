@@ -9,16 +9,16 @@ from pipeline_lib.config.schema import DedupConfig
 from pipeline_lib.data.dedup import EXACT, KEEP, NEAR, Deduplicator
 from pipeline_lib.data.dedup_index import PriorIndex
 from pipeline_lib.data.minhash import shingle_hashes, signatures
-from pipeline_lib.data.text import exact_key
+from pipeline_lib.data.text import dedup_form, exact_key
 
 
-def decide(docs, cfg=None, prior=None, ids=None):
+def decide(docs, cfg=None, prior=None, ids=None, sources=None):
     cfg = cfg or DedupConfig()
     dd = Deduplicator(cfg, prior, "run")
     ids = ids or [f"f:{i}" for i in range(len(docs))]
     keys = np.array([exact_key(t) for t in docs], dtype=np.uint64)
-    sigs = signatures(*shingle_hashes(docs, cfg.ngram), cfg.num_perm)
-    decisions, records = dd.process(ids, keys, sigs)
+    sigs = signatures(*shingle_hashes([dedup_form(t) for t in docs], cfg.ngram), cfg.num_perm)
+    decisions, records = dd.process(ids, keys, sigs, sources=sources)
     return dd, decisions, records
 
 
@@ -27,7 +27,7 @@ def test_near_duplicate_recall_and_precision_against_exact_jaccard():
     _, decisions, records = decide(docs)
     threshold = DedupConfig().threshold
     positives = [(b, c) for b, c, j in pairs if j >= threshold]
-    found = {(r["kept"], r["id"]) for r in records if r["kind"] == "near"}
+    found = {(r["kept_origin"], r["origin"]) for r in records if r["kind"] == "near"}
     recall = sum((f"f:{b}", f"f:{c}") in found for b, c in positives) / len(positives)
     flagged = [(int(k.split(":")[1]), int(i.split(":")[1])) for k, i in found]
     precision = sum(jaccard(docs[k], docs[i]) >= threshold for k, i in flagged) / len(flagged)
@@ -44,8 +44,26 @@ def test_first_seen_wins_and_records_name_the_kept_document():
     _, decisions, records = decide(docs)
     assert list(decisions[12:]) == [NEAR, NEAR, NEAR, EXACT, EXACT]
     by_id = {r["id"]: r for r in records}
-    assert by_id["f:15"] == {"id": "f:15", "kept": "f:0", "kind": "exact", "jaccard": 1.0, "kept_run": None}
-    assert by_id["f:12"]["kept"] == "f:0" and 0.8 <= by_id["f:12"]["jaccard"] <= 1.0
+    assert by_id["f:15"] == {"id": "f:15", "origin": "f:15", "kept_id": "f:0", "kept_origin": "f:0", "kept_run": None,
+                             "kind": "exact", "jaccard": 1.0}
+    assert by_id["f:12"]["kept_origin"] == "f:0" and 0.8 <= by_id["f:12"]["jaccard"] <= 1.0
+
+
+def test_records_name_both_source_ids_and_repeated_source_ids_are_harmless():
+    docs, _ = planted_corpus(n_base=12, pairs=((0.95, 1),))
+    docs = docs + [docs[3]]
+    sources = ["doc-a"] * 6 + [17] * 6 + ["doc-a", 17]  # ids from the source system, not unique
+    _, decisions, records = decide(docs, sources=sources)
+    assert list(decisions) == [KEEP] * 12 + [NEAR, EXACT]
+    near, exact = records
+    assert (near["id"], near["origin"], near["kept_id"], near["kept_origin"]) == ("doc-a", "f:12", "doc-a", "f:0")
+    assert (exact["id"], exact["origin"], exact["kept_id"], exact["kept_origin"]) == (17, "f:13", "doc-a", "f:3")
+
+
+def test_exact_key_folds_width_and_cjk_punctuation():
+    a = "变压器运行正常，油温４２度（正常）！ ABC"
+    assert exact_key(a) == exact_key("变压器运行正常,油温42度(正常)! abc")
+    assert exact_key(a) != exact_key("变压器运行正常，油温43度（正常）！ ABC")
 
 
 def test_exact_only_and_near_only():
@@ -62,11 +80,14 @@ def test_prior_index_deduplicates_a_second_run_against_the_first():
     docs, pairs = planted_corpus(n_base=30, pairs=((0.93, 6),))
     first, second = docs[:30], docs[30:] + [docs[2], "全新的文档，与之前的内容完全不同。" * 5]
     dd, _, _ = decide(first)
-    ids, keys, sigs = dd.segment()
-    prior = PriorIndex([f"day1/{i}" for i in ids], keys, sigs, dd.bands, dd.rows, ["day1"])
+    ids, keys, sigs, sources = dd.segment()
+    assert sources == ids  # no source ids given: the origins stand in
+    prior = PriorIndex([f"day1/{i}" for i in ids], keys, sigs, dd.bands, dd.rows, ["day1"],
+                       [f"src-{i}" for i in range(len(ids))])
     _, decisions, records = decide(second, prior=prior, ids=[f"g:{i}" for i in range(len(second))])
     assert list(decisions) == [NEAR] * 6 + [EXACT, KEEP]
-    assert records[-1] == {"id": "g:6", "kept": "day1/f:2", "kind": "exact", "jaccard": 1.0, "kept_run": "day1"}
+    assert records[-1] == {"id": "g:6", "origin": "g:6", "kept_id": "src-2", "kept_origin": "f:2", "kept_run": "day1",
+                           "kind": "exact", "jaccard": 1.0}
     assert all(r["kept_run"] == "day1" for r in records)
 
 

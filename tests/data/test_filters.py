@@ -18,9 +18,25 @@ ZH = "变压器在运行中需要定期进行红外测温，发现异常应及�
 EN = "The circuit breaker should receive an infrared inspection every ten days, and any abnormal reading is recorded."
 
 
-def test_nfkc_folds_fullwidth_and_compatibility_forms():
+def test_nfkc_folds_fullwidth_compatibility_forms_and_cjk_punctuation():
     assert run("nfkc", "ＡＢＣ１２３，ﬁ")[1] == "ABC123,fi"
-    assert run("nfkc", ZH[:10])[1] == ZH[:10]
+    assert run("nfkc", "正常，（注）：是；对！？")[1] == "正常,(注):是;对!?"  # why it is not a default
+
+
+CJK_PUNCT = "，。、（）：；！？「」『』《》【】“”‘’…—～％"
+
+
+def test_width_folds_fullwidth_letters_and_digits_and_keeps_cjk_punctuation():
+    assert run("width", "ＧＩＳ设备编号１２３ａｂ，（注）：正常！")[1] == "GIS设备编号123ab，（注）：正常！"
+    assert run("width", CJK_PUNCT)[1] == CJK_PUNCT
+    assert run("width", "e\u0301 ﬁ")[1] == "\u00e9 ﬁ"  # NFC composes; compatibility ligatures stay
+    assert run("width", ZH) == (True, ZH)
+
+
+def test_default_filters_keep_cjk_punctuation_in_the_training_text():
+    doc = Doc("t:1", ZH + CJK_PUNCT + "ＧＩＳ")
+    assert apply_filters(doc, build_filters(DataConfig().filters)) is None
+    assert doc.text == ZH + CJK_PUNCT + "GIS"
 
 
 def test_strip_control_removes_invisible_characters_and_normalizes_newlines():

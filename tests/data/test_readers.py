@@ -9,12 +9,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline_lib.data.errors import DataStageError
-from pipeline_lib.data.readers import iter_shard_batches, parse_line
+from pipeline_lib.data.readers import iter_shard_batches, parse_line, parse_record
 from pipeline_lib.data.sources import list_inputs, plan_shards
 
 
-def records(shards, field="text", batch=3):
-    return [r for s in shards for b in iter_shard_batches(s, field, batch) for r in b]
+def records(shards, field="text", batch=3, fields=()):
+    return [r for s in shards for b in iter_shard_batches(s, field, batch, None, fields) for r in b]
 
 
 @pytest.mark.parametrize("raw,reason", [
@@ -78,3 +78,19 @@ def test_inputs_order_labels_and_errors(tmp_path):
     assert list_inputs(["configs/data/tiny_corpus.jsonl"])[0][1] == "tiny_corpus.jsonl"
     with pytest.raises(DataStageError, match=r"data.inputs\[1\]='.*missing\*.jsonl': matches no"):
         list_inputs([str(tmp_path / "day1"), str(tmp_path / "missing*.jsonl")])
+
+
+def test_records_carry_the_id_and_metadata_fields_jsonl_and_parquet(tmp_path):
+    import datetime
+
+    fields = ("id", "lang", "date")
+    raw = b'{"id": 7, "text": "ok", "lang": "zh", "date": null, "other": 1}'
+    assert parse_record(raw, "text", fields) == ("ok", None, {"id": 7, "lang": "zh"})
+    assert parse_record(b'{"id": "a-1", "body": "x"}', "text", fields) == (None, "missing_text", {"id": "a-1"})
+    assert parse_record(b"[1]", "text", fields) == (None, "not_an_object", {})
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": ["row 0", None], "id": ["p-0", "p-1"],
+                             "date": [datetime.date(2024, 6, 1), None]}), path)  # no "lang" column
+    recs = records(plan_shards(list_inputs([str(path)]), docs_per_shard=5), fields=fields)
+    assert recs == [(0, "row 0", None, None, {"id": "p-0", "date": "2024-06-01"}),
+                    (1, None, "missing_text", None, {"id": "p-1"})]

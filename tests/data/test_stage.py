@@ -62,8 +62,10 @@ def test_every_record_is_accounted_for(tiny_run):
     assert len(quarantine) == 7 and len(excluded) == 5 and len(dups) == 6
     raw_lines = TINY.read_bytes().split(b"\n")
     for q in quarantine:  # line numbers point at the right lines, raw text kept
-        assert q["id"] == f"tiny_corpus.jsonl:{q['line']}"
+        assert q["origin"] == f"tiny_corpus.jsonl:{q['line']}"
         assert raw_lines[q["line"] - 1].decode("utf-8", "backslashreplace") == q["raw"]
+        assert q["id"] == (json.loads(q["raw"])["id"] if q["reason"] in ("missing_text", "text_not_string")
+                           else q["origin"])  # records that are no JSON object have only their origin
     assert {e["filter"] for e in excluded} == {"length", "url_heavy", "char_ratio", "duplicate_lines"}
     assert manifest.metrics["kept"] == t["kept"] and table_rows(stats)[-1]["file"] == "TOTAL"
 
@@ -88,8 +90,8 @@ def test_minddataset_reads_every_shard_and_rows_hold_the_cleaned_documents(tiny_
     docs = [json.loads(line) for part in sorted((folder / "cleaned").glob("part-*.jsonl.gz"))
             for line in gzip.open(part, "rt", encoding="utf-8")]
     assert len(docs) == stats["total"]["kept"]
-    ids = [int(d["id"].split(":")[1]) for d in docs]
-    assert ids == sorted(ids)  # input order
+    lines = [int(d["origin"].split(":")[1]) for d in docs]
+    assert lines == sorted(lines)  # input order
     for split in ("train", "heldout"):
         files = sorted((folder / "mindrecord" / split).glob("*.mindrecord"))
         rows = read_mindrecord(files)
@@ -145,7 +147,7 @@ def test_nothing_left_after_cleaning_is_an_error_naming_the_inputs(tmp_path):
 
 def test_incremental_dedup_against_an_earlier_run_and_failed_runs_leave_no_trace(tmp_path):
     texts = [json.loads(x)["text"] for x in TINY.read_text(errors="replace").splitlines()
-             if x.startswith('{"text": "') and '"source": "tiny"' in x]
+             if x.endswith('"source": "tiny"}')]
     day1 = write_jsonl(tmp_path / "in" / "day1.jsonl", texts[:200])
     zh = [t for t in texts[:150] if "，" in t and len(t) > 100]
     day2 = write_jsonl(tmp_path / "in" / "day2.jsonl", texts[150:260] + [zh[0] + "。", zh[1].replace("，", "，并且", 1)])
@@ -159,10 +161,17 @@ def test_incremental_dedup_against_an_earlier_run_and_failed_runs_leave_no_trace
     m = run(make_cfg(tmp_path, inputs=[str(day2)]), "night2", workers=1)
     dups = [json.loads(x) for x in (stage_dir(failing, "night2") / "duplicates.jsonl").read_text().splitlines()]
     assert (m.metrics["exact_duplicates"], m.metrics["near_duplicates"], m.metrics["kept"]) == (50, 2, 60)
-    assert all(d["kept_run"] == "night1" and d["kept"].startswith("night1/day1.jsonl:") for d in dups)
+    assert all(d["kept_run"] == "night1" and d["kept_origin"].startswith("day1.jsonl:") for d in dups)
+    # write_jsonl gives no ids: the kept documents' origins stand in for them, across runs too
+    assert all(d["kept_id"] == d["kept_origin"] and d["id"] == d["origin"] for d in dups)
     assert sorted(p.name for p in index.iterdir()) == ["night1", "night2"]
     meta = json.loads((index / "night2" / "meta.json").read_text())
     assert meta["docs"] == 60 and meta["has_sigs"]
+
+
+def tiny_texts() -> list[str]:
+    """The texts of the bundled corpus' well-formed records, in file order."""
+    return [r["text"] for r in raw_records(TINY).values() if isinstance(r.get("text"), str) and r["text"].strip()]
 
 
 def test_the_same_config_twice_with_new_run_ids_gives_the_same_dataset(tmp_path):
@@ -177,8 +186,7 @@ def test_the_same_config_twice_with_new_run_ids_gives_the_same_dataset(tmp_path)
     assert [m["run_id"] for m in list_segments(cfg)] == ["r1", "r2"]
     # a third run reading the same file plus a new one is still checked against nothing it rereads,
     # but a run reading only the new file is checked against the earlier ones
-    texts = [json.loads(x)["text"] for x in TINY.read_text(errors="replace").splitlines()
-             if x.startswith('{"text": "') and '"source": "tiny"' in x]
+    texts = tiny_texts()
     extra = write_jsonl(tmp_path / "in" / "extra.jsonl", texts[:200])
     both = make_cfg(tmp_path, inputs=[str(TINY), str(extra)])
     assert run(both, "r3", workers=1).metrics["kept"] == first.metrics["kept"]
@@ -188,8 +196,7 @@ def test_the_same_config_twice_with_new_run_ids_gives_the_same_dataset(tmp_path)
 
 
 def test_a_run_with_only_earlier_documents_fails_at_dedup_naming_counts_index_and_ways_out(tmp_path):
-    texts = [json.loads(x)["text"] for x in TINY.read_text(errors="replace").splitlines()
-             if x.startswith('{"text": "') and '"source": "tiny"' in x]
+    texts = tiny_texts()
     day1 = write_jsonl(tmp_path / "in" / "day1.jsonl", texts[:200])
     day2 = write_jsonl(tmp_path / "in" / "day2.jsonl", texts[:120] + texts[:10])  # all seen yesterday
     run(make_cfg(tmp_path, inputs=[str(day1)]), "night1", workers=1)
@@ -212,3 +219,141 @@ def test_a_run_with_only_earlier_documents_fails_at_dedup_naming_counts_index_an
     fresh = make_cfg(tmp_path, inputs=[str(day2)], dedup={"lineage": "fresh"})
     assert run(fresh, "night2b", workers=1).metrics["kept"] > 0
     assert index_uri(fresh) != index_uri(cfg)
+
+
+def raw_records(path: Path) -> dict:
+    """{line number: record} of the JSON-object lines of a jsonl file."""
+    out = {}
+    for n, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out[n] = obj
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+
+
+def cleaned_docs(folder: Path) -> list[dict]:
+    return [json.loads(line) for part in sorted((folder / "cleaned").glob("part-*.jsonl.gz"))
+            for line in gzip.open(part, "rt", encoding="utf-8")]
+
+
+def test_every_output_record_names_the_source_id_of_the_bundled_corpus(tiny_run):
+    cfg, _ = tiny_run
+    folder, raw = stage_dir(cfg), raw_records(TINY)
+
+    def source(origin: str) -> dict:
+        label, line = origin.rsplit(":", 1)
+        assert label == "tiny_corpus.jsonl"
+        return raw[int(line)]
+
+    docs = cleaned_docs(folder)
+    assert len(docs) == 420 and len({d["id"] for d in docs}) == 420
+    for d in docs:
+        rec = source(d["origin"])
+        assert d["id"] == rec["id"] and d["id"].startswith("pm-")
+        assert d["meta"] == {"lang": rec["lang"], "source": rec["source"]}
+    excluded = read_jsonl(folder / "excluded.jsonl")
+    assert [e["id"] for e in excluded] == [source(e["origin"])["id"] for e in excluded]
+    dups = read_jsonl(folder / "duplicates.jsonl")
+    assert len(dups) == 6
+    for d in dups:
+        assert d["id"] == source(d["origin"])["id"] and d["kept_id"] == source(d["kept_origin"])["id"]
+        assert source(d["origin"])["source"] == "dup" and source(d["kept_origin"])["source"] == "tiny"
+    quarantined = {q["id"] for q in read_jsonl(folder / "quarantine.jsonl")}
+    assert {"pm-x01", "pm-x02"} <= quarantined
+    by_id = {d["id"]: d for d in docs}
+    for split in ("train", "heldout"):
+        sides = sorted((folder / "mindrecord" / split).glob("*.docs.jsonl"))
+        spans = [s for side in sides for s in read_jsonl(side)]
+        assert {s["id"] for s in spans} == {d["id"] for d in docs if d["split"] == split}
+        assert all(by_id[s["id"]]["origin"] == s["origin"] for s in spans)
+    assert any("，" in d["text"] for d in docs)
+
+
+def test_sidecar_maps_every_mindrecord_row_to_the_documents_packed_in_it(tiny_run):
+    cfg, manifest = tiny_run
+    folder = stage_dir(cfg)
+    tok = Tokenizer(folder / "tokenizer" / "tokenizer.model")
+    texts = {d["origin"]: d["text"] for d in cleaned_docs(folder)}
+    listed = {o["path"] for o in manifest.outputs}
+    checked = 0
+    for split in ("train", "heldout"):
+        for shard in sorted((folder / "mindrecord" / split).glob("*.mindrecord")):
+            side = shard.with_name(shard.name.replace(".mindrecord", ".docs.jsonl"))
+            assert f"mindrecord/{split}/{side.name}" in listed
+            spans, rows = read_jsonl(side), read_mindrecord([shard])
+            row_len = rows.shape[1]
+            flat = rows.reshape(-1)
+            for r in range(len(rows)):
+                in_row = [s for s in spans if s["row_start"] <= r <= s["row_end"]]
+                lo, hi = r * row_len, (r + 1) * row_len
+                covered = sum(min(s["token_end"], hi) - max(s["token_start"], lo) for s in in_row)
+                assert covered == row_len or (flat[lo + covered:hi] == 0).all()  # the rest is padding
+                for s in in_row:  # this row's tokens of each mapped document decode to part of its text
+                    piece = tok.decode(flat[max(s["token_start"], lo):min(s["token_end"], hi)]).strip("\ufffd")
+                    assert piece in texts[s["origin"]], (split, shard.name, r, s)
+                    checked += 1
+    assert checked > 400
+
+
+def test_source_ids_metadata_and_cjk_punctuation_survive_jsonl_and_parquet_inputs(tmp_path):
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    zh = [json.loads(x)["text"] for x in TINY.read_text(encoding="utf-8", errors="replace").splitlines()
+          if x.endswith('"source": "tiny"}') and '"lang": "zh"' in x]
+    assert len(zh) >= 200 and all("，" in t for t in zh[:200])
+    recs = [{"doc_id": f"J{i % 140}", "text": t, "lang": "zh", "url": f"https://example.com/{i}"}
+            for i, t in enumerate(zh[:150])]  # J0..J9 appear twice: ids need not be unique
+    del recs[5]["doc_id"]
+    recs += [{"doc_id": "DUP", "text": zh[3], "lang": "zh"}, {"doc_id": "SHORT", "text": "太短了，", "lang": "zh"},
+             {"doc_id": "NOTEXT", "body": "no text field"}]
+    jsonl = tmp_path / "in" / "zh.jsonl"
+    jsonl.parent.mkdir()
+    jsonl.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
+    pq.write_table(pa.table({"text": zh[150:200], "doc_id": list(range(1000, 1050)),
+                             "date": [datetime.date(2024, 6, 1)] * 50}), tmp_path / "in" / "zh.parquet")
+    cfg = make_cfg(tmp_path, inputs=[str(jsonl), str(tmp_path / "in" / "zh.parquet")], id_field="doc_id",
+                   keep_fields=["lang", "url", "date"])
+    manifest = run(cfg, workers=1)
+    folder = stage_dir(cfg)
+    docs = {d["origin"]: d for d in cleaned_docs(folder)}
+    assert len(docs) == 200 == manifest.metrics["kept"]
+    for i, rec in enumerate(recs[:150]):
+        d = docs[f"zh.jsonl:{i + 1}"]
+        assert d["id"] == rec.get("doc_id", f"zh.jsonl:{i + 1}")
+        assert d["meta"] == {"lang": "zh", "url": rec["url"]}
+        assert d["text"] == rec["text"]  # the training text keeps its full-width punctuation
+    for j in range(50):
+        d = docs[f"zh.parquet:{j}"]
+        assert (d["id"], d["meta"], d["text"]) == (1000 + j, {"date": "2024-06-01"}, zh[150 + j])
+    assert sum(d["id"] == "J3" for d in docs.values()) == 2
+    dup, = read_jsonl(folder / "duplicates.jsonl")
+    assert (dup["id"], dup["origin"], dup["kept_id"], dup["kept_origin"], dup["kind"]) == \
+        ("DUP", "zh.jsonl:151", "J3", "zh.jsonl:4", "exact")
+    excluded, = read_jsonl(folder / "excluded.jsonl")
+    assert (excluded["id"], excluded["origin"], excluded["meta"]) == ("SHORT", "zh.jsonl:152", {"lang": "zh"})
+    quarantined, = read_jsonl(folder / "quarantine.jsonl")
+    assert (quarantined["id"], quarantined["origin"], quarantined["reason"]) == ("NOTEXT", "zh.jsonl:153", "missing_text")
+    spans = [s for side in sorted((folder / "mindrecord" / "train").glob("*.docs.jsonl")) for s in read_jsonl(side)]
+    train = [(d["id"], o) for o, d in docs.items() if d["split"] == "train"]
+    assert [(s["id"], s["origin"]) for s in spans] == train  # in packing order, each document once (one file)
+    segment = tmp_path / "runs" / "_dedup_index" / "segments" / "r1" / "source_ids.jsonl"
+    assert [json.loads(x) for x in segment.read_text().splitlines()].count("J3") == 2
+
+
+@pytest.mark.parametrize("field,value", [("id_field", "doc_id"), ("keep_fields", ["url"])])
+def test_identity_fields_are_part_of_the_stage_identity(tmp_path, field, value):
+    from pipeline_lib.data.stage import stage_hash
+    from pipeline_lib.data.workspace import work_hash
+
+    base, other = make_cfg(tmp_path), make_cfg(tmp_path, **{field: value})
+    assert stage_hash(base) != stage_hash(other) and work_hash(base) != work_hash(other)
