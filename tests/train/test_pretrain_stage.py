@@ -7,7 +7,8 @@ step, 16 steps, a checkpoint every 4 steps, 2 kept. What is asserted:
 - reference: loss falls (7.62 at random init), preflight.json (step time, tokens/s, peak RSS, predicted vs
   measured memory), manifest outputs and metrics (latest_checkpoint, final loss, steps, tokens/s, table, image);
 - killed: SIGKILL of the trainer's process group after the 2nd checkpoint, then a rerun: the step count continues
-  from the last verified checkpoint and the final weights equal the reference's (float tolerance);
+  from the last verified checkpoint, metrics.jsonl holds steps 1..16 once each (the killed attempt's steps after
+  that checkpoint superseded, attempt 1 then 2) and the final weights equal the reference's (float tolerance);
 - nan_stop: NaN injected at step 6 stops training at step 6 with a diagnosis naming step, loss, lr, loss scale,
   global norm and the dataset rows; the last good checkpoint (step 4) is the latest;
 - rollback (training.guard.on_failure=rollback): the same NaN rolls back to step 4, skips data steps 5-6 and
@@ -87,6 +88,7 @@ def _kill_after_checkpoints(out: Path, n: int, done: threading.Event, record: di
                     record["killed_pgid"] = os.getpgid(proc.pid)
                     record["checkpoints_at_kill"] = sorted(p.name for p in (out / "checkpoint" / "rank_0").glob("*.ckpt"))
                     os.killpg(record["killed_pgid"], signal.SIGKILL)
+                    record["metric_steps_at_kill"] = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
                     return
         time.sleep(0.02)
 
@@ -272,6 +274,10 @@ def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
     rerun = [r for r in read_metrics(o.out / "metrics.jsonl") if r["time"] >= o.extra["rerun_started"]]
     assert [r["step"] for r in rerun] == list(range(resumed + 1, 17))
     assert m["steps"] == 16 and m["attempts"] == 1
+    # the file itself (not a reader that could hide repeats): each step once, the retrained ones from attempt 2
+    raw = [json.loads(line) for line in (o.out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["attempt"]) for r in raw] == [(s, 1 if s <= resumed else 2) for s in range(1, 17)], \
+        o.extra["kill"]["metric_steps_at_kill"]
     # same losses and the same final weights (and optimizer state) as the uninterrupted run
     ref_steps = _by_step(ref)
     for r in rerun:
