@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
 
 # The embedded (ephemeral) API writes to the same SQLite file as the UI; its telemetry heartbeat
@@ -51,23 +53,53 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
     print(_ui_hint(embedded))
 
 
+def _api_server_class():
+    """Prefect's SubprocessASGIServer (start: free port, health wait; stop: terminate), with a server process
+    that gets SIGTERM when this process dies: `llm-pipeline` killed with SIGKILL runs no atexit or finally, and
+    Prefect's server would otherwise keep its port and ~200 MB forever."""
+    import prefect
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import get_current_settings
+
+    from pipeline_lib.lifetime import die_with_parent
+
+    class DiesWithParentServer(SubprocessASGIServer):
+        _instances: dict = {}  # Prefect keeps one instance per port per class: never hand out Prefect's own
+
+        def _run_uvicorn_command(self):
+            # the command and environment Prefect uses for its ephemeral server; only the preexec_fn is added
+            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                   "PREFECT__SERVER_FINAL": "1",
+                   **get_current_settings().to_environment_variables(exclude_unset=True)}
+            cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                   "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                   "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "5"]
+            return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
+
+    if not callable(getattr(SubprocessASGIServer, "_run_uvicorn_command", None)):
+        raise RuntimeError("prefect's SubprocessASGIServer no longer has _run_uvicorn_command: update "
+                           "flows/cli.py _api_server_class for the installed prefect version")
+    return DiesWithParentServer
+
+
 class embedded_api:
     """Without PREFECT_API_URL, start Prefect's local API once and point every process at it.
 
     Prefect's own ephemeral mode starts a temporary server per process; the data stage's process
     pool and the trainer subprocesses would each start (and wait for) their own. One server whose
     URL is in the environment is shared by all of them and records into the usual local database.
+    The server process ends with this one, also when this one is killed with SIGKILL. Enter it in
+    the main thread: the server is tied to the thread that starts it.
     """
 
     def __enter__(self):
         self.server = None
         if os.environ.get("PREFECT_API_URL"):
             return self
-        from prefect.server.api.server import SubprocessASGIServer
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         print("starting the embedded Prefect API (local database; set PREFECT_API_URL to use a server) ...")
-        self.server = SubprocessASGIServer()
+        self.server = _api_server_class()()
         self.server.start(timeout=120)
         os.environ["PREFECT_API_URL"] = self.server.api_url
         self.settings = temporary_settings({PREFECT_API_URL: self.server.api_url})
@@ -154,7 +186,6 @@ def pools_main(argv: list[str]) -> int:
 
 def deploy_main(argv: list[str]) -> int:
     """`prefect deploy` of deployments/prefect.yaml from the project root (extra args are passed on)."""
-    import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]

@@ -117,3 +117,49 @@ def prefect_server(tmp_path_factory):
         proc.wait(15)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def sigkill_parent(tmp_path):
+    """Run a Python script that starts children and prints `READY <pid> <pid> ...` (their pids, maybe more
+    fields), SIGKILL it, and return (pids still alive `within` s later, the READY fields).
+
+    Usage: `alive, fields = sigkill_parent(script_text, within=10)`. The script runs with the project on
+    PYTHONPATH, a private PREFECT_HOME and no PREFECT_API_URL. Whatever survives is killed at teardown.
+    """
+    import psutil
+
+    survivors: list = []
+
+    def run(script: str, within: float = 10.0, ready_timeout: float = 120.0, env: dict | None = None):
+        path = tmp_path / f"parent_{len(survivors)}.py"
+        path.write_text(script, encoding="utf-8")
+        child_env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        child_env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                         PREFECT_HOME=str(tmp_path / "prefect_home"), **(env or {}))
+        proc = subprocess.Popen([sys.executable, str(path)], cwd=ROOT, env=child_env, stdout=subprocess.PIPE,
+                                text=True)
+        deadline, fields = time.time() + ready_timeout, None
+        try:
+            while time.time() < deadline:  # the script's own output before READY is ignored
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith("READY "):
+                    fields = line.split()[1:]
+                    break
+            assert fields, f"{path.name} exited with {proc.poll()} before printing READY"
+            children = [psutil.Process(int(f)) for f in fields if f.isdigit() and psutil.pid_exists(int(f))]
+            survivors.extend(children)
+        finally:
+            proc.kill()
+            proc.wait()
+        gone, alive = psutil.wait_procs(children, timeout=within)
+        return sorted(p.pid for p in alive), fields
+
+    yield run
+    for proc in survivors:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass

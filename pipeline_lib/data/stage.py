@@ -31,6 +31,7 @@ import sys
 import threading
 from functools import partial
 
+from ..lifetime import exit_when_gone
 from ..storage import Manifest, invalidate, manifest_matches, read_manifest, sha256_file, write_manifest
 from .dedup_index import commit_segment, index_uri
 from .encode import (build_tokenizer, mindrecord_name, plan_mindrecord, sidecar_name, tokenize_shard,
@@ -191,10 +192,12 @@ def _preimport_mindspore() -> None:
 def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
     """Workers forked from a fork server that imported this package once: cheap to start, and
     never forked from a process with threads (Prefect's, boto3's). Like spawn, it imports the
-    caller's __main__ module: scripts must guard their entry point with if __name__ == "__main__"."""
+    caller's __main__ module: scripts must guard their entry point with if __name__ == "__main__".
+    Each worker exits when this process does: a SIGKILLed stage would otherwise leave workers (and so the fork
+    server and resource tracker) waiting on their task queue forever."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["pipeline_lib.data._warm"])
-    return cf.ProcessPoolExecutor(workers, mp_context=ctx)
+    return cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=exit_when_gone, initargs=(os.getpid(),))
 
 
 def run_data_stage(cfg, paths, *, workers: int | None = None, progress=None, log=None) -> Manifest:

@@ -10,7 +10,8 @@ MindSpore, so a crash or leak in the worker cannot take the flow down.
 The worker contract: it writes result.json with {"ok": true, ...} or {"ok": false, "error_type",
 "error"} and exits 0 / 1. Raises WorkerFailed (with the error and the last log lines) when the
 worker fails or dies without a result, and WorkerTimeout after `timeout_s` (the process group is
-killed: SIGTERM, then SIGKILL after 10 s).
+killed: SIGTERM, then SIGKILL after 10 s). The worker gets SIGTERM when the launching thread dies (Linux
+parent-death signal), so a flow killed with SIGKILL leaves no worker behind.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable
+
+from ..lifetime import die_with_parent
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PROGRESS_PREFIX = "[worker]"
@@ -86,7 +89,8 @@ def run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: fl
     started = time.time()
     with open(workdir / "worker.log", "w", encoding="utf-8") as full_log:
         proc = subprocess.Popen(cmd, cwd=cwd, env=worker_env(workdir), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
+                                preexec_fn=die_with_parent(signal.SIGTERM))
 
         def pump():
             for line in proc.stdout:

@@ -4,7 +4,8 @@ What:
 - `PipelineMetrics` appends one record per step to `<output_dir>/metrics.jsonl` (layout and keys in
   `pipeline_lib.train.metrics`): loss, overflow, loss scale, learning rate and global norm come straight
   from the train wrapper's outputs (`MFTrainOneStepCell` / `CPUTrainOneStepCell` return
-  `(loss, overflow, loss_scale, lr, global_norm)`), step time from this process's clock.
+  `(loss, overflow, loss_scale, lr, global_norm)`), step time from this process's clock. A resumed
+  trainer's first record supersedes the earlier attempt's rows from its step on (`metrics.MetricsFile`).
 - `LossGuard` stops training at the first step whose loss is not finite, or exceeds `spike_factor` x the
   mean of the previous `window` finite losses. It writes `<output_dir>/guard/rank_N.json` (step, loss, the
   running mean, lr, loss scale, global norm and the dataset rows of the batch, see `metrics.batch_rows`) and

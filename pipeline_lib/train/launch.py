@@ -23,7 +23,6 @@ last log lines; `ValueError` for a parallel layout that does not match the devic
 from __future__ import annotations
 
 import collections
-import ctypes
 import glob
 import os
 import queue
@@ -40,6 +39,7 @@ from typing import Callable, Sequence
 import psutil
 
 from ..config.schema import ParallelConfig
+from ..lifetime import die_with_parent
 from .metrics import read_guard_diagnoses
 from .preflight import ProcessTreeSampler
 
@@ -166,14 +166,6 @@ class _LogTailer:
         return out
 
 
-def _parent_death_signal(sig: int) -> Callable[[], None] | None:
-    """preexec_fn that asks Linux to send `sig` to the child when the launching thread dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only makes the call
-    return lambda: prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
-
-
 def _alive(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -254,7 +246,7 @@ def launch(command: Sequence[str], *, log: Callable[[str], None], cwd: str | Pat
     proc = subprocess.Popen(command, cwd=str(cwd), env=env if env is not None else child_env(),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True,
-                            preexec_fn=_parent_death_signal(signal.SIGINT if is_msrun else signal.SIGTERM))
+                            preexec_fn=die_with_parent(signal.SIGINT if is_msrun else signal.SIGTERM))
     sampler = ProcessTreeSampler(proc.pid).start()
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     tails: dict[str, collections.deque[str]] = {}

@@ -6,8 +6,11 @@ Layout under a run's output_dir (written by `pipeline_lib.train.callbacks` insid
     guard/rank_N.json        the loss guard's diagnosis when it stopped training on rank N
 Each record: step (batches consumed, counted across resumes = mindformers' checkpoint `step_num`), epoch,
 step_in_epoch, loss, lr, global_norm, loss_scale, overflow, step_time_ms, tokens_per_s, rank, time, source
-("callback" or "log"). Missing values are null; NaN/inf loss is written as
-the JSON tokens NaN/Infinity (Python's json reads them back).
+("callback" or "log"), attempt (1 for the first trainer that wrote the file, +1 for each later one). Missing
+values are null; NaN/inf loss is written as the JSON tokens NaN/Infinity (Python's json reads them back).
+Each step is in the file once: a resumed trainer repeats the steps between its checkpoint and the crash, and
+its first record supersedes the earlier attempt's rows from that step on (they are dropped, atomically), so the
+loss curve and every step count read from the file see the steps that led to the current weights.
 
 The log parser is the fallback when the callback is not in the yaml: it reads mindformers' MFLossMonitor
 line (mindformers 1.9.0, core/callback/callback.py), e.g.
@@ -56,33 +59,66 @@ def read_guard_diagnoses(output_dir: str | Path, since: float | None = None) -> 
 
 
 class MetricsFile:
-    """Append-only metrics.jsonl: one line per record, flushed at once so a crash loses at most one line."""
+    """Append-only metrics.jsonl: one line per record, flushed at once so a crash loses at most one line.
+
+    Opening it reads what earlier attempts wrote: its records carry the next `attempt` number, and the first
+    record (step s) drops the earlier rows of steps >= s (file rewritten to a temp name and renamed: a reader
+    sees the old or the new file, never half of it).
+    """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[str] = open(self.path, "a", encoding="utf-8")
+        self._earlier = _read_rows(self.path)  # (step, line) of earlier attempts, torn lines left out
+        self.attempt = 1 + max((r.get("attempt", 1) for r, _ in self._earlier), default=0)
+        self._fh: IO[str] | None = None
 
     def write(self, record: dict) -> None:
-        self._fh.write(json.dumps(record, sort_keys=True) + "\n")
+        if self._fh is None:
+            self._open(record.get("step"))
+        self._fh.write(json.dumps({**record, "attempt": self.attempt}, sort_keys=True) + "\n")
         self._fh.flush()
 
+    def _open(self, first_step) -> None:
+        stale = first_step is not None and any(r.get("step", 0) >= first_step for r, _ in self._earlier)
+        if stale:  # the steps after the checkpoint this attempt resumed from: they are trained again now
+            tmp = self.path.with_name(f".tmp-{self.path.name}")
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.writelines(line + "\n" for r, line in self._earlier if r.get("step", 0) < first_step)
+            os.replace(tmp, self.path)
+        elif self.path.exists() and self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n"):
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write("\n")  # end a torn last line so the next record starts on its own line
+        self._earlier = []
+        self._fh = open(self.path, "a", encoding="utf-8")
+
     def close(self) -> None:
-        self._fh.close()
+        if self._fh is not None:
+            self._fh.close()
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """Records of a metrics.jsonl; a torn last line (writer killed mid-line) is skipped. [] if absent."""
-    path = Path(path)
+def _read_rows(path: Path) -> list[tuple[dict, str]]:
+    """(record, line) per complete JSON line of `path`; a torn line (writer killed mid-line) is skipped."""
     if not path.exists():
         return []
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             continue
+        if isinstance(record, dict):
+            out.append((record, line))
     return out
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Records of a metrics.jsonl in step order, each step once (the last record written for it: a file from an
+    older writer may repeat the steps a resumed attempt trained again); torn lines are skipped. [] if absent."""
+    by_step: dict = {}
+    for record, _ in _read_rows(Path(path)):
+        by_step[record.get("step")] = record
+    return sorted(by_step.values(), key=lambda r: (r.get("step") is None, r.get("step") or 0))
 
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf)"

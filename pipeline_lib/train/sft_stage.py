@@ -190,8 +190,7 @@ def _train(cfg, out: Path, base: Path, rows: int, identity: str, log, progress, 
     if latest is None or (latest.get("global_step") or 0) < steps:
         raise SFTStageError(f"sft.steps={steps}: training stopped at optimizer step "
                             f"{latest and latest.get('global_step')} without an error; see {train_dir}/log")
-    # a resumed attempt repeats the steps after its checkpoint: keep the last record of each step
-    records = sorted({r["step"]: r for r in read_metrics(train_dir / "metrics.jsonl")}.values(), key=lambda r: r["step"])
+    records = read_metrics(train_dir / "metrics.jsonl")  # each step once, also after a resume
     if records:
         plot_loss(records, out / "loss.png", title=f"SFT loss (LoRA r={cfg.sft.lora_rank})")
     rank = min(latest["ranks"], key=int)

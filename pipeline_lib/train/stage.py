@@ -288,11 +288,6 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def _records(out: Path) -> list[dict]:
-    """metrics.jsonl with the last record of each step (a resumed attempt repeats steps after its checkpoint)."""
-    return sorted({r["step"]: r for r in read_metrics(out / METRICS_FILE)}.values(), key=lambda r: r["step"])
-
-
 def _finite(x):
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
@@ -461,7 +456,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
                                      f"without an error (overflow-skipped steps or too few epochs): see {out}/log")
 
     # 7. outputs and the manifest (last)
-    records = _records(out)
+    records = read_metrics(out / METRICS_FILE)  # each step once, also after a resume
     if records:
         plot_loss(records, out / LOSS_PNG, title=f"pretraining loss ({cfg.model.name})")
     summary = summarize_steps(records) if records else None

@@ -357,3 +357,24 @@ def test_identity_fields_are_part_of_the_stage_identity(tmp_path, field, value):
 
     base, other = make_cfg(tmp_path), make_cfg(tmp_path, **{field: value})
     assert stage_hash(base) != stage_hash(other) and work_hash(base) != work_hash(other)
+
+
+def test_pool_workers_fork_server_and_tracker_end_when_the_stage_process_is_sigkilled(sigkill_parent):
+    """Without a watch on the stage process, its forkserver workers wait on their task queue forever."""
+    alive, fields = sigkill_parent("""
+import os, time
+import psutil
+from pipeline_lib.data.stage import _make_pool
+
+def nap(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+if __name__ == "__main__":
+    pool = _make_pool(2)
+    workers = {f.result() for f in [pool.submit(nap, 0.2) for _ in range(4)]}
+    pool.submit(nap, 300)  # one busy worker, one idle
+    print("READY", *[p.pid for p in psutil.Process().children(recursive=True)], flush=True)
+    time.sleep(300)
+""", within=10)
+    assert len(fields) >= 3 and alive == []  # 2 workers + the fork server (+ the resource tracker)

@@ -64,6 +64,24 @@ def test_worker_timeout_kills_the_process(fake_worker):
         os.kill(pid, 0)
 
 
+def test_worker_ends_when_the_launching_process_is_sigkilled(fake_worker, sigkill_parent):
+    pidfile = fake_worker / "pid_orphan"
+    alive, _ = sigkill_parent(f"""
+import os, threading, time
+from pipeline_lib.evaluate.launch import run_worker
+
+def announce():
+    while not os.path.exists({str(pidfile)!r}):
+        time.sleep(0.05)
+    time.sleep(0.1)
+    print("READY", open({str(pidfile)!r}).read(), flush=True)
+
+threading.Thread(target=announce, daemon=True).start()
+run_worker("fake_worker", {{"mode": "hang", "pidfile": {str(pidfile)!r}}}, {str(fake_worker / "w5")!r}, timeout_s=120)
+""", within=10)
+    assert alive == []
+
+
 def test_inputs_from_manifest_metrics_and_output_scan(tmp_path):
     cfg = config_from_dict({"run": {"output_root": str(tmp_path)},
                             "evaluate": {"compare_checkpoints": {"last night (r0)": "/old/night.ckpt"}}})

@@ -110,3 +110,53 @@ def test_training_callbacks_spec():
     assert [s["type"] for s in specs] == ["PipelineMetrics", "LossGuard"]
     assert specs[1] == {"type": "LossGuard", "output_dir": "out", "spike_factor": 4.0, "window": 10,
                         "batch_size": 4, "data_parallel": 2, "num_rows": 100}
+
+
+def _raw_lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_a_resumed_attempt_supersedes_the_steps_after_its_checkpoint(tmp_path):
+    """Attempt 1 trains steps 1..12 and is killed mid-line; the checkpoint was at step 8, so attempt 2 writes 9..16."""
+    path = metrics_path(tmp_path)
+    first = MetricsFile(path)
+    for step in range(1, 13):
+        first.write({"step": step, "loss": 10.0 - step / 10})
+    first._fh.write('{"step": 13, "lo')  # SIGKILL mid-line
+    first._fh.flush()
+    second = MetricsFile(path)
+    for step in range(9, 17):
+        second.write({"step": step, "loss": 5.0 - step / 10})
+    second.close()
+    raw = _raw_lines(path)  # the file itself, not a reader that could hide repeats
+    assert [r["step"] for r in raw] == list(range(1, 17))
+    assert [r["attempt"] for r in raw] == [1] * 8 + [2] * 8
+    assert [r["loss"] for r in raw[8:]] == [5.0 - s / 10 for s in range(9, 17)]  # the retrained steps' losses
+    assert not list(tmp_path.glob(".tmp-*"))
+    # a third attempt resuming from step 16 (nothing after it) appends, numbered 3
+    third = MetricsFile(path)
+    third.write({"step": 17, "loss": 3.0})
+    third.close()
+    raw = _raw_lines(path)
+    assert [r["step"] for r in raw] == list(range(1, 18)) and raw[-1]["attempt"] == 3
+
+
+def test_a_torn_last_line_does_not_swallow_the_next_record(tmp_path):
+    path = metrics_path(tmp_path)
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo', encoding="utf-8")
+    f = MetricsFile(path)
+    f.write({"step": 2, "loss": 1.5})  # a checkpoint at step 1: step 2 is trained again
+    f.write({"step": 3, "loss": 1.0})
+    f.close()
+    # the hand-written first line (an older writer: no attempt column) counts as attempt 1
+    assert [(r["step"], r.get("attempt")) for r in read_metrics(path)] == [(1, None), (2, 2), (3, 2)]
+
+
+def test_read_metrics_gives_each_step_once_from_a_file_with_repeats(tmp_path):
+    """A metrics.jsonl from a writer that appended a resumed attempt's steps again (401..412 twice)."""
+    path = metrics_path(tmp_path)
+    rows = [{"step": s, "loss": 1.0} for s in range(395, 413)] + [{"step": s, "loss": 2.0} for s in range(401, 420)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    got = read_metrics(path)
+    assert [r["step"] for r in got] == list(range(395, 420))
+    assert {r["loss"] for r in got if r["step"] >= 401} == {2.0}  # the later attempt's record wins

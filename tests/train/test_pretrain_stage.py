@@ -6,8 +6,9 @@ then assert on each outcome. Model: seq 64, hidden 64, 2 layers, 4 heads / 2 KV 
 step, 16 steps, a checkpoint every 4 steps, 2 kept. What is asserted:
 - reference: loss falls (7.62 at random init), preflight.json (step time, tokens/s, peak RSS, predicted vs
   measured memory), manifest outputs and metrics (latest_checkpoint, final loss, steps, tokens/s, table, image);
-- killed: SIGKILL of the trainer's process group after the 2nd checkpoint, then a rerun: the step count continues
-  from the last verified checkpoint and the final weights equal the reference's (float tolerance);
+- killed: SIGKILL of the trainer's process group 2 steps after the 2nd checkpoint, then a rerun: the step count continues
+  from the last verified checkpoint, metrics.jsonl holds steps 1..16 once each (the killed attempt's steps after
+  that checkpoint superseded, attempt 1 then 2) and the final weights equal the reference's (float tolerance);
 - nan_stop: NaN injected at step 6 stops training at step 6 with a diagnosis naming step, loss, lr, loss scale,
   global norm and the dataset rows; the last good checkpoint (step 4) is the latest;
 - rollback (training.guard.on_failure=rollback): the same NaN rolls back to step 4, skips data steps 5-6 and
@@ -77,16 +78,22 @@ class Outcome:
         return self
 
 
-def _kill_after_checkpoints(out: Path, n: int, done: threading.Event, record: dict) -> None:
-    """SIGKILL the trainer's process group as soon as `n` checkpoint files exist in rank_0."""
+def _kill_after_checkpoints(out: Path, n: int, done: threading.Event, record: dict, past: int = 2) -> None:
+    """SIGKILL the trainer's process group once `n` checkpoint files exist in rank_0 and `past` more steps are in
+    metrics.jsonl: steps the rerun trains again (the stage resumes from the checkpoint before them)."""
     yaml_path = str(out / "run.yaml")
+    at_checkpoint = None
     while not done.is_set():
-        if len(list((out / "checkpoint" / "rank_0").glob("*.ckpt"))) >= n:
+        if at_checkpoint is None and len(list((out / "checkpoint" / "rank_0").glob("*.ckpt"))) >= n:
+            at_checkpoint = max((r["step"] for r in read_metrics(out / "metrics.jsonl")), default=0)
+        if at_checkpoint is not None and max((r["step"] for r in read_metrics(out / "metrics.jsonl")),
+                                             default=0) >= at_checkpoint + past:
             for proc in psutil.process_iter(["cmdline"]):
                 if any(yaml_path in c for c in proc.info["cmdline"] or []):
                     record["killed_pgid"] = os.getpgid(proc.pid)
                     record["checkpoints_at_kill"] = sorted(p.name for p in (out / "checkpoint" / "rank_0").glob("*.ckpt"))
                     os.killpg(record["killed_pgid"], signal.SIGKILL)
+                    record["metric_steps_at_kill"] = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
                     return
         time.sleep(0.02)
 
@@ -263,7 +270,7 @@ def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
     assert "signal 9" in str(first) and o.extra["kill"]["checkpoints_at_kill"]
     m = _ok(o).metrics
     resumed = m["resumed_from_step"]
-    assert resumed == o.extra["latest_before"]["step"] and resumed in (4, 8)
+    assert resumed == o.extra["latest_before"]["step"] and resumed in (4, 8, 12)
     assert any(f"resuming at data step {resumed} (optimizer step {resumed}) of 16" in ln for ln in o.lines)
     resume_yaml = (o.out / "run_resume.yaml").read_text()
     name = Path(o.extra["latest_before"]["path"]).name
@@ -272,6 +279,11 @@ def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
     rerun = [r for r in read_metrics(o.out / "metrics.jsonl") if r["time"] >= o.extra["rerun_started"]]
     assert [r["step"] for r in rerun] == list(range(resumed + 1, 17))
     assert m["steps"] == 16 and m["attempts"] == 1
+    # the file itself (not a reader that could hide repeats): each step once, the retrained ones from attempt 2
+    raw = [json.loads(line) for line in (o.out / "metrics.jsonl").read_text().splitlines()]
+    assert max(o.extra["kill"]["metric_steps_at_kill"]) > resumed  # the killed attempt wrote steps trained again
+    assert [r["step"] for r in raw] == list(range(1, 17)), o.extra["kill"]["metric_steps_at_kill"]
+    assert [r.get("attempt") for r in raw] == [1 if s <= resumed else 2 for s in range(1, 17)]
     # same losses and the same final weights (and optimizer state) as the uninterrupted run
     ref_steps = _by_step(ref)
     for r in rerun:

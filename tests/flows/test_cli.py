@@ -1,0 +1,27 @@
+"""flows/cli.py: the embedded Prefect API server does not outlive a SIGKILLed `llm-pipeline`."""
+from __future__ import annotations
+
+import socket
+import sys
+
+import pytest
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
+def test_embedded_api_server_ends_and_frees_its_port_when_the_cli_is_killed(sigkill_parent):
+    alive, fields = sigkill_parent("""
+import time, urllib.request
+from flows.cli import embedded_api
+with embedded_api() as api:
+    urllib.request.urlopen(api.server.api_url + "/health", timeout=10).read()  # up and answering
+    print("READY", api.server.server_process.pid, f"port={api.server.port}", flush=True)
+    time.sleep(300)
+""", within=10)
+    assert alive == [], "the embedded API server outlived the killed CLI"
+    port = int(fields[1].removeprefix("port="))
+    with socket.socket() as s:  # nothing answers there any more
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    with socket.socket() as s:  # and a new server can listen on it (SO_REUSEADDR, as uvicorn: the health
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # check's connection may be in TIME_WAIT)
+        s.bind(("127.0.0.1", port))
+        s.listen()
