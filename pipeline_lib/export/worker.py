@@ -68,10 +68,14 @@ def run(req: dict) -> dict:
     checks["timings_s"]["resolve"] = round(time.time() - t, 3)
     progress(f"resolved {ref.ckpt}" + (f" + adapter ({len(resolved.report.modules)} LoRA modules, "
                                        f"scale {resolved.report.scale:g})" if resolved.report else ""))
-    inputs = fixed_inputs(batch, seq, cfg.model.vocab_size, cfg.tokenizer.pad_id, seed=cfg.run.seed)
+    from ..data.tokenizer import TokenIds, configured_ids
+
+    # the ids the model was trained with: the data stage's tokenizer_config.json beside the tokenizer
+    ids = TokenIds.read(req["tokenizer"]) if req.get("tokenizer") else configured_ids(cfg.tokenizer)
+    inputs = fixed_inputs(batch, seq, cfg.model.vocab_size, ids.pad_id, seed=cfg.run.seed)
 
     t = time.time()
-    net = build_llama(cfg, batch_size=batch, seq_length=seq, target=target)
+    net = build_llama(cfg, batch_size=batch, seq_length=seq, target=target, token_ids=ids)
     load_into(net, resolved.params, "merged model")
     ckpt_logits = logits_fn(net)(inputs)
     checks["timings_s"]["checkpoint_forward"] = round(time.time() - t, 3)
@@ -119,7 +123,7 @@ def run(req: dict) -> dict:
         meta = Path(req["tokenizer"]).with_name("tokenizer_config.json")  # ids + special tokens (data stage)
         if meta.is_file():
             shutil.copyfile(meta, serving / meta.name)
-    spec = serving_spec(cfg, batch_size=batch, seq_length=seq, tokenizer_file=tok_name,
+    spec = serving_spec(cfg, batch_size=batch, seq_length=seq, tokenizer_file=tok_name, token_ids=ids,
                         checks={k: checks[k] for k in ("lora_check", "mindir_check") if k in checks},
                         sources={"base": req["base"], "adapter": req.get("adapter")})
     (serving / "serving.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False), encoding="utf-8")

@@ -9,7 +9,7 @@ from datagen import TINY
 
 from pipeline_lib.config.schema import TokenizerConfig
 from pipeline_lib.data.errors import DataStageError
-from pipeline_lib.data.tokenizer import Tokenizer, check_loaded, train_tokenizer
+from pipeline_lib.data.tokenizer import TokenIds, Tokenizer, check_loaded, model_ids, train_tokenizer
 
 TEXTS = [json.loads(line)["text"] for line in TINY.read_text(encoding="utf-8", errors="replace").splitlines()
          if line.startswith('{"text": "') and line.endswith('"source": "tiny"}')]
@@ -64,7 +64,7 @@ def test_loading_checks_ids_special_tokens_and_model_vocab(tok, tmp_path):
     cfg = TokenizerConfig(path=str(model))
     loaded = Tokenizer(model, pad_id=cfg.pad_id, special_tokens=cfg.special_tokens)
     check_loaded(loaded, cfg, 2048)
-    with pytest.raises(DataStageError, match="tokenizer.bos_id=1: .* has bos_id=2. Fix: set tokenizer.bos_id=2"):
+    with pytest.raises(DataStageError, match="tokenizer.bos_id=1: .* has bos_id=2. Fix: remove tokenizer.bos_id .* or set it to 2"):
         check_loaded(loaded, TokenizerConfig(path=str(model), bos_id=1, pad_id=5), 2048)
     with pytest.raises(DataStageError, match="tokenizer.pad_id=9: .*can emit"):
         check_loaded(Tokenizer(model, pad_id=9), cfg, 2048)
@@ -72,3 +72,33 @@ def test_loading_checks_ids_special_tokens_and_model_vocab(tok, tmp_path):
         check_loaded(Tokenizer(model, pad_id=0, special_tokens=["<|tool|>"]), cfg, 2048)
     with pytest.raises(DataStageError, match="model.vocab_size=1024.*1200 pieces"):
         check_loaded(loaded, cfg, 1024)
+
+
+def llama2_layout_tokenizer(out_dir, texts=TEXTS, vocab_size=600):
+    """A sentencepiece model with Llama-2's exact id layout and options: unk 0, bos 1, eos 2, no pad piece,
+    byte fallback, sentencepiece's default normalization and dummy prefix."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, model_type="bpe",
+                                   vocab_size=vocab_size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   byte_fallback=True, character_coverage=1.0, minloglevel=2, num_threads=1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tokenizer.model").write_bytes(model.getvalue())
+    return out_dir / "tokenizer.model"
+
+
+def test_a_llama2_layout_tokenizer_loads_with_pad_equal_to_unk(tmp_path):
+    """Llama-2 has no pad piece: pad = unk = 0 (as mindformers' Llama-2 configs); the ids are the model's."""
+    model = llama2_layout_tokenizer(tmp_path / "llama2")
+    loaded = Tokenizer(model, special_tokens=[])
+    assert (loaded.pad_id, loaded.unk_id, loaded.bos_id, loaded.eos_id) == (0, 0, 1, 2)
+    assert model_ids(loaded.sp) == {"pad_id": 0, "unk_id": 0, "bos_id": 1, "eos_id": 2}
+    assert TokenIds.read(model) == TokenIds(pad_id=0, unk_id=0, bos_id=1, eos_id=2)
+    check_loaded(loaded, TokenizerConfig(path=str(model), special_tokens=[]), 600)  # unset ids: no complaint
+    check_loaded(loaded, TokenizerConfig(path=str(model), special_tokens=[], pad_id=0, bos_id=1), 600)
+    with pytest.raises(DataStageError, match="tokenizer.eos_id=3: .* has eos_id=2. Fix: remove tokenizer.eos_id"):
+        check_loaded(loaded, TokenizerConfig(path=str(model), special_tokens=[], eos_id=3), 600)
+    assert 0 not in loaded.encode("罕见字：龘𠀋 and text")  # byte fallback: <unk> (= pad) is never emitted
