@@ -327,7 +327,8 @@ def test_stage_continues_pretraining_from_hf_checkpoint(pretrain_data, tmp_path)
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     nll = -np.take_along_axis(logp, labels[..., None], -1)[..., 0]
-    mask = tokens != cfg.tokenizer.pad_id
+    pad = json.loads((Path(paths.stage_uri("data")) / "tokenizer" / "tokenizer_config.json").read_text())["pad_id"]
+    mask = tokens != pad
     expected = float((nll * mask).sum() / mask.sum())
     step1 = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}[1]["loss"]
     assert abs(expected - np.log(2048)) > 0.3  # far from a random init's ~ln(2048) = 7.62
