@@ -75,7 +75,7 @@ def chain(prefect_server, llama2_tokenizer, tmp_path_factory):
                  "evaluate.prompt_files=[configs/eval/domain_qa.jsonl]", "evaluate.max_new_tokens=3",
                  "evaluate.batch_size=2", "evaluate.perplexity_max_rows=4"]
     started = time.time()
-    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.cli", "run", "configs/pipelines/tiny-cpu.yaml",
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", "configs/pipelines/tiny-cpu.yaml",
                            "--run-id", RUN_ID, *overrides], cwd=ROOT, capture_output=True, text=True,
                           timeout=1800, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     seconds = time.time() - started
