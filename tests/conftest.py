@@ -163,3 +163,36 @@ def sigkill_parent(tmp_path):
             proc.kill()
         except psutil.Error:
             pass
+
+
+def llama2_layout_tokenizer(out_dir: Path, vocab_size: int = 1000) -> Path:
+    """A sentencepiece model with Llama-2's exact id layout and options, trained on the bundled corpus and
+    instruction data: unk 0 `<unk>`, bos 1 `<s>`, eos 2 `</s>`, no pad piece, byte fallback, sentencepiece's
+    default normalization and dummy prefix, no chat marker pieces."""
+    import io
+    import json
+
+    import sentencepiece as spm
+
+    texts = []
+    for name in ("tiny_corpus.jsonl", "tiny_sft.jsonl"):
+        for line in (ROOT / "configs" / "data" / name).read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                texts += [v for v in obj.values() if isinstance(v, str) and len(v) > 3]
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model, model_type="bpe",
+                                   vocab_size=vocab_size, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                   byte_fallback=True, minloglevel=2, num_threads=1)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "tokenizer.model").write_bytes(model.getvalue())
+    return out_dir / "tokenizer.model"
+
+
+@pytest.fixture(scope="session")
+def llama2_tokenizer(tmp_path_factory) -> Path:
+    """tokenizer.model with Llama-2's id layout (see llama2_layout_tokenizer), trained once per session."""
+    return llama2_layout_tokenizer(tmp_path_factory.mktemp("llama2_tok"))

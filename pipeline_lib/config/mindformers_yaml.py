@@ -77,14 +77,14 @@ def _loss_scale(cfg: PipelineConfig):
     return 1.0
 
 
-def _model_config(cfg: PipelineConfig, stage: Stage, on_cpu: bool, batch_size: int) -> dict:
-    m, tok = cfg.model, cfg.tokenizer
+def _model_config(cfg: PipelineConfig, stage: Stage, on_cpu: bool, batch_size: int, token_ids) -> dict:
+    m = cfg.model
     mc = {
         "type": "LlamaConfig", "batch_size": batch_size, "seq_length": m.seq_length,
         "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_heads": m.num_heads,
         "n_kv_heads": m.n_kv_heads, "intermediate_size": m.intermediate_size, "vocab_size": m.vocab_size,
-        "rms_norm_eps": m.rms_norm_eps, "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
-        "pad_token_id": tok.pad_id, "ignore_token_id": -100, "tie_word_embeddings": m.tie_word_embeddings,
+        "rms_norm_eps": m.rms_norm_eps, **token_ids.model_config(), "ignore_token_id": -100,
+        "tie_word_embeddings": m.tie_word_embeddings,
         "compute_dtype": m.compute_dtype, "param_init_type": m.param_init_type,
         "layernorm_compute_type": m.layernorm_compute_type, "softmax_compute_type": m.softmax_compute_type,
         "rotary_dtype": m.rotary_dtype, "use_flash_attention": m.use_flash_attention, "use_past": False,
@@ -129,9 +129,12 @@ def _parallel(cfg: PipelineConfig, on_cpu: bool, accum: int | None) -> tuple[dic
 def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, output_dir: str,
                      load_checkpoint: str | None = None, resume: bool = False,
                      train_rows: int | None = None, steps: int | None = None,
-                     target: str | None = None, extra_callbacks: list[dict] | None = None) -> dict:
+                     target: str | None = None, extra_callbacks: list[dict] | None = None,
+                     token_ids=None) -> dict:
     """The mindformers run config of `stage` as a plain dict.
 
+    `token_ids` (pipeline_lib.data.tokenizer.TokenIds) are the tokenizer's special ids: stages pass the ones
+    the data stage recorded in tokenizer_config.json; None means `configured_ids(cfg.tokenizer)`.
     `steps` overrides the stage's step budget (preflight); `target` overrides the device target
     (default platform.device_target(cfg)). `resume` sets `resume_training` (then `load_checkpoint`
     should be the stage's own checkpoint folder or file). `extra_callbacks` are appended to the yaml's
@@ -143,6 +146,10 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     if stage == "sft" and not load_checkpoint:
         raise ValueError("stage='sft' needs load_checkpoint (the pretrained base .ckpt): without it "
                          "mindformers silently finetunes a randomly initialised model")
+    if token_ids is None:
+        from ..data.tokenizer import configured_ids
+
+        token_ids = configured_ids(cfg.tokenizer)
     t = cfg.training
     target = target or device_target(cfg)
     on_cpu = target == "CPU"
@@ -217,7 +224,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
                       "eps": t.optimizer.eps, "weight_decay": t.optimizer.weight_decay},
         "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": lr, "lr_end": t.min_lr,
                         "warmup_steps": warmup, "total_steps": budget if budget is not None else -1},
-        "model": {"model_config": _model_config(cfg, stage, on_cpu, micro),
+        "model": {"model_config": _model_config(cfg, stage, on_cpu, micro, token_ids),
                   "arch": {"type": "LlamaForCausalLM"}},
         "train_dataset": {"data_loader": {"type": "MindDataset", "dataset_dir": str(dataset_dir), "shuffle": False},
                           "input_columns": columns, "batch_size": batch, "drop_remainder": True,

@@ -131,12 +131,17 @@ class TokenizerConfig(_Section):
     sample_docs: int = Field(200_000, ge=1, description="Cleaned documents sampled to train on.")
     special_tokens: list[str] = Field(
         default_factory=lambda: ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
-        description="User-defined symbols the SFT chat template needs (never split).",
+        description="User-defined symbols of a trained tokenizer (never split); sft.template=chat_markers uses "
+        "the first four as its system, user, assistant, end markers (a loaded tokenizer must have them then).",
     )
-    pad_id: int = Field(0, description="Pad id: excluded from the loss by mindformers; never a real token.")
-    unk_id: int = Field(1, description="Unknown-token id.")
-    bos_id: int = Field(2, description="Begin-of-sequence id.")
-    eos_id: int = Field(3, description="End-of-sequence id (joins packed documents).")
+    # None = from the tokenizer: a loaded model's own ids (pad = its pad piece, else unk, as Llama-2), or
+    # our layout pad 0 / unk 1 / bos 2 / eos 3 for a trained one. A value set must agree with a loaded model.
+    pad_id: int | None = Field(None, description="Pad id (None: the tokenizer's; trained 0, a loaded model's pad "
+                               "piece, else its unk as in Llama-2). Padding is excluded from the loss.")
+    unk_id: int | None = Field(None, description="Unknown-token id (None: the tokenizer's; trained 1).")
+    bos_id: int | None = Field(None, description="Begin-of-sequence id (None: the tokenizer's; trained 2).")
+    eos_id: int | None = Field(None, description="End-of-sequence id, joins packed documents (None: the "
+                               "tokenizer's; trained 3).")
     encode_threads: int = Field(2, ge=1, description="Threads for batch encoding.")
 
 
@@ -255,6 +260,11 @@ class SFTConfig(_Section):
         description="Instruction data: prompt/response, alpaca or messages jsonl/parquet.",
     )
     system_prompt: str | None = Field(None, description="System message added when a sample has none.")
+    template: Literal["chat_markers", "llama2"] = Field(
+        "chat_markers", description="Chat template. chat_markers: <s><|system|>..<|end|><|user|>..<|end|>"
+        "<|assistant|>..</s> with the tokenizer.special_tokens markers (a tokenizer trained by the data stage). "
+        "llama2: <s>[INST] <<SYS>>\\n..\\n<</SYS>>\\n\\nuser [/INST] answer </s><s>[INST] .., markers as plain "
+        "text, for a base model's own tokenizer (tokenizer.path).")
     truncation: Literal["drop", "truncate_prompt", "truncate_end"] = Field(
         "truncate_prompt", description="Samples longer than seq_length: drop, cut the prompt from the left, or cut the end."
     )

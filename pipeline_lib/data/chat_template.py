@@ -1,4 +1,11 @@
-"""The one chat template of the pipeline: conversations -> token ids + which tokens are trained.
+"""The chat templates of the pipeline (sft.template): conversations -> token ids + which tokens are trained.
+
+`chat_markers` (ChatTemplate, below) uses special-token markers a tokenizer trained by the data stage
+has; `llama2` (Llama2Template, at the end) writes its markers as plain text, so a base model's own
+tokenizer (tokenizer.path, e.g. Llama-2's) works as it is. Both train exactly the answer tokens and
+their EOS; `template_for(name, tok, special_tokens)` picks one.
+
+chat_markers:
 
 Layout of an encoded conversation (ids; `enc(x)` is the tokenizer's encoding of the text alone):
 
@@ -86,7 +93,8 @@ class ChatTemplate:
                 raise ChatTemplateError(
                     "tokenizer.special_tokens", list(special_tokens),
                     f"the tokenizer has no piece {piece!r} (the {role} marker)",
-                    "train the tokenizer with these special tokens (data stage) or list pieces it has") from None
+                    "train the tokenizer with these special tokens (data stage), or keep a base model's tokenizer "
+                    "and set sft.template=llama2 (markers as plain text)") from None
         control = {tok.bos_id, tok.eos_id, tok.pad_id}
         if len(set(ids.values())) != 4 or control & set(ids.values()):
             raise ChatTemplateError("tokenizer.special_tokens", list(special_tokens),
@@ -171,3 +179,94 @@ def fit_to_row(ids: list[int], trained: list[bool], row_len: int,
     if not any(trained[1:]):
         return None, None, "no_trained_tokens"
     return ids, trained, None
+
+
+LLAMA2_MARKERS = {"inst": "[INST]", "inst_end": "[/INST]", "sys": "<<SYS>>\n", "sys_end": "\n<</SYS>>\n\n"}
+
+
+@dataclass(frozen=True)
+class Llama2Template:
+    """Llama-2 chat layout with markers as plain text, encoded by the tokenizer like any text:
+
+        BOS enc("[INST] <<SYS>>\\n{system}\\n<</SYS>>\\n\\n{user} [/INST]") enc(answer) EOS   trained: enc(answer) EOS
+        BOS enc("[INST] {user} [/INST]") enc(answer) EOS                                   (further turns)
+
+    The system text joins the first user turn (as Meta's reference code does). Each answer is encoded on
+    its own: with sentencepiece's dummy prefix (Llama-2 has it) that equals the " answer" after "[/INST]".
+    Contents holding a marker are refused (`forbidden_text`) so the trained span is unambiguous.
+    """
+
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    markers: dict = None  # the marker strings (for stats and reports)
+
+    @classmethod
+    def from_tokenizer(cls, tok: _Tokenizer) -> "Llama2Template":
+        return cls(int(tok.bos_id), int(tok.eos_id), int(tok.pad_id), dict(LLAMA2_MARKERS))
+
+    @property
+    def forbidden_text(self) -> tuple[str, ...]:
+        return ("[INST]", "[/INST]", "<<SYS>>", "<</SYS>>")
+
+    @staticmethod
+    def segments(turns: Sequence[Turn]) -> list[tuple[str, bool]]:
+        """(text, is_answer) per segment: one prompt per user turn (system folded in), one per answer."""
+        m, out, system = LLAMA2_MARKERS, [], None
+        for turn in turns:
+            if turn.role == "system":
+                system = turn.content.strip()
+            elif turn.role == "user":
+                head = f"{m['sys']}{system}{m['sys_end']}" if system else ""
+                out.append((f"{m['inst']} {head}{turn.content.strip()} {m['inst_end']}", False))
+                system = None
+            else:
+                out.append((turn.content.strip(), True))
+        return out
+
+    def assemble_segments(self, segments: Sequence[tuple[str, bool]],
+                          encoded: Sequence[Sequence[int]]) -> tuple[list[int], list[bool]]:
+        ids, trained = [self.bos_id], [False]
+        for (_, is_answer), content in zip(segments, encoded):
+            if not is_answer and len(ids) > 1:  # a new exchange starts with its own BOS
+                ids.append(self.bos_id)
+                trained.append(False)
+            ids.extend(int(i) for i in content)
+            trained.extend([is_answer] * len(content))
+            if is_answer:
+                ids.append(self.eos_id)
+                trained.append(True)
+        return ids, trained
+
+    def encode(self, tok: _Tokenizer, conversations: Sequence[Sequence[Turn]],
+               threads: int = 2) -> list[tuple[list[int], list[bool]]]:
+        segs = [self.segments(conv) for conv in conversations]
+        texts = [text for conv in segs for text, _ in conv]
+        flat = tok.encode_batch(texts, threads=threads) if texts else []
+        out, pos = [], 0
+        for conv in segs:
+            out.append(self.assemble_segments(conv, flat[pos:pos + len(conv)]))
+            pos += len(conv)
+        return out
+
+    def prompt_ids(self, tok: _Tokenizer, history: Sequence[Turn]) -> list[int]:
+        """Ids a model continues to answer: `history` (ending with a user turn), ending with "[/INST]"."""
+        if not history or history[-1].role != "user":
+            raise ValueError("prompt_ids needs a history that ends with a user turn")
+        return self.encode(tok, [history])[0][0]
+
+    def prompt_text(self, user: str, system: str | None = None) -> str:
+        turns = ([Turn("system", system)] if system else []) + [Turn("user", user)]
+        return self.segments(turns)[0][0]
+
+    def render(self, turns: Sequence[Turn]) -> str:
+        return " ".join(text + (" </s>" if answer else "") for text, answer in self.segments(turns))
+
+
+def template_for(name: str, tok: _Tokenizer, special_tokens: Sequence[str]):
+    """The template sft.template names: `chat_markers` (ChatTemplate) or `llama2` (Llama2Template)."""
+    if name == "llama2":
+        return Llama2Template.from_tokenizer(tok)
+    if name == "chat_markers":
+        return ChatTemplate.from_tokenizer(tok, special_tokens)
+    raise ValueError(f"sft.template={name!r}: must be chat_markers or llama2")

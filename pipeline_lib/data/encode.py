@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from .errors import DataStageError
 from .packing import count_rows, gather_tokens, heldout_mask, join_with_eos, rows_from_tokens, write_mindrecord
 from .prep import shard_dir
-from .tokenizer import CONFIG_NAME, Tokenizer, check_loaded, train_tokenizer, write_config
+from .tokenizer import CONFIG_NAME, Tokenizer, check_loaded, model_ids, train_tokenizer, write_config
 from .workspace import Workspace, atomic_path
 
 SPLITS = ("train", "heldout")
@@ -48,7 +48,12 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
         from ..storage import store_for
 
         store_for(t.path, ws.endpoint).get_file(t.path, out)
-        tok = Tokenizer(out, pad_id=t.pad_id, special_tokens=list(t.special_tokens))
+        tok = Tokenizer(out, pad_id=-1, special_tokens=[])
+        # the ids are the model's own (pad: its pad piece, else unk); a tokenizer.*_id set must agree
+        tok.pad_id = t.pad_id if t.pad_id is not None else model_ids(tok.sp)["pad_id"]
+        pieces = {tok.sp.id_to_piece(i) for i in range(tok.vocab_size)}
+        # only the chat_markers template needs the markers; other templates keep the ones the model has
+        tok.special_tokens = [x for x in t.special_tokens if cfg.sft.template == "chat_markers" or x in pieces]
         check_loaded(tok, t, cfg.model.vocab_size)
         write_config(tok, f"loaded from {t.path}")
     else:
@@ -184,7 +189,8 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
             with open(ws.fetch(f"{shard_dir(k)}/spans_{split}.jsonl"), encoding="utf-8") as fh:
                 spans += doc_spans([json.loads(x) for x in fh], offset, start, stop, row_len)
         offset += n
-    rows = rows_from_tokens(gather_tokens(parts, start, stop), row_len, d.remainder, cfg.tokenizer.pad_id)
+    pad_id = ws.read_json(f"tokenizer/{CONFIG_NAME}")["pad_id"]  # the tokenizer's, not the config's
+    rows = rows_from_tokens(gather_tokens(parts, start, stop), row_len, d.remainder, pad_id)
     assert len(rows) == last_row - first_row, (split, j, len(rows), last_row - first_row)
     side = ws.local(sidecar_name(split, j))
     side.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,9 @@
   document keeps its split across nightly runs.
 - Packing: each document's tokens + EOS, concatenated in input order, cut into rows of exactly
   seq_length + 1 tokens. The last partial row is dropped (remainder: drop) or filled with the pad
-  id (remainder: pad), which mindformers excludes from the loss. A row may start mid-document.
+  id (remainder: pad; the tokenizer's pad, = unk for Llama-2). Pretraining rows have no labels column, so
+  mindformers masks by id: every position whose *input* equals pad_token_id is out of the loss (the one
+  position whose input is the last EOS still has a pad target). A row may start mid-document.
 - MindRecord: schema {input_ids: int32[-1]}, one file per `rows_per_mindrecord_shard` rows.
   FileWriter writes <name> and <name>.db and records the name inside both, so a shard is written
   under its final name in a temporary folder and then moved into place, .db first: a

@@ -36,7 +36,7 @@ from typing import IO, Iterable
 
 import numpy as np
 
-from .chat_template import IGNORE, ChatTemplate, fit_to_row, labels_for
+from .chat_template import IGNORE, ChatTemplate, fit_to_row, labels_for, template_for
 from .errors import DataStageError
 from .instructions import iter_instruction_records, shape_of, to_turns
 
@@ -165,19 +165,20 @@ def summarize(files: dict[str, dict], rows: PackedRows) -> dict:
 def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpoint_url: str | None = None,
                      log=None) -> dict:
     """Write the SFT data files into out_dir (see the module docstring); returns the stats dict."""
-    from .tokenizer import Tokenizer
+    from .tokenizer import TokenIds, Tokenizer
 
     out = Path(out_dir)
     (out / DATA_FILE).parent.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(tokenizer_path)
-    template = ChatTemplate.from_tokenizer(tok, cfg.tokenizer.special_tokens)
+    template = template_for(cfg.sft.template, tok, cfg.tokenizer.special_tokens)
     records = iter_instruction_records(list(cfg.sft.inputs), endpoint_url)
     with open(out / "quarantine.jsonl", "w", encoding="utf-8") as q, open(out / "excluded.jsonl", "w") as x:
         rows, stats = build_sft_rows(records, template, tok, row_len=cfg.model.seq_length + 1,
                                      truncation=cfg.sft.truncation, packing=cfg.sft.packing,
                                      system_prompt=cfg.sft.system_prompt, quarantine=q, excluded=x,
                                      threads=cfg.tokenizer.encode_threads)
-    stats["template"] = {"markers": template.markers, "bos_id": template.bos_id, "eos_id": template.eos_id,
+    stats["token_ids"] = TokenIds.read(tokenizer_path).as_dict()  # what the generated yaml uses
+    stats["template"] = {"name": cfg.sft.template, "markers": template.markers, "bos_id": template.bos_id, "eos_id": template.eos_id,
                          "pad_id": template.pad_id, "truncation": cfg.sft.truncation, "packing": cfg.sft.packing}
     # identity of the rows (the MindRecord bytes are not reproducible: its header differs per write)
     stats["rows_sha256"] = hashlib.sha256(rows.input_ids.tobytes() + rows.labels.tobytes()).hexdigest()

@@ -1,7 +1,15 @@
 """The pipeline's tokenizer: a sentencepiece model plus its id conventions (reused by SFT and eval).
 
-Ids: pad, unk, bos, eos come from TokenizerConfig (default 0, 1, 2, 3). A trained model has
-pad as a *control* piece: `encode` never emits it, and mindformers masks it out of the loss.
+Ids (the tokenizer contract): the ids are the tokenizer's own. A trained model gets our layout
+(`TRAINED_IDS`: pad 0, unk 1, bos 2, eos 3, or the tokenizer.*_id fields set), pad as a *control*
+piece that `encode` never emits. A loaded model (tokenizer.path) keeps its layout: unk/bos/eos as the
+model has them, pad = its pad piece, or unk when it has none (Llama-2: unk 0, bos 1, eos 2, pad = unk
+= 0, as in mindformers' own Llama-2 configs). tokenizer.*_id fields set by the user must agree with
+the model (`id_mismatches`). `tokenizer_config.json` records the ids actually used; every later stage
+reads them from there (`TokenIds.read`), never from the config.
+Loss masking: SFT rows mask padding by position (labels -100). Pretraining rows have no labels column:
+mindformers masks every position whose *input* id equals pad_token_id, so with pad == unk a real
+<unk> input is masked too; with byte fallback the tokenizer practically never emits <unk>.
 The special tokens of the SFT chat format are user-defined symbols: never split, one id each.
 `tokenizer_config.json` next to the model records the ids and the special tokens.
 
@@ -19,6 +27,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -30,6 +39,69 @@ from .errors import DataStageError
 MAX_PIECE_CHARS = 2000
 CONFIG_NAME = "tokenizer_config.json"
 TRAIN_THREADS = 4  # fixed: unigram training results depend on the thread count
+ID_FIELDS = ("pad_id", "unk_id", "bos_id", "eos_id")
+TRAINED_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
+"""Layout of a tokenizer the data stage trains, for tokenizer.*_id fields left unset (None)."""
+
+
+@dataclass(frozen=True)
+class TokenIds:
+    """The special ids a model is trained with (what tokenizer_config.json records)."""
+
+    pad_id: int
+    unk_id: int
+    bos_id: int
+    eos_id: int
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "TokenIds":
+        return cls(**{f: int(meta[f]) for f in ID_FIELDS})
+
+    @classmethod
+    def read(cls, model_file: str | Path) -> "TokenIds":
+        """The ids of a tokenizer.model: its tokenizer_config.json when present, else the model's own."""
+        meta = Path(model_file).with_name(CONFIG_NAME)
+        if meta.is_file():
+            return cls.from_meta(json.loads(meta.read_text(encoding="utf-8")))
+        return cls.from_meta(model_ids(spm.SentencePieceProcessor(model_file=str(model_file))))
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in ID_FIELDS}
+
+    def model_config(self) -> dict:
+        """The LlamaConfig fields (mindformers masks input positions equal to pad_token_id out of the loss)."""
+        return {"bos_token_id": self.bos_id, "eos_token_id": self.eos_id, "pad_token_id": self.pad_id}
+
+
+def model_ids(sp) -> dict:
+    """A sentencepiece model's own ids; pad is its pad piece, else unk (a model without a pad piece)."""
+    pad = sp.pad_id() if sp.pad_id() >= 0 else sp.unk_id()
+    return {"pad_id": pad, "unk_id": sp.unk_id(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id()}
+
+
+def trained_ids(cfg) -> dict:
+    """Ids a trained tokenizer gets: the tokenizer.*_id fields, TRAINED_IDS where they are unset."""
+    return {f: TRAINED_IDS[f] if getattr(cfg, f) is None else getattr(cfg, f) for f in ID_FIELDS}
+
+
+def configured_ids(cfg) -> TokenIds:
+    """Ids implied by TokenizerConfig alone, for callers without a data stage: a local tokenizer.path's own
+    (pad overridden when tokenizer.pad_id is set), else `trained_ids`. Stages read tokenizer_config.json."""
+    if cfg.path and not cfg.path.startswith("s3://") and Path(cfg.path).expanduser().is_file():
+        have = model_ids(spm.SentencePieceProcessor(model_file=str(Path(cfg.path).expanduser())))
+        return TokenIds.from_meta({**have, **({} if cfg.pad_id is None else {"pad_id": cfg.pad_id})})
+    return TokenIds.from_meta(trained_ids(cfg))
+
+
+def id_mismatches(cfg, have: dict, model_file: str) -> list[tuple[str, int, str, str]]:
+    """(field, value, problem, fix) for each tokenizer.*_id set in `cfg` that the loaded model contradicts."""
+    out = []
+    for field in ("unk_id", "bos_id", "eos_id"):
+        want = getattr(cfg, field)
+        if want is not None and want != have[field]:
+            out.append((f"tokenizer.{field}", want, f"{model_file} has {field}={have[field]}",
+                        f"remove tokenizer.{field} (the ids come from the tokenizer) or set it to {have[field]}"))
+    return out
 
 
 class Tokenizer:
@@ -40,7 +112,7 @@ class Tokenizer:
         self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
         meta_file = Path(self.model_file).with_name(CONFIG_NAME)
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
-        self.pad_id = pad_id if pad_id is not None else meta.get("pad_id", self.sp.pad_id())
+        self.pad_id = pad_id if pad_id is not None else meta.get("pad_id", model_ids(self.sp)["pad_id"])
         self.special_tokens = list(special_tokens if special_tokens is not None else meta.get("special_tokens", []))
 
     @classmethod
@@ -112,9 +184,10 @@ def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer
     fixed (unigram results depend on it) and no output path is recorded in the model."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ids = {"pad_id": cfg.pad_id, "unk_id": cfg.unk_id, "bos_id": cfg.bos_id, "eos_id": cfg.eos_id}
-    for issue in special_id_issues(cfg):  # the rule `validate` applies
-        raise DataStageError(issue.field, issue.value, issue.problem, issue.fix)
+    ids = trained_ids(cfg)
+    if len(set(ids.values())) != 4 or min(ids.values()) < 0:
+        raise DataStageError("tokenizer.pad_id/unk_id/bos_id/eos_id", ids, "the four ids must be distinct and >= 0",
+                             "use e.g. pad 0, unk 1, bos 2, eos 3")
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -128,7 +201,7 @@ def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer
     except RuntimeError as err:
         raise training_error(err, cfg) from None
     (out_dir / "tokenizer.model").write_bytes(model.getvalue())
-    tok = Tokenizer(out_dir / "tokenizer.model", pad_id=cfg.pad_id, special_tokens=list(cfg.special_tokens))
+    tok = Tokenizer(out_dir / "tokenizer.model", pad_id=ids["pad_id"], special_tokens=list(cfg.special_tokens))
     write_config(tok, "trained")
     return tok
 
@@ -152,16 +225,16 @@ def training_error(err: RuntimeError, cfg) -> DataStageError:
 
 
 def check_loaded(tok: Tokenizer, cfg, model_vocab_size: int) -> None:
-    """Refuse a loaded tokenizer that does not match TokenizerConfig or the model's embedding size."""
-    for field in ("unk_id", "bos_id", "eos_id"):
-        have = getattr(tok, field)
-        if have != getattr(cfg, field):
-            raise DataStageError(f"tokenizer.{field}", getattr(cfg, field), f"{tok.model_file} has {field}={have}",
-                                 f"set tokenizer.{field}={have} to keep the base model's tokenizer")
+    """Refuse a loaded tokenizer that contradicts a tokenizer.*_id set in TokenizerConfig, a pad id it can emit,
+    missing special tokens, or more pieces than the model's embedding (`tok` has its pad already resolved)."""
     sp = tok.sp
+    for field, value, problem, fix in id_mismatches(cfg, model_ids(sp), tok.model_file):
+        raise DataStageError(field, value, problem, fix)
+    # pad may equal unk (Llama-2): both are never emitted with byte fallback; a normal piece would be masked
     if not 0 <= tok.pad_id < tok.vocab_size or not (sp.is_control(tok.pad_id) or sp.is_unknown(tok.pad_id)):
         raise DataStageError("tokenizer.pad_id", tok.pad_id, f"{tok.model_file} can emit that id as a real token",
-                             f"set tokenizer.pad_id to a control piece such as {sp.pad_id() if sp.pad_id() >= 0 else sp.unk_id()}")
+                             f"remove tokenizer.pad_id (the tokenizer's pad, else unk={sp.unk_id()}, is used) or set "
+                             f"it to a control piece such as {model_ids(sp)['pad_id']}")
     missing = [t for t in tok.special_tokens if t not in {sp.id_to_piece(i) for i in range(tok.vocab_size)}]
     if missing:
         raise DataStageError("tokenizer.special_tokens", missing, f"{tok.model_file} has no such pieces",

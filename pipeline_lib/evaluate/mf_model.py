@@ -42,13 +42,16 @@ def set_context(target: str) -> None:
     ms.set_context(mode=0, device_target=target)  # graph mode: ~10x faster than PyNative
 
 
-def llama_kwargs(cfg: PipelineConfig, *, batch_size: int, seq_length: int, target: str) -> dict:
-    """LlamaConfig keyword arguments of the pipeline model (inference: no KV cache, no dropout)."""
-    m, tok = cfg.model, cfg.tokenizer
+def llama_kwargs(cfg: PipelineConfig, *, batch_size: int, seq_length: int, target: str, token_ids=None) -> dict:
+    """LlamaConfig keyword arguments of the pipeline model (inference: no KV cache, no dropout).
+
+    `token_ids` (data.tokenizer.TokenIds): the tokenizer's ids; None means configured_ids(cfg.tokenizer)."""
+    from ..data.tokenizer import configured_ids
+
+    m, ids = cfg.model, token_ids or configured_ids(cfg.tokenizer)
     kw = dict(batch_size=batch_size, seq_length=seq_length, hidden_size=m.hidden_size, num_layers=m.num_layers,
               num_heads=m.num_heads, n_kv_heads=m.n_kv_heads, intermediate_size=m.intermediate_size,
-              vocab_size=m.vocab_size, rms_norm_eps=m.rms_norm_eps, bos_token_id=tok.bos_id,
-              eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, ignore_token_id=-100,
+              vocab_size=m.vocab_size, rms_norm_eps=m.rms_norm_eps, **ids.model_config(), ignore_token_id=-100,
               tie_word_embeddings=m.tie_word_embeddings, compute_dtype=m.compute_dtype,
               param_init_type=m.param_init_type, layernorm_compute_type=m.layernorm_compute_type,
               softmax_compute_type=m.softmax_compute_type, rotary_dtype=m.rotary_dtype,
@@ -59,7 +62,7 @@ def llama_kwargs(cfg: PipelineConfig, *, batch_size: int, seq_length: int, targe
 
 
 def build_llama(cfg: PipelineConfig, *, batch_size: int, seq_length: int, target: str,
-                lora: dict | None = None):
+                lora: dict | None = None, token_ids=None):
     """The Llama of `cfg` wrapped by LogitsCell, in eval mode.
 
     `lora` = {"lora_rank", "lora_alpha", "target_modules" (regex)} adds mindformers' LoRA adapters
@@ -68,7 +71,7 @@ def build_llama(cfg: PipelineConfig, *, batch_size: int, seq_length: int, target
     from mindformers import LlamaConfig, LlamaForCausalLM
 
     net = LlamaForCausalLM(LlamaConfig(**llama_kwargs(cfg, batch_size=batch_size, seq_length=seq_length,
-                                                       target=target)))
+                                                       target=target, token_ids=token_ids)))
     if lora:
         from mindformers.pet import get_pet_model
 

@@ -29,23 +29,29 @@ class TextCodec:
     pad_id: int
     special_tokens: tuple
     path: str
+    template: str = "chat_markers"  # sft.template: how "chat" prompts are laid out
 
     @classmethod
-    def load(cls, path: str | Path, tokenizer_cfg) -> "TextCodec":
-        from ..data.tokenizer import Tokenizer
+    def load(cls, path: str | Path, tokenizer_cfg, template: str = "chat_markers") -> "TextCodec":
+        from ..data.tokenizer import TokenIds, Tokenizer, id_mismatches
 
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"tokenizer {str(path)!r} not found; pass the data stage's tokenizer.model "
                                     "(or set tokenizer.path)")
-        tok = Tokenizer(p, pad_id=tokenizer_cfg.pad_id, special_tokens=list(tokenizer_cfg.special_tokens))
-        for field in ("bos_id", "eos_id"):
-            have, want = int(getattr(tok, field)), getattr(tokenizer_cfg, field)
-            if have >= 0 and have != want:
-                raise ValueError(f"tokenizer.{field}={want} but {p.name} uses {have}; set tokenizer.{field}={have} "
-                                 "(the ids the model was trained with)")
-        return cls(tok=tok, bos_id=tokenizer_cfg.bos_id, eos_id=tokenizer_cfg.eos_id, pad_id=tokenizer_cfg.pad_id,
-                   special_tokens=tuple(tokenizer_cfg.special_tokens), path=str(p))
+        # the ids the model was trained with: the data stage's tokenizer_config.json (else the model's own)
+        ids = TokenIds.read(p)
+        for field, value, problem, fix in id_mismatches(tokenizer_cfg, ids.as_dict(), p.name):
+            raise ValueError(f"{field}={value} but {problem}; {fix}")
+        tok = Tokenizer(p, pad_id=ids.pad_id, special_tokens=list(tokenizer_cfg.special_tokens))
+        return cls(tok=tok, bos_id=ids.bos_id, eos_id=ids.eos_id, pad_id=ids.pad_id,
+                   special_tokens=tuple(tokenizer_cfg.special_tokens), path=str(p), template=template)
+
+    @property
+    def ids(self):
+        from ..data.tokenizer import TokenIds
+
+        return TokenIds(pad_id=self.pad_id, unk_id=int(self.tok.unk_id), bos_id=self.bos_id, eos_id=self.eos_id)
 
     @property
     def vocab_size(self) -> int:
@@ -57,10 +63,10 @@ class TextCodec:
         if fmt == "raw":
             return [[self.bos_id] + list(row) for row in self.tok.encode_batch(list(texts))]
         if fmt == "chat":
-            from ..data.chat_template import ChatTemplate
+            from ..data.chat_template import template_for
             from ..data.instructions import Turn
 
-            template = ChatTemplate.from_tokenizer(self.tok, self.special_tokens)
+            template = template_for(self.template, self.tok, self.special_tokens)
             head = [Turn("system", system_prompt)] if system_prompt else []
             return [template.prompt_ids(self.tok, head + [Turn("user", t)]) for t in texts]
         raise ValueError(f"prompt format {fmt!r}: use one of {FORMATS}")

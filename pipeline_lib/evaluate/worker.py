@@ -105,7 +105,7 @@ def run(req: dict) -> dict:
     from .textcodec import TextCodec
 
     set_context(target)
-    codec = TextCodec.load(req["tokenizer"], cfg.tokenizer)
+    codec = TextCodec.load(req["tokenizer"], cfg.tokenizer, cfg.sft.template)
     if codec.vocab_size > cfg.model.vocab_size:
         raise ValueError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's "
                          f"{codec.vocab_size} pieces; use the tokenizer the model was trained with")
@@ -113,7 +113,8 @@ def run(req: dict) -> dict:
     if req.get("heldout_dir"):
         rows = read_heldout_rows(req["heldout_dir"], cfg.model.seq_length, cfg.evaluate.perplexity_max_rows)
     t0 = time.time()
-    net = build_llama(cfg, batch_size=cfg.evaluate.batch_size, seq_length=cfg.model.seq_length, target=target)
+    net = build_llama(cfg, batch_size=cfg.evaluate.batch_size, seq_length=cfg.model.seq_length, target=target,
+                      token_ids=codec.ids)
     fn = fixed_batch(logits_fn(net), cfg.evaluate.batch_size, codec.pad_id)
     state = {"use_generate": target != "CPU" and cfg.evaluate.decoding == "greedy"}
     results = []

@@ -98,9 +98,13 @@ def reload_logits(mindir_path: str | Path, inputs: np.ndarray) -> np.ndarray:
 
 
 def serving_spec(cfg, *, batch_size: int, seq_length: int, tokenizer_file: str | None, checks: dict,
-                 sources: dict) -> dict:
-    """What a serving side needs: shapes, dtypes, special ids, how to decode, and where it came from."""
-    m, tok = cfg.model, cfg.tokenizer
+                 sources: dict, token_ids=None) -> dict:
+    """What a serving side needs: shapes, dtypes, special ids, how to decode, and where it came from.
+
+    `token_ids` (data.tokenizer.TokenIds): the tokenizer's ids; None means configured_ids(cfg.tokenizer)."""
+    from ..data.tokenizer import configured_ids
+
+    m, tok = cfg.model, token_ids or configured_ids(cfg.tokenizer)
     return {
         "format": "MINDIR",
         "file": MINDIR_NAME,

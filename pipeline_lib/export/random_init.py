@@ -78,6 +78,8 @@ def tiny_tokenizer(texts: list[str], out_dir: str | Path, tokenizer_cfg, vocab_s
 
     import sentencepiece as spm
 
+    from ..data.tokenizer import trained_ids
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model = io.BytesIO()
@@ -86,8 +88,7 @@ def tiny_tokenizer(texts: list[str], out_dir: str | Path, tokenizer_cfg, vocab_s
         vocab_size=vocab_size, hard_vocab_limit=False, byte_fallback=True, character_coverage=1.0,
         user_defined_symbols=list(tokenizer_cfg.special_tokens), pad_piece="<pad>",
         normalization_rule_name="identity", remove_extra_whitespaces=False, minloglevel=2, num_threads=1,
-        pad_id=tokenizer_cfg.pad_id, unk_id=tokenizer_cfg.unk_id, bos_id=tokenizer_cfg.bos_id,
-        eos_id=tokenizer_cfg.eos_id)
+        **trained_ids(tokenizer_cfg))
     path = out_dir / "tokenizer.model"
     path.write_bytes(model.getvalue())
     return path

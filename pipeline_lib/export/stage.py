@@ -7,7 +7,8 @@ training.timeout_seconds), which
    copy with MindSpore's transform_checkpoints,
 2. folds the LoRA adapter in (W' = W + alpha / rank * B @ A) and checks the merged model's logits
    against base + adapter (mindformers' LoRA graph) on fixed inputs,
-3. writes `merged.ckpt` (no LoRA parameters),
+3. writes `merged.ckpt` (no LoRA parameters) and the same model as a Hugging Face Llama folder `hf/`
+   (model.safetensors + config.json + the tokenizer; read back and checked),
 4. exports `serving/model.mindir` (fixed export.batch_size x seq_length), reloads it with
    mindspore.load + nn.GraphCell and checks its logits against the checkpoint model,
 5. writes `serving/serving.json` (shapes, dtypes, special ids, decoding note) and copies the tokenizer.
@@ -101,6 +102,7 @@ def run_export_stage(cfg: PipelineConfig, paths: RunPaths, base_ckpt: str | None
     manifest = Manifest(stage=STAGE, run_id=paths.run_id, config_hash=stage_config_hash(cfg, STAGE),
                         inputs=inputs, outputs=outputs,
                         metrics={"inputs": inputs, "merged_checkpoint": "merged.ckpt", "mindir": "serving/model.mindir",
+                                 "hf_checkpoint": "hf",
                                  "serving_json": "serving/serving.json", "checks": checks,
                                  "tables": {"checks": {"description": "Logits checks of the export", "rows": rows}}})
     emit(f"export: done in {checks['seconds']} s -> {folder.uri}")

@@ -4,7 +4,9 @@ Launched by stage.run_export_stage; imports MindSpore. In order, each step gatin
 1. resolve the base (a .ckpt, or a parallel run's folder merged with its strategy: shard_merge);
 2. with an adapter: fold LoRA in (W + alpha/rank * B @ A) and CHECK that the merged model's logits
    equal the base+adapter model's (mindformers' own LoRA graph, as trained) on fixed inputs;
-3. write `merged.ckpt`: the network's parameters only (no LoRA, no optimizer state), dtypes kept;
+3. write `merged.ckpt`: the network's parameters only (no LoRA, no optimizer state), dtypes kept, and the
+   same model as a Hugging Face Llama folder `hf/` (model.safetensors + config.json, float32, read back and
+   CHECKED equal; the tokenizer is copied beside it);
 4. export the merged model to MindIR (fixed [batch, seq_length]), reload it with mindspore.load +
    nn.GraphCell and CHECK its logits against the checkpoint model's;
 5. copy the tokenizer and write `serving/serving.json` next to `serving/model.mindir`.
@@ -18,9 +20,12 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ..evaluate.launch import progress, worker_main
 
 SERVING_DIR = "serving"
+HF_DIR = "hf"
 
 
 def lora_reference_logits(cfg, resolved, *, batch_size: int, seq_length: int, target: str, inputs):
@@ -68,10 +73,14 @@ def run(req: dict) -> dict:
     checks["timings_s"]["resolve"] = round(time.time() - t, 3)
     progress(f"resolved {ref.ckpt}" + (f" + adapter ({len(resolved.report.modules)} LoRA modules, "
                                        f"scale {resolved.report.scale:g})" if resolved.report else ""))
-    inputs = fixed_inputs(batch, seq, cfg.model.vocab_size, cfg.tokenizer.pad_id, seed=cfg.run.seed)
+    from ..data.tokenizer import TokenIds, configured_ids
+
+    # the ids the model was trained with: the data stage's tokenizer_config.json beside the tokenizer
+    ids = TokenIds.read(req["tokenizer"]) if req.get("tokenizer") else configured_ids(cfg.tokenizer)
+    inputs = fixed_inputs(batch, seq, cfg.model.vocab_size, ids.pad_id, seed=cfg.run.seed)
 
     t = time.time()
-    net = build_llama(cfg, batch_size=batch, seq_length=seq, target=target)
+    net = build_llama(cfg, batch_size=batch, seq_length=seq, target=target, token_ids=ids)
     load_into(net, resolved.params, "merged model")
     ckpt_logits = logits_fn(net)(inputs)
     checks["timings_s"]["checkpoint_forward"] = round(time.time() - t, 3)
@@ -95,6 +104,14 @@ def run(req: dict) -> dict:
     if leftover:
         raise RuntimeError(f"merged network still has LoRA parameters {leftover[:3]}")
     write_checkpoint({n: resolved.params[n] for n in names}, out_dir / "merged.ckpt", resolved.dtypes)
+    # the merged model as a Hugging Face Llama folder too (transformers-loadable, HF names, float32)
+    from ..train.hf_import import load_hf_tensors, mindformers_to_hf, write_hf_folder
+
+    hf_dir = write_hf_folder({n: resolved.params[n] for n in names}, out_dir / HF_DIR, cfg.model)
+    back, want = load_hf_tensors(hf_dir), mindformers_to_hf({n: resolved.params[n] for n in names}, cfg.model)
+    if sorted(back) != sorted(want) or any(not np.array_equal(back[k], want[k]) for k in want):
+        raise RuntimeError(f"the Hugging Face export in {hf_dir} does not read back as the merged parameters")
+    checks["hf_export"] = {"dir": HF_DIR, "tensors": len(back), "read_back_equal": True}
 
     serving = out_dir / SERVING_DIR
     t = time.time()
@@ -116,10 +133,12 @@ def run(req: dict) -> dict:
     if req.get("tokenizer"):
         tok_name = Path(req["tokenizer"]).name
         shutil.copyfile(req["tokenizer"], serving / tok_name)
+        shutil.copyfile(req["tokenizer"], out_dir / HF_DIR / tok_name)
         meta = Path(req["tokenizer"]).with_name("tokenizer_config.json")  # ids + special tokens (data stage)
         if meta.is_file():
             shutil.copyfile(meta, serving / meta.name)
-    spec = serving_spec(cfg, batch_size=batch, seq_length=seq, tokenizer_file=tok_name,
+            shutil.copyfile(meta, out_dir / HF_DIR / "pipeline_tokenizer_config.json")
+    spec = serving_spec(cfg, batch_size=batch, seq_length=seq, tokenizer_file=tok_name, token_ids=ids,
                         checks={k: checks[k] for k in ("lora_check", "mindir_check") if k in checks},
                         sources={"base": req["base"], "adapter": req.get("adapter")})
     (serving / "serving.json").write_text(json.dumps(spec, indent=1, ensure_ascii=False), encoding="utf-8")

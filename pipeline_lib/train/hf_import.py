@@ -432,19 +432,30 @@ def _to_mindformers_main(folder: str, out: str, model_json: str, rope_layout: st
     print(f"wrote {len(items)} parameters to {out}", flush=True)
 
 
+def write_hf_folder(params: dict[str, np.ndarray], folder: str | Path, model_cfg, dtype: str = "float32") -> Path:
+    """model.safetensors + config.json (HF names) of mindformers-named numpy `params` (optimizer state and
+    other non-model entries are ignored); the safetensors file appears complete or not at all."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    params = {n: np.asarray(v, np.float32) for n, v in params.items() if mf_to_hf_name(n) is not None}
+    tensors = {k: v.astype(dtype) for k, v in mindformers_to_hf(params, model_cfg).items()}
+    tmp = folder / (".tmp-" + SINGLE_FILE)
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / SINGLE_FILE)
+    (folder / CONFIG_FILE).write_text(json.dumps(hf_config_for(model_cfg, dtype), indent=2), encoding="utf-8")
+    return folder
+
+
 def _to_hf_main(ckpt: str, folder: str, model_json: str, dtype: str) -> None:
     import mindspore as ms
-    from safetensors.numpy import save_file
 
     cfg = _model_cfg(model_json)
     raw = ms.load_checkpoint(ckpt)
     params = {n: ms.ops.cast(p, ms.float32).asnumpy() for n, p in raw.items() if mf_to_hf_name(n) is not None}
-    tensors = {k: v.astype(dtype) for k, v in mindformers_to_hf(params, cfg).items()}
-    tmp = os.path.join(folder, ".tmp-" + SINGLE_FILE)
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(folder, SINGLE_FILE))
-    Path(folder, CONFIG_FILE).write_text(json.dumps(hf_config_for(cfg, dtype), indent=2), encoding="utf-8")
-    print(f"wrote {len(tensors)} tensors to {folder}", flush=True)
+    write_hf_folder(params, folder, cfg, dtype)
+    print(f"wrote {len(params)} tensors to {folder}", flush=True)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ from pathlib import Path
 from ..config.load import config_hash
 from ..config.mindformers_yaml import build_run_config
 from ..config.validate import preflight_steps_issues
-from ..data.sft_records import prepare_sft_data, table_rows
+from ..data.sft_records import STATS_FILE, prepare_sft_data, table_rows
+from ..data.tokenizer import TokenIds
 from ..stages import stage_hash, stage_inputs
 from ..storage import Manifest, RunPaths, invalidate, is_s3, join, read_manifest, sha256_file, store_for, write_manifest
 from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
@@ -104,9 +105,12 @@ def _write_yaml(cfg, out_dir: Path, data_dir: Path, base: Path, rows: int, *, re
     callbacks = training_callbacks(out_dir, tokens_per_step=cfg.sft.micro_batch_size * dp * cfg.model.seq_length,
                                    batch_size=cfg.sft.micro_batch_size, data_parallel=dp, num_rows=rows,
                                    spike_factor=t.guard.spike_factor, window=t.guard.window)
+    # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
+    stats = json.loads((data_dir.parent / STATS_FILE).read_text(encoding="utf-8"))
     run = build_run_config(cfg, stage="sft", dataset_dir=str(data_dir), output_dir=str(out_dir),
                            load_checkpoint=str(resume.parent.parent if resume else base), resume=bool(resume),
-                           train_rows=rows, steps=steps, extra_callbacks=callbacks)
+                           train_rows=rows, steps=steps, extra_callbacks=callbacks,
+                           token_ids=TokenIds.from_meta(stats["token_ids"]))
     if resume:
         run["resume_training"] = resume.name
     path = out_dir / "sft.yaml"

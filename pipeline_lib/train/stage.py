@@ -127,6 +127,14 @@ def _data_inputs(paths: RunPaths, work: Path, log) -> tuple[Path, int, Manifest]
     return local, int(rows), m
 
 
+def _token_ids(paths: RunPaths):
+    """The special ids the data stage recorded (tokenizer/tokenizer_config.json): the tokenizer's, not the config's."""
+    from ..data.tokenizer import CONFIG_NAME, TokenIds
+
+    uri = join(paths.stage_uri("data"), "tokenizer", CONFIG_NAME)
+    return TokenIds.from_meta(json.loads(store_for(uri, paths.endpoint_url).get_bytes(uri)))
+
+
 def _base_inputs(cfg) -> tuple[Path | None, dict]:
     """Check the base weights (fast, before any launch); convert an HF folder. Returns (local .ckpt or None, info)."""
     m = cfg.model
@@ -192,7 +200,7 @@ def total_steps(cfg, rows: int) -> int:
 
 def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: Path | None = None,
                 resume_from: Path | None = None, steps: int | None = None, extra_epochs: int = 0,
-                save_steps: int | None = None) -> Path:
+                save_steps: int | None = None, token_ids=None) -> Path:
     """Generate the mindformers yaml (stage 'pretrain') with the metrics and guard callbacks appended.
 
     `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`: the yaml gets `load_checkpoint: <dir>` and
@@ -211,7 +219,7 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
         load = Path(resume_fields(resume_from)["load_checkpoint"])
     write_run_yaml(cfg, path, stage="pretrain", dataset_dir=str(data_dir), output_dir=str(out),
                    load_checkpoint=str(load) if load else None, resume=resume_from is not None, train_rows=rows,
-                   steps=steps, extra_callbacks=callbacks)
+                   steps=steps, extra_callbacks=callbacks, token_ids=token_ids)
     if resume_from is not None or extra_epochs or save_steps:
         text = path.read_text(encoding="utf-8")
         header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
@@ -230,13 +238,13 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
 # ---------------------------------------------------------------- preflight
 
 def _preflight(cfg, out: Path, data_dir: Path, rows: int, load: Path | None, node_rank: int, ranks: list[int],
-               log, env: dict[str, str] | None = None) -> dict:
+               log, env: dict[str, str] | None = None, token_ids=None) -> dict:
     from ..planner import predicted_peak_gb, predicted_vs_measured
 
     steps, pre = cfg.training.preflight_steps, out / "preflight"
     shutil.rmtree(pre, ignore_errors=True)
     yaml_path = _write_yaml(cfg, pre / RUN_YAML, out=pre, data_dir=data_dir, rows=rows, load=load, steps=steps,
-                            save_steps=10 ** 9)
+                            save_steps=10 ** 9, token_ids=token_ids)
     log(f"pretrain: preflight of {steps} steps in {pre}")
     try:
         result = launch_trainer(cfg, yaml_path, pre, node_rank, log, env=env)
@@ -341,6 +349,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     invalidate(stage_uri, endpoint)  # a stage being redone is never seen as done
     out.mkdir(parents=True, exist_ok=True)
     data_dir, rows, _ = _data_inputs(paths, out, log)
+    token_ids = _token_ids(paths)
     steps = total_steps(cfg, rows)
     t = cfg.training
     rows_per_step = t.micro_batch_size * t.gradient_accumulation_steps * cfg.parallel.data_parallel
@@ -389,12 +398,12 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
 
     load = _materialize_base(cfg, base, base_info, out, endpoint, log)
     # the yaml a user can run as is (fresh start from the base); resumed attempts launch run_resume.yaml
-    _write_yaml(cfg, out / RUN_YAML, out=out, data_dir=data_dir, rows=rows, load=load)
+    _write_yaml(cfg, out / RUN_YAML, out=out, data_dir=data_dir, rows=rows, load=load, token_ids=token_ids)
 
     # 4. preflight on a fresh start
     preflight = None
     if t.preflight_steps and latest is None:
-        preflight = _preflight(cfg, out, data_dir, rows, load, node_rank, ranks, log, env)
+        preflight = _preflight(cfg, out, data_dir, rows, load, node_rank, ranks, log, env, token_ids)
     elif (out / PREFLIGHT_FILE).exists():
         preflight = json.loads((out / PREFLIGHT_FILE).read_text(encoding="utf-8"))
 
@@ -416,7 +425,8 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
         else:
             start = Path(latest.get("rollback_path") or latest["path"])
             yaml_path = _write_yaml(cfg, out / RESUME_YAML, out=out, data_dir=data_dir, rows=rows, resume_from=start,
-                                    extra_epochs=math.ceil(skipped / steps_per_epoch) if skipped else 0)
+                                    extra_epochs=math.ceil(skipped / steps_per_epoch) if skipped else 0,
+                                    token_ids=token_ids)
             log(f"pretrain: resuming at data step {latest.get('data_step', latest['step'])} (optimizer step "
                 f"{latest.get('global_step')}) of {steps} from {start.name}")
         try:

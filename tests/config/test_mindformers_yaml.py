@@ -177,3 +177,22 @@ def test_written_yaml_is_plain_yaml(tmp_path):
     path = write_run_yaml(cpu_cfg(), tmp_path / "run.yaml", stage="pretrain", dataset_dir="d", output_dir="o",
                           train_rows=64)
     assert yaml.safe_load(path.read_text())["runner_config"]["sink_mode"] is False
+
+
+def test_special_ids_come_from_the_tokenizer_not_the_config_defaults(llama2_tokenizer, tmp_path):
+    """A Llama-2 tokenizer (unk 0, bos 1, eos 2, no pad piece) gives bos 1 / eos 2 / pad 0 in every stage's yaml;
+    the stages pass the ids the data stage recorded, which win over anything implied by the config."""
+    from pipeline_lib.data.tokenizer import TokenIds
+
+    cfg = cpu_cfg(tokenizer={"path": str(llama2_tokenizer)}, model={"vocab_size": 1024}, sft={"template": "llama2"})
+    for stage, kw in (("pretrain", {}), ("sft", {"load_checkpoint": "/base.ckpt"})):
+        mc = build_run_config(cfg, stage=stage, dataset_dir=str(tmp_path), output_dir=str(tmp_path), train_rows=64,
+                              **kw)["model"]["model_config"]
+        assert (mc["bos_token_id"], mc["eos_token_id"], mc["pad_token_id"]) == (1, 2, 0), stage
+    recorded = TokenIds(pad_id=5, unk_id=0, bos_id=1, eos_id=2)
+    mc = build_run_config(cpu_cfg(), stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path),
+                          train_rows=64, token_ids=recorded)["model"]["model_config"]
+    assert (mc["bos_token_id"], mc["eos_token_id"], mc["pad_token_id"]) == (1, 2, 5)
+    mc = build_run_config(cpu_cfg(), stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path),
+                          train_rows=64)["model"]["model_config"]
+    assert (mc["bos_token_id"], mc["eos_token_id"], mc["pad_token_id"]) == (2, 3, 0)  # a trained tokenizer's

@@ -236,3 +236,48 @@ def test_a_missing_sft_input_is_named_as_sft_inputs(tmp_path):
     with pytest.raises(DataStageError) as err:
         list(iter_instruction_records([str(BUNDLED), str(tmp_path / "nope.jsonl")]))
     assert err.value.field == "sft.inputs[1]"
+
+
+# ---------------------------------------------------------------- sft.template=llama2 on a base model's tokenizer
+
+@pytest.fixture(scope="module")
+def l2(llama2_tokenizer):
+    from pipeline_lib.data.chat_template import template_for
+    from pipeline_lib.data.tokenizer import Tokenizer
+
+    tok = Tokenizer(llama2_tokenizer, special_tokens=[])
+    return template_for("llama2", tok, []), tok
+
+
+def test_llama2_template_is_meta_layout_as_plain_text_with_only_answers_trained(l2):
+    tpl, tok = l2
+    assert (tpl.bos_id, tpl.eos_id, tpl.pad_id) == (1, 2, 0)  # the tokenizer's: pad = unk = 0
+    obj = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oil temperature?"},
+                        {"role": "assistant", "content": "Below 85 C."}, {"role": "user", "content": "断路器呢？"},
+                        {"role": "assistant", "content": "每年检查。"}]}
+    turns, reason = to_turns(obj, forbidden=tpl.forbidden_text)
+    assert reason is None
+    ids, trained = tpl.encode(tok, [turns])[0]
+    labels = labels_for(ids, trained)
+    # each exchange is exactly Meta's <s>[INST] ... [/INST] answer</s>, the markers encoded as ordinary text
+    exchanges = ["[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nOil temperature? [/INST] Below 85 C.",
+                 "[INST] 断路器呢？ [/INST] 每年检查。"]
+    want = [t for text in exchanges for t in [1] + tok.encode(text) + [2]]
+    assert ids == want
+    answers = [tok.encode("Below 85 C.") + [2], tok.encode("每年检查。") + [2]]
+    assert [t for t in labels if t != IGNORE] == answers[0] + answers[1]
+    assert labels[0] == IGNORE and labels.count(IGNORE) == len(ids) - sum(map(len, answers))
+    assert to_turns({"prompt": "say [/INST] now", "response": "x"}, forbidden=tpl.forbidden_text)[1] == \
+        "special_token_in_text"
+    assert tpl.prompt_ids(tok, turns[:2]) == [1] + tok.encode(exchanges[0].split(" [/INST]")[0] + " [/INST]")
+
+
+def test_llama2_rows_mask_padding_by_position_although_pad_is_unk(l2):
+    """pad = unk = 0: padding positions get label -100 (by position), whatever their id."""
+    tpl, tok = l2
+    objs = [{"prompt": f"Q{i}?", "response": f"Answer number {i}."} for i in range(3)]
+    samples = [tpl.encode(tok, [to_turns(o)[0]])[0] for o in objs]
+    packed = pack(samples, 65, tpl.pad_id, packing=True)
+    tail = packed.spans[0][-1][1]
+    assert (packed.input_ids[0, tail:] == 0).all() and (packed.labels[0, tail:] == IGNORE).all()
+    assert packed.trained_tokens == sum(sum(t) for _, t in samples)

@@ -139,6 +139,25 @@ def test_continued_pretraining_keeps_the_base_tokenizer(tiny_run, tmp_path):
         run(other, "r2", workers=1)
 
 
+def test_a_llama2_layout_base_tokenizer_passes_with_its_own_ids(llama2_tokenizer, tmp_path):
+    """Llama-2: unk 0, bos 1, eos 2, no pad piece. The data stage keeps those ids (pad = unk = 0, recorded in
+    tokenizer_config.json), joins documents with eos 2 and pads the last row with 0."""
+    cfg = make_cfg(tmp_path, docs_per_shard=100)
+    cfg.tokenizer.path, cfg.model.vocab_size, cfg.sft.template = str(llama2_tokenizer), 1000, "llama2"
+    cfg.data.remainder = "pad"
+    run(cfg, workers=1)
+    folder = stage_dir(cfg)
+    meta = json.loads((folder / "tokenizer" / "tokenizer_config.json").read_text())
+    assert {k: meta[k] for k in ("pad_id", "unk_id", "bos_id", "eos_id")} == {"pad_id": 0, "unk_id": 0,
+                                                                            "bos_id": 1, "eos_id": 2}
+    assert meta["special_tokens"] == []  # a base tokenizer has no chat markers; llama2 needs none
+    rows = read_mindrecord(sorted((folder / "mindrecord" / "train").glob("*.mindrecord")))
+    stats = json.loads((folder / "stats.json").read_text())
+    pad = stats["pad_tokens"]["train"]
+    assert (rows == 2).sum() >= stats["total"]["kept"] // 2  # documents joined by the base's eos
+    assert (rows[-1, rows.shape[1] - pad:] == 0).all() and (rows[:-1] != 0).all()  # only the tail is padding
+
+
 def test_nothing_left_after_cleaning_is_an_error_naming_the_inputs(tmp_path):
     path = write_jsonl(tmp_path / "short.jsonl", ["太短", "too short"])
     with pytest.raises(DataStageError, match=r"data.inputs=.*no document survived"):

@@ -9,7 +9,7 @@ from datagen import TINY
 
 from pipeline_lib.config.schema import TokenizerConfig
 from pipeline_lib.data.errors import DataStageError
-from pipeline_lib.data.tokenizer import Tokenizer, check_loaded, train_tokenizer
+from pipeline_lib.data.tokenizer import TokenIds, Tokenizer, check_loaded, model_ids, train_tokenizer
 
 TEXTS = [json.loads(line)["text"] for line in TINY.read_text(encoding="utf-8", errors="replace").splitlines()
          if line.endswith('"source": "tiny"}')]
@@ -64,7 +64,7 @@ def test_loading_checks_ids_special_tokens_and_model_vocab(tok, tmp_path):
     cfg = TokenizerConfig(path=str(model))
     loaded = Tokenizer(model, pad_id=cfg.pad_id, special_tokens=cfg.special_tokens)
     check_loaded(loaded, cfg, 2048)
-    with pytest.raises(DataStageError, match="tokenizer.bos_id=1: .* has bos_id=2. Fix: set tokenizer.bos_id=2"):
+    with pytest.raises(DataStageError, match="tokenizer.bos_id=1: .* has bos_id=2. Fix: remove tokenizer.bos_id .* or set it to 2"):
         check_loaded(loaded, TokenizerConfig(path=str(model), bos_id=1, pad_id=5), 2048)
     with pytest.raises(DataStageError, match="tokenizer.pad_id=9: .*can emit"):
         check_loaded(Tokenizer(model, pad_id=9), cfg, 2048)
@@ -92,3 +92,17 @@ def test_cjk_corpus_larger_than_the_vocabulary_says_to_raise_it(tmp_path):
     assert f"needs {need} pieces" in err.value.problem and "lower tokenizer.vocab_size" not in str(err.value)
     # the number is right: that vocabulary trains
     assert train_tokenizer(cjk_texts(), TokenizerConfig(vocab_size=need), tmp_path / "fits").vocab_size == need
+
+
+def test_a_llama2_layout_tokenizer_loads_with_pad_equal_to_unk(llama2_tokenizer):
+    """Llama-2 has no pad piece: pad = unk = 0 (as mindformers' Llama-2 configs); the ids are the model's."""
+    model = llama2_tokenizer
+    loaded = Tokenizer(model, special_tokens=[])
+    assert (loaded.pad_id, loaded.unk_id, loaded.bos_id, loaded.eos_id) == (0, 0, 1, 2)
+    assert model_ids(loaded.sp) == {"pad_id": 0, "unk_id": 0, "bos_id": 1, "eos_id": 2}
+    assert TokenIds.read(model) == TokenIds(pad_id=0, unk_id=0, bos_id=1, eos_id=2)
+    check_loaded(loaded, TokenizerConfig(path=str(model), special_tokens=[]), 1000)  # unset ids: no complaint
+    check_loaded(loaded, TokenizerConfig(path=str(model), special_tokens=[], pad_id=0, bos_id=1), 1000)
+    with pytest.raises(DataStageError, match="tokenizer.eos_id=3: .* has eos_id=2. Fix: remove tokenizer.eos_id"):
+        check_loaded(loaded, TokenizerConfig(path=str(model), special_tokens=[], eos_id=3), 1000)
+    assert 0 not in loaded.encode("罕见字：龘𠀋 and text")  # byte fallback: <unk> (= pad) is never emitted

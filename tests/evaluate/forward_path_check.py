@@ -24,7 +24,10 @@ def main(cfg_path: str, ckpt: str) -> None:
     cfg = config_from_dict(json.loads(open(cfg_path, encoding="utf-8").read()))
     set_context("CPU")
     seq, batch, vocab = cfg.model.seq_length, 3, cfg.model.vocab_size
-    eos, pad = cfg.tokenizer.eos_id, cfg.tokenizer.pad_id
+    from pipeline_lib.data.tokenizer import configured_ids
+
+    ids = configured_ids(cfg.tokenizer)  # a trained tokenizer's layout (no tokenizer.path here)
+    eos, pad = ids.eos_id, ids.pad_id
     net = build_llama(cfg, batch_size=batch, seq_length=seq, target="CPU")
     load_into(net, read_checkpoint(ckpt)[0], "tiny")
     fn = logits_fn(net)

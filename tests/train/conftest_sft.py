@@ -94,7 +94,7 @@ def make_sft_base(root: Path) -> SFTBase:
     texts = _texts()
     tok = train_tokenizer(texts * 4, cfg.tokenizer, root / "tokenizer")
     stream = join_with_eos(tok.encode_batch(texts * 3), tok.eos_id)
-    rows = rows_from_tokens(stream, cfg.model.seq_length + 1, "drop", cfg.tokenizer.pad_id)
+    rows = rows_from_tokens(stream, cfg.model.seq_length + 1, "drop", tok.pad_id)
     data_dir = root / "pretrain_data"
     data_dir.mkdir(parents=True)
     np.save(root / "rows.npy", rows)

@@ -327,9 +327,42 @@ def test_stage_continues_pretraining_from_hf_checkpoint(pretrain_data, tmp_path)
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     nll = -np.take_along_axis(logp, labels[..., None], -1)[..., 0]
-    mask = tokens != cfg.tokenizer.pad_id
+    pad = json.loads((Path(paths.stage_uri("data")) / "tokenizer" / "tokenizer_config.json").read_text())["pad_id"]
+    mask = tokens != pad
     expected = float((nll * mask).sum() / mask.sum())
     step1 = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}[1]["loss"]
     assert abs(expected - np.log(2048)) > 0.3  # far from a random init's ~ln(2048) = 7.62
     assert step1 == pytest.approx(expected, rel=2e-4), (step1, expected)
 
+
+
+def test_a_two_shard_index_reads_as_the_single_file(tmp_path):
+    """Llama-2-7b-hf ships model.safetensors.index.json + 2 shards: the import sees the same tensors."""
+    from safetensors.numpy import save_file
+
+    from pipeline_lib.train.hf_import import INDEX_FILE, read_hf_shapes
+
+    m = model_cfg()
+    t = hf_tensors(m, seed=9)
+    single = write_hf(tmp_path / "single", m, t)
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    names = sorted(t)
+    parts = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in parts.items():
+        save_file({n: t[n] for n in part}, str(sharded / file))
+    (sharded / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": sum(v.nbytes for v in t.values())},
+                                                  "weight_map": {n: f for f, p in parts.items() for n in p}}))
+    (sharded / "config.json").write_text((single / "config.json").read_text())
+    (sharded / "stale.safetensors").write_bytes(b"not listed in the index: never read")
+    one, two = load_hf_tensors(single), load_hf_tensors(sharded)
+    assert sorted(one) == sorted(two) == names
+    for k in names:
+        np.testing.assert_array_equal(two[k], one[k], err_msg=k)
+    assert read_hf_shapes(sharded) == read_hf_shapes(single)
+    summary = check_hf_folder(sharded, m)
+    assert summary["files"] == sorted(parts) and summary["tensors"] == len(names)
+    mf_one, mf_two = hf_to_mindformers(one, m), hf_to_mindformers(two, m)
+    assert sorted(mf_one) == sorted(mf_two)
+    for k in mf_one:
+        np.testing.assert_array_equal(mf_two[k], mf_one[k], err_msg=k)
