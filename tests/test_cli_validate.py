@@ -25,6 +25,13 @@ def test_validate_bad_global_batch_exits_2_and_names_formula():
     assert "micro_batch_size x gradient_accumulation_steps x data_parallel" in res.stderr
 
 
+def test_validate_fp16_without_loss_scale_exits_2_naming_the_field():
+    res = cli("validate", TINY, "training.precision=fp16", "training.loss_scale.type=none")
+    assert res.returncode == 2 and "training.loss_scale.type='none'" in res.stderr
+    res = cli("validate", TINY, "model.compute_dtype=float16")
+    assert res.returncode == 2 and "model.compute_dtype='float16'" in res.stderr
+
+
 def test_explain_documents_every_field():
     res = cli("validate", "--explain")
     assert res.returncode == 0

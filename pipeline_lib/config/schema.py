@@ -113,6 +113,24 @@ class TokenizerConfig(_Section):
     encode_threads: int = Field(2, ge=1, description="Threads for batch encoding.")
 
 
+Dtype = Literal["float32", "float16", "bfloat16"]
+Precision = Literal["fp32", "bf16", "fp16"]
+DTYPE_FIELDS = ("compute_dtype", "param_init_type", "layernorm_compute_type", "softmax_compute_type", "rotary_dtype")
+
+
+def precision_dtypes(precision: str) -> dict[str, str]:
+    """The model dtypes a precision means (mindformers practice: half-precision matmuls, fp32 master
+    weights, fp32 norm/softmax/RoPE for range)."""
+    compute = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
+    return {"compute_dtype": compute, "param_init_type": "float32", "layernorm_compute_type": "float32",
+            "softmax_compute_type": "float32", "rotary_dtype": "float32"}
+
+
+def precision_loss_scale(precision: str) -> str:
+    """fp16 needs a dynamic loss scale (its 5-bit exponent underflows small gradients); bf16/fp32 none."""
+    return "dynamic" if precision == "fp16" else "none"
+
+
 class ModelConfig(_Section):
     name: str = Field("tiny_llama", description="Model config name registered with mindformers; unique per run.")
     seq_length: int = Field(64, ge=8, description="Training sequence length (rows hold seq_length + 1 tokens).")
@@ -124,11 +142,15 @@ class ModelConfig(_Section):
     intermediate_size: int = Field(176, ge=8, description="SwiGLU FFN width (three matrices of hidden x this).")
     rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
     tie_word_embeddings: bool = Field(False, description="Share the embedding with the output head.")
-    compute_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Matmul dtype.")
-    param_init_type: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Parameter dtype.")
-    layernorm_compute_type: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Norm dtype.")
-    softmax_compute_type: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Softmax dtype.")
-    rotary_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="RoPE dtype.")
+    # Dtypes left empty (None) follow training.precision (see PRECISION_DTYPES); an explicit value
+    # is kept and checked against the precision by validate.py.
+    compute_dtype: Dtype | None = Field(None, description="Matmul dtype; None = from training.precision "
+                                        "(fp32 float32, bf16 bfloat16, fp16 float16).")
+    param_init_type: Dtype | None = Field(None, description="Parameter (master weight) dtype; None = float32 "
+                                          "(mixed precision keeps fp32 master weights).")
+    layernorm_compute_type: Dtype | None = Field(None, description="RMSNorm dtype; None = float32.")
+    softmax_compute_type: Dtype | None = Field(None, description="Attention softmax dtype; None = float32.")
+    rotary_dtype: Dtype | None = Field(None, description="RoPE dtype; None = float32.")
     use_flash_attention: bool = Field(False, description="Flash attention (Ascend only; forced off on CPU).")
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="Activation recompute: none, selective (attention scores) or full (whole layer)."
@@ -169,8 +191,9 @@ class OptimizerConfig(_Section):
 
 
 class LossScaleConfig(_Section):
-    type: Literal["none", "static", "dynamic"] = Field(
-        "none", description="none (fp32/bf16), static (fixed value) or dynamic (grows and backs off)."
+    type: Literal["none", "static", "dynamic"] | None = Field(
+        None, description="none, static (fixed value) or dynamic (grows and backs off); None = from "
+        "training.precision (fp16: dynamic, bf16/fp32: none)."
     )
     init_value: float = Field(65536.0, gt=0, description="Initial (or static) loss scale.")
     factor: float = Field(2.0, gt=1, description="Dynamic scale multiply/divide factor.")
@@ -201,7 +224,9 @@ class TrainingConfig(_Section):
     warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
     min_lr: float = Field(1e-5, ge=0, description="Cosine schedule floor.")
     lr_schedule: Literal["cosine"] = Field("cosine", description="Schedule after warmup.")
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="Training precision.")
+    precision: Precision = Field(
+        "fp32", description="Training precision: drives the model dtypes and the loss scale left empty "
+        "(fp16: float16 matmuls + dynamic loss scale; bf16: bfloat16 matmuls, no scale; fp32).")
     loss_scale: LossScaleConfig = Field(default_factory=LossScaleConfig)
     grad_clip: float = Field(1.0, gt=0, description="Global-norm gradient clipping.")
     save_steps: int = Field(20, ge=1, description="Checkpoint every N steps.")
@@ -287,6 +312,20 @@ class PipelineConfig(_Section):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+
+    @model_validator(mode="after")
+    def _derive_from_precision(self):
+        # Fill what the user left empty from training.precision. Written past validation (into
+        # __dict__) so the fields stay "not set": a later change of precision re-derives them, and
+        # validate.py can tell a derived value from an explicit one.
+        prec = self.training.precision
+        derived = [(self.model, name, dtype) for name, dtype in precision_dtypes(prec).items()]
+        derived.append((self.training.loss_scale, "type", precision_loss_scale(prec)))
+        for section, name, value in derived:
+            if name not in section.model_fields_set or getattr(section, name) is None:
+                section.__dict__[name] = value
+                section.model_fields_set.discard(name)
+        return self
 
 
 STAGES = ("data", "pretrain", "sft", "evaluate", "export")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .errors import ConfigError, ConfigIssue
 from .platform import device_target
-from .schema import PipelineConfig
+from .schema import DTYPE_FIELDS, PipelineConfig, precision_dtypes
 
 
 def _batch(cfg: PipelineConfig) -> list[ConfigIssue]:
@@ -97,17 +97,45 @@ def _tp_inside_node(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 
 def _precision(cfg: PipelineConfig) -> list[ConfigIssue]:
-    t = cfg.training
+    """training.precision is the one knob; explicit model dtypes and loss scales must agree with it."""
+    t, m = cfg.training, cfg.model
+    issues = []
     if t.precision == "fp16" and t.loss_scale.type == "none":
-        return [ConfigIssue("training.loss_scale.type", "none",
-                            "fp16 without loss scaling underflows small gradients to zero",
-                            "set training.loss_scale.type=dynamic (or static with init_value e.g. 1024)")]
+        issues.append(ConfigIssue("training.loss_scale.type", "none",
+                                  "fp16 without loss scaling underflows small gradients to zero",
+                                  "set training.loss_scale.type=dynamic (mindformers' DynamicLossScaleUpdateCell; "
+                                  "or leave it empty: fp16 derives dynamic)"))
     if t.precision == "bf16" and not (t.loss_scale.type == "none" or
                                       (t.loss_scale.type == "static" and t.loss_scale.init_value == 1)):
-        return [ConfigIssue("training.loss_scale.type", t.loss_scale.type,
-                            "bf16 has fp32's exponent range and uses a constant loss scale of 1",
-                            "set training.loss_scale.type=none (or static with init_value=1)")]
-    return []
+        issues.append(ConfigIssue("training.loss_scale.type", t.loss_scale.type,
+                                  "bf16 has fp32's exponent range and uses a constant loss scale of 1",
+                                  "set training.loss_scale.type=none (or static with init_value=1), or leave it empty"))
+    want = precision_dtypes(t.precision)["compute_dtype"]
+    if m.compute_dtype != want:
+        issues.append(ConfigIssue("model.compute_dtype", m.compute_dtype,
+                                  f"training.precision={t.precision} means {want} matmuls; the two would disagree "
+                                  "(loss scale, planner and checkpoints follow training.precision)",
+                                  f"leave model.compute_dtype empty, or set training.precision="
+                                  f"{ {v: k for k, v in _COMPUTE.items()}[m.compute_dtype] }"))
+    for name in DTYPE_FIELDS[1:]:
+        value = getattr(m, name)
+        if value not in ("float32", m.compute_dtype):
+            # mindformers builds it, but no reference config mixes float16 and bfloat16 in one network:
+            # every cast between them loses range (fp16) or mantissa (bf16).
+            issues.append(ConfigIssue(f"model.{name}", value,
+                                      f"neither float32 nor model.compute_dtype={m.compute_dtype}: mixes "
+                                      "float16 and bfloat16 in one network",
+                                      f"set model.{name} to float32 or {m.compute_dtype}, or leave it empty"))
+    if m.use_flash_attention and m.compute_dtype == "float32" and device_target(cfg) != "CPU":
+        # mindformers' FlashAttention (FlashAttentionScore) takes float16/bfloat16 q/k/v only.
+        issues.append(ConfigIssue("model.use_flash_attention", True,
+                                  "mindformers' FlashAttentionScore takes float16/bfloat16 inputs only, and "
+                                  "model.compute_dtype is float32",
+                                  "set training.precision=bf16, or model.use_flash_attention=false"))
+    return issues
+
+
+_COMPUTE = {p: precision_dtypes(p)["compute_dtype"] for p in ("fp32", "bf16", "fp16")}
 
 
 def lora_model_name(cfg: PipelineConfig) -> str:

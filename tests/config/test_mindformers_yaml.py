@@ -132,6 +132,22 @@ def test_loss_scale_section(loss_scale, want, tmp_path):
     assert run["runner_wrapper"]["scale_sense"] == want
 
 
+@pytest.mark.parametrize("precision, compute, scale", [
+    ("fp32", "float32", 1.0),
+    ("bf16", "bfloat16", 1.0),
+    ("fp16", "float16", {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 65536.0, "scale_factor": 2.0,
+                         "scale_window": 1000}),
+])
+def test_precision_drives_dtypes_and_loss_scale(precision, compute, scale, mf_config, tmp_path):
+    cfg = config_from_dict({"run": {"device_target": "Ascend"}, "training": {"precision": precision}})
+    _, mf = write_and_load(mf_config, tmp_path, cfg)
+    mc = mf.model.model_config
+    assert mc.compute_dtype == compute
+    assert (mc.param_init_type, mc.layernorm_compute_type, mc.softmax_compute_type, mc.rotary_dtype) == \
+        ("float32",) * 4
+    assert mf.runner_wrapper.scale_sense == scale
+
+
 def test_ascend_yaml_uses_semi_auto_parallel_and_stock_wrapper(mf_config, tmp_path):
     cfg = load_config(ROOT / "configs/pipelines/llama2-7b-4x64gb.yaml")
     path, mf = write_and_load(mf_config, tmp_path, cfg, train_rows=100_000)

@@ -87,9 +87,40 @@ def test_tensor_parallel_stays_inside_node():
 
 
 def test_fp16_needs_loss_scale():
-    found = issues(training={"precision": "fp16"})
-    assert "training.loss_scale.type" in found
+    found = issues(training={"precision": "fp16", "loss_scale": {"type": "none"}})
+    assert "training.loss_scale.type" in found and "dynamic" in found["training.loss_scale.type"].fix
     assert issues(training={"precision": "fp16", "loss_scale": {"type": "dynamic"}}) == {}
+
+
+def test_precision_is_one_knob_for_dtypes_and_loss_scale():
+    fp16 = config_from_dict({"training": {"precision": "fp16"}})
+    assert fp16.training.loss_scale.type == "dynamic" and fp16.model.compute_dtype == "float16"
+    assert (fp16.model.param_init_type, fp16.model.softmax_compute_type) == ("float32", "float32")
+    assert check(fp16) == []
+    bf16 = config_from_dict({"training": {"precision": "bf16"}})
+    assert bf16.training.loss_scale.type == "none" and bf16.model.compute_dtype == "bfloat16"
+    # A derived dtype follows a later change of precision; an explicit one stays (and is checked).
+    bf16.training = bf16.training.model_copy(update={"precision": "fp32"})
+    assert bf16.model.compute_dtype == "float32"
+
+
+def test_explicit_compute_dtype_must_match_precision():
+    found = issues(model={"compute_dtype": "float16"})
+    issue = found["model.compute_dtype"]
+    assert "training.precision=fp32" in issue.problem and "training.precision=fp16" in issue.fix
+    assert issues(model={"compute_dtype": "bfloat16"}, training={"precision": "bf16"}) == {}
+
+
+def test_half_dtypes_are_not_mixed():
+    found = issues(model={"softmax_compute_type": "float16"}, training={"precision": "bf16"})
+    assert "model.softmax_compute_type" in found
+    assert issues(model={"softmax_compute_type": "bfloat16"}, training={"precision": "bf16"}) == {}
+
+
+def test_flash_attention_needs_half_precision_on_ascend():
+    found = issues(**ascend(model={"use_flash_attention": True}))
+    assert "model.use_flash_attention" in found and "float16/bfloat16" in found["model.use_flash_attention"].problem
+    assert issues(**ascend(model={"use_flash_attention": True}, training={"precision": "bf16"})) == {}
 
 
 def test_bf16_uses_constant_scale_one():
@@ -125,7 +156,7 @@ def test_cpu_refuses_model_and_pipeline_parallel_for_runs_only():
 
 
 def test_validate_raises_with_every_issue():
-    cfg = config_from_dict({"training": {"global_batch_size": 5, "precision": "fp16"}})
+    cfg = config_from_dict({"training": {"global_batch_size": 5, "precision": "fp16", "loss_scale": {"type": "none"}}})
     with pytest.raises(ConfigError) as err:
         validate(cfg, for_run=False)
     assert {"training.global_batch_size", "training.loss_scale.type"} <= set(err.value.fields())
