@@ -47,7 +47,8 @@ def _data_fields(c: PipelineConfig) -> dict:
 
 def _pretrain_fields(c: PipelineConfig) -> dict:
     training = c.training.model_dump(mode="json")
-    for knob in ("timeout_seconds", "upload_checkpoints", "preflight_steps"):  # do not change the weights
+    for knob in ("timeout_seconds", "upload_checkpoints", "preflight_steps",  # do not change the weights
+                 "dataset_workers", "prefetch_size", "profile"):
         training.pop(knob)
     return {"model": c.model.model_dump(mode="json"), "parallel": c.parallel.model_dump(mode="json"),
             "training": training, "seed": c.run.seed, "device": device_target(c)}

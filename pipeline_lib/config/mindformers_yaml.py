@@ -77,6 +77,11 @@ def _loss_scale(cfg: PipelineConfig):
     return 1.0
 
 
+def dataset_workers(cfg: PipelineConfig, on_cpu: bool) -> int:
+    """training.dataset_workers, else 8 on Ascend (mindformers reference configs) and 2 on CPU (2-core hosts)."""
+    return cfg.training.dataset_workers or (2 if on_cpu else 8)
+
+
 def _model_config(cfg: PipelineConfig, stage: Stage, on_cpu: bool, batch_size: int) -> dict:
     m, tok = cfg.model, cfg.tokenizer
     mc = {
@@ -219,14 +224,17 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
                         "warmup_steps": warmup, "total_steps": budget if budget is not None else -1},
         "model": {"model_config": _model_config(cfg, stage, on_cpu, micro),
                   "arch": {"type": "LlamaForCausalLM"}},
-        "train_dataset": {"data_loader": {"type": "MindDataset", "dataset_dir": str(dataset_dir), "shuffle": False},
+        # train_dataset.seed is the seed mindformers gives the dataset pipeline (its shuffle), not the global one.
+        "train_dataset": {"data_loader": {"type": "MindDataset", "dataset_dir": str(dataset_dir),
+                                          "shuffle": bool(t.shuffle)},
                           "input_columns": columns, "batch_size": batch, "drop_remainder": True,
-                          "num_parallel_workers": 2 if on_cpu else 8, "python_multiprocessing": False,
-                          "repeat": 1, "numa_enable": False, "prefetch_size": 1},
+                          "seed": cfg.run.seed, "num_parallel_workers": dataset_workers(cfg, on_cpu),
+                          "python_multiprocessing": False, "repeat": 1, "numa_enable": False,
+                          "prefetch_size": t.prefetch_size},
         "train_dataset_task": {"type": "CausalLanguageModelDataset"},
         "do_eval": False,
         "callbacks": callbacks,
-        "profile": False,
+        "profile": bool(t.profile),
     }
 
 

@@ -229,6 +229,15 @@ class TrainingConfig(_Section):
         "(fp16: float16 matmuls + dynamic loss scale; bf16: bfloat16 matmuls, no scale; fp32).")
     loss_scale: LossScaleConfig = Field(default_factory=LossScaleConfig)
     grad_clip: float = Field(1.0, gt=0, description="Global-norm gradient clipping.")
+    shuffle: bool = Field(
+        True, description="Shuffle the packed rows each epoch (MindDataset global shuffle seeded with run.seed: "
+        "the same seed gives the same order, and a resumed run skips exactly the consumed batches). Off: file "
+        "order, and the loss guard can name the exact rows of a bad batch.")
+    dataset_workers: int | None = Field(
+        None, ge=1, description="Dataset pipeline workers per rank; None = 8 on Ascend (mindformers reference "
+        "configs), 2 on CPU.")
+    prefetch_size: int = Field(1, ge=1, description="Batches the dataset pipeline prefetches per worker queue.")
+    profile: bool = Field(False, description="mindformers profiler over the run (writes under output_dir; slow).")
     save_steps: int = Field(20, ge=1, description="Checkpoint every N steps.")
     keep_checkpoint_max: int = Field(3, ge=1, description="Checkpoints kept.")
     preflight_steps: int = Field(10, ge=0, description="Steps of the preflight run; 0 disables it.")

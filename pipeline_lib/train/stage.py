@@ -206,7 +206,8 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
     # tokens per optimizer step across all ranks (rows hold seq_length + 1 tokens, seq_length are predicted)
     tokens = t.micro_batch_size * t.gradient_accumulation_steps * dp * cfg.model.seq_length
     callbacks = training_callbacks(out, tokens_per_step=tokens, batch_size=batch, data_parallel=dp, num_rows=rows,
-                                   spike_factor=t.guard.spike_factor, window=t.guard.window)
+                                   spike_factor=t.guard.spike_factor, window=t.guard.window,
+                                   shuffle_seed=cfg.run.seed if t.shuffle else None)
     if resume_from is not None:
         load = Path(resume_fields(resume_from)["load_checkpoint"])
     write_run_yaml(cfg, path, stage="pretrain", dataset_dir=str(data_dir), output_dir=str(out),

@@ -73,7 +73,7 @@ def test_pretrain_cpu_yaml_loads_with_pipeline_values(mf_config, tmp_path):
     assert (mf.lr_schedule.warmup_steps, mf.lr_schedule.total_steps) == (4, 30)
     ds = mf.train_dataset
     assert ds.data_loader.type == "MindDataset" and ds.data_loader.dataset_dir == str(tmp_path / "data")
-    assert ds.data_loader.shuffle is False and list(ds.input_columns) == ["input_ids"]
+    assert ds.data_loader.shuffle is True and ds.seed == cfg.run.seed and list(ds.input_columns) == ["input_ids"]
     assert ds.batch_size == 4 and ds.drop_remainder is True
     callbacks = {c["type"]: c for c in mf.callbacks}
     assert callbacks["CheckpointMonitor"]["save_checkpoint_steps"] == 10
@@ -171,6 +171,56 @@ def test_every_shipped_pipeline_config_generates_loadable_yaml(name, mf_config, 
         _, mf = write_and_load(mf_config, tmp_path, cfg, stage=stage, load_checkpoint="/base.ckpt",
                                train_rows=1_000_000)
         assert mf.model.model_config.seq_length == cfg.model.seq_length
+
+
+def test_dataset_knobs_reach_the_yaml(tmp_path):
+    kw = dict(stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path), train_rows=64)
+    ascend = build_run_config(config_from_dict({"run": {"device_target": "Ascend", "seed": 99}}), **kw)["train_dataset"]
+    assert ascend["data_loader"]["shuffle"] is True and ascend["seed"] == 99
+    assert (ascend["num_parallel_workers"], ascend["prefetch_size"]) == (8, 1)  # mindformers reference configs
+    cpu = build_run_config(cpu_cfg(training={"shuffle": False, "dataset_workers": 3, "prefetch_size": 2,
+                                             "profile": True}), **kw)
+    assert cpu["train_dataset"]["data_loader"]["shuffle"] is False and cpu["profile"] is True
+    assert (cpu["train_dataset"]["num_parallel_workers"], cpu["train_dataset"]["prefetch_size"]) == (3, 2)
+    assert build_run_config(cpu_cfg(), **kw)["train_dataset"]["num_parallel_workers"] == 2
+
+
+def _epoch_orders(mf_config, tmp_path, data_dir, *, seed, shuffle=True, skip=0, epochs=2):
+    """Row markers of every batch, per epoch, as mindformers builds the train dataset from our yaml
+    (`skip` = the dataset.set_init_step(n) mindformers' resume_training does)."""
+    from mindformers.dataset import build_dataset, check_dataset_config
+
+    cfg = cpu_cfg(run={"seed": seed}, training={"shuffle": shuffle, "steps": 6})
+    path = write_run_yaml(cfg, tmp_path / f"order-{seed}-{shuffle}-{skip}.yaml", stage="pretrain",
+                          dataset_dir=str(data_dir), output_dir=str(tmp_path / "out"), train_rows=24)
+    mf = mf_config(str(path))
+    check_dataset_config(mf)
+    dataset = build_dataset(mf.train_dataset_task)
+    if skip:
+        dataset.set_init_step(skip)
+    it = dataset.create_tuple_iterator(num_epochs=epochs, output_numpy=True)
+    return [[int(row) for batch in it for row in batch[0][:, 0]] for _ in range(epochs - skip // 6)]
+
+
+def test_seeded_shuffle_is_reproducible_and_resume_skip_continues_it(mf_config, tmp_path):
+    import numpy as np
+
+    from pipeline_lib.data.packing import write_mindrecord
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = np.tile(np.arange(65, dtype=np.int32), (24, 1))
+    rows[:, 0] = np.arange(24)  # row marker: its index in file order
+    write_mindrecord(data / "a.mindrecord", rows[:13])
+    write_mindrecord(data / "b.mindrecord", rows[13:])
+    first = _epoch_orders(mf_config, tmp_path, data, seed=7)
+    assert first == _epoch_orders(mf_config, tmp_path, data, seed=7)  # same seed, same order (both epochs)
+    assert first[0] != list(range(24)) and sorted(first[0]) == list(range(24)) and first[1] != first[0]
+    assert _epoch_orders(mf_config, tmp_path, data, seed=8) != first
+    assert _epoch_orders(mf_config, tmp_path, data, seed=7, shuffle=False) == [list(range(24))] * 2
+    # resume: skipping k consumed batches continues the uninterrupted order, also across an epoch boundary
+    assert _epoch_orders(mf_config, tmp_path, data, seed=7, skip=3) == [first[0][12:], first[1]]
+    assert _epoch_orders(mf_config, tmp_path, data, seed=7, skip=8) == [first[1][8:]]
 
 
 def test_too_few_rows_for_one_step(tmp_path):
