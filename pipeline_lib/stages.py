@@ -63,11 +63,11 @@ def _file_digest(path: str) -> str | None:
 
 
 def _sft_fields(c: PipelineConfig) -> dict:
-    # SFT reuses the optimizer/schedule/guard knobs of `training`, and its data files' contents matter.
-    reused = c.training.model_dump(mode="json", include={"optimizer", "warmup_steps", "min_lr", "precision",
-                                                         "loss_scale", "grad_clip", "save_steps",
-                                                         "keep_checkpoint_max", "guard"})
-    return {"sft": c.sft.model_dump(mode="json"), "model": c.model.model_dump(mode="json"), "training": reused,
+    # SFT has its own schedule, batch and guard (sft.*); it shares these `training` knobs, and its data
+    # files' contents matter.
+    reused = c.training.model_dump(mode="json", include={"optimizer", "precision", "loss_scale", "grad_clip",
+                                                         "save_steps", "keep_checkpoint_max", "shuffle"})
+    return {"sft": c.sft.model_dump(mode="json", exclude={"allow_demo_data"}), "model": c.model.model_dump(mode="json"), "training": reused,
             "special_tokens": c.tokenizer.special_tokens, "seed": c.run.seed, "device": device_target(c),
             "inputs": {p: _file_digest(p) for p in c.sft.inputs}}
 

@@ -20,9 +20,9 @@ data plus a `StopAtStep` callback that stops at the budget's optimizer global_st
 this needs the number of rows (`train_rows`, else counted from the MindRecord index files).
 Both registered names (`CPUTrainOneStepCell`, `StopAtStep`) need `pipeline_lib.train` importable.
 
-Limits: no eval dataset/processor sections (evaluation runs elsewhere); SFT uses no gradient
-accumulation and reuses training.warmup_steps / min_lr / optimizer / loss scale (there are no sft.*
-fields for them). Raises ValueError naming the argument when the stage or the inputs cannot work.
+Limits: no eval dataset/processor sections (evaluation runs elsewhere). SFT has its own steps, learning
+rate, warm-up, min_lr, micro batch and accumulation (sft.*) and shares the optimizer betas, precision, loss
+scale, clipping, checkpoint cadence and data-loader knobs of `training`. Raises ValueError naming the argument when the stage or the inputs cannot work.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from typing import Literal
 import yaml
 
 from .platform import CPU_MODEL_OVERRIDES, CPU_RUNNER_OVERRIDES, device_target
-from .schema import PipelineConfig
+from .schema import PipelineConfig, sft_accumulation
 from .validate import lora_model_name
 
 Stage = Literal["pretrain", "sft"]
@@ -75,6 +75,15 @@ def _loss_scale(cfg: PipelineConfig):
     if ls.type == "static":
         return {"type": "FixedLossScaleUpdateCell", "loss_scale_value": float(ls.init_value)}
     return 1.0
+
+
+def stage_schedule(cfg: PipelineConfig, stage: Stage) -> dict:
+    """The batch, step budget and LR schedule of a stage: `training.*` for pretrain, `sft.*` for SFT."""
+    src = cfg.sft if stage == "sft" else cfg.training
+    accum = sft_accumulation(cfg) if stage == "sft" else src.gradient_accumulation_steps
+    return {"micro": src.micro_batch_size, "accum": accum, "steps": src.steps,
+            "learning_rate": src.learning_rate, "warmup_steps": src.warmup_steps, "min_lr": src.min_lr,
+            "guard": src.guard}
 
 
 def dataset_workers(cfg: PipelineConfig, on_cpu: bool) -> int:
@@ -152,10 +161,8 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     target = target or device_target(cfg)
     on_cpu = target == "CPU"
     dp = cfg.parallel.data_parallel
-    if stage == "sft":
-        micro, accum, lr, budget = cfg.sft.micro_batch_size, 1, cfg.sft.learning_rate, cfg.sft.steps
-    else:
-        micro, accum, lr, budget = t.micro_batch_size, t.gradient_accumulation_steps, t.learning_rate, t.steps
+    sched = stage_schedule(cfg, stage)
+    micro, accum, lr, budget = sched["micro"], sched["accum"], sched["learning_rate"], sched["steps"]
     budget = steps or budget
     # CPU: the wrapper splits one dataset batch into `accum` micro batches inside the graph.
     batch = micro * accum if on_cpu else micro
@@ -169,10 +176,9 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
             raise ValueError(f"dataset_dir={dataset_dir!r} holds {rows} rows, fewer than one optimizer step "
                              f"needs ({rows_per_step} = micro_batch x accumulation x data_parallel)")
         epochs, stop_step = math.ceil(budget / steps_per_epoch), budget
-    warmup = min(t.warmup_steps, budget) if budget else t.warmup_steps
+    warmup = min(sched["warmup_steps"], budget) if budget else sched["warmup_steps"]
 
-    # SFT has no accumulation of its own: under pipeline parallel it keeps parallel.micro_batch_num.
-    parallel, parallel_config = _parallel(cfg, on_cpu, accum if stage == "pretrain" else None)
+    parallel, parallel_config = _parallel(cfg, on_cpu, accum)
     columns = ["input_ids", "labels"] if stage == "sft" else ["input_ids"]
     name = lora_model_name(cfg) if stage == "sft" else cfg.model.name
     wrapper = {"type": CPU_WRAPPER if on_cpu else "MFTrainOneStepCell", "scale_sense": _loss_scale(cfg),
@@ -220,7 +226,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         "runner_wrapper": wrapper,
         "optimizer": {"type": "AdamW", "betas": [t.optimizer.beta1, t.optimizer.beta2],
                       "eps": t.optimizer.eps, "weight_decay": t.optimizer.weight_decay},
-        "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": lr, "lr_end": t.min_lr,
+        "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": lr, "lr_end": sched["min_lr"],
                         "warmup_steps": warmup, "total_steps": budget if budget is not None else -1},
         "model": {"model_config": _model_config(cfg, stage, on_cpu, micro),
                   "arch": {"type": "LlamaForCausalLM"}},

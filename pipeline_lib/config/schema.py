@@ -272,9 +272,32 @@ class SFTConfig(_Section):
         default_factory=lambda: ["wq", "wk", "wv", "wo"], description="Projections that get adapters."
     )
     model_name: str | None = Field(None, description="Name of the LoRA model config; None means <model.name>_lora.")
+    # SFT's own optimizer schedule, batch and guard: a LoRA finetune wants a different learning rate,
+    # warm-up and step budget than the pretraining run it starts from (AdamW betas, precision, loss
+    # scale, clipping and checkpoint cadence are shared with `training`).
     steps: int = Field(60, ge=1, description="SFT optimizer steps.")
-    learning_rate: float = Field(5e-3, gt=0, description="SFT peak learning rate.")
-    micro_batch_size: int = Field(4, ge=1, description="SFT samples per device per step.")
+    learning_rate: float = Field(5e-3, gt=0, description="SFT peak learning rate (the default suits the tiny "
+                                 "demo; LoRA on a 7B base typically uses 1e-4 to 3e-4).")
+    warmup_steps: int = Field(6, ge=0, description="SFT linear warm-up steps; must be < sft.steps.")
+    min_lr: float = Field(1e-5, ge=0, description="SFT cosine schedule floor.")
+    micro_batch_size: int = Field(4, ge=1, description="SFT samples per device per micro step.")
+    gradient_accumulation_steps: int | None = Field(
+        None, ge=1, description="SFT micro steps per optimizer step; None = 1, or parallel.micro_batch_num under "
+        "pipeline parallel (there they are the pipeline's micro batches: a multiple of parallel.pipeline_stage).")
+    global_batch_size: int | None = Field(
+        None, ge=1, description="SFT samples per optimizer step; None = micro_batch_size x "
+        "gradient_accumulation_steps x data_parallel (set it to have validate check the arithmetic).")
+    guard: GuardConfig = Field(default_factory=GuardConfig,
+                               description="SFT loss guard (stop on NaN/spike; rollback is not applied to SFT).")
+    allow_demo_data: bool = Field(
+        False, description="Allow the bundled demo file configs/data/tiny_sft.jsonl as SFT data outside the tiny "
+        "CPU run (validate refuses it otherwise).")
+
+
+def sft_accumulation(cfg: "PipelineConfig") -> int:
+    """sft.gradient_accumulation_steps, else 1 (pipeline parallel: parallel.micro_batch_num)."""
+    p = cfg.parallel
+    return cfg.sft.gradient_accumulation_steps or (p.micro_batch_num if p.pipeline_stage > 1 else 1)
 
 
 class EvaluateConfig(_Section):

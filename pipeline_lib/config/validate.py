@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .errors import ConfigError, ConfigIssue
 from .platform import device_target
-from .schema import DTYPE_FIELDS, PipelineConfig, precision_dtypes
+from .schema import DTYPE_FIELDS, PipelineConfig, precision_dtypes, sft_accumulation
 
 
 def _batch(cfg: PipelineConfig) -> list[ConfigIssue]:
@@ -186,6 +186,44 @@ def _lora(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 
 LORA_TARGETS = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}
+DEMO_SFT_DATA = "configs/data/tiny_sft.jsonl"
+
+
+def is_tiny_demo(cfg: PipelineConfig) -> bool:
+    """The demo scale (a smoke-test model no wider than 512), where the bundled toy SFT file is fine."""
+    return cfg.model.hidden_size <= 512
+
+
+def _sft(cfg: PipelineConfig) -> list[ConfigIssue]:
+    """SFT's own schedule and batch (it no longer borrows training.*), and its data."""
+    s, p = cfg.sft, cfg.parallel
+    issues = []
+    if s.warmup_steps >= s.steps:
+        issues.append(ConfigIssue("sft.warmup_steps", s.warmup_steps,
+                                  f"not below sft.steps={s.steps}: the whole finetune would be warm-up",
+                                  f"set sft.warmup_steps to about {max(1, s.steps // 20)} (5% of sft.steps)"))
+    accum = sft_accumulation(cfg)
+    want = s.micro_batch_size * accum * p.data_parallel
+    if s.global_batch_size is not None and s.global_batch_size != want:
+        issues.append(ConfigIssue(
+            "sft.global_batch_size", s.global_batch_size,
+            f"must equal sft.micro_batch_size x sft.gradient_accumulation_steps x data_parallel = "
+            f"{s.micro_batch_size} x {accum} x {p.data_parallel} = {want}",
+            f"set sft.global_batch_size={want} (or leave it empty)"))
+    if p.pipeline_stage > 1 and accum % p.pipeline_stage:
+        issues.append(ConfigIssue(
+            "sft.gradient_accumulation_steps", accum,
+            f"under pipeline parallel it becomes micro_batch_num and must be a multiple of "
+            f"parallel.pipeline_stage={p.pipeline_stage}",
+            f"set sft.gradient_accumulation_steps={p.pipeline_stage * max(1, accum // p.pipeline_stage)}"))
+    demo = [i for i in s.inputs if i.replace("\\", "/").endswith(DEMO_SFT_DATA)]
+    if demo and not s.allow_demo_data and not is_tiny_demo(cfg):
+        issues.append(ConfigIssue("sft.inputs", demo,
+                                  "the bundled demo file (a handful of toy samples) would finetune a "
+                                  f"hidden_size={cfg.model.hidden_size} model (demo scale is <= 512)",
+                                  "point sft.inputs at your instruction data, or set sft.allow_demo_data=true "
+                                  "if this is really meant"))
+    return issues
 
 
 def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
@@ -204,7 +242,7 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
     return issues
 
 
-RULES = (_batch, _devices, _pipeline, _heads, _tp_inside_node, _precision, _names, _tokens, _lora)
+RULES = (_batch, _devices, _pipeline, _heads, _tp_inside_node, _precision, _names, _tokens, _lora, _sft)
 
 
 def check(cfg: PipelineConfig, *, for_run: bool = True) -> list[ConfigIssue]:

@@ -95,6 +95,15 @@ def test_sft_yaml_is_a_lora_finetune_from_the_base(mf_config, tmp_path):
     assert mf.train_dataset.batch_size == 2 and mf.lr_schedule.learning_rate == 1e-3
     assert mf.lr_schedule.total_steps == 12
     ckpt = next(c for c in mf.callbacks if c["type"] == "CheckpointMonitor")
+    # SFT's own schedule and accumulation, not the pretraining run's
+    cfg = cpu_cfg(training={"warmup_steps": 50, "min_lr": 1e-4, "gradient_accumulation_steps": 3,
+                            "global_batch_size": 12},
+                  sft={"steps": 40, "warmup_steps": 4, "min_lr": 2e-6, "micro_batch_size": 2,
+                       "gradient_accumulation_steps": 2})
+    run = build_run_config(cfg, stage="sft", dataset_dir="d", output_dir="o", load_checkpoint="/b.ckpt",
+                           train_rows=400)
+    assert (run["lr_schedule"]["warmup_steps"], run["lr_schedule"]["lr_end"]) == (4, 2e-6)
+    assert run["runner_wrapper"]["accumulation_steps"] == 2 and run["train_dataset"]["batch_size"] == 4
     assert ckpt["save_trainable_params"] is True and ckpt["prefix"] == "tiny_llama_lora"
 
 

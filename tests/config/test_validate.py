@@ -162,6 +162,22 @@ def test_validate_raises_with_every_issue():
     assert {"training.global_batch_size", "training.loss_scale.type"} <= set(err.value.fields())
 
 
+def test_sft_has_its_own_schedule_rules():
+    found = issues(sft={"steps": 60, "warmup_steps": 60})
+    assert "sft.warmup_steps" in found and "sft.steps=60" in found["sft.warmup_steps"].problem
+    assert "sft.global_batch_size" in issues(sft={"global_batch_size": 5})
+    assert issues(sft={"micro_batch_size": 2, "gradient_accumulation_steps": 3, "global_batch_size": 6}) == {}
+
+
+def test_demo_sft_data_refused_outside_the_tiny_run():
+    seven_b = ascend(model={"hidden_size": 4096, "num_heads": 32, "intermediate_size": 11008}, training={"precision": "bf16"})
+    found = issues(**seven_b)
+    assert "sft.inputs" in found and "sft.allow_demo_data=true" in found["sft.inputs"].fix
+    assert issues(**seven_b, sft={"allow_demo_data": True}) == {}
+    assert issues(**seven_b, sft={"inputs": ["s3://bucket/sft/*.jsonl"]}) == {}
+    assert issues() == {}  # the tiny CPU run uses it
+
+
 def test_warmup_longer_than_steps_refused_at_load():
     with pytest.raises(ConfigError, match="warmup_steps"):
         config_from_dict({"training": {"steps": 3, "warmup_steps": 10}})
