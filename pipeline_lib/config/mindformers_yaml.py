@@ -201,7 +201,8 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     context = {"mode": 0, "device_target": target, "max_call_depth": 10000, "save_graphs": False,
                "device_id": 0}
     if not on_cpu:
-        context["max_device_memory"] = f"{cfg.parallel.device_memory_gb:g}GB"
+        # the card minus parallel's headroom (mindformers' 64 GB reference layouts: "59GB")
+        context["max_device_memory"] = f"{cfg.parallel.usable_memory_gb:g}GB"
     recompute = cfg.model.recompute
 
     return {

@@ -165,6 +165,13 @@ class ModelConfig(_Section):
         return self.n_kv_heads or self.num_heads
 
 
+def headroom_gb(device_memory_gb: float, explicit: float | None = None) -> float:
+    """Headroom for a card of `device_memory_gb`: `explicit`, else 5 GB on >= 32 GB cards, else 8% of the card."""
+    if explicit is not None:
+        return explicit
+    return 5.0 if device_memory_gb >= 32 else round(0.08 * device_memory_gb, 3)
+
+
 class ParallelConfig(_Section):
     devices: int = Field(1, ge=1, description="Devices (cards, or CPU processes) the run uses in total.")
     data_parallel: int = Field(1, ge=1, description="Data-parallel degree.")
@@ -173,13 +180,26 @@ class ParallelConfig(_Section):
     micro_batch_num: int = Field(1, ge=1, description="Micro batches per step in pipeline parallel.")
     optimizer_shard: bool = Field(False, description="Shard optimizer states across the data-parallel group.")
     devices_per_node: int = Field(1, ge=1, description="Devices on one node.")
-    device_memory_gb: float = Field(16.0, gt=0, description="Usable memory per device, GB (1e9 bytes).")
+    device_memory_gb: float = Field(16.0, gt=0, description="Memory of one device (the card's size), GB (1e9 bytes).")
+    device_memory_headroom_gb: float | None = Field(
+        None, ge=0, description="Memory left to the runtime outside MindSpore's pool, GB; None = 5 on cards of "
+        ">= 32 GB (mindformers' 64 GB reference layouts set max_device_memory 59GB), else 8% of the card. "
+        "context.max_device_memory and the planner's budget are device_memory_gb minus this.")
     master_addr: str = Field("127.0.0.1", description="msrun master address (node 0).")
     master_port: int = Field(8118, ge=1, le=65535, description="msrun master port.")
 
     @property
     def num_nodes(self) -> int:
         return -(-self.devices // self.devices_per_node)
+
+    @property
+    def headroom_gb(self) -> float:
+        return headroom_gb(self.device_memory_gb, self.device_memory_headroom_gb)
+
+    @property
+    def usable_memory_gb(self) -> float:
+        """What the run may use per device: the card minus the headroom (context.max_device_memory)."""
+        return self.device_memory_gb - self.headroom_gb
 
 
 class OptimizerConfig(_Section):

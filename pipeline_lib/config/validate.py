@@ -85,6 +85,15 @@ def _heads(cfg: PipelineConfig) -> list[ConfigIssue]:
     return issues
 
 
+def _headroom(cfg: PipelineConfig) -> list[ConfigIssue]:
+    p = cfg.parallel
+    if p.usable_memory_gb <= 0:
+        return [ConfigIssue("parallel.device_memory_headroom_gb", p.headroom_gb,
+                            f"leaves nothing of parallel.device_memory_gb={p.device_memory_gb:g}",
+                            "set a headroom below device_memory_gb (5 on 64 GB cards) or leave it empty")]
+    return []
+
+
 def _tp_inside_node(cfg: PipelineConfig) -> list[ConfigIssue]:
     p = cfg.parallel
     if p.model_parallel > p.devices_per_node:
@@ -242,7 +251,19 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
     return issues
 
 
-RULES = (_batch, _devices, _pipeline, _heads, _tp_inside_node, _precision, _names, _tokens, _lora, _sft)
+RULES = (_batch, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _names, _tokens, _lora, _sft)
+
+
+def warnings(cfg: PipelineConfig) -> list[str]:
+    """Settings that run but do not do what their name says (validate prints them; exit code stays 0)."""
+    p = cfg.parallel
+    out = []
+    if p.optimizer_shard and p.data_parallel == 1:
+        # mindformers' enable_parallel_optimizer shards optimizer states over the data-parallel group only.
+        out.append("parallel.optimizer_shard=true has no effect with parallel.data_parallel=1: mindformers shards "
+                   "optimizer states across the data-parallel group, which is one device here (the planner "
+                   "counts no saving). Fix: set optimizer_shard=false, or use data_parallel > 1")
+    return out
 
 
 def check(cfg: PipelineConfig, *, for_run: bool = True) -> list[ConfigIssue]:

@@ -10,7 +10,8 @@ What `run_pretrain_stage(cfg, paths, log=..., progress=...)` does, in order:
    and a verified `latest_checkpoint.json`, training continues from that checkpoint with `resume_training`
    (weights, AdamW moments, global step and so the LR position, the data position); otherwise the folder is
    emptied. A finished attempt that died before its manifest is not trained again.
-3. free disk: `check_free_disk` for 2 checkpoints x the ranks on this node (planner parameter count).
+3. free disk: `check_disk` for training.keep_checkpoint_max + 1 checkpoints of this node's rank shards
+   (planner.disk: weights in param_init_type + fp32 AdamW moments, per pipeline stage / tensor-parallel shard).
 4. preflight (training.preflight_steps > 0, fresh start only): N steps in `preflight/` (its own output_dir);
    step time, tokens/s, peak RSS of the process tree, loss finite and falling, planner prediction vs measured
    memory -> `preflight.json`; a bad verdict stops the stage with what to change (`PreflightFailed`).
@@ -57,7 +58,7 @@ from ..config.platform import device_target
 from ..stages import stage_hash, stage_inputs
 from ..storage import Manifest, RunPaths, invalidate, is_s3, join, read_manifest, sha256_file, store_for, \
     write_manifest
-from .checkpoints import LATEST_FILE, CheckpointManager, check_free_disk, expected_checkpoint_bytes
+from .checkpoints import LATEST_FILE, CheckpointManager, check_disk
 from .launch import GuardTripped, TrainingLaunchError
 from .metrics import METRICS_FILE, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight, summarize_steps
@@ -383,13 +384,15 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
             store_for(stage_uri, endpoint).put_file(ident_file, join(stage_uri, IDENTITY_FILE))
     resumed_from = latest["step"] if latest else None
 
-    # 3. free disk for two more checkpoints on this node
-    if checkpoint_bytes is None:
-        from ..planner import count_params
+    # 3. free disk for the checkpoints this node keeps (planner.disk: the ranks' shards x kept copies)
+    from ..planner.disk import CheckpointDisk, checkpoint_disk, disk_fix
 
-        checkpoint_bytes = expected_checkpoint_bytes(out, count_params(cfg.model).total)
-    free = check_free_disk(out, checkpoint_bytes, copies=2, ranks_on_node=len(ranks))
-    log(f"pretrain: {free / GB:.1f} GB free for checkpoints of ~{checkpoint_bytes / GB:.3f} GB x {len(ranks)} rank(s)")
+    need = checkpoint_disk(cfg, ranks)
+    if checkpoint_bytes is not None:
+        need = CheckpointDisk({r: int(checkpoint_bytes) for r in ranks}, need.copies)
+    where = "$LLM_PIPELINE_WORK_DIR (s3:// runs train in a local work folder)" if remote else "run.output_root"
+    free = check_disk(out, need.total, need.explain(), disk_fix(cfg, need, where=where))
+    log(f"pretrain: {free / GB:.1f} GB free for {need.explain()} = {need.total / GB:.1f} GB")
 
     load = _materialize_base(cfg, base, base_info, out, endpoint, log)
     # the yaml a user can run as is (fresh start from the base); resumed attempts launch run_resume.yaml

@@ -160,7 +160,7 @@ def test_precision_drives_dtypes_and_loss_scale(precision, compute, scale, mf_co
 def test_ascend_yaml_uses_semi_auto_parallel_and_stock_wrapper(mf_config, tmp_path):
     cfg = load_config(ROOT / "configs/pipelines/llama2-7b-4x64gb.yaml")
     path, mf = write_and_load(mf_config, tmp_path, cfg, train_rows=100_000)
-    assert mf.context.device_target == "Ascend" and mf.context.max_device_memory == "64GB"
+    assert mf.context.device_target == "Ascend" and mf.context.max_device_memory == "59GB"  # 64 - 5 headroom
     assert mf.parallel.parallel_mode == 1 and mf.parallel.full_batch is True and mf.use_parallel is True
     assert mf.parallel.enable_parallel_optimizer is True
     pc = mf.parallel_config

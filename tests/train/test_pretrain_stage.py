@@ -204,8 +204,10 @@ def test_missing_base_checkpoint_fails_fast(pretrain_data, tmp_path):
 
 def test_not_enough_disk_refuses_before_launch(pretrain_data):
     cfg, paths = new_run(pretrain_data, "no-disk")
-    with pytest.raises(InsufficientDiskError, match=r"need .* bytes \(2 x 1,000,000,000,000,000,000 per checkpoint "
-                                                    r"x 1 rank\(s\)\).*training\.keep_checkpoint_max"):
+    # keep_checkpoint_max=2: 2 kept + 1 being written, of this node's one rank
+    with pytest.raises(InsufficientDiskError, match=r"need 3,000,000,000,000,000,000 bytes \(3 checkpoints .* x "
+                                                    r"1,000,000,000,000,000,000 bytes per checkpoint on this node "
+                                                    r"\(1 rank shard\(s\)\)\).*training\.keep_checkpoint_max \(now 2"):
         run_pretrain_stage(cfg, paths, log=lambda line: None, checkpoint_bytes=10 ** 18)
     out = Path(paths.stage_uri("pretrain"))
     assert not (out / "run.yaml").exists() and not (out / "checkpoint").exists()
