@@ -18,7 +18,8 @@ Steps: mindformers counts epochs, not steps. With a step budget the yaml gets en
 data plus a `StopAtStep` callback that stops at the budget's optimizer global_step (mindformers'
 `TrainCallBack` counts from 0 again after a resume), and the LR schedule spans exactly that budget;
 this needs the number of rows (`train_rows`, else counted from the MindRecord index files).
-Both registered names (`CPUTrainOneStepCell`, `StopAtStep`) need `pipeline_lib.train` importable.
+The registered names (`CPUTrainOneStepCell`, `StopAtStep`, and the PipelineMetrics / LossGuard callbacks the
+train stages append) need `pipeline_lib.train` importable; the yaml's header says which and how.
 
 Limits: no eval dataset/processor sections (evaluation runs elsewhere). SFT has its own steps, learning
 rate, warm-up, min_lr, micro batch and accumulation (sft.*) and shares the optimizer betas, precision, loss
@@ -259,7 +260,23 @@ def _header(cfg: PipelineConfig, run: dict, stage: Stage) -> str:
             f"{cfg.parallel.data_parallel}; {gbs * seq} tokens per optimizer step;\n"
             f"# data_parallel={pc['data_parallel']} model_parallel={pc['model_parallel']} "
             f"pipeline_stage={pc['pipeline_stage']}; step budget: {run['lr_schedule']['total_steps']} "
-            f"(-1 = epochs x dataset), epochs={r['epochs']}.\n")
+            f"(-1 = epochs x dataset), epochs={r['epochs']}.\n" + _needs_pipeline_lib(run))
+
+
+PIPELINE_LIB_TYPES = {CPU_WRAPPER: "pipeline_lib.train.cpu_wrappers", STOP_CALLBACK: "pipeline_lib.train.mf_callbacks",
+                      "PipelineMetrics": "pipeline_lib.train.callbacks", "LossGuard": "pipeline_lib.train.callbacks"}
+"""Types the yaml may name that only exist once these modules are imported (they register with mindformers)."""
+
+
+def _needs_pipeline_lib(run: dict) -> str:
+    named = [run["runner_wrapper"]["type"]] + [c["type"] for c in run["callbacks"]]
+    ours = [t for t in dict.fromkeys(named) if t in PIPELINE_LIB_TYPES]
+    if not ours:
+        return ""
+    modules = sorted({PIPELINE_LIB_TYPES[t] for t in ours})
+    return (f"# Names {', '.join(ours)}: registered on import of {', '.join(modules)}, so pipeline_lib must be\n"
+            f"# importable (PYTHONPATH=<this repo>). mindformers' run_mindformer.py does not import it: use the command\n"
+            f"# above, or import those modules before building mindformers.Trainer in your own script.\n")
 
 
 def write_run_yaml(cfg: PipelineConfig, path: str | Path, *, stage: Stage, **kwargs) -> Path:

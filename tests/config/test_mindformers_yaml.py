@@ -162,7 +162,7 @@ def test_ascend_yaml_uses_semi_auto_parallel_and_stock_wrapper(mf_config, tmp_pa
     path, mf = write_and_load(mf_config, tmp_path, cfg, train_rows=100_000)
     assert mf.context.device_target == "Ascend" and mf.context.max_device_memory == "59GB"  # 64 - 5 headroom
     assert mf.parallel.parallel_mode == 1 and mf.parallel.full_batch is True and mf.use_parallel is True
-    assert mf.parallel.enable_parallel_optimizer is True
+    assert mf.parallel.enable_parallel_optimizer is False  # dp1: no data-parallel group to shard over
     pc = mf.parallel_config
     assert (pc.data_parallel, pc.model_parallel, pc.pipeline_stage, pc.micro_batch_num) == (1, 2, 2, 4)
     assert mf.runner_wrapper.type == "MFTrainOneStepCell" and "accumulation_steps" not in mf.runner_wrapper
@@ -246,6 +246,21 @@ def test_rows_are_counted_from_mindrecord_index_files(tmp_path):
     assert count_mindrecord_rows(str(tmp_path)) == 12
     with pytest.raises(ValueError, match="no MindRecord"):
         count_mindrecord_rows(str(tmp_path / "empty"))
+
+
+def test_header_names_what_needs_pipeline_lib(tmp_path):
+    from pipeline_lib.train.metrics import training_callbacks
+
+    extra = training_callbacks("o", tokens_per_step=256, batch_size=4, data_parallel=1)
+    path = write_run_yaml(cpu_cfg(), tmp_path / "run.yaml", stage="pretrain", dataset_dir="d", output_dir="o",
+                          train_rows=64, extra_callbacks=extra)
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    assert "# Names CPUTrainOneStepCell, StopAtStep, PipelineMetrics, LossGuard: registered on import of " \
+           "pipeline_lib.train.callbacks, pipeline_lib.train.cpu_wrappers, pipeline_lib.train.mf_callbacks" in header
+    assert "run_mindformer.py does not import it" in header
+    epochs_only = config_from_dict({"run": {"device_target": "Ascend"}, "training": {"steps": None}})
+    path = write_run_yaml(epochs_only, tmp_path / "plain.yaml", stage="pretrain", dataset_dir="d", output_dir="o")
+    assert "# Names" not in path.read_text()  # stock mindformers types only: runs with any mindformers launcher
 
 
 def test_written_yaml_is_plain_yaml(tmp_path):
