@@ -395,7 +395,7 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
     log(f"pretrain: {free / GB:.1f} GB free for {need.explain()} = {need.total / GB:.1f} GB")
 
     load = _materialize_base(cfg, base, base_info, out, endpoint, log)
-    # the yaml a user can run as is (fresh start from the base); resumed attempts launch run_resume.yaml
+    # the fresh-start yaml (from the base; runs with the entry module, see its header); resumed attempts launch run_resume.yaml
     _write_yaml(cfg, out / RUN_YAML, out=out, data_dir=data_dir, rows=rows, load=load)
 
     # 4. preflight on a fresh start
