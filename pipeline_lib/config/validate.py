@@ -248,6 +248,15 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
                                       "on CPU); planning this layout is fine, running it here is not",
                                       f"run on an Ascend pool, or set parallel.{field}=1 for a CPU run "
                                       "(llm-pipeline plan still plans the real layout)"))
+    bf16 = [f for f in DTYPE_FIELDS if getattr(cfg.model, f) == "bfloat16"]
+    if bf16:
+        # measured: the tiny Llama's graph fails to compile ("Select CPU operator[Reshape] fail ... BFloat16");
+        # fp16 (with its dynamic loss scale, CPUTrainOneStepCell's IsFinite check) and fp32 train on CPU.
+        field = "training.precision" if cfg.training.precision == "bf16" else f"model.{bf16[0]}"
+        issues.append(ConfigIssue(field, "bf16" if field == "training.precision" else "bfloat16",
+                                  "MindSpore 2.9's CPU kernels have no bfloat16 (e.g. Reshape): the graph "
+                                  "does not compile on CPU",
+                                  "set training.precision=fp32 (or fp16) for a CPU run; bf16 is for Ascend"))
     return issues
 
 

@@ -175,6 +175,14 @@ def test_cpu_refuses_model_and_pipeline_parallel_for_runs_only():
     assert issues(for_run=False, **sections) == {}
 
 
+def test_bf16_is_refused_for_cpu_runs_only():
+    cpu = {"run": {"device_target": "CPU"}, "training": {"precision": "bf16"}}
+    found = issues(for_run=True, **cpu)
+    assert "training.precision" in found and "bfloat16" in found["training.precision"].problem
+    assert issues(for_run=False, **cpu) == {}  # planning an Ascend bf16 layout here is fine
+    assert issues(for_run=True, run={"device_target": "CPU"}, training={"precision": "fp16"}) == {}
+
+
 def test_validate_raises_with_every_issue():
     cfg = config_from_dict({"training": {"global_batch_size": 5, "precision": "fp16", "loss_scale": {"type": "none"}}})
     with pytest.raises(ConfigError) as err:
