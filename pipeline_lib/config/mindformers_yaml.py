@@ -21,9 +21,16 @@ this needs the number of rows (`train_rows`, else counted from the MindRecord in
 The registered names (`CPUTrainOneStepCell`, `StopAtStep`, and the PipelineMetrics / LossGuard callbacks the
 train stages append) need `pipeline_lib.train` importable; the yaml's header says which and how.
 
+Precision: the model dtypes and `runner_wrapper.scale_sense` come from the config, where
+training.precision derives whatever was left empty (fp16: DynamicLossScaleUpdateCell; bf16/fp32: 1.0).
+Data order: `train_dataset.data_loader.shuffle` = training.shuffle with `train_dataset.seed` = run.seed
+(the dataset pipeline's seed in mindformers), so a resume's `set_init_step` skip continues the same order.
+`context.max_device_memory` is the card minus parallel.device_memory_headroom_gb.
+
 Limits: no eval dataset/processor sections (evaluation runs elsewhere). SFT has its own steps, learning
 rate, warm-up, min_lr, micro batch and accumulation (sft.*) and shares the optimizer betas, precision, loss
-scale, clipping, checkpoint cadence and data-loader knobs of `training`. Raises ValueError naming the argument when the stage or the inputs cannot work.
+scale, clipping, checkpoint cadence and data-loader knobs of `training`. Raises ValueError naming the
+argument when the stage or the inputs cannot work.
 """
 from __future__ import annotations
 
@@ -83,8 +90,7 @@ def stage_schedule(cfg: PipelineConfig, stage: Stage) -> dict:
     src = cfg.sft if stage == "sft" else cfg.training
     accum = sft_accumulation(cfg) if stage == "sft" else src.gradient_accumulation_steps
     return {"micro": src.micro_batch_size, "accum": accum, "steps": src.steps,
-            "learning_rate": src.learning_rate, "warmup_steps": src.warmup_steps, "min_lr": src.min_lr,
-            "guard": src.guard}
+            "learning_rate": src.learning_rate, "warmup_steps": src.warmup_steps, "min_lr": src.min_lr}
 
 
 def dataset_workers(cfg: PipelineConfig, on_cpu: bool) -> int:
