@@ -11,6 +11,7 @@ import sys
 
 from .config import ConfigError, check, load_config
 from .config.inputs import check_inputs
+from .config.validate import warnings
 from .config.platform import device_target
 from .config.schema import PipelineConfig
 
@@ -50,10 +51,14 @@ def summary_lines(cfg: PipelineConfig) -> list[str]:
         lines.append(f"epochs: {t.epochs} (steps follow from the packed data)")
     peak = _predicted_peak(cfg)
     if peak is not None:
-        lines.append(f"predicted peak memory per device: {peak:.2f} GB of {p.device_memory_gb:g} GB")
-        if peak > p.device_memory_gb:
-            lines.append(f"WARNING: predicted peak {peak:.2f} GB exceeds parallel.device_memory_gb="
-                         f"{p.device_memory_gb:g}; run `llm-pipeline plan` for a layout that fits")
+        lines.append(f"predicted peak memory per device: {peak:.2f} GB of {p.usable_memory_gb:g} GB usable "
+                     f"({p.device_memory_gb:g} GB card - {p.headroom_gb:g} GB headroom)")
+        from .planner import memory_warning
+
+        warning = memory_warning(cfg)
+        if warning:
+            lines.append(f"WARNING: {warning}")
+    lines += [f"WARNING: {w}" for w in warnings(cfg)]
     return lines
 
 

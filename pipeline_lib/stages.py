@@ -47,7 +47,8 @@ def _data_fields(c: PipelineConfig) -> dict:
 
 def _pretrain_fields(c: PipelineConfig) -> dict:
     training = c.training.model_dump(mode="json")
-    for knob in ("timeout_seconds", "upload_checkpoints", "preflight_steps"):  # do not change the weights
+    for knob in ("timeout_seconds", "upload_checkpoints", "preflight_steps",  # do not change the weights
+                 "dataset_workers", "prefetch_size", "profile"):
         training.pop(knob)
     return {"model": c.model.model_dump(mode="json"), "parallel": c.parallel.model_dump(mode="json"),
             "training": training, "seed": c.run.seed, "device": device_target(c)}
@@ -72,13 +73,14 @@ def _contents(paths: list[str]) -> list[list]:
 
 
 def _sft_fields(c: PipelineConfig) -> dict:
-    # SFT reuses the optimizer/schedule/guard knobs of `training`, and its data files' contents matter.
-    reused = c.training.model_dump(mode="json", include={"optimizer", "warmup_steps", "min_lr", "precision",
-                                                         "loss_scale", "grad_clip", "save_steps",
-                                                         "keep_checkpoint_max", "guard"})
-    return {"sft": c.sft.model_dump(mode="json", exclude={"inputs"}), "model": c.model.model_dump(mode="json"),
-            "training": reused, "special_tokens": c.tokenizer.special_tokens, "seed": c.run.seed,
-            "device": device_target(c), "inputs": _contents(c.sft.inputs)}
+    # SFT has its own schedule, batch and guard (sft.*); it shares these `training` knobs, and its data
+    # files' contents matter.
+    reused = c.training.model_dump(mode="json", include={"optimizer", "precision", "loss_scale", "grad_clip",
+                                                         "save_steps", "keep_checkpoint_max", "shuffle"})
+    return {"sft": c.sft.model_dump(mode="json", exclude={"inputs", "allow_demo_data"}),
+            "model": c.model.model_dump(mode="json"), "training": reused,
+            "special_tokens": c.tokenizer.special_tokens, "seed": c.run.seed, "device": device_target(c),
+            "inputs": _contents(c.sft.inputs)}
 
 
 def _evaluate_fields(c: PipelineConfig) -> dict:

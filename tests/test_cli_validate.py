@@ -25,6 +25,28 @@ def test_validate_bad_global_batch_exits_2_and_names_formula():
     assert "micro_batch_size x gradient_accumulation_steps x data_parallel" in res.stderr
 
 
+def test_validate_fp16_without_loss_scale_exits_2_naming_the_field():
+    res = cli("validate", TINY, "training.precision=fp16", "training.loss_scale.type=none")
+    assert res.returncode == 2 and "training.loss_scale.type='none'" in res.stderr
+    res = cli("validate", TINY, "model.compute_dtype=float16")
+    assert res.returncode == 2 and "model.compute_dtype='float16'" in res.stderr
+
+
+def test_validate_warns_about_optimizer_sharding_without_data_parallel():
+    res = cli("validate", TINY, "parallel.optimizer_shard=true")
+    assert res.returncode == 0
+    assert "WARNING: parallel.optimizer_shard=true has no effect with parallel.data_parallel=1" in res.stdout
+    assert "optimizer_shard" not in cli("validate", TINY).stdout
+
+
+def test_validate_budgets_the_card_minus_headroom():
+    res = cli("validate", "configs/pipelines/llama2-7b-4x64gb.yaml", "--plan-only")
+    assert res.returncode == 0, res.stderr
+    assert "GB of 59 GB usable (64 GB card - 5 GB headroom)" in res.stdout and "WARNING" not in res.stdout
+    tight = cli("validate", "configs/pipelines/llama2-7b-4x64gb.yaml", "--plan-only", "parallel.device_memory_gb=32")
+    assert "WARNING: predicted peak" in tight.stdout and "exceeds the usable 27 GB" in tight.stdout
+
+
 def test_explain_documents_every_field():
     res = cli("validate", "--explain")
     assert res.returncode == 0

@@ -1,4 +1,5 @@
-"""Stage identity: the same input files reached through another folder keep the stage's identity."""
+"""Stage identity (stages.py): exactly the fields that change a stage's output are in its hash; the same
+input files reached through another folder keep the stage's identity."""
 from __future__ import annotations
 
 import shutil
@@ -24,3 +25,24 @@ def test_sft_and_evaluate_identity_follow_file_contents_not_their_folder(tmp_pat
         assert stage_hash(a, stage) == stage_hash(b, stage)
     (tmp_path / "b" / "tiny_sft.jsonl").write_text('{"prompt": "p", "response": "r"}\n')
     assert stage_hash(a, "sft") != stage_hash(b, "sft")  # edited data: the stage reruns
+
+
+
+
+def _changes(stage: str, **sections) -> bool:
+    return stage_hash(config_from_dict(sections), stage) != stage_hash(config_from_dict({}), stage)
+
+
+def test_sft_identity_is_its_own_schedule_not_pretrainings():
+    for sft in ({"warmup_steps": 3}, {"min_lr": 1e-6}, {"gradient_accumulation_steps": 2},
+                {"guard": {"spike_factor": 3.0}}):
+        assert _changes("sft", sft=sft), sft
+    for training in ({"warmup_steps": 3}, {"min_lr": 1e-6}, {"guard": {"spike_factor": 3.0}}):
+        assert not _changes("sft", training=training), training
+    assert _changes("sft", training={"shuffle": False}) and not _changes("sft", sft={"allow_demo_data": True})
+
+
+def test_data_loader_knobs_that_do_not_change_weights_keep_the_pretrain_identity():
+    assert _changes("pretrain", training={"shuffle": False})
+    for knob in ({"dataset_workers": 4}, {"prefetch_size": 2}, {"profile": True}):
+        assert not _changes("pretrain", training=knob), knob

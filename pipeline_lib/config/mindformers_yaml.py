@@ -18,11 +18,19 @@ Steps: mindformers counts epochs, not steps. With a step budget the yaml gets en
 data plus a `StopAtStep` callback that stops at the budget's optimizer global_step (mindformers'
 `TrainCallBack` counts from 0 again after a resume), and the LR schedule spans exactly that budget;
 this needs the number of rows (`train_rows`, else counted from the MindRecord index files).
-Both registered names (`CPUTrainOneStepCell`, `StopAtStep`) need `pipeline_lib.train` importable.
+The registered names (`CPUTrainOneStepCell`, `StopAtStep`, and the PipelineMetrics / LossGuard callbacks the
+train stages append) need `pipeline_lib.train` importable; the yaml's header says which and how.
 
-Limits: no eval dataset/processor sections (evaluation runs elsewhere); SFT uses no gradient
-accumulation and reuses training.warmup_steps / min_lr / optimizer / loss scale (there are no sft.*
-fields for them). Raises ValueError naming the argument when the stage or the inputs cannot work.
+Precision: the model dtypes and `runner_wrapper.scale_sense` come from the config, where
+training.precision derives whatever was left empty (fp16: DynamicLossScaleUpdateCell; bf16/fp32: 1.0).
+Data order: `train_dataset.data_loader.shuffle` = training.shuffle with `train_dataset.seed` = run.seed
+(the dataset pipeline's seed in mindformers), so a resume's `set_init_step` skip continues the same order.
+`context.max_device_memory` is the card minus parallel.device_memory_headroom_gb.
+
+Limits: no eval dataset/processor sections (evaluation runs elsewhere). SFT has its own steps, learning
+rate, warm-up, min_lr, micro batch and accumulation (sft.*) and shares the optimizer betas, precision, loss
+scale, clipping, checkpoint cadence and data-loader knobs of `training`. Raises ValueError naming the
+argument when the stage or the inputs cannot work.
 """
 from __future__ import annotations
 
@@ -36,7 +44,7 @@ from typing import Literal
 import yaml
 
 from .platform import CPU_MODEL_OVERRIDES, CPU_RUNNER_OVERRIDES, device_target
-from .schema import PipelineConfig
+from .schema import PipelineConfig, sft_accumulation
 from .validate import lora_model_name
 
 Stage = Literal["pretrain", "sft"]
@@ -75,6 +83,19 @@ def _loss_scale(cfg: PipelineConfig):
     if ls.type == "static":
         return {"type": "FixedLossScaleUpdateCell", "loss_scale_value": float(ls.init_value)}
     return 1.0
+
+
+def stage_schedule(cfg: PipelineConfig, stage: Stage) -> dict:
+    """The batch, step budget and LR schedule of a stage: `training.*` for pretrain, `sft.*` for SFT."""
+    src = cfg.sft if stage == "sft" else cfg.training
+    accum = sft_accumulation(cfg) if stage == "sft" else src.gradient_accumulation_steps
+    return {"micro": src.micro_batch_size, "accum": accum, "steps": src.steps,
+            "learning_rate": src.learning_rate, "warmup_steps": src.warmup_steps, "min_lr": src.min_lr}
+
+
+def dataset_workers(cfg: PipelineConfig, on_cpu: bool) -> int:
+    """training.dataset_workers, else 8 on Ascend (mindformers reference configs) and 2 on CPU (2-core hosts)."""
+    return cfg.training.dataset_workers or (2 if on_cpu else 8)
 
 
 def _model_config(cfg: PipelineConfig, stage: Stage, on_cpu: bool, batch_size: int, token_ids) -> dict:
@@ -154,10 +175,8 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     target = target or device_target(cfg)
     on_cpu = target == "CPU"
     dp = cfg.parallel.data_parallel
-    if stage == "sft":
-        micro, accum, lr, budget = cfg.sft.micro_batch_size, 1, cfg.sft.learning_rate, cfg.sft.steps
-    else:
-        micro, accum, lr, budget = t.micro_batch_size, t.gradient_accumulation_steps, t.learning_rate, t.steps
+    sched = stage_schedule(cfg, stage)
+    micro, accum, lr, budget = sched["micro"], sched["accum"], sched["learning_rate"], sched["steps"]
     budget = steps or budget
     # CPU: the wrapper splits one dataset batch into `accum` micro batches inside the graph.
     batch = micro * accum if on_cpu else micro
@@ -171,10 +190,9 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
             raise ValueError(f"dataset_dir={dataset_dir!r} holds {rows} rows, fewer than one optimizer step "
                              f"needs ({rows_per_step} = micro_batch x accumulation x data_parallel)")
         epochs, stop_step = math.ceil(budget / steps_per_epoch), budget
-    warmup = min(t.warmup_steps, budget) if budget else t.warmup_steps
+    warmup = min(sched["warmup_steps"], budget) if budget else sched["warmup_steps"]
 
-    # SFT has no accumulation of its own: under pipeline parallel it keeps parallel.micro_batch_num.
-    parallel, parallel_config = _parallel(cfg, on_cpu, accum if stage == "pretrain" else None)
+    parallel, parallel_config = _parallel(cfg, on_cpu, accum)
     columns = ["input_ids", "labels"] if stage == "sft" else ["input_ids"]
     name = lora_model_name(cfg) if stage == "sft" else cfg.model.name
     wrapper = {"type": CPU_WRAPPER if on_cpu else "MFTrainOneStepCell", "scale_sense": _loss_scale(cfg),
@@ -197,7 +215,8 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     context = {"mode": 0, "device_target": target, "max_call_depth": 10000, "save_graphs": False,
                "device_id": 0}
     if not on_cpu:
-        context["max_device_memory"] = f"{cfg.parallel.device_memory_gb:g}GB"
+        # the card minus parallel's headroom (mindformers' 64 GB reference layouts: "59GB")
+        context["max_device_memory"] = f"{cfg.parallel.usable_memory_gb:g}GB"
     recompute = cfg.model.recompute
 
     return {
@@ -222,18 +241,21 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         "runner_wrapper": wrapper,
         "optimizer": {"type": "AdamW", "betas": [t.optimizer.beta1, t.optimizer.beta2],
                       "eps": t.optimizer.eps, "weight_decay": t.optimizer.weight_decay},
-        "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": lr, "lr_end": t.min_lr,
+        "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": lr, "lr_end": sched["min_lr"],
                         "warmup_steps": warmup, "total_steps": budget if budget is not None else -1},
         "model": {"model_config": _model_config(cfg, stage, on_cpu, micro, token_ids),
                   "arch": {"type": "LlamaForCausalLM"}},
-        "train_dataset": {"data_loader": {"type": "MindDataset", "dataset_dir": str(dataset_dir), "shuffle": False},
+        # train_dataset.seed is the seed mindformers gives the dataset pipeline (its shuffle), not the global one.
+        "train_dataset": {"data_loader": {"type": "MindDataset", "dataset_dir": str(dataset_dir),
+                                          "shuffle": bool(t.shuffle)},
                           "input_columns": columns, "batch_size": batch, "drop_remainder": True,
-                          "num_parallel_workers": 2 if on_cpu else 8, "python_multiprocessing": False,
-                          "repeat": 1, "numa_enable": False, "prefetch_size": 1},
+                          "seed": cfg.run.seed, "num_parallel_workers": dataset_workers(cfg, on_cpu),
+                          "python_multiprocessing": False, "repeat": 1, "numa_enable": False,
+                          "prefetch_size": t.prefetch_size},
         "train_dataset_task": {"type": "CausalLanguageModelDataset"},
         "do_eval": False,
         "callbacks": callbacks,
-        "profile": False,
+        "profile": bool(t.profile),
     }
 
 
@@ -251,7 +273,23 @@ def _header(cfg: PipelineConfig, run: dict, stage: Stage) -> str:
             f"{cfg.parallel.data_parallel}; {gbs * seq} tokens per optimizer step;\n"
             f"# data_parallel={pc['data_parallel']} model_parallel={pc['model_parallel']} "
             f"pipeline_stage={pc['pipeline_stage']}; step budget: {run['lr_schedule']['total_steps']} "
-            f"(-1 = epochs x dataset), epochs={r['epochs']}.\n")
+            f"(-1 = epochs x dataset), epochs={r['epochs']}.\n" + _needs_pipeline_lib(run))
+
+
+PIPELINE_LIB_TYPES = {CPU_WRAPPER: "pipeline_lib.train.cpu_wrappers", STOP_CALLBACK: "pipeline_lib.train.mf_callbacks",
+                      "PipelineMetrics": "pipeline_lib.train.callbacks", "LossGuard": "pipeline_lib.train.callbacks"}
+"""Types the yaml may name that only exist once these modules are imported (they register with mindformers)."""
+
+
+def _needs_pipeline_lib(run: dict) -> str:
+    named = [run["runner_wrapper"]["type"]] + [c["type"] for c in run["callbacks"]]
+    ours = [t for t in dict.fromkeys(named) if t in PIPELINE_LIB_TYPES]
+    if not ours:
+        return ""
+    modules = sorted({PIPELINE_LIB_TYPES[t] for t in ours})
+    return (f"# Names {', '.join(ours)}: registered on import of {', '.join(modules)}, so pipeline_lib must be\n"
+            f"# importable (PYTHONPATH=<this repo>). mindformers' run_mindformer.py does not import it: use the command\n"
+            f"# above, or import those modules before building mindformers.Trainer in your own script.\n")
 
 
 def write_run_yaml(cfg: PipelineConfig, path: str | Path, *, stage: Stage, **kwargs) -> Path:

@@ -145,6 +145,24 @@ class TokenizerConfig(_Section):
     encode_threads: int = Field(2, ge=1, description="Threads for batch encoding.")
 
 
+Dtype = Literal["float32", "float16", "bfloat16"]
+Precision = Literal["fp32", "bf16", "fp16"]
+DTYPE_FIELDS = ("compute_dtype", "param_init_type", "layernorm_compute_type", "softmax_compute_type", "rotary_dtype")
+
+
+def precision_dtypes(precision: str) -> dict[str, str]:
+    """The model dtypes a precision means (mindformers practice: half-precision matmuls, fp32 master
+    weights, fp32 norm/softmax/RoPE for range)."""
+    compute = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
+    return {"compute_dtype": compute, "param_init_type": "float32", "layernorm_compute_type": "float32",
+            "softmax_compute_type": "float32", "rotary_dtype": "float32"}
+
+
+def precision_loss_scale(precision: str) -> str:
+    """fp16 needs a dynamic loss scale (its 5-bit exponent underflows small gradients); bf16/fp32 none."""
+    return "dynamic" if precision == "fp16" else "none"
+
+
 class ModelConfig(_Section):
     name: str = Field("tiny_llama", description="Model config name registered with mindformers; unique per run.")
     seq_length: int = Field(64, ge=8, description="Training sequence length (rows hold seq_length + 1 tokens).")
@@ -156,11 +174,15 @@ class ModelConfig(_Section):
     intermediate_size: int = Field(176, ge=8, description="SwiGLU FFN width (three matrices of hidden x this).")
     rms_norm_eps: float = Field(1e-5, gt=0, description="RMSNorm epsilon.")
     tie_word_embeddings: bool = Field(False, description="Share the embedding with the output head.")
-    compute_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Matmul dtype.")
-    param_init_type: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Parameter dtype.")
-    layernorm_compute_type: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Norm dtype.")
-    softmax_compute_type: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Softmax dtype.")
-    rotary_dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="RoPE dtype.")
+    # Dtypes left empty (None) follow training.precision (see PRECISION_DTYPES); an explicit value
+    # is kept and checked against the precision by validate.py.
+    compute_dtype: Dtype | None = Field(None, description="Matmul dtype; None = from training.precision "
+                                        "(fp32 float32, bf16 bfloat16, fp16 float16).")
+    param_init_type: Dtype | None = Field(None, description="Parameter (master weight) dtype; None = float32 "
+                                          "(mixed precision keeps fp32 master weights).")
+    layernorm_compute_type: Dtype | None = Field(None, description="RMSNorm dtype; None = float32.")
+    softmax_compute_type: Dtype | None = Field(None, description="Attention softmax dtype; None = float32.")
+    rotary_dtype: Dtype | None = Field(None, description="RoPE dtype; None = float32.")
     use_flash_attention: bool = Field(False, description="Flash attention (Ascend only; forced off on CPU).")
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="Activation recompute: none, selective (attention scores) or full (whole layer)."
@@ -175,6 +197,13 @@ class ModelConfig(_Section):
         return self.n_kv_heads or self.num_heads
 
 
+def headroom_gb(device_memory_gb: float, explicit: float | None = None) -> float:
+    """Headroom for a card of `device_memory_gb`: `explicit`, else 5 GB on >= 32 GB cards, else 8% of the card."""
+    if explicit is not None:
+        return explicit
+    return 5.0 if device_memory_gb >= 32 else round(0.08 * device_memory_gb, 3)
+
+
 class ParallelConfig(_Section):
     devices: int = Field(1, ge=1, description="Devices (cards, or CPU processes) the run uses in total.")
     data_parallel: int = Field(1, ge=1, description="Data-parallel degree.")
@@ -183,13 +212,26 @@ class ParallelConfig(_Section):
     micro_batch_num: int = Field(1, ge=1, description="Micro batches per step in pipeline parallel.")
     optimizer_shard: bool = Field(False, description="Shard optimizer states across the data-parallel group.")
     devices_per_node: int = Field(1, ge=1, description="Devices on one node.")
-    device_memory_gb: float = Field(16.0, gt=0, description="Usable memory per device, GB (1e9 bytes).")
+    device_memory_gb: float = Field(16.0, gt=0, description="Memory of one device (the card's size), GB (1e9 bytes).")
+    device_memory_headroom_gb: float | None = Field(
+        None, ge=0, description="Memory left to the runtime outside MindSpore's pool, GB; None = 5 on cards of "
+        ">= 32 GB (mindformers' 64 GB reference layouts set max_device_memory 59GB), else 8% of the card. "
+        "context.max_device_memory and the planner's budget are device_memory_gb minus this.")
     master_addr: str = Field("127.0.0.1", description="msrun master address (node 0).")
     master_port: int = Field(8118, ge=1, le=65535, description="msrun master port.")
 
     @property
     def num_nodes(self) -> int:
         return -(-self.devices // self.devices_per_node)
+
+    @property
+    def headroom_gb(self) -> float:
+        return headroom_gb(self.device_memory_gb, self.device_memory_headroom_gb)
+
+    @property
+    def usable_memory_gb(self) -> float:
+        """What the run may use per device: the card minus the headroom (context.max_device_memory)."""
+        return self.device_memory_gb - self.headroom_gb
 
 
 class OptimizerConfig(_Section):
@@ -201,8 +243,9 @@ class OptimizerConfig(_Section):
 
 
 class LossScaleConfig(_Section):
-    type: Literal["none", "static", "dynamic"] = Field(
-        "none", description="none (fp32/bf16), static (fixed value) or dynamic (grows and backs off)."
+    type: Literal["none", "static", "dynamic"] | None = Field(
+        None, description="none, static (fixed value) or dynamic (grows and backs off); None = from "
+        "training.precision (fp16: dynamic, bf16/fp32: none)."
     )
     init_value: float = Field(65536.0, gt=0, description="Initial (or static) loss scale.")
     factor: float = Field(2.0, gt=1, description="Dynamic scale multiply/divide factor.")
@@ -233,9 +276,20 @@ class TrainingConfig(_Section):
     warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
     min_lr: float = Field(1e-5, ge=0, description="Cosine schedule floor.")
     lr_schedule: Literal["cosine"] = Field("cosine", description="Schedule after warmup.")
-    precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="Training precision.")
+    precision: Precision = Field(
+        "fp32", description="Training precision: drives the model dtypes and the loss scale left empty "
+        "(fp16: float16 matmuls + dynamic loss scale; bf16: bfloat16 matmuls, no scale; fp32).")
     loss_scale: LossScaleConfig = Field(default_factory=LossScaleConfig)
     grad_clip: float = Field(1.0, gt=0, description="Global-norm gradient clipping.")
+    shuffle: bool = Field(
+        True, description="Shuffle the packed rows each epoch (MindDataset global shuffle seeded with run.seed: "
+        "the same seed gives the same order, and a resumed run skips exactly the consumed batches). Off: file "
+        "order, and the loss guard can name the exact rows of a bad batch.")
+    dataset_workers: int | None = Field(
+        None, ge=1, description="Dataset pipeline workers per rank; None = 8 on Ascend (mindformers reference "
+        "configs), 2 on CPU.")
+    prefetch_size: int = Field(1, ge=1, description="Batches the dataset pipeline prefetches per worker queue.")
+    profile: bool = Field(False, description="mindformers profiler over the run (writes under output_dir; slow).")
     save_steps: int = Field(20, ge=1, description="Checkpoint every N steps.")
     keep_checkpoint_max: int = Field(3, ge=1, description="Checkpoints kept.")
     preflight_steps: int = Field(10, ge=0, description="Steps of the preflight run (>= 3: it judges the loss "
@@ -276,9 +330,32 @@ class SFTConfig(_Section):
         default_factory=lambda: ["wq", "wk", "wv", "wo"], description="Projections that get adapters."
     )
     model_name: str | None = Field(None, description="Name of the LoRA model config; None means <model.name>_lora.")
+    # SFT's own optimizer schedule, batch and guard: a LoRA finetune wants a different learning rate,
+    # warm-up and step budget than the pretraining run it starts from (AdamW betas, precision, loss
+    # scale, clipping and checkpoint cadence are shared with `training`).
     steps: int = Field(60, ge=1, description="SFT optimizer steps.")
-    learning_rate: float = Field(5e-3, gt=0, description="SFT peak learning rate.")
-    micro_batch_size: int = Field(4, ge=1, description="SFT samples per device per step.")
+    learning_rate: float = Field(5e-3, gt=0, description="SFT peak learning rate (the default suits the tiny "
+                                 "demo; LoRA on a 7B base typically uses 1e-4 to 3e-4).")
+    warmup_steps: int = Field(6, ge=0, description="SFT linear warm-up steps; must be < sft.steps.")
+    min_lr: float = Field(1e-5, ge=0, description="SFT cosine schedule floor.")
+    micro_batch_size: int = Field(4, ge=1, description="SFT samples per device per micro step.")
+    gradient_accumulation_steps: int | None = Field(
+        None, ge=1, description="SFT micro steps per optimizer step; None = 1, or parallel.micro_batch_num under "
+        "pipeline parallel (there they are the pipeline's micro batches: a multiple of parallel.pipeline_stage).")
+    global_batch_size: int | None = Field(
+        None, ge=1, description="SFT samples per optimizer step; None = micro_batch_size x "
+        "gradient_accumulation_steps x data_parallel (set it to have validate check the arithmetic).")
+    guard: GuardConfig = Field(default_factory=GuardConfig,
+                               description="SFT loss guard (stop on NaN/spike; rollback is not applied to SFT).")
+    allow_demo_data: bool = Field(
+        False, description="Allow the bundled demo file configs/data/tiny_sft.jsonl as SFT data outside the tiny "
+        "CPU run (validate refuses it otherwise).")
+
+
+def sft_accumulation(cfg: "PipelineConfig") -> int:
+    """sft.gradient_accumulation_steps, else 1 (pipeline parallel: parallel.micro_batch_num)."""
+    p = cfg.parallel
+    return cfg.sft.gradient_accumulation_steps or (p.micro_batch_num if p.pipeline_stage > 1 else 1)
 
 
 class EvaluateConfig(_Section):
@@ -325,6 +402,20 @@ class PipelineConfig(_Section):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
     orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+
+    @model_validator(mode="after")
+    def _derive_from_precision(self):
+        # Fill what the user left empty from training.precision. Written past validation (into
+        # __dict__) so the fields stay "not set": a later change of precision re-derives them, and
+        # validate.py can tell a derived value from an explicit one.
+        prec = self.training.precision
+        derived = [(self.model, name, dtype) for name, dtype in precision_dtypes(prec).items()]
+        derived.append((self.training.loss_scale, "type", precision_loss_scale(prec)))
+        for section, name, value in derived:
+            if name not in section.model_fields_set or getattr(section, name) is None:
+                section.__dict__[name] = value
+                section.model_fields_set.discard(name)
+        return self
 
 
 STAGES = ("data", "pretrain", "sft", "evaluate", "export")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .errors import ConfigError, ConfigIssue
 from .platform import device_target
-from .schema import PipelineConfig
+from .schema import DTYPE_FIELDS, PipelineConfig, precision_dtypes, sft_accumulation
 
 
 def _batch(cfg: PipelineConfig) -> list[ConfigIssue]:
@@ -88,6 +88,15 @@ def _heads(cfg: PipelineConfig) -> list[ConfigIssue]:
     return issues
 
 
+def _headroom(cfg: PipelineConfig) -> list[ConfigIssue]:
+    p = cfg.parallel
+    if p.usable_memory_gb <= 0:
+        return [ConfigIssue("parallel.device_memory_headroom_gb", p.headroom_gb,
+                            f"leaves nothing of parallel.device_memory_gb={p.device_memory_gb:g}",
+                            "set a headroom below device_memory_gb (5 on 64 GB cards) or leave it empty")]
+    return []
+
+
 def _tp_inside_node(cfg: PipelineConfig) -> list[ConfigIssue]:
     p = cfg.parallel
     if p.model_parallel > p.devices_per_node:
@@ -100,31 +109,59 @@ def _tp_inside_node(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 
 def _precision(cfg: PipelineConfig) -> list[ConfigIssue]:
-    t = cfg.training
+    """training.precision is the one knob; explicit model dtypes and loss scales must agree with it."""
+    t, m = cfg.training, cfg.model
+    issues = []
     if t.precision == "fp16" and t.loss_scale.type == "none":
-        return [ConfigIssue("training.loss_scale.type", "none",
-                            "fp16 without loss scaling underflows small gradients to zero",
-                            "set training.loss_scale.type=dynamic (or static with init_value e.g. 1024)")]
+        issues.append(ConfigIssue("training.loss_scale.type", "none",
+                                  "fp16 without loss scaling underflows small gradients to zero",
+                                  "set training.loss_scale.type=dynamic (mindformers' DynamicLossScaleUpdateCell; "
+                                  "or leave it empty: fp16 derives dynamic)"))
     if t.precision == "bf16" and not (t.loss_scale.type == "none" or
                                       (t.loss_scale.type == "static" and t.loss_scale.init_value == 1)):
-        return [ConfigIssue("training.loss_scale.type", t.loss_scale.type,
-                            "bf16 has fp32's exponent range and uses a constant loss scale of 1",
-                            "set training.loss_scale.type=none (or static with init_value=1)")]
-    return []
+        issues.append(ConfigIssue("training.loss_scale.type", t.loss_scale.type,
+                                  "bf16 has fp32's exponent range and uses a constant loss scale of 1",
+                                  "set training.loss_scale.type=none (or static with init_value=1), or leave it empty"))
+    want = precision_dtypes(t.precision)["compute_dtype"]
+    if m.compute_dtype != want:
+        issues.append(ConfigIssue("model.compute_dtype", m.compute_dtype,
+                                  f"training.precision={t.precision} means {want} matmuls; the two would disagree "
+                                  "(loss scale, planner and checkpoints follow training.precision)",
+                                  f"leave model.compute_dtype empty, or set training.precision="
+                                  f"{ {v: k for k, v in _COMPUTE.items()}[m.compute_dtype] }"))
+    for name in DTYPE_FIELDS[1:]:
+        value = getattr(m, name)
+        if value not in ("float32", m.compute_dtype):
+            # mindformers builds it, but no reference config mixes float16 and bfloat16 in one network:
+            # every cast between them loses range (fp16) or mantissa (bf16).
+            issues.append(ConfigIssue(f"model.{name}", value,
+                                      f"neither float32 nor model.compute_dtype={m.compute_dtype}: mixes "
+                                      "float16 and bfloat16 in one network",
+                                      f"set model.{name} to float32 or {m.compute_dtype}, or leave it empty"))
+    if m.use_flash_attention and m.compute_dtype == "float32" and device_target(cfg) != "CPU":
+        # mindformers' FlashAttention (FlashAttentionScore) takes float16/bfloat16 q/k/v only.
+        issues.append(ConfigIssue("model.use_flash_attention", True,
+                                  "mindformers' FlashAttentionScore takes float16/bfloat16 inputs only, and "
+                                  "model.compute_dtype is float32",
+                                  "set training.precision=bf16, or model.use_flash_attention=false"))
+    return issues
+
+
+_COMPUTE = {p: precision_dtypes(p)["compute_dtype"] for p in ("fp32", "bf16", "fp16")}
 
 
 def lora_model_name(cfg: PipelineConfig) -> str:
     return cfg.sft.model_name or f"{cfg.model.name}_lora"
 
 
-def _names(cfg: PipelineConfig) -> list[ConfigIssue]:
-    lora = lora_model_name(cfg)
-    if lora == cfg.model.name:
-        return [ConfigIssue("sft.model_name", lora,
-                            f"same name as model.name: mindformers refuses a second config registered as "
-                            f"'{lora}' ('{lora}' is already used by a transformers config)",
-                            f"set sft.model_name={cfg.model.name}_lora or leave it empty")]
-    return []
+# No rule on model.name / sft.model_name being distinct or unused: in mindformers 1.9 they only become
+# `trainer.model_name` (a log label; the run yaml is a full config, so no bundled config is looked up by
+# it) and the checkpoint prefix (base and LoRA checkpoints live in different stage folders). The clash
+# users report, "'aimv2' is already used by a Transformers config", is raised by Hugging Face
+# transformers' `AutoConfig.register` when code registers a custom config under a built-in model type;
+# neither pipeline_lib nor mindformers 1.9 calls it (mindformers' own AutoConfig.register writes only
+# mindformers' CONFIG_MAPPING, and we never call that either). tests/config/test_validate.py checks
+# both facts.
 
 
 def special_id_issues(tok) -> list[ConfigIssue]:
@@ -221,6 +258,44 @@ def _lora(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 
 LORA_TARGETS = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}
+DEMO_SFT_DATA = "configs/data/tiny_sft.jsonl"
+
+
+def is_tiny_demo(cfg: PipelineConfig) -> bool:
+    """The demo scale (a smoke-test model no wider than 512), where the bundled toy SFT file is fine."""
+    return cfg.model.hidden_size <= 512
+
+
+def _sft(cfg: PipelineConfig) -> list[ConfigIssue]:
+    """SFT's own schedule and batch (it no longer borrows training.*), and its data."""
+    s, p = cfg.sft, cfg.parallel
+    issues = []
+    if s.warmup_steps >= s.steps:
+        issues.append(ConfigIssue("sft.warmup_steps", s.warmup_steps,
+                                  f"not below sft.steps={s.steps}: the whole finetune would be warm-up",
+                                  f"set sft.warmup_steps to about {max(1, s.steps // 20)} (5% of sft.steps)"))
+    accum = sft_accumulation(cfg)
+    want = s.micro_batch_size * accum * p.data_parallel
+    if s.global_batch_size is not None and s.global_batch_size != want:
+        issues.append(ConfigIssue(
+            "sft.global_batch_size", s.global_batch_size,
+            f"must equal sft.micro_batch_size x sft.gradient_accumulation_steps x data_parallel = "
+            f"{s.micro_batch_size} x {accum} x {p.data_parallel} = {want}",
+            f"set sft.global_batch_size={want} (or leave it empty)"))
+    if p.pipeline_stage > 1 and accum % p.pipeline_stage:
+        issues.append(ConfigIssue(
+            "sft.gradient_accumulation_steps", accum,
+            f"under pipeline parallel it becomes micro_batch_num and must be a multiple of "
+            f"parallel.pipeline_stage={p.pipeline_stage}",
+            f"set sft.gradient_accumulation_steps={p.pipeline_stage * max(1, accum // p.pipeline_stage)}"))
+    demo = [i for i in s.inputs if i.replace("\\", "/").endswith(DEMO_SFT_DATA)]
+    if demo and not s.allow_demo_data and not is_tiny_demo(cfg):
+        issues.append(ConfigIssue("sft.inputs", demo,
+                                  "the bundled demo file (a handful of toy samples) would finetune a "
+                                  f"hidden_size={cfg.model.hidden_size} model (demo scale is <= 512)",
+                                  "point sft.inputs at your instruction data, or set sft.allow_demo_data=true "
+                                  "if this is really meant"))
+    return issues
 
 MIN_PREFLIGHT_STEPS = 3  # the preflight judges the loss trend from thirds of its steps
 
@@ -267,11 +342,32 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
                                       "on CPU); planning this layout is fine, running it here is not",
                                       f"run on an Ascend pool, or set parallel.{field}=1 for a CPU run "
                                       "(llm-pipeline plan still plans the real layout)"))
+    bf16 = [f for f in DTYPE_FIELDS if getattr(cfg.model, f) == "bfloat16"]
+    if bf16:
+        # measured: the tiny Llama's graph fails to compile ("Select CPU operator[Reshape] fail ... BFloat16");
+        # fp16 (with its dynamic loss scale, CPUTrainOneStepCell's IsFinite check) and fp32 train on CPU.
+        field = "training.precision" if cfg.training.precision == "bf16" else f"model.{bf16[0]}"
+        issues.append(ConfigIssue(field, "bf16" if field == "training.precision" else "bfloat16",
+                                  "MindSpore 2.9's CPU kernels have no bfloat16 (e.g. Reshape): the graph "
+                                  "does not compile on CPU",
+                                  "set training.precision=fp32 (or fp16) for a CPU run; bf16 is for Ascend"))
     return issues
 
 
-RULES = (_batch, _devices, _pipeline, _heads, _tp_inside_node, _precision, _names, _tokens, _lora,
+RULES = (_batch, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _tokens, _lora, _sft,
          preflight_steps_issues, base_weights_issues, _filters)
+
+
+def warnings(cfg: PipelineConfig) -> list[str]:
+    """Settings that run but do not do what their name says (validate prints them; exit code stays 0)."""
+    p = cfg.parallel
+    out = []
+    if p.optimizer_shard and p.data_parallel == 1:
+        # mindformers' enable_parallel_optimizer shards optimizer states over the data-parallel group only.
+        out.append("parallel.optimizer_shard=true has no effect with parallel.data_parallel=1: mindformers shards "
+                   "optimizer states across the data-parallel group, which is one device here (the planner "
+                   "counts no saving). Fix: set optimizer_shard=false, or use data_parallel > 1")
+    return out
 
 
 def check(cfg: PipelineConfig, *, for_run: bool = True) -> list[ConfigIssue]:

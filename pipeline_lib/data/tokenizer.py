@@ -33,7 +33,6 @@ from typing import Iterable
 
 import sentencepiece as spm
 
-from ..config.validate import special_id_issues
 from .errors import DataStageError
 
 MAX_PIECE_CHARS = 2000

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config.schema import PipelineConfig
+from ..config.schema import PipelineConfig, headroom_gb
 from ..config.validate import check
 from .activations import RECOMPUTE_MODES
 from .cost import Cost, Hardware, step_cost
@@ -98,6 +98,12 @@ class PlanRequest:
     reserve_gb: float = DEFAULT_RESERVE_BYTES / GB
     max_micro_batch_size: int = 8
     hardware: Hardware = Hardware()
+    headroom_gb: float | None = None  # None: parallel's default rule for this card (schema.headroom_gb)
+
+    @property
+    def usable_gb(self) -> float:
+        """The budget a layout must fit: the card minus the headroom (what max_device_memory gets)."""
+        return self.device_memory_gb - headroom_gb(self.device_memory_gb, self.headroom_gb)
 
 
 @dataclass
@@ -141,7 +147,8 @@ def with_request(cfg: PipelineConfig, req: PlanRequest) -> PipelineConfig:
     model = cfg.model.model_copy(update=dict(seq_length=req.seq_length or cfg.model.seq_length))
     tr = cfg.training.model_copy(update=dict(global_batch_size=req.global_batch or cfg.training.global_batch_size))
     par = cfg.parallel.model_copy(update=dict(devices=req.devices, devices_per_node=req.devices_per_node,
-                                              device_memory_gb=req.device_memory_gb))
+                                              device_memory_gb=req.device_memory_gb,
+                                              device_memory_headroom_gb=req.headroom_gb))
     return cfg.model_copy(update=dict(model=model, training=tr, parallel=par))
 
 
@@ -166,7 +173,7 @@ def evaluate(cfg: PipelineConfig, layout: Layout, req: PlanRequest, ignore: set[
                      pipeline_stage=layout.pipeline_stage, micro_batch_num=layout.micro_batch_num,
                      recompute=layout.recompute, flash_attention=cfg.model.use_flash_attention,
                      gradient_bytes=mem.gradients, devices_per_node=req.devices_per_node, hw=req.hardware)
-    return Candidate(layout, mem, cost, req.device_memory_gb * GB, issues)
+    return Candidate(layout, mem, cost, req.usable_gb * GB, issues)
 
 
 def _why_not(name: str, cands: list[Candidate], capacity_gb: float) -> Rejection:
@@ -210,7 +217,7 @@ def plan(cfg: PipelineConfig, req: PlanRequest) -> Plan:
     families: dict[tuple, list[Candidate]] = {}
     for c in cands:
         families.setdefault(c.layout.family, []).append(c)
-    rejected = [_why_not(fc[0].layout.family_name(), fc, req.device_memory_gb)
+    rejected = [_why_not(fc[0].layout.family_name(), fc, req.usable_gb)
                 for fam, fc in families.items() if not any(c.ok for c in fc)]
     current = evaluate(base, Layout.of(base), req, ignore)
     used = current.layout.data_parallel * current.layout.model_parallel * current.layout.pipeline_stage

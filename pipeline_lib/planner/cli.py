@@ -27,12 +27,14 @@ def predicted_peak_gb(cfg: PipelineConfig) -> float:
 
 
 def memory_warning(cfg: PipelineConfig) -> str | None:
-    """A one-line warning when the predicted peak exceeds parallel.device_memory_gb, else None."""
-    peak, cap = predicted_peak_gb(cfg), cfg.parallel.device_memory_gb
-    if peak <= cap:
+    """A one-line warning when the predicted peak exceeds the usable memory (the card minus the headroom)."""
+    p = cfg.parallel
+    peak, usable = predicted_peak_gb(cfg), p.usable_memory_gb
+    if peak <= usable:
         return None
-    return (f"predicted peak {peak:.2f} GB per device exceeds parallel.device_memory_gb={cap:g}; "
-            f"run `llm-pipeline plan` for a layout that fits")
+    return (f"predicted peak {peak:.2f} GB per device exceeds the usable {usable:g} GB (parallel.device_memory_gb="
+            f"{p.device_memory_gb:g} minus device_memory_headroom_gb={p.headroom_gb:g}); run `llm-pipeline plan` "
+            "for a layout that fits")
 
 
 def predicted_vs_measured(cfg: PipelineConfig, measured_gb: float) -> str:
@@ -61,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--devices", type=_positive(int), help="default: parallel.devices")
     ap.add_argument("--devices-per-node", type=_positive(int), help="default: parallel.devices_per_node")
     ap.add_argument("--device-memory-gb", type=_positive(float), help="default: parallel.device_memory_gb")
+    ap.add_argument("--headroom-gb", type=float, default=None,
+                    help="memory per device left outside MindSpore's pool (default: parallel.device_memory_headroom_gb, "
+                         "else 5 GB on >= 32 GB cards, else 8%%)")
     ap.add_argument("--reserve-gb", type=float, default=PlanRequest.reserve_gb,
                     help="framework reserve per device (default %(default)s)")
     ap.add_argument("--max-micro-batch", type=_positive(int), default=8, help="largest micro batch tried")
@@ -90,6 +95,7 @@ def plan_main(argv: list[str]) -> int:
                       device_memory_gb=args.device_memory_gb or p.device_memory_gb,
                       seq_length=args.seq_length, global_batch=args.global_batch, reserve_gb=args.reserve_gb,
                       max_micro_batch_size=args.max_micro_batch,
+                      headroom_gb=args.headroom_gb if args.headroom_gb is not None else p.device_memory_headroom_gb,
                       hardware=Hardware(args.tflops, args.intra_node_gbps, args.inter_node_gbps))
     result = plan(cfg, req)
     if args.json:

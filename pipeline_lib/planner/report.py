@@ -117,27 +117,27 @@ def render(plan: Plan, top: int = 10) -> str:
     out = [f"model {m.name}: {pc.total:,} parameters (embedding {pc.embedding:,}, attention {pc.attention:,}, "
            f"ffn {pc.ffn:,}, norms {pc.norms:,}, output head {pc.output_head:,})",
            f"request: {req.devices} devices ({req.devices_per_node} per node, {nodes} node(s)), "
-           f"{req.device_memory_gb:g} GB each; seq {m.seq_length}, global batch {cfg.training.global_batch_size} "
+           f"{req.device_memory_gb:g} GB each ({req.usable_gb:g} GB usable after headroom); seq {m.seq_length}, global batch {cfg.training.global_batch_size} "
            f"({cfg.training.global_batch_size * m.seq_length:,} tokens/step), precision {cfg.training.precision}, "
            f"flash attention {'on' if m.use_flash_attention else 'off'}", ""]
     for issue in plan.model_issues:
         out.append(f"WARNING (not a layout problem): {issue}")
     if plan.best is None:
-        out.append(f"No layout fits {req.devices} x {req.device_memory_gb:g} GB.")
+        out.append(f"No layout fits {req.devices} x {req.usable_gb:g} GB usable.")
     else:
         out += [f"{len(plan.ranked)} layouts fit. Best of each family and recompute mode: those leaving 10% of "
                 "memory free first, then by step time relative to perfect scaling (1.00 = compute only); # is the "
                 "overall rank:"]
         out += table_lines(plan.ranked, top)
         best = plan.best
-        out += ["", f"Recommended: {layout_text(best)}", *breakdown_lines(best.memory, req.device_memory_gb),
+        out += ["", f"Recommended: {layout_text(best)}", *breakdown_lines(best.memory, req.usable_gb),
                 "", "Paste into the pipeline config:", yaml_text(config_patch(plan, best)).rstrip()]
     out += ["", "Why not pure data parallel: " + pure_dp_note(plan)]
     if plan.rejected:
         out += ["", "Rejected layout families:"] + [f"  - {r.family}: {r.reason}" for r in plan.rejected]
     cur = plan.current
     verdict = ("breaks rules: " + "; ".join(cur.issues)) if cur.issues else (
-        "fits" if cur.fits else f"does NOT fit ({cur.memory.total / GB:.1f} GB > {req.device_memory_gb:g} GB)")
+        "fits" if cur.fits else f"does NOT fit ({cur.memory.total / GB:.1f} GB > {req.usable_gb:g} GB usable)")
     key = _same_layout(cur.layout)
     rank = next((i for i, c in enumerate(plan.ranked, 1) if _same_layout(c.layout) == key), None)
     out += ["", f"The config's own layout ({layout_text(cur)}): {cur.memory.total / GB:.1f} GB, {verdict}"
@@ -159,7 +159,7 @@ def plan_dict(plan: Plan, top: int = 10) -> dict:
     return {
         "params": plan.params.as_dict(),
         "request": {"devices": req.devices, "devices_per_node": req.devices_per_node,
-                    "device_memory_gb": req.device_memory_gb, "seq_length": plan.config.model.seq_length,
+                    "device_memory_gb": req.device_memory_gb, "usable_gb": req.usable_gb, "seq_length": plan.config.model.seq_length,
                     "global_batch": plan.config.training.global_batch_size, "reserve_gb": req.reserve_gb,
                     "hardware": vars(req.hardware).copy()},
         "recommended": candidate_dict(plan.best) if plan.best else None,

@@ -191,8 +191,9 @@ class LossGuard(_BeforeCheckpoint):
 
     def __init__(self, output_dir: str, spike_factor: float = 5.0, window: int = 20, batch_size: int | None = None,
                  data_parallel: int | None = None, num_rows: int | None = None, initial_step: int | None = None,
-                 **kwargs):
+                 shuffle_seed: int | None = None, **kwargs):
         super().__init__(initial_step)
+        self.shuffle_seed = shuffle_seed  # set when the dataset is shuffled: file rows cannot be named then
         if spike_factor <= 1:
             raise ValueError(f"spike_factor={spike_factor!r}: must be > 1 (training.guard.spike_factor)")
         if window < 2:
@@ -242,14 +243,23 @@ class LossGuard(_BeforeCheckpoint):
         dp = self.data_parallel or world
         # rank % dp: with model/pipeline parallel several ranks share a data shard; with full_batch
         # (semi-auto parallel) the yaml passes data_parallel=1 and every rank reads the whole batch.
-        rows = batch_rows(step, int(cb.batch_num), batch, dp, rank % dp, self.num_rows) if batch else None
-        where = f"dataset rows {rows}" if rows is not None else "dataset rows unknown (no batch size)"
+        rows = None
+        if self.shuffle_seed is not None:
+            # MindDataset's seeded shuffle is not reproducible outside its pipeline: name the position instead.
+            where = (f"a shuffled batch (training.shuffle, seed {self.shuffle_seed}): batch "
+                     f"{(step - 1) % int(cb.batch_num) + 1} of epoch {int(cb.cur_epoch_num)} (set "
+                     "training.shuffle=false to get its file rows)")
+        elif batch:
+            rows = batch_rows(step, int(cb.batch_num), batch, dp, rank % dp, self.num_rows)
+            where = f"dataset rows {rows}"
+        else:
+            where = "dataset rows unknown (no batch size)"
         message = (f"loss guard stopped training at step {step} on rank {rank}: {why}; the batch was {where}. "
                    "The weights of this step were not checkpointed: resume from latest_checkpoint.json after "
                    "lowering training.learning_rate or removing those rows")
         diag = {"reason": reason, "message": message, "step": step, "epoch": int(cb.cur_epoch_num),
                 "rank": rank, "world_size": world, **out, "running_mean": mean, "window": self.window,
-                "spike_factor": self.spike_factor, "batch_rows": rows,
+                "spike_factor": self.spike_factor, "batch_rows": rows, "batch_where": where,
                 "batch_head": ids[:4, :8].tolist() if ids is not None and ids.ndim == 2 else None,
                 "time": time.time()}
         path = guard_diagnosis_path(self.output_dir, rank)

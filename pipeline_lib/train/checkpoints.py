@@ -167,17 +167,22 @@ def expected_checkpoint_bytes(output_dir: str | Path, param_count: int | None = 
 def check_free_disk(path: str | Path, checkpoint_bytes: int, copies: int = 2, ranks_on_node: int = 1) -> int:
     """Free bytes at `path` (or its nearest existing parent); raises InsufficientDiskError when fewer than
     copies x checkpoint_bytes x ranks_on_node (each data-parallel rank saves its own copy)."""
+    needed = copies * int(checkpoint_bytes) * ranks_on_node
+    return check_disk(path, needed, f"{copies} x {int(checkpoint_bytes):,} per checkpoint x {ranks_on_node} rank(s)",
+                      "free space there, point run.output_root to a larger disk, or lower training.keep_checkpoint_max")
+
+
+def check_disk(path: str | Path, needed: int, what: str, fix: str) -> int:
+    """Free bytes at `path` (or its nearest existing parent); raises InsufficientDiskError naming `what` the
+    `needed` bytes are and `fix` when fewer are free."""
     probe = Path(path).resolve()
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free
-    needed = copies * int(checkpoint_bytes) * ranks_on_node
     if free < needed:
         raise InsufficientDiskError(
-            f"not enough free disk for checkpoints under {path}: need {needed:,} bytes ({copies} x "
-            f"{int(checkpoint_bytes):,} per checkpoint x {ranks_on_node} rank(s)), free {free:,} bytes on the "
-            f"filesystem of {probe}. Fix: free space there, point run.output_root to a larger disk, or lower "
-            "training.keep_checkpoint_max")
+            f"not enough free disk for checkpoints under {path}: need {int(needed):,} bytes ({what}), free "
+            f"{free:,} bytes on the filesystem of {probe}. Fix: {fix}")
     return free
 
 

@@ -17,8 +17,7 @@ What `run_sft_stage(cfg, paths, log=..., progress=..., base_checkpoint=None)` do
 5. `loss.png` and the manifest (last): metrics `adapter_checkpoint`, `base_checkpoint` (what evaluate and
    export read), losses, counts, a data table and the loss image for the UI.
 
-Limits: the loss guard stops SFT (training.guard.on_failure=rollback is not applied here); SFT has no gradient
-accumulation (mindformers_yaml). Raises SFTStageError (inputs and data, naming the field and fix),
+Limits: the loss guard (sft.guard) stops SFT (its on_failure=rollback is not applied here). Raises SFTStageError (inputs and data, naming the field and fix),
 SFTPreflightFailed, AdapterError, InsufficientDiskError and the launcher's GuardTripped / TrainerKilled
 (transient) / TrainingTimeout / TrainingLaunchError.
 """
@@ -32,6 +31,8 @@ from pathlib import Path
 
 from ..config.load import config_hash
 from ..config.mindformers_yaml import build_run_config
+from ..config.platform import device_target
+from ..config.schema import sft_accumulation
 from ..config.validate import preflight_steps_issues
 from ..data.sft_records import STATS_FILE, prepare_sft_data, table_rows
 from ..data.tokenizer import TokenIds
@@ -101,10 +102,14 @@ def _write_yaml(cfg, out_dir: Path, data_dir: Path, base: Path, rows: int, *, re
     load_checkpoint and the file name as resume_training (it refuses a file path)."""
     import yaml
 
-    t, dp = cfg.training, cfg.parallel.data_parallel
-    callbacks = training_callbacks(out_dir, tokens_per_step=cfg.sft.micro_batch_size * dp * cfg.model.seq_length,
-                                   batch_size=cfg.sft.micro_batch_size, data_parallel=dp, num_rows=rows,
-                                   spike_factor=t.guard.spike_factor, window=t.guard.window)
+    s, dp = cfg.sft, cfg.parallel.data_parallel
+    on_cpu = device_target(cfg) == "CPU"
+    accum = sft_accumulation(cfg)
+    batch = s.micro_batch_size * (accum if on_cpu else 1)  # the CPU wrapper splits it into micro batches
+    callbacks = training_callbacks(out_dir, tokens_per_step=s.micro_batch_size * accum * dp
+                                   * cfg.model.seq_length, batch_size=batch, data_parallel=dp, num_rows=rows,
+                                   spike_factor=s.guard.spike_factor, window=s.guard.window,
+                                   shuffle_seed=cfg.run.seed if cfg.training.shuffle else None)
     # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
     stats = json.loads((data_dir.parent / STATS_FILE).read_text(encoding="utf-8"))
     run = build_run_config(cfg, stage="sft", dataset_dir=str(data_dir), output_dir=str(out_dir),

@@ -10,7 +10,8 @@ What `run_pretrain_stage(cfg, paths, log=..., progress=...)` does, in order:
    and a verified `latest_checkpoint.json`, training continues from that checkpoint with `resume_training`
    (weights, AdamW moments, global step and so the LR position, the data position); otherwise the folder is
    emptied. A finished attempt that died before its manifest is not trained again.
-3. free disk: `check_free_disk` for 2 checkpoints x the ranks on this node (planner parameter count).
+3. free disk: `check_disk` for training.keep_checkpoint_max + 1 checkpoints of this node's rank shards
+   (planner.disk: weights in param_init_type + fp32 AdamW moments, per pipeline stage / tensor-parallel shard).
 4. preflight (training.preflight_steps > 0, fresh start only): N steps in `preflight/` (its own output_dir);
    step time, tokens/s, peak RSS of the process tree, loss finite and falling, planner prediction vs measured
    memory -> `preflight.json`; a bad verdict stops the stage with what to change (`PreflightFailed`).
@@ -58,7 +59,7 @@ from ..config.validate import base_weights_issues, preflight_steps_issues
 from ..stages import stage_hash, stage_inputs
 from ..storage import Manifest, RunPaths, invalidate, is_s3, join, read_manifest, sha256_file, store_for, \
     write_manifest
-from .checkpoints import LATEST_FILE, CheckpointManager, check_free_disk, expected_checkpoint_bytes
+from .checkpoints import LATEST_FILE, CheckpointManager, check_disk
 from .launch import GuardTripped, TrainingLaunchError
 from .metrics import METRICS_FILE, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight, summarize_steps
@@ -214,7 +215,8 @@ def _write_yaml(cfg, path: Path, *, out: Path, data_dir: Path, rows: int, load: 
     # tokens per optimizer step across all ranks (rows hold seq_length + 1 tokens, seq_length are predicted)
     tokens = t.micro_batch_size * t.gradient_accumulation_steps * dp * cfg.model.seq_length
     callbacks = training_callbacks(out, tokens_per_step=tokens, batch_size=batch, data_parallel=dp, num_rows=rows,
-                                   spike_factor=t.guard.spike_factor, window=t.guard.window)
+                                   spike_factor=t.guard.spike_factor, window=t.guard.window,
+                                   shuffle_seed=cfg.run.seed if t.shuffle else None)
     if resume_from is not None:
         load = Path(resume_fields(resume_from)["load_checkpoint"])
     write_run_yaml(cfg, path, stage="pretrain", dataset_dir=str(data_dir), output_dir=str(out),
@@ -388,16 +390,18 @@ def run_pretrain_stage(cfg, paths: RunPaths, log=print, progress=None, *,
             store_for(stage_uri, endpoint).put_file(ident_file, join(stage_uri, IDENTITY_FILE))
     resumed_from = latest["step"] if latest else None
 
-    # 3. free disk for two more checkpoints on this node
-    if checkpoint_bytes is None:
-        from ..planner import count_params
+    # 3. free disk for the checkpoints this node keeps (planner.disk: the ranks' shards x kept copies)
+    from ..planner.disk import CheckpointDisk, checkpoint_disk, disk_fix
 
-        checkpoint_bytes = expected_checkpoint_bytes(out, count_params(cfg.model).total)
-    free = check_free_disk(out, checkpoint_bytes, copies=2, ranks_on_node=len(ranks))
-    log(f"pretrain: {free / GB:.1f} GB free for checkpoints of ~{checkpoint_bytes / GB:.3f} GB x {len(ranks)} rank(s)")
+    need = checkpoint_disk(cfg, ranks)
+    if checkpoint_bytes is not None:
+        need = CheckpointDisk({r: int(checkpoint_bytes) for r in ranks}, need.copies)
+    where = "$LLM_PIPELINE_WORK_DIR (s3:// runs train in a local work folder)" if remote else "run.output_root"
+    free = check_disk(out, need.total, need.explain(), disk_fix(cfg, need, where=where))
+    log(f"pretrain: {free / GB:.1f} GB free for {need.explain()} = {need.total / GB:.1f} GB")
 
     load = _materialize_base(cfg, base, base_info, out, endpoint, log)
-    # the yaml a user can run as is (fresh start from the base); resumed attempts launch run_resume.yaml
+    # the fresh-start yaml (from the base; runs with the entry module, see its header); resumed attempts launch run_resume.yaml
     _write_yaml(cfg, out / RUN_YAML, out=out, data_dir=data_dir, rows=rows, load=load, token_ids=token_ids)
 
     # 4. preflight on a fresh start

@@ -73,7 +73,7 @@ def test_pretrain_cpu_yaml_loads_with_pipeline_values(mf_config, tmp_path):
     assert (mf.lr_schedule.warmup_steps, mf.lr_schedule.total_steps) == (4, 30)
     ds = mf.train_dataset
     assert ds.data_loader.type == "MindDataset" and ds.data_loader.dataset_dir == str(tmp_path / "data")
-    assert ds.data_loader.shuffle is False and list(ds.input_columns) == ["input_ids"]
+    assert ds.data_loader.shuffle is True and ds.seed == cfg.run.seed and list(ds.input_columns) == ["input_ids"]
     assert ds.batch_size == 4 and ds.drop_remainder is True
     callbacks = {c["type"]: c for c in mf.callbacks}
     assert callbacks["CheckpointMonitor"]["save_checkpoint_steps"] == 10
@@ -95,6 +95,15 @@ def test_sft_yaml_is_a_lora_finetune_from_the_base(mf_config, tmp_path):
     assert mf.train_dataset.batch_size == 2 and mf.lr_schedule.learning_rate == 1e-3
     assert mf.lr_schedule.total_steps == 12
     ckpt = next(c for c in mf.callbacks if c["type"] == "CheckpointMonitor")
+    # SFT's own schedule and accumulation, not the pretraining run's
+    cfg = cpu_cfg(training={"warmup_steps": 50, "min_lr": 1e-4, "gradient_accumulation_steps": 3,
+                            "global_batch_size": 12},
+                  sft={"steps": 40, "warmup_steps": 4, "min_lr": 2e-6, "micro_batch_size": 2,
+                       "gradient_accumulation_steps": 2})
+    run = build_run_config(cfg, stage="sft", dataset_dir="d", output_dir="o", load_checkpoint="/b.ckpt",
+                           train_rows=400)
+    assert (run["lr_schedule"]["warmup_steps"], run["lr_schedule"]["lr_end"]) == (4, 2e-6)
+    assert run["runner_wrapper"]["accumulation_steps"] == 2 and run["train_dataset"]["batch_size"] == 4
     assert ckpt["save_trainable_params"] is True and ckpt["prefix"] == "tiny_llama_lora"
 
 
@@ -132,12 +141,28 @@ def test_loss_scale_section(loss_scale, want, tmp_path):
     assert run["runner_wrapper"]["scale_sense"] == want
 
 
+@pytest.mark.parametrize("precision, compute, scale", [
+    ("fp32", "float32", 1.0),
+    ("bf16", "bfloat16", 1.0),
+    ("fp16", "float16", {"type": "DynamicLossScaleUpdateCell", "loss_scale_value": 65536.0, "scale_factor": 2.0,
+                         "scale_window": 1000}),
+])
+def test_precision_drives_dtypes_and_loss_scale(precision, compute, scale, mf_config, tmp_path):
+    cfg = config_from_dict({"run": {"device_target": "Ascend"}, "training": {"precision": precision}})
+    _, mf = write_and_load(mf_config, tmp_path, cfg)
+    mc = mf.model.model_config
+    assert mc.compute_dtype == compute
+    assert (mc.param_init_type, mc.layernorm_compute_type, mc.softmax_compute_type, mc.rotary_dtype) == \
+        ("float32",) * 4
+    assert mf.runner_wrapper.scale_sense == scale
+
+
 def test_ascend_yaml_uses_semi_auto_parallel_and_stock_wrapper(mf_config, tmp_path):
     cfg = load_config(ROOT / "configs/pipelines/llama2-7b-4x64gb.yaml")
     path, mf = write_and_load(mf_config, tmp_path, cfg, train_rows=100_000)
-    assert mf.context.device_target == "Ascend" and mf.context.max_device_memory == "64GB"
+    assert mf.context.device_target == "Ascend" and mf.context.max_device_memory == "59GB"  # 64 - 5 headroom
     assert mf.parallel.parallel_mode == 1 and mf.parallel.full_batch is True and mf.use_parallel is True
-    assert mf.parallel.enable_parallel_optimizer is True
+    assert mf.parallel.enable_parallel_optimizer is False  # dp1: no data-parallel group to shard over
     pc = mf.parallel_config
     assert (pc.data_parallel, pc.model_parallel, pc.pipeline_stage, pc.micro_batch_num) == (1, 2, 2, 4)
     assert mf.runner_wrapper.type == "MFTrainOneStepCell" and "accumulation_steps" not in mf.runner_wrapper
@@ -157,6 +182,56 @@ def test_every_shipped_pipeline_config_generates_loadable_yaml(name, mf_config, 
         assert mf.model.model_config.seq_length == cfg.model.seq_length
 
 
+def test_dataset_knobs_reach_the_yaml(tmp_path):
+    kw = dict(stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path), train_rows=64)
+    ascend = build_run_config(config_from_dict({"run": {"device_target": "Ascend", "seed": 99}}), **kw)["train_dataset"]
+    assert ascend["data_loader"]["shuffle"] is True and ascend["seed"] == 99
+    assert (ascend["num_parallel_workers"], ascend["prefetch_size"]) == (8, 1)  # mindformers reference configs
+    cpu = build_run_config(cpu_cfg(training={"shuffle": False, "dataset_workers": 3, "prefetch_size": 2,
+                                             "profile": True}), **kw)
+    assert cpu["train_dataset"]["data_loader"]["shuffle"] is False and cpu["profile"] is True
+    assert (cpu["train_dataset"]["num_parallel_workers"], cpu["train_dataset"]["prefetch_size"]) == (3, 2)
+    assert build_run_config(cpu_cfg(), **kw)["train_dataset"]["num_parallel_workers"] == 2
+
+
+def _epoch_orders(mf_config, tmp_path, data_dir, *, seed, shuffle=True, skip=0, epochs=2):
+    """Row markers of every batch, per epoch, as mindformers builds the train dataset from our yaml
+    (`skip` = the dataset.set_init_step(n) mindformers' resume_training does)."""
+    from mindformers.dataset import build_dataset, check_dataset_config
+
+    cfg = cpu_cfg(run={"seed": seed}, training={"shuffle": shuffle, "steps": 6})
+    path = write_run_yaml(cfg, tmp_path / f"order-{seed}-{shuffle}-{skip}.yaml", stage="pretrain",
+                          dataset_dir=str(data_dir), output_dir=str(tmp_path / "out"), train_rows=24)
+    mf = mf_config(str(path))
+    check_dataset_config(mf)
+    dataset = build_dataset(mf.train_dataset_task)
+    if skip:
+        dataset.set_init_step(skip)
+    it = dataset.create_tuple_iterator(num_epochs=epochs, output_numpy=True)
+    return [[int(row) for batch in it for row in batch[0][:, 0]] for _ in range(epochs - skip // 6)]
+
+
+def test_seeded_shuffle_is_reproducible_and_resume_skip_continues_it(mf_config, tmp_path):
+    import numpy as np
+
+    from pipeline_lib.data.packing import write_mindrecord
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = np.tile(np.arange(65, dtype=np.int32), (24, 1))
+    rows[:, 0] = np.arange(24)  # row marker: its index in file order
+    write_mindrecord(data / "a.mindrecord", rows[:13])
+    write_mindrecord(data / "b.mindrecord", rows[13:])
+    first = _epoch_orders(mf_config, tmp_path, data, seed=7)
+    assert first == _epoch_orders(mf_config, tmp_path, data, seed=7)  # same seed, same order (both epochs)
+    assert first[0] != list(range(24)) and sorted(first[0]) == list(range(24)) and first[1] != first[0]
+    assert _epoch_orders(mf_config, tmp_path, data, seed=8) != first
+    assert _epoch_orders(mf_config, tmp_path, data, seed=7, shuffle=False) == [list(range(24))] * 2
+    # resume: skipping k consumed batches continues the uninterrupted order, also across an epoch boundary
+    assert _epoch_orders(mf_config, tmp_path, data, seed=7, skip=3) == [first[0][12:], first[1]]
+    assert _epoch_orders(mf_config, tmp_path, data, seed=7, skip=8) == [first[1][8:]]
+
+
 def test_too_few_rows_for_one_step(tmp_path):
     with pytest.raises(ValueError, match="fewer than one optimizer step"):
         build_run_config(cpu_cfg(), stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path),
@@ -171,6 +246,21 @@ def test_rows_are_counted_from_mindrecord_index_files(tmp_path):
     assert count_mindrecord_rows(str(tmp_path)) == 12
     with pytest.raises(ValueError, match="no MindRecord"):
         count_mindrecord_rows(str(tmp_path / "empty"))
+
+
+def test_header_names_what_needs_pipeline_lib(tmp_path):
+    from pipeline_lib.train.metrics import training_callbacks
+
+    extra = training_callbacks("o", tokens_per_step=256, batch_size=4, data_parallel=1)
+    path = write_run_yaml(cpu_cfg(), tmp_path / "run.yaml", stage="pretrain", dataset_dir="d", output_dir="o",
+                          train_rows=64, extra_callbacks=extra)
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    assert "# Names CPUTrainOneStepCell, StopAtStep, PipelineMetrics, LossGuard: registered on import of " \
+           "pipeline_lib.train.callbacks, pipeline_lib.train.cpu_wrappers, pipeline_lib.train.mf_callbacks" in header
+    assert "run_mindformer.py does not import it" in header
+    epochs_only = config_from_dict({"run": {"device_target": "Ascend"}, "training": {"steps": None}})
+    path = write_run_yaml(epochs_only, tmp_path / "plain.yaml", stage="pretrain", dataset_dir="d", output_dir="o")
+    assert "# Names" not in path.read_text()  # stock mindformers types only: runs with any mindformers launcher
 
 
 def test_written_yaml_is_plain_yaml(tmp_path):

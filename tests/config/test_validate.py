@@ -1,4 +1,9 @@
 """One test per validation rule: each breaks exactly one relation of a valid config."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from pipeline_lib.config import ConfigError, check, config_from_dict, validate
@@ -87,9 +92,40 @@ def test_tensor_parallel_stays_inside_node():
 
 
 def test_fp16_needs_loss_scale():
-    found = issues(training={"precision": "fp16"})
-    assert "training.loss_scale.type" in found
+    found = issues(training={"precision": "fp16", "loss_scale": {"type": "none"}})
+    assert "training.loss_scale.type" in found and "dynamic" in found["training.loss_scale.type"].fix
     assert issues(training={"precision": "fp16", "loss_scale": {"type": "dynamic"}}) == {}
+
+
+def test_precision_is_one_knob_for_dtypes_and_loss_scale():
+    fp16 = config_from_dict({"training": {"precision": "fp16"}})
+    assert fp16.training.loss_scale.type == "dynamic" and fp16.model.compute_dtype == "float16"
+    assert (fp16.model.param_init_type, fp16.model.softmax_compute_type) == ("float32", "float32")
+    assert check(fp16) == []
+    bf16 = config_from_dict({"training": {"precision": "bf16"}})
+    assert bf16.training.loss_scale.type == "none" and bf16.model.compute_dtype == "bfloat16"
+    # A derived dtype follows a later change of precision; an explicit one stays (and is checked).
+    bf16.training = bf16.training.model_copy(update={"precision": "fp32"})
+    assert bf16.model.compute_dtype == "float32"
+
+
+def test_explicit_compute_dtype_must_match_precision():
+    found = issues(model={"compute_dtype": "float16"})
+    issue = found["model.compute_dtype"]
+    assert "training.precision=fp32" in issue.problem and "training.precision=fp16" in issue.fix
+    assert issues(model={"compute_dtype": "bfloat16"}, training={"precision": "bf16"}) == {}
+
+
+def test_half_dtypes_are_not_mixed():
+    found = issues(model={"softmax_compute_type": "float16"}, training={"precision": "bf16"})
+    assert "model.softmax_compute_type" in found
+    assert issues(model={"softmax_compute_type": "bfloat16"}, training={"precision": "bf16"}) == {}
+
+
+def test_flash_attention_needs_half_precision_on_ascend():
+    found = issues(**ascend(model={"use_flash_attention": True}))
+    assert "model.use_flash_attention" in found and "float16/bfloat16" in found["model.use_flash_attention"].problem
+    assert issues(**ascend(model={"use_flash_attention": True}, training={"precision": "bf16"})) == {}
 
 
 def test_bf16_uses_constant_scale_one():
@@ -98,9 +134,24 @@ def test_bf16_uses_constant_scale_one():
     assert issues(training={"precision": "bf16"}) == {}
 
 
-def test_model_config_names_unique():
-    found = issues(model={"name": "mine"}, sft={"model_name": "mine"})
-    assert "sft.model_name" in found and "already used" in found["sft.model_name"].problem
+def test_same_base_and_lora_model_name_is_allowed():
+    # mindformers 1.9 registers neither name anywhere (see the comment in validate.py)
+    assert issues(model={"name": "mine"}, sft={"model_name": "mine"}) == {}
+    assert issues(model={"name": "llama"}) == {}  # a transformers/mindformers model type is just a label too
+
+
+def test_training_never_registers_a_config_with_transformers():
+    """The "'aimv2' is already used by a Transformers config" clash needs an AutoConfig.register call: importing
+    everything the trainer process imports must leave transformers' (and mindformers') config mappings as built."""
+    code = ("from transformers.models.auto.configuration_auto import CONFIG_MAPPING as T\n"
+            "import pipeline_lib.train.callbacks, pipeline_lib.train.cpu_wrappers, pipeline_lib.train.mf_callbacks\n"
+            "import pipeline_lib.train.entry\n"
+            "from mindformers.models.auto.configuration_auto import CONFIG_MAPPING as M\n"
+            "print('EXTRA', len(T._extra_content), len(M._extra_content))\n")
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(root), "GLOG_v": "3"})
+    assert "EXTRA 0 0" in res.stdout, res.stderr[-2000:]
 
 
 def test_vocab_covers_tokenizer():
@@ -155,11 +206,35 @@ def test_cpu_refuses_model_and_pipeline_parallel_for_runs_only():
     assert issues(for_run=False, **sections) == {}
 
 
+def test_bf16_is_refused_for_cpu_runs_only():
+    cpu = {"run": {"device_target": "CPU"}, "training": {"precision": "bf16"}}
+    found = issues(for_run=True, **cpu)
+    assert "training.precision" in found and "bfloat16" in found["training.precision"].problem
+    assert issues(for_run=False, **cpu) == {}  # planning an Ascend bf16 layout here is fine
+    assert issues(for_run=True, run={"device_target": "CPU"}, training={"precision": "fp16"}) == {}
+
+
 def test_validate_raises_with_every_issue():
-    cfg = config_from_dict({"training": {"global_batch_size": 5, "precision": "fp16"}})
+    cfg = config_from_dict({"training": {"global_batch_size": 5, "precision": "fp16", "loss_scale": {"type": "none"}}})
     with pytest.raises(ConfigError) as err:
         validate(cfg, for_run=False)
     assert {"training.global_batch_size", "training.loss_scale.type"} <= set(err.value.fields())
+
+
+def test_sft_has_its_own_schedule_rules():
+    found = issues(sft={"steps": 60, "warmup_steps": 60})
+    assert "sft.warmup_steps" in found and "sft.steps=60" in found["sft.warmup_steps"].problem
+    assert "sft.global_batch_size" in issues(sft={"global_batch_size": 5})
+    assert issues(sft={"micro_batch_size": 2, "gradient_accumulation_steps": 3, "global_batch_size": 6}) == {}
+
+
+def test_demo_sft_data_refused_outside_the_tiny_run():
+    seven_b = ascend(model={"hidden_size": 4096, "num_heads": 32, "intermediate_size": 11008}, training={"precision": "bf16"})
+    found = issues(**seven_b)
+    assert "sft.inputs" in found and "sft.allow_demo_data=true" in found["sft.inputs"].fix
+    assert issues(**seven_b, sft={"allow_demo_data": True}) == {}
+    assert issues(**seven_b, sft={"inputs": ["s3://bucket/sft/*.jsonl"]}) == {}
+    assert issues() == {}  # the tiny CPU run uses it
 
 
 def test_warmup_longer_than_steps_refused_at_load():

@@ -23,6 +23,7 @@ LLAMA2_7B_4X64GB = {
                  "micro_batch_num": 4, "optimizer_shard": True, "devices_per_node": 4, "device_memory_gb": 64},
     "training": {"micro_batch_size": 1, "gradient_accumulation_steps": 4, "global_batch_size": 4,
                  "precision": "bf16", "loss_scale": {"type": "none"}},
+    "sft": {"inputs": ["s3://llm-raw/sft/*.jsonl"]},
 }
 
 

@@ -98,4 +98,13 @@ def test_memory_warning(cfg7b):
     assert memory_warning(cfg7b) is None
     small = cfg7b.model_copy(update={"parallel": cfg7b.parallel.model_copy(update={"device_memory_gb": 16})})
     warning = memory_warning(small)
-    assert warning and "exceeds parallel.device_memory_gb=16" in warning
+    assert warning and "exceeds the usable 14.72 GB (parallel.device_memory_gb=16 minus device_memory_headroom_gb=1.28)" \
+        in warning
+    # the headroom counts: a peak that fits the card but not the card minus the headroom is warned about
+    peak = estimate(cfg7b).total / GB
+    tight = cfg7b.model_copy(update={"parallel": cfg7b.parallel.model_copy(
+        update={"device_memory_gb": peak + 1, "device_memory_headroom_gb": 2})})
+    assert "exceeds the usable" in memory_warning(tight)
+    roomy = cfg7b.model_copy(update={"parallel": cfg7b.parallel.model_copy(
+        update={"device_memory_gb": peak + 1, "device_memory_headroom_gb": 0.5})})
+    assert memory_warning(roomy) is None

@@ -32,7 +32,8 @@ TINY = {
     "training": {"micro_batch_size": 4, "global_batch_size": 4, "steps": PRETRAIN_STEPS, "learning_rate": 1e-2,
                  "warmup_steps": 2, "save_steps": 1000, "keep_checkpoint_max": 2, "preflight_steps": 0,
                  "timeout_seconds": 300},
-    "sft": {"inputs": [str(SFT_DATA)], "lora_rank": 8, "lora_alpha": 16, "steps": 30, "learning_rate": 1e-2},
+    "sft": {"inputs": [str(SFT_DATA)], "lora_rank": 8, "lora_alpha": 16, "steps": 30, "learning_rate": 1e-2,
+            "warmup_steps": 2},
 }
 
 

@@ -9,6 +9,7 @@ step, 16 steps, a checkpoint every 4 steps, 2 kept. What is asserted:
 - killed: SIGKILL of the trainer's process group 2 steps after the 2nd checkpoint, then a rerun: the step count continues
   from the last verified checkpoint, metrics.jsonl holds steps 1..16 once each (the killed attempt's steps after
   that checkpoint superseded, attempt 1 then 2) and the final weights equal the reference's (float tolerance);
+The data is shuffled (training.shuffle, the default) except in nan_stop.
 - nan_stop: NaN injected at step 6 stops training at step 6 with a diagnosis naming step, loss, lr, loss scale,
   global norm and the dataset rows; the last good checkpoint (step 4) is the latest;
 - rollback (training.guard.on_failure=rollback): the same NaN rolls back to step 4, skips data steps 5-6 and
@@ -160,7 +161,8 @@ def _scenarios(data, s3_endpoint=None) -> dict[str, callable]:
         "dp2": lambda: Outcome(*new_run(data, "dp2", parallel={
             "devices": 2, "data_parallel": 2, "devices_per_node": 2, "master_port": free_port()},
             training={"steps": 4, "global_batch_size": 8})).run(),
-        "nan_stop": lambda: Outcome(*new_run(data, "nan-stop", training={"steps": 8})).run(env=nan),
+        # unshuffled so that the guard can name the file rows of the bad batch
+        "nan_stop": lambda: Outcome(*new_run(data, "nan-stop", training={"steps": 8, "shuffle": False})).run(env=nan),
         "preflight_fail": lambda: Outcome(*new_run(data, "preflight-fail", training={"preflight_steps": 3},
                                                    parallel={"device_memory_gb": 0.05})).run(),
     }
@@ -209,8 +211,10 @@ def test_missing_base_checkpoint_fails_fast(pretrain_data, tmp_path):
 
 def test_not_enough_disk_refuses_before_launch(pretrain_data):
     cfg, paths = new_run(pretrain_data, "no-disk")
-    with pytest.raises(InsufficientDiskError, match=r"need .* bytes \(2 x 1,000,000,000,000,000,000 per checkpoint "
-                                                    r"x 1 rank\(s\)\).*training\.keep_checkpoint_max"):
+    # keep_checkpoint_max=2: 2 kept + 1 being written, of this node's one rank
+    with pytest.raises(InsufficientDiskError, match=r"need 3,000,000,000,000,000,000 bytes \(3 checkpoints .* x "
+                                                    r"1,000,000,000,000,000,000 bytes per checkpoint on this node "
+                                                    r"\(1 rank shard\(s\)\)\).*training\.keep_checkpoint_max \(now 2"):
         run_pretrain_stage(cfg, paths, log=lambda line: None, checkpoint_bytes=10 ** 18)
     out = Path(paths.stage_uri("pretrain"))
     assert not (out / "run.yaml").exists() and not (out / "checkpoint").exists()
@@ -316,6 +320,9 @@ def test_rollback_skips_the_bad_window_and_finishes(outcomes):
     (rb,) = m["rollbacks"]
     assert (rb["bad_step"], rb["from_step"], rb["skipped_steps"], rb["reason"]) == (6, 4, [5, 6], "nonfinite")
     assert any("rollback 1/1: back to step 4, skipping data steps 5..6" in ln for ln in o.lines)
+    # shuffled data (the default): the guard names the batch's position under the seed, not file rows
+    assert any(f"a shuffled batch (training.shuffle, seed {o.cfg.run.seed}): batch 6 of epoch 1" in ln
+               for ln in o.lines)
     assert m["steps"] == 8 and m["data_steps"] == 10  # 8 optimizer steps over data steps 1-4 and 7-10
     records = read_metrics(o.out / "metrics.jsonl")
     after = [r["step"] for r in records if r["step"] > 6]

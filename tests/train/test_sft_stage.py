@@ -59,7 +59,7 @@ def memorized(sft_base, tmp_path_factory):
     """The SFT stage run (guard stop at step 30, then resume) and what the tests need from it."""
     data = tmp_path_factory.mktemp("sft_data") / "memorize.jsonl"
     data.write_text("\n".join(json.dumps(s, ensure_ascii=False) for s in MEMORIZE) + "\n", encoding="utf-8")
-    cfg = sft_base.config(sft={"inputs": [str(data)], "steps": 60, "learning_rate": 0.03},
+    cfg = sft_base.config(sft={"inputs": [str(data)], "steps": 60, "learning_rate": 0.03, "warmup_steps": 3},
                           training={"warmup_steps": 3, "save_steps": 20})
     paths = sft_base.paths("memorize")
     stage = Path(paths.stage_uri("sft"))

@@ -36,7 +36,7 @@ TINY = {"run": {"device_target": "CPU"},
         "training": {"micro_batch_size": 2, "gradient_accumulation_steps": 2, "global_batch_size": 4,
                      "steps": 12, "save_steps": 6, "keep_checkpoint_max": 3, "warmup_steps": 2,
                      "learning_rate": 5e-3},
-        "sft": {"steps": 3, "micro_batch_size": 4, "lora_rank": 4}}
+        "sft": {"steps": 3, "micro_batch_size": 4, "lora_rank": 4, "warmup_steps": 2}}
 LOSS_LINE = re.compile(r"step:\[\s*(\d+)/\s*\d+\], loss:\[([0-9.]+)/")
 
 

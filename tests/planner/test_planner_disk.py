@@ -1,0 +1,36 @@
+"""planner.disk: checkpoint bytes per node from the layout, in concrete numbers for the 7B 4 x 64 GB layout."""
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.planner.disk import checkpoint_disk, disk_fix
+
+# Llama-2 7B on mp2 x pp2: 16 layers per stage, matmuls and the vocab-parallel embedding/head split over 2.
+LAYER_MATMULS = 4 * 4096 ** 2 + 3 * 4096 * 11008          # wq wk wv wo + w1 w2 w3
+STAGE0 = 16 * LAYER_MATMULS // 2 + 32000 * 4096 // 2 + 16 * 2 * 4096            # + embedding, 2 norms/layer
+STAGE1 = 16 * LAYER_MATMULS // 2 + 32000 * 4096 // 2 + 16 * 2 * 4096 + 4096     # + output head, final norm
+
+
+def test_7b_layout_needs_its_shards_times_kept_checkpoints(cfg7b_raw):
+    cfg = config_from_dict(cfg7b_raw)  # keep_checkpoint_max 3 (default), param_init_type float32
+    need = checkpoint_disk(cfg, [0, 1, 2, 3])
+    # float32 weights (4 B) + AdamW moments (8 B, float32); ranks 0-1 hold stage 0, ranks 2-3 stage 1
+    assert need.rank_bytes == {0: STAGE0 * 12, 1: STAGE0 * 12, 2: STAGE1 * 12, 3: STAGE1 * 12}
+    assert need.rank_bytes[0] == 20_216_020_992
+    assert need.per_checkpoint == 80_864_182_272      # the whole model once per node (~6.74e9 params x 12 B)
+    assert need.copies == 4 and need.total == 323_456_729_088  # 3 kept + 1 being written: 323.5 GB, not 646.9
+    fewer = checkpoint_disk(config_from_dict({**cfg7b_raw, "training": {**cfg7b_raw["training"],
+                                                                          "keep_checkpoint_max": 1}}), [0, 1, 2, 3])
+    assert fewer.total == 2 * 80_864_182_272
+    fix = disk_fix(cfg, need)
+    assert "training.keep_checkpoint_max (now 3; each kept checkpoint needs 80.9 GB on this node)" in fix
+
+
+def test_sharded_moments_and_half_weights_shrink_a_rank_file():
+    base = {"parallel": {"devices": 2, "data_parallel": 2, "devices_per_node": 2},
+            "training": {"global_batch_size": 8}}
+    plain = checkpoint_disk(config_from_dict(base), [0, 1])
+    shard = checkpoint_disk(config_from_dict({**base, "parallel": {**base["parallel"], "optimizer_shard": True}}),
+                            [0, 1])
+    half = checkpoint_disk(config_from_dict({**base, "model": {"param_init_type": "bfloat16"},
+                                             "training": {**base["training"], "precision": "bf16"}}), [0, 1])
+    params = plain.rank_bytes[0] // 12
+    assert shard.rank_bytes[0] == params * (4 + 8 // 2) and half.rank_bytes[0] == params * (2 + 8)
+    assert "parallel.optimizer_shard=true" in disk_fix(config_from_dict(base), plain)
