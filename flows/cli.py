@@ -5,7 +5,7 @@
   llm-pipeline run CONFIG [--run-id ID] [--stages a,b] [--dispatch] [key=value ...]
   llm-pipeline status CONFIG --run-id ID               which stages of a run are complete
   llm-pipeline pools [--ascend-nodes N]                create work pools and limits (idempotent)
-  llm-pipeline nightly CONFIG [key=value ...]          one nightly continued-pretraining round now
+  llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
@@ -200,11 +200,12 @@ def nightly_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="llm-pipeline nightly")
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--run-date", help="the night's date, YYYY-MM-DD (default today); names the run nightly-<date>")
     args = ap.parse_intermixed_args(argv)
     from flows.nightly import nightly
 
     with embedded_api():
-        state = nightly(config=args.config, overrides=args.overrides, return_state=True)
+        state = nightly(config=args.config, overrides=args.overrides, run_date=args.run_date, return_state=True)
     print(f"nightly {state.name}: {state.message}" if state.name in ("Skipped", "NoNewData") else
           state.result() if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1
