@@ -135,8 +135,8 @@ def run_main(argv: list[str]) -> int:
     args = ap.parse_intermixed_args(argv)
     try:
         cfg = validate(load_config(args.config, args.overrides))
-        print_warnings(validate_inputs(cfg), file=sys.stderr)
         stages = parse_stages(args.stages)
+        print_warnings(validate_inputs(cfg, stages), file=sys.stderr)
     except (ConfigError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2

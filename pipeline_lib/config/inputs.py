@@ -20,6 +20,7 @@ import os
 import socket
 import unicodedata
 from collections import Counter
+from typing import Iterable
 from urllib.parse import urlparse
 
 from .errors import ConfigError, ConfigIssue
@@ -215,25 +216,35 @@ def _file_texts(path: str, kind: str | None, text_field: str):
                 yield value
 
 
-def check_inputs(cfg: PipelineConfig) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
-    """(errors, warnings) about the files the config names (see the module docstring)."""
+def check_inputs(cfg: PipelineConfig, stages: Iterable[str] | None = None
+                 ) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
+    """(errors, warnings) about the files the config names (see the module docstring); with `stages`,
+    only the files those stages read (`run --stages data` on a CPU host need not see the base weights
+    that the Ascend host's pretrain stage reads)."""
+    wanted = set(stages) if stages is not None else {"data", "pretrain", "sft", "evaluate", "export"}
     c = _Checker(cfg)
-    c.listed("data.inputs", cfg.data.inputs)
-    c.listed("sft.inputs", cfg.sft.inputs)
-    c.prompts()
-    c.tokenizer()
-    c.exists("model.base_checkpoint", cfg.model.base_checkpoint, what="mindformers .ckpt")
-    if c.exists("model.hf_checkpoint", cfg.model.hf_checkpoint, folder=True,
-                what="folder with a Hugging Face config.json and model.safetensors"):
-        c.hf_folder()
-    for label, path in cfg.evaluate.compare_checkpoints.items():
-        c.exists(f"evaluate.compare_checkpoints.{label}", path, what=".ckpt", otherwise="remove that entry")
+    if "data" in wanted:
+        c.listed("data.inputs", cfg.data.inputs)
+    if "sft" in wanted:
+        c.listed("sft.inputs", cfg.sft.inputs)
+    if "evaluate" in wanted:
+        c.prompts()
+    if wanted & {"data", "sft", "evaluate", "export"}:
+        c.tokenizer()
+    if "pretrain" in wanted:
+        c.exists("model.base_checkpoint", cfg.model.base_checkpoint, what="mindformers .ckpt")
+        if c.exists("model.hf_checkpoint", cfg.model.hf_checkpoint, folder=True,
+                    what="folder with a Hugging Face config.json and model.safetensors"):
+            c.hf_folder()
+    if "evaluate" in wanted:
+        for label, path in cfg.evaluate.compare_checkpoints.items():
+            c.exists(f"evaluate.compare_checkpoints.{label}", path, what=".ckpt", otherwise="remove that entry")
     return c.errors, c.warnings
 
 
-def validate_inputs(cfg: PipelineConfig) -> list[ConfigIssue]:
-    """Raise ConfigError with every input error; return the warnings."""
-    errors, warnings = check_inputs(cfg)
+def validate_inputs(cfg: PipelineConfig, stages: Iterable[str] | None = None) -> list[ConfigIssue]:
+    """Raise ConfigError with every input error (of the files `stages` read); return the warnings."""
+    errors, warnings = check_inputs(cfg, stages)
     if errors:
         raise ConfigError(errors)
     return warnings
