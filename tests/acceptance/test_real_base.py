@@ -70,8 +70,8 @@ def chain(prefect_server, llama2_tokenizer, tmp_path_factory):
                  *[f"model.{k}={v}" for k, v in MODEL.items()],
                  "training.micro_batch_size=2", "training.global_batch_size=2", "training.steps=2",
                  "training.warmup_steps=1", "training.save_steps=2", "training.preflight_steps=0",
-                 "training.timeout_seconds=900",
-                 "sft.template=llama2", "sft.steps=2", "sft.micro_batch_size=2", "sft.lora_rank=4",
+                 "training.timeout_seconds=900", "training.shuffle=false",  # step 1 = the first rows (numpy check)
+                 "sft.template=llama2", "sft.steps=2", "sft.warmup_steps=0", "sft.micro_batch_size=2", "sft.lora_rank=4",
                  "evaluate.prompt_files=[configs/eval/domain_qa.jsonl]", "evaluate.max_new_tokens=3",
                  "evaluate.batch_size=2", "evaluate.perplexity_max_rows=4"]
     started = time.time()

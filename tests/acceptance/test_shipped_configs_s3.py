@@ -75,11 +75,13 @@ def test_shipped_config_data_stage_reads_its_s3_glob(config, user_repo, s3_endpo
         # Not matched by the glob: another suffix, and a file in a sub-folder (`*` stops at '/').
         client.put_object(Bucket=bucket, Key=f"{head}README.txt", Body=b"not data")
         client.put_object(Bucket=bucket, Key=f"{head}old/skip{tail}", Body=gzip.compress(lines[0]))
-    tok = llama2_layout_tokenizer(tmp_path)
+    # a config that names its base model's tokenizer gets a Llama-2-layout one; the others train theirs
+    given = (spec.get("tokenizer") or {}).get("path")
+    tokenizer = [f"tokenizer.path={llama2_layout_tokenizer(tmp_path)}"] if given else ["tokenizer.vocab_size=1000"]
     out = f"s3://{glob_parts(spec['data']['inputs'][0])[0]}/runs-{Path(config).stem}"
     proc = user_repo.run(["./.venv/bin/llm-pipeline", "run", f"configs/pipelines/{config}", "--stages", "data",
                           "--run-id", "accept-s3", f"run.output_root={out}", f"run.s3_endpoint_url={s3_endpoint}",
-                          f"tokenizer.path={tok}", *SHRINK],
+                          *tokenizer, *SHRINK],
                          env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                               "AWS_DEFAULT_REGION": "us-east-1"}, timeout=900)
     bucket, _, prefix = out[len("s3://"):].partition("/")
@@ -89,4 +91,5 @@ def test_shipped_config_data_stage_reads_its_s3_glob(config, user_repo, s3_endpo
     assert stats["total"]["kept"] > 0 and stats["total"]["rows_train"] > 0
     tok_cfg = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/accept-s3/data/tokenizer/"
                                            "tokenizer_config.json")["Body"].read())
-    assert (tok_cfg.get("bos_id"), tok_cfg.get("eos_id"), tok_cfg.get("unk_id")) == (1, 2, 0), tok_cfg
+    if given:  # the base tokenizer's own ids, not our training layout
+        assert (tok_cfg.get("bos_id"), tok_cfg.get("eos_id"), tok_cfg.get("unk_id")) == (1, 2, 0), tok_cfg

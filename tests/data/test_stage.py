@@ -365,7 +365,7 @@ def test_source_ids_metadata_and_cjk_punctuation_survive_jsonl_and_parquet_input
     spans = [s for side in sorted((folder / "mindrecord" / "train").glob("*.docs.jsonl")) for s in read_jsonl(side)]
     train = [(d["id"], o) for o, d in docs.items() if d["split"] == "train"]
     assert [(s["id"], s["origin"]) for s in spans] == train  # in packing order, each document once (one file)
-    segment = tmp_path / "runs" / "_dedup_index" / "segments" / "r1" / "source_ids.jsonl"
+    segment = tmp_path / "runs" / "_dedup_index" / "tiny-cpu" / "segments" / "r1" / "source_ids.jsonl"
     assert [json.loads(x) for x in segment.read_text().splitlines()].count("J3") == 2
 
 

@@ -113,12 +113,16 @@ def test_guard_stops_on_nan_and_the_rerun_resumes_from_the_last_good_checkpoint(
     assert any("sft: training 60 steps from" in ln and "(resume)" in ln for ln in memorized["logs"][1])
     m = memorized["manifest"].metrics
     assert not memorized["skipped"] and m["resumed"] is True and m["steps"] == 60
-    # the resumed attempt replays steps 21-29 exactly: weights, optimizer state and data position restored
-    runs: dict[int, list[float]] = {}
-    for r in read_metrics(memorized["stage"] / "train" / "metrics.jsonl"):
-        runs.setdefault(r["step"], []).append(r["loss"])
-    assert [len(runs[s]) for s in range(21, 30)] == [2] * 9 and runs[30][0] != runs[30][0]  # NaN, then redone
-    assert all(abs(runs[s][0] - runs[s][1]) < 1e-4 for s in range(21, 30)), {s: runs[s] for s in range(21, 30)}
+    # the resumed attempt replays steps 21-29 exactly: weights, optimizer state and data position restored.
+    # metrics.jsonl holds each step once: the failed attempt's rows past its checkpoint were superseded.
+    before = {r["step"]: r for r in failed["records"]}
+    after = read_metrics(memorized["stage"] / "train" / "metrics.jsonl")
+    assert [r["step"] for r in after] == list(range(1, 61))
+    assert {r["attempt"] for r in after if r["step"] <= 20} == {1} and {r["attempt"] for r in after if r["step"] > 20} == {2}
+    redone = {r["step"]: r["loss"] for r in after}
+    assert before[30]["loss"] != before[30]["loss"] and redone[30] == redone[30]  # NaN, then redone
+    assert all(abs(before[s]["loss"] - redone[s]) < 1e-4 for s in range(21, 30)), \
+        {s: (before[s]["loss"], redone[s]) for s in range(21, 30)}
 
 
 def test_lora_alone_memorizes_four_new_pairs(memorized):
