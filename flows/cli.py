@@ -4,7 +4,7 @@
   llm-pipeline plan --model CONFIG --devices N ...     memory plan and layout advice
   llm-pipeline run CONFIG [--run-id ID] [--stages a,b] [--dispatch] [key=value ...]
   llm-pipeline status CONFIG --run-id ID               which stages of a run are complete
-  llm-pipeline pools [--ascend-nodes N]                create work pools and limits (idempotent)
+  llm-pipeline pools [--ascend-hosts node0,node1]     create work pools and per-node limits (idempotent)
   llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
 
