@@ -116,11 +116,10 @@ class _Checker:
         t = self.cfg.tokenizer
         if self.exists("tokenizer.path", t.path, what="sentencepiece tokenizer.model"):
             from ..data.errors import DataStageError
-            from ..data.tokenizer import Tokenizer, check_loaded
+            from ..data.tokenizer import check_loaded, load_base
 
-            try:
-                check_loaded(Tokenizer(t.path, pad_id=t.pad_id, special_tokens=list(t.special_tokens)), t,
-                             self.cfg.model.vocab_size)
+            try:  # the data stage's own load and check (encode.build_tokenizer)
+                check_loaded(load_base(t.path, t, self.cfg.sft.template), t, self.cfg.model.vocab_size)
             except DataStageError as err:
                 self.errors.append(ConfigIssue(err.field, err.value, err.problem, err.fix))
             except (OSError, RuntimeError) as err:

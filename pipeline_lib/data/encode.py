@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from .errors import DataStageError
 from .packing import count_rows, gather_tokens, heldout_mask, join_with_eos, rows_from_tokens, write_mindrecord
 from .prep import shard_dir
-from .tokenizer import CONFIG_NAME, Tokenizer, check_loaded, model_ids, train_tokenizer, write_config
+from .tokenizer import CONFIG_NAME, Tokenizer, check_loaded, load_base, train_tokenizer, write_config
 from .workspace import Workspace, atomic_path
 
 SPLITS = ("train", "heldout")
@@ -48,12 +48,7 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
         from ..storage import store_for
 
         store_for(t.path, ws.endpoint).get_file(t.path, out)
-        tok = Tokenizer(out, pad_id=-1, special_tokens=[])
-        # the ids are the model's own (pad: its pad piece, else unk); a tokenizer.*_id set must agree
-        tok.pad_id = t.pad_id if t.pad_id is not None else model_ids(tok.sp)["pad_id"]
-        pieces = {tok.sp.id_to_piece(i) for i in range(tok.vocab_size)}
-        # only the chat_markers template needs the markers; other templates keep the ones the model has
-        tok.special_tokens = [x for x in t.special_tokens if cfg.sft.template == "chat_markers" or x in pieces]
+        tok = load_base(out, t, cfg.sft.template)
         check_loaded(tok, t, cfg.model.vocab_size)
         write_config(tok, f"loaded from {t.path}")
     else:

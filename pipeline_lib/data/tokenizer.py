@@ -223,6 +223,17 @@ def training_error(err: RuntimeError, cfg) -> DataStageError:
                           "lower tokenizer.vocab_size (the corpus is too small for it) or add data")
 
 
+def load_base(model_file, cfg, template: str) -> Tokenizer:
+    """A base model's tokenizer.model as the pipeline uses it: its own ids (pad: its pad piece, else unk;
+    a tokenizer.*_id set must agree, see check_loaded) and, of tokenizer.special_tokens, only the pieces
+    the model has, unless the SFT template is chat_markers (which needs all of its markers)."""
+    tok = Tokenizer(model_file, pad_id=-1, special_tokens=[])
+    tok.pad_id = cfg.pad_id if cfg.pad_id is not None else model_ids(tok.sp)["pad_id"]
+    pieces = {tok.sp.id_to_piece(i) for i in range(tok.vocab_size)}
+    tok.special_tokens = [x for x in cfg.special_tokens if template == "chat_markers" or x in pieces]
+    return tok
+
+
 def check_loaded(tok: Tokenizer, cfg, model_vocab_size: int) -> None:
     """Refuse a loaded tokenizer that contradicts a tokenizer.*_id set in TokenizerConfig, a pad id it can emit,
     missing special tokens, or more pieces than the model's embedding (`tok` has its pad already resolved)."""
