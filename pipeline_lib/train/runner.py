@@ -160,8 +160,11 @@ def describe_guard(diag: dict, latest: dict | None, stage: str = "pretrain") -> 
     return (f"{stage}: loss guard stopped training at step {diag.get('step')} (rank {diag.get('rank')}, "
             f"{diag.get('reason')}): loss={num('loss')} running_mean={num('running_mean')} lr={num('lr')} "
             f"loss_scale={num('loss_scale')} global_norm={num('global_norm')} overflow={diag.get('overflow')}; "
-            f"batch {diag.get('batch_where') or 'dataset rows ' + str(diag.get('batch_rows'))}; {where}. Fix: lower training.learning_rate or "
-            "training.grad_clip, remove those rows, or set training.guard.on_failure=rollback to skip the window")
+            f"batch {diag.get('batch_where') or 'dataset rows ' + str(diag.get('batch_rows'))}; {where}. "
+            + (f"Fix: lower training.learning_rate or training.grad_clip, remove those rows, or set "
+               "training.guard.on_failure=rollback to skip the window" if stage == "pretrain" else
+               f"Fix: lower {stage}.learning_rate or training.grad_clip, or remove those samples (the {stage} guard "
+               "stops; it does not roll back), then rerun: it resumes from the last good checkpoint"))
 
 
 def rollback_checkpoint(latest: dict, dest_dir: Path, step_num: int, steps_per_epoch: int) -> Path:

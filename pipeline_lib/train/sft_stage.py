@@ -191,7 +191,7 @@ def _train(cfg, out: Path, base: Path, rows: int, identity: str, log, progress, 
             _launch(cfg, yaml_path, train_dir, node_rank, log, on_tick=tick)
         except GuardTripped as err:
             manager.sync()
-            why = describe_guard(err.diagnoses[0], manager.latest()).replace("pretrain:", "sft:", 1)
+            why = describe_guard(err.diagnoses[0], manager.latest(), stage="sft")
             raise GuardTripped(why.replace("training.learning_rate", "sft.learning_rate") + "; rerun to resume\n"
                                + str(err), err.result, err.diagnoses) from None
         manager.sync()
