@@ -40,20 +40,14 @@ def _absolute(path: str, base: str | Path) -> str:
 
 
 def resolve_input(value: str | None, cwd: str | Path | None = None) -> str | None:
-    """An input path or glob made absolute (see the module docstring)."""
-    if value is None or value == "":
-        return value
-    split = _split_scheme(value)
-    if split is None:
-        return value
-    prefix, path = split
-    cwd = Path.cwd() if cwd is None else Path(cwd)
-    here = _absolute(path, cwd)
-    if not os.path.isabs(os.path.expanduser(path)) and not _exists(here):
-        bundled = _absolute(path, REPO_ROOT)
-        if _exists(bundled):
-            return prefix + bundled
-    return prefix + here
+    """An input path or glob made absolute (see the module docstring): against the working directory,
+    or the repository root for a relative path that exists only there (the bundled files)."""
+    split = _split_scheme(value) if value else None
+    here = resolve_output(value, cwd)
+    if split is None or os.path.isabs(os.path.expanduser(split[1])) or _exists(here[len(split[0]):]):
+        return here
+    bundled = _absolute(split[1], REPO_ROOT)
+    return split[0] + bundled if _exists(bundled) else here
 
 
 def resolve_output(value: str | None, cwd: str | Path | None = None) -> str | None:
