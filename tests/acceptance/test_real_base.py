@@ -30,7 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "train"))
-from test_hf_import import hf_logits, hf_tensors  # noqa: E402  (the numpy reference forward)
+from test_hf_import import first_batch_loss, hf_logits, hf_tensors  # noqa: E402  (the numpy reference forward)
 
 from pipeline_lib.config import config_from_dict  # noqa: E402
 from pipeline_lib.train.hf_import import INDEX_FILE, hf_config_for  # noqa: E402
@@ -103,20 +103,9 @@ def test_generated_yamls_carry_the_tokenizer_ids(chain):
 
 def test_continued_pretraining_starts_from_the_hf_weights(chain):
     """Step-1 loss = the numpy forward's masked mean NLL on the first batch (mindformers masks inputs == pad)."""
-    from mindspore.mindrecord import FileReader
-
     cfg, run, tensors, _ = chain
-    shard = sorted((run / "data" / "mindrecord" / "train").glob("*.mindrecord"))[0]
-    reader = FileReader(str(shard))
-    rows = np.stack([item["input_ids"] for _, item in zip(range(2), reader.get_next())]).astype(np.int64)
-    reader.close()
-    tokens, labels = rows[:, :-1], rows[:, 1:]
-    logits = hf_logits(tensors, cfg.model, tokens)
-    logp = logits - logits.max(-1, keepdims=True)
-    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-    nll = -np.take_along_axis(logp, labels[..., None], -1)[..., 0]
-    mask = tokens != 0  # the tokenizer's pad (= unk) id
-    expected = float((nll * mask).sum() / mask.sum())
+    expected = first_batch_loss(run / "data" / "mindrecord" / "train", tensors, cfg.model, 2,
+                                pad=0)  # the tokenizer's pad (= unk) id
     from pipeline_lib.train.metrics import read_metrics
 
     step1 = {r["step"]: r for r in read_metrics(run / "pretrain" / "metrics.jsonl")}[1]["loss"]

@@ -137,6 +137,23 @@ def test_round_trip_gives_the_same_tensors(tie):
         np.testing.assert_array_equal(back[name], t[name])
 
 
+def first_batch_loss(mindrecord_dir, t: dict, m, rows: int, pad: int) -> float:
+    """The numpy forward's masked mean NLL over the first `rows` rows of the first MindRecord file in
+    `mindrecord_dir` (mindformers masks inputs equal to pad): what the trainer's step-1 loss must be."""
+    from mindspore.mindrecord import FileReader
+
+    reader = FileReader(str(sorted(Path(mindrecord_dir).glob("*.mindrecord"))[0]))
+    batch = np.stack([item["input_ids"] for _, item in zip(range(rows), reader.get_next())]).astype(np.int64)
+    reader.close()
+    tokens, labels = batch[:, :-1], batch[:, 1:]
+    logits = hf_logits(t, m, tokens)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, labels[..., None], -1)[..., 0]
+    mask = tokens != pad
+    return float((nll * mask).sum() / mask.sum())
+
+
 def test_tied_checkpoint_with_a_saved_head_and_untied_config_without_head():
     tied = model_cfg(tie_word_embeddings=True)
     t = hf_tensors(model_cfg())  # has lm_head.weight
@@ -296,7 +313,6 @@ def test_bf16_safetensors_are_widened_exactly(tmp_path):
 # ---------------------------------------------------------------- the stage continues from HF weights
 
 def test_stage_continues_pretraining_from_hf_checkpoint(pretrain_data, tmp_path):
-    from mindspore.mindrecord import FileReader
 
     from pipeline_lib.train.metrics import read_metrics
     from pipeline_lib.train.stage import run_pretrain_stage
@@ -319,18 +335,8 @@ def test_stage_continues_pretraining_from_hf_checkpoint(pretrain_data, tmp_path)
     assert manifest.metrics["base"]["hf_checkpoint"] == str(folder)
     assert (out / "base" / "hf_import.ckpt").exists() and "hf_import.ckpt" in (out / "run.yaml").read_text()
 
-    shard = sorted((Path(paths.stage_uri("data")) / "mindrecord" / "train").glob("*.mindrecord"))[0]
-    reader = FileReader(str(shard))
-    rows = np.stack([item["input_ids"] for _, item in zip(range(4), reader.get_next())]).astype(np.int64)
-    reader.close()
-    tokens, labels = rows[:, :-1], rows[:, 1:]
-    logits = hf_logits(t, cfg.model, tokens)
-    logp = logits - logits.max(-1, keepdims=True)
-    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-    nll = -np.take_along_axis(logp, labels[..., None], -1)[..., 0]
     pad = json.loads((Path(paths.stage_uri("data")) / "tokenizer" / "tokenizer_config.json").read_text())["pad_id"]
-    mask = tokens != pad
-    expected = float((nll * mask).sum() / mask.sum())
+    expected = first_batch_loss(Path(paths.stage_uri("data")) / "mindrecord" / "train", t, cfg.model, 4, pad)
     step1 = {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}[1]["loss"]
     assert abs(expected - np.log(2048)) > 0.3  # far from a random init's ~ln(2048) = 7.62
     assert step1 == pytest.approx(expected, rel=2e-4), (step1, expected)
