@@ -136,7 +136,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from pipeline_lib.config import config_from_dict
-    from pipeline_lib.data import Tokenizer, run_data_stage
+    from pipeline_lib.data import Tokenizer
+    from pipeline_lib.stages import run_stage
     from pipeline_lib.storage import RunPaths
 
     corpus, planted, source = build_corpus(args.mb)
@@ -156,15 +157,15 @@ def main() -> None:
                             "model": {"seq_length": args.seq_length, "vocab_size": 16384}})
     # 1. one process: CPU seconds per step (steady against other load on the machine)
     cpu, c0, w0 = {}, time.process_time(), time.perf_counter()
-    run_data_stage(cfg, RunPaths(str(out), "bench1"), workers=1,
-                   progress=lambda s, d, n: cpu.__setitem__(s, time.process_time()) if d == n else None)
+    run_stage(cfg, RunPaths(str(out), "bench1"), "data", workers=1,
+              progress=lambda s, d, n: cpu.__setitem__(s, time.process_time()) if d == n else None)
     one = (time.perf_counter() - w0, time.process_time() - c0)
     # 2. the real thing: wall time with --workers processes
     marks, t0 = {}, time.perf_counter()
     run_id = "bench"
     cfg.data.dedup.index_uri = str(out / "_index2")  # a first night again: do not dedup against run 1
-    manifest = run_data_stage(cfg, RunPaths(str(out), run_id), workers=args.workers,
-                              progress=lambda s, d, n: marks.__setitem__(s, time.perf_counter()) if d == n else None)
+    manifest, _ = run_stage(cfg, RunPaths(str(out), run_id), "data", workers=args.workers,
+                            progress=lambda s, d, n: marks.__setitem__(s, time.perf_counter()) if d == n else None)
     total = time.perf_counter() - t0
     m = manifest.metrics
     print(f"\nwhole stage, seq_length {args.seq_length}:\n  {args.workers} workers:  {rate(n_docs, n_bytes, total)} wall")

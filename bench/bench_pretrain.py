@@ -98,7 +98,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from pipeline_lib.config import config_from_dict
-    from pipeline_lib.data.stage import run_data_stage
+    from pipeline_lib.stages import run_stage as run_registered
     from pipeline_lib.storage import RunPaths
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pretrain-")).resolve()
@@ -107,7 +107,7 @@ def main() -> int:
     raw["training"].update(steps=args.steps, save_steps=args.save_steps)
     cfg = config_from_dict(raw)
     t0 = time.time()
-    run_data_stage(cfg, RunPaths(str(workdir / "runs"), "data"), workers=1)
+    run_registered(cfg, RunPaths(str(workdir / "runs"), "data"), "data", workers=1)
     print(f"data stage: {time.time() - t0:.1f} s")
 
     stage_runs, bare_runs = [], []

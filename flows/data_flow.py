@@ -14,10 +14,10 @@ from prefect import flow, get_run_logger, unmapped
 from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from pipeline_lib.stages import stage_done, stamp_manifest
-from pipeline_lib.storage import Manifest, RunPaths, invalidate, read_manifest
+from pipeline_lib.runtime.contract import StageOutput
+from pipeline_lib.stages import record_stage, stage_done
+from pipeline_lib.storage import RunPaths, invalidate, read_manifest
 
-from flows.common import resolve_config
 from tasks import data_tasks as t
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
 
@@ -57,7 +57,7 @@ def run_mapped_data(cfg, run_id: str) -> dict:
     invalidate(uri, paths.endpoint_url)
     runner = ThreadPoolTaskRunner(max_workers=cfg.data.num_workers)
     raw = _shard_steps.with_options(task_runner=runner)(config=cfg.model_dump(mode="json"), run_id=run_id)
-    manifest = stamp_manifest(cfg, paths, "data", Manifest(**raw))
+    manifest = record_stage(cfg, paths, "data", StageOutput(**raw))
     publish_stage_artifacts(cfg, paths, "data", manifest)
     return {"stage": "data", "run_id": run_id, "skipped": False, "seconds": round(time.time() - started, 2),
             "stage_uri": uri, "manifest": manifest.__dict__}

@@ -17,7 +17,8 @@ from typing import Callable
 from .config.load import config_hash
 from .config.platform import device_target
 from .config.schema import STAGES, PipelineConfig
-from .storage import Manifest, RunPaths, manifest_matches, read_manifest, write_manifest
+from .runtime.contract import StageOutput, StageRun
+from .storage import Manifest, RunPaths, invalidate, manifest_matches, read_manifest, write_manifest
 
 
 class StageUnavailable(RuntimeError):
@@ -167,9 +168,17 @@ def available(stage: str) -> bool:
         return False
 
 
+def upstream_manifests(paths: RunPaths, stage: str) -> dict[str, Manifest]:
+    """The manifests a stage reads: every required upstream, and the optional ones that are done."""
+    spec = SPECS[stage]
+    found = {up: read_manifest(paths.stage_uri(up), paths.endpoint_url) for up in spec.upstream + spec.optional}
+    return {up: m for up, m in found.items() if m is not None}
+
+
 def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, progress=None,
-              force: bool = False) -> tuple[Manifest, bool]:
-    """Run one stage unless its manifest already matches. Returns (manifest, skipped)."""
+              force: bool = False, **options) -> tuple[Manifest, bool]:
+    """Run one stage unless its manifest already matches. Returns (manifest, skipped).
+    options go to the stage function as keyword arguments (e.g. data's workers=1)."""
     done, why = stage_done(cfg, paths, stage)
     if done and not force:
         log(f"{stage}: skipped, manifest complete ({paths.stage_uri(stage)})")
@@ -180,14 +189,28 @@ def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, pr
                                f"{','.join([*missing, stage])} or the whole pipeline")
     log(f"{stage}: running ({why})")
     fn = runner(stage)
+    invalidate(paths.stage_uri(stage), paths.endpoint_url)  # a stage being redone is never seen as done
+    if _takes_stage_run(fn):
+        run = StageRun(stage, cfg, paths, upstream_manifests(paths, stage), log=log, progress=progress,
+                       identity=config_hash({"stage": stage_hash(cfg, stage), "inputs": stage_inputs(paths, stage)}))
+        return record_stage(cfg, paths, stage, fn(run, **options)), False
     manifest = fn(cfg, paths, log=log, progress=progress)
-    return stamp_manifest(cfg, paths, stage, manifest), False
+    return record_stage(cfg, paths, stage, StageOutput(manifest.outputs, manifest.metrics)), False
 
 
-def stamp_manifest(cfg: PipelineConfig, paths: RunPaths, stage: str, manifest: Manifest) -> Manifest:
-    """Rewrite a finished stage's manifest with the canonical identity (this module's hash and the
-    upstream fingerprints), so the skip rule and the stage's own bookkeeping can never disagree."""
-    manifest.config_hash = stage_hash(cfg, stage)
-    manifest.inputs = json.loads(json.dumps(stage_inputs(paths, stage), sort_keys=True))
+def _takes_stage_run(fn) -> bool:
+    # transition: stages move one by one from (cfg, paths, log=, progress=) -> Manifest to the contract
+    import inspect
+
+    return next(iter(inspect.signature(fn).parameters)) == "run"
+
+
+def record_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, output: StageOutput) -> Manifest:
+    """Write a finished stage's manifest: the one writer of manifest.json. The identity (this
+    module's hash of the stage's config fields and the upstream fingerprints) is computed here, so
+    the skip rule and the stage's record can never disagree."""
+    manifest = Manifest(stage=stage, run_id=paths.run_id, config_hash=stage_hash(cfg, stage),
+                        inputs=json.loads(json.dumps(stage_inputs(paths, stage), sort_keys=True)),
+                        outputs=output.outputs, metrics=output.metrics)
     write_manifest(paths.stage_uri(stage), manifest, paths.endpoint_url)
     return manifest

@@ -1,7 +1,7 @@
 """The data stage: readers, cleaning filters, exact + MinHash-LSH dedup, tokenizer, packing, MindRecord.
 
 Entry points (see stage.py for the step-by-step API a Prefect flow maps over shards):
-    run_data_stage(cfg, paths, *, workers=None, progress=None, log=None) -> Manifest
+    run_data_stage(run: StageRun, *, workers=None) -> StageOutput   (through pipeline_lib.stages.run_stage)
     Tokenizer.load(uri).encode_batch(texts, threads) / decode(ids) / special_ids()
     table_rows(stats) -> rows for a table artifact (stats = json of <stage>/stats.json)
 Names are imported lazily, so `from pipeline_lib.data import Tokenizer` does not load the rest.
@@ -9,7 +9,7 @@ Names are imported lazily, so `from pipeline_lib.data import Tokenizer` does not
 from importlib import import_module
 
 _WHERE = {
-    "run_data_stage": "stage", "finalize_data_stage": "stage", "data_stage_done": "stage", "stage_hash": "stage",
+    "run_data_stage": "stage", "finalize_data_stage": "stage",
     "plan_data_stage": "prep", "prep_shard": "prep", "dedup_stage": "prep",
     "build_tokenizer": "encode", "tokenize_shard": "encode", "plan_mindrecord": "encode",
     "write_mindrecord_shard": "encode", "Tokenizer": "tokenizer", "train_tokenizer": "tokenizer",

@@ -1,7 +1,7 @@
 """The data stage: raw jsonl/parquet -> cleaned, deduplicated documents, a tokenizer, packed
 MindRecord shards, and a stats report that accounts for every input record.
 
-    run_data_stage(cfg, paths)   runs every step locally with a process pool (what the CLI calls)
+    run_data_stage(run)   runs every step locally with a process pool (the registry calls it)
 
 The same steps, for a Prefect flow that maps tasks over shards (each idempotent, skipping work
 whose completion marker exists, each reading and writing only the stage folder):
@@ -11,13 +11,13 @@ whose completion marker exists, each reading and writing only the stage folder):
     build_tokenizer(cfg, paths)
     tokenize_shard(cfg, paths, k)    for k in range(len(shards))
     write_mindrecord_shard(cfg, paths, split, j)  for (split, j) in plan_mindrecord(cfg, paths)
-    manifest = finalize_data_stage(cfg, paths)
+    output = finalize_data_stage(cfg, paths)              # -> StageOutput, recorded by the registry
 Step functions default to shared=True (work files and markers in the stage folder, so mapped
 tasks may run on other machines); run_data_stage passes shared=False (see workspace.py). A
 script using the process pool must guard its entry point (if __name__ == "__main__").
 The output does not depend on the number of workers. Finalizing checks conservation
-(stats.json), commits this run's additions to the persistent dedup index, writes manifest.json
-last, then removes the work files under shards/.
+(stats.json), commits this run's additions to the persistent dedup index and removes the work
+files under shards/; the registry (pipeline_lib.stages.record_stage) then writes manifest.json.
 Raises: DataStageError (config/data problems, naming the field), ConservationError (a bug).
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ import threading
 from functools import partial
 
 from ..lifetime import exit_when_gone
-from ..storage import Manifest, invalidate, manifest_matches, read_manifest, sha256_file, write_manifest
+from ..runtime.contract import StageOutput, StageRun
+from ..storage import sha256_file
 from .dedup_index import commit_segment, index_uri
 from .encode import (build_tokenizer, mindrecord_name, plan_mindrecord, sidecar_name, tokenize_shard,
                      write_mindrecord_shard)
@@ -40,17 +41,6 @@ from .errors import ConservationError
 from .prep import dedup_stage, plan_data_stage, prep_shard, shard_dir
 from .stats import attribute_rows, build_stats
 from .workspace import Workspace, atomic_path
-
-
-def stage_hash(cfg) -> str:
-    """The data stage's identity: pipeline_lib.stages' hash, so the CLI, flows and this agree."""
-    from ..stages import stage_hash as _hash
-
-    return _hash(cfg, "data")
-
-
-def data_stage_done(cfg, paths) -> tuple[bool, str]:
-    return manifest_matches(paths.stage_uri("data"), stage_hash(cfg), endpoint_url=paths.endpoint_url)
 
 
 def _concat(ws: Workspace, n: int, name: str) -> None:
@@ -64,8 +54,8 @@ def _concat(ws: Workspace, n: int, name: str) -> None:
     ws.publish(name)
 
 
-def finalize_data_stage(cfg, paths, *, shared: bool = True) -> Manifest:
-    """Merge quarantine/exclusion files, write stats.json, commit the index, write the manifest."""
+def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
+    """Merge quarantine/exclusion files, write stats.json, commit the index; returns the outputs."""
     ws = Workspace(cfg, paths, shared)
     plan = ws.read_json("shards/plan.json")
     n = len(plan["shards"])
@@ -116,11 +106,9 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> Manifest:
     metrics = {k: t[k] for k in ("read", "rejected_total", "filtered_total", "exact_duplicates", "near_duplicates",
                                  "kept", "tokens", "rows_train", "rows_heldout")}
     metrics["input_files"] = plan["files"]
-    manifest = Manifest("data", paths.run_id, stage_hash(cfg), inputs={}, outputs=described, metrics=metrics)
-    write_manifest(ws.uri, manifest, ws.endpoint)
     ws.remove("shards")
     ws.drop_local_copy()
-    return manifest
+    return StageOutput(described, metrics)
 
 
 class _Progress:
@@ -200,22 +188,14 @@ def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
     return cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=exit_when_gone, initargs=(os.getpid(),))
 
 
-def run_data_stage(cfg, paths, *, workers: int | None = None, progress=None, log=None) -> Manifest:
-    """Run the whole data stage (see the module docstring) unless its manifest already matches.
+def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
+    """Run every step of the data stage (see the module docstring).
 
     workers: processes for the shard steps (default data.num_workers; 1 runs everything inline).
-    progress: optional callable(step, done, total); without it, tqdm bars show on a terminal.
-    log: optional callable(str) for one line per step."""
-    log = log or (lambda msg: None)
-    uri, endpoint = paths.stage_uri("data"), paths.endpoint_url
-    done, why = data_stage_done(cfg, paths)
-    if done:
-        log(f"data: manifest complete at {uri}, not redone")
-        return read_manifest(uri, endpoint)
-    log(f"data: running ({why})")
-    invalidate(uri, endpoint)
+    run.progress: optional callable(step, done, total); without it, tqdm bars show on a terminal."""
+    cfg, paths, log = run.cfg, run.paths, run.log
     workers = workers or cfg.data.num_workers
-    report = _Progress(progress)
+    report = _Progress(run.progress)
     pool = _make_pool(workers) if workers > 1 else None
     if pool is not None:
         _preimport_mindspore()
@@ -237,10 +217,10 @@ def run_data_stage(cfg, paths, *, workers: int | None = None, progress=None, log
         _run_all(_mindrecord_pool(pool, cfg, paths, len(items), workers), partial(write_mindrecord_shard, shared=shared),
                  items, "mindrecord", report)
         report("finalize", 0, 1)
-        manifest = finalize_data_stage(cfg, paths, shared=shared)
+        output = finalize_data_stage(cfg, paths, shared=shared)
         report("finalize", 1, 1)
-        log(f"data: done, {manifest.metrics['rows_train']} train rows")
-        return manifest
+        log(f"data: done, {output.metrics['rows_train']} train rows")
+        return output
     finally:
         report.close()
         if pool is not None:

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from datagen import TINY, make_cfg
 
-from pipeline_lib.data import run_data_stage
+from pipeline_lib.stages import record_stage, run_stage
 from pipeline_lib.data.packing import read_mindrecord
 from pipeline_lib.data.workspace import Workspace
 from pipeline_lib.storage import RunPaths, join, read_manifest, store_for
@@ -24,7 +24,7 @@ def test_stage_streams_s3_inputs_and_writes_the_stage_to_s3(s3_bucket, tmp_path)
     cfg = make_cfg(tmp_path, inputs=[join(bucket, "raw") + "/"], docs_per_shard=150)
     cfg.run.output_root, cfg.run.s3_endpoint_url = join(bucket, "runs"), endpoint
     paths = RunPaths(cfg.run.output_root, "s3run", endpoint)
-    manifest = run_data_stage(cfg, paths, workers=1)
+    manifest, _ = run_stage(cfg, paths, "data", workers=1)
 
     stage = paths.stage_uri("data")
     assert read_manifest(stage, endpoint).outputs == manifest.outputs
@@ -73,6 +73,6 @@ def test_step_functions_share_their_work_through_s3(s3_bucket, tmp_path):
     for split, j in plan_mindrecord(cfg, paths):
         write_mindrecord_shard(cfg, paths, split, j)
     shutil.rmtree(ws.root)
-    manifest = finalize_data_stage(cfg, paths)
+    manifest = record_stage(cfg, paths, "data", finalize_data_stage(cfg, paths))
     local = make_cfg(tmp_path / "local", inputs=[str(small)], docs_per_shard=100)
-    assert run_data_stage(local, RunPaths(local.run.output_root, "mapped"), workers=1).outputs == manifest.outputs
+    assert run_stage(local, RunPaths(local.run.output_root, "mapped"), "data", workers=1)[0].outputs == manifest.outputs

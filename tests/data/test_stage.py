@@ -12,16 +12,17 @@ from datagen import TINY, make_cfg, write_jsonl
 from make_tiny_corpus import PLANTED, make_corpus
 
 import pipeline_lib.data.prep as prep
-from pipeline_lib.data import run_data_stage, table_rows
+from pipeline_lib.data import table_rows
 from pipeline_lib.data.dedup_index import index_uri, list_segments
 from pipeline_lib.data.errors import DataStageError, NoNewDocuments
 from pipeline_lib.data.packing import read_mindrecord
 from pipeline_lib.data.tokenizer import Tokenizer
+from pipeline_lib.stages import run_stage, stage_hash
 from pipeline_lib.storage import RunPaths, read_manifest
 
 
 def run(cfg, run_id="r1", **kw):
-    return run_data_stage(cfg, RunPaths(cfg.run.output_root, run_id), **kw)
+    return run_stage(cfg, RunPaths(cfg.run.output_root, run_id), "data", **kw)[0]
 
 
 def stage_dir(cfg, run_id="r1") -> Path:
@@ -371,11 +372,10 @@ def test_source_ids_metadata_and_cjk_punctuation_survive_jsonl_and_parquet_input
 
 @pytest.mark.parametrize("field,value", [("id_field", "doc_id"), ("keep_fields", ["url"])])
 def test_identity_fields_are_part_of_the_stage_identity(tmp_path, field, value):
-    from pipeline_lib.data.stage import stage_hash
     from pipeline_lib.data.workspace import work_hash
 
     base, other = make_cfg(tmp_path), make_cfg(tmp_path, **{field: value})
-    assert stage_hash(base) != stage_hash(other) and work_hash(base) != work_hash(other)
+    assert stage_hash(base, "data") != stage_hash(other, "data") and work_hash(base) != work_hash(other)
 
 
 def test_pool_workers_fork_server_and_tracker_end_when_the_stage_process_is_sigkilled(sigkill_parent):

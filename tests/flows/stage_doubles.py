@@ -11,7 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from pipeline_lib.storage import Manifest, describe_outputs, write_manifest
+from pipeline_lib.runtime.contract import StageOutput, StageRun
+from pipeline_lib.storage import describe_outputs
 
 
 def _maybe_fail(paths, stage: str) -> None:
@@ -34,21 +35,20 @@ def _attempt(paths, stage: str) -> int:
 
 
 def _stage(stage: str):
-    def run(cfg, paths, log=print, progress=None):
+    def run(run: StageRun) -> StageOutput:
+        paths = run.paths
         _attempt(paths, stage)
         _maybe_fail(paths, stage)
-        uri = Path(paths.stage_uri(stage))
+        uri = Path(run.uri)
         uri.mkdir(parents=True, exist_ok=True)
         for i in range(3):
-            if progress:
-                progress("work", i + 1, 3)
-        (uri / "out.json").write_text(json.dumps({"stage": stage, "steps": cfg.training.steps}))
-        m = Manifest(stage, paths.run_id, "set-by-run_stage", {}, describe_outputs(str(uri), ["out.json"]),
-                     metrics={"tables": {"summary": {"description": f"{stage} summary",
-                                                     "rows": [{"stage": stage, "ok": True}]}}})
-        write_manifest(str(uri), m)
-        log(f"{stage}: double done")
-        return m
+            if run.progress:
+                run.progress("work", i + 1, 3)
+        (uri / "out.json").write_text(json.dumps({"stage": stage, "steps": run.cfg.training.steps}))
+        run.log(f"{stage}: double done")
+        return StageOutput(describe_outputs(str(uri), ["out.json"]),
+                           metrics={"tables": {"summary": {"description": f"{stage} summary",
+                                                           "rows": [{"stage": stage, "ok": True}]}}})
 
     return run
 
@@ -74,12 +74,12 @@ def _slots_now() -> dict:
 def _training_stage(stage: str):
     inner = _stage(stage)
 
-    def run(cfg, paths, log=print, progress=None):
-        slots = Path(paths.run_uri) / f"slots-{stage}.json"
+    def run(run: StageRun) -> StageOutput:
+        slots = Path(run.paths.run_uri) / f"slots-{stage}.json"
         if os.environ.get("LLM_PIPELINE_TEST_RECORD_SLOTS"):
             slots.parent.mkdir(parents=True, exist_ok=True)
             slots.write_text(json.dumps(_slots_now()))
-        return inner(cfg, paths, log=log, progress=progress)
+        return inner(run)
 
     return run
 

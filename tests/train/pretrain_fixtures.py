@@ -1,6 +1,6 @@
 """Fixtures of the pretraining-stage tests: the real data stage once per session, fresh runs that reuse it.
 
-`pretrain_data` runs `pipeline_lib.data.stage.run_data_stage` on configs/data/tiny_corpus.jsonl (workers=1,
+`pretrain_data` runs the data stage on configs/data/tiny_corpus.jsonl (workers=1,
 ~10 s) once per session. `new_run(pretrain_data, name, **overrides)` gives a (cfg, RunPaths) of a new run whose
 data stage folder is a copy of that one (the manifest and its fingerprint included), so every pretrain run
 reads the data exactly as the registry would, without rerunning the data stage (whose persistent dedup index
@@ -69,11 +69,11 @@ def new_run(data: PretrainData, name: str, **overrides):
 @pytest.fixture(scope="session")
 def pretrain_data(tmp_path_factory) -> PretrainData:
     from pipeline_lib.config import config_from_dict
-    from pipeline_lib.data.stage import run_data_stage
+    from pipeline_lib.stages import run_stage
     from pipeline_lib.storage import RunPaths
 
     root = tmp_path_factory.mktemp("pretrain_data")
     cfg = config_from_dict(merge(TINY, {"run": {"output_root": str(root / "runs")}}))
     paths = RunPaths(str(root / "runs"), "data-run")
-    manifest = run_data_stage(cfg, paths, workers=1)
+    manifest, _ = run_stage(cfg, paths, "data", workers=1)
     return PretrainData(root, Path(paths.stage_uri("data")), manifest.metrics["rows_train"])
