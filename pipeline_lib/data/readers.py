@@ -12,89 +12,24 @@ Raises: DataStageError when a parquet file has no column `data.text_field` or a 
 from __future__ import annotations
 
 import gzip
-import io
 import json
 from typing import Iterator
 
-from ..storage import is_s3, iter_lines, store_for
-from ..storage.store import split_s3
+from ..storage import iter_lines, store_for
 from .errors import DataStageError
 
 Record = tuple  # (line_or_row, text | None, reason | None, raw bytes | str | None, fields dict)
 
 
-class _Limited(io.RawIOBase):
-    """At most `n` bytes of a binary stream."""
-
-    def __init__(self, fh, n: int):
-        self.fh, self.left = fh, n
-
-    def readable(self):
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        size = self.left if size is None or size < 0 else min(size, self.left)
-        data = self.fh.read(size) if size else b""
-        self.left -= len(data)
-        return data
-
-    def close(self):
-        self.fh.close()
-        super().close()
-
-
 def open_range(uri: str, start: int, end: int | None, endpoint_url: str | None = None):
     """A binary stream of bytes [start, end) of a file (end None: to the end)."""
-    store = store_for(uri, endpoint_url)
-    if is_s3(uri):
-        bucket, key = split_s3(uri)
-        rng = f"bytes={start}-" + ("" if end is None else str(end - 1))
-        if end is not None and end <= start:
-            return io.BytesIO(b"")
-        return store.client.get_object(Bucket=bucket, Key=key, Range=rng)["Body"]
-    fh = store.open_read(uri)
-    fh.seek(start)
-    return fh if end is None else _Limited(fh, end - start)
-
-
-class S3RangeFile(io.RawIOBase):
-    """A seekable read-only file over an S3 object: each read is one ranged GET (for pyarrow)."""
-
-    def __init__(self, uri: str, endpoint_url: str | None = None):
-        self.store, self.uri = store_for(uri, endpoint_url), uri
-        self.bucket, self.key = split_s3(uri)
-        self.length, self.pos = self.store.size(uri), 0
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = {0: offset, 1: self.pos + offset, 2: self.length + offset}[whence]
-        return self.pos
-
-    def readinto(self, buf) -> int:
-        n = min(len(buf), self.length - self.pos)
-        if n <= 0:
-            return 0
-        body = self.store.client.get_object(Bucket=self.bucket, Key=self.key,
-                                            Range=f"bytes={self.pos}-{self.pos + n - 1}")["Body"].read()
-        buf[:len(body)] = body
-        self.pos += len(body)
-        return len(body)
+    return store_for(uri, endpoint_url).open_range(uri, start, end)
 
 
 def open_parquet(uri: str, endpoint_url: str | None = None):
     import pyarrow.parquet as pq
 
-    if is_s3(uri):
-        return pq.ParquetFile(io.BufferedReader(S3RangeFile(uri, endpoint_url), buffer_size=1 << 20))
-    return pq.ParquetFile(str(store_for(uri).local_path(uri)))
+    return pq.ParquetFile(store_for(uri, endpoint_url).open_seekable(uri))
 
 
 def parse_record(raw: bytes, text_field: str, fields: tuple[str, ...] = ()) -> tuple[str | None, str | None, dict]:

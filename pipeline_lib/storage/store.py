@@ -4,6 +4,11 @@ A URI is either a local path (relative or absolute, or file://) or s3://bucket/k
 Every put is atomic: the object appears under its final name only when it is complete
 (local: temp file in the same folder + os.replace; S3: upload to a temp key, server-side
 copy, delete the temp key), so a reader never sees a half-written file as done.
+
+`store_for(uri)` gives the store a URI lives in; callers ask it, not the URI scheme: `store.remote`
+(must files be uploaded / downloaded?), `open_range` / `open_seekable` (ranged reads, no whole
+download), `glob` (files, folders and `*`/`**` patterns). Only this package branches on s3:// or
+talks to boto3.
 """
 from __future__ import annotations
 
@@ -41,8 +46,17 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+def is_absolute(uri: str) -> bool:
+    """A URI that names a place by itself (s3://..., file://..., /abs/path), as opposed to a path
+    relative to some folder."""
+    uri = str(uri)
+    return is_s3(uri) or uri.startswith("file://") or Path(uri).is_absolute()
+
+
 class LocalStore:
     """Local filesystem; `uri` is a path."""
+
+    remote = False  # files are on this machine: local_path() works, no upload/download step
 
     def _path(self, uri: str) -> Path:
         uri = str(uri)
@@ -94,6 +108,16 @@ class LocalStore:
     def open_read(self, uri: str) -> BinaryIO:
         return open(self._path(uri), "rb")
 
+    def open_range(self, uri: str, start: int, end: int | None = None) -> BinaryIO:
+        """Bytes [start, end) of a file as a stream (end None: to the end)."""
+        fh = self.open_read(uri)
+        fh.seek(start)
+        return fh if end is None else _Limited(fh, max(end - start, 0))
+
+    def open_seekable(self, uri: str) -> BinaryIO:
+        """A seekable file (for readers that jump around, e.g. parquet footers and row groups)."""
+        return self.open_read(uri)
+
     def list(self, prefix: str) -> list[str]:
         """Files under a folder (recursive), sorted, temp files excluded."""
         root = self._path(prefix)
@@ -102,6 +126,19 @@ class LocalStore:
         if not root.exists():
             return []
         return sorted(str(p) for p in root.rglob("*") if p.is_file() and not p.name.startswith(TMP_PREFIX))
+
+    def glob(self, pattern: str) -> list[str]:
+        """Every file a pattern names, sorted, temp files excluded, as absolute paths: a file itself;
+        a folder: every file under it, recursively; a glob: `*`, `?`, `[...]` match within one path
+        segment, `**` any depth. Nothing matched: []."""
+        path = str(self._path(pattern))
+        found: list[str] = []
+        for p in sorted(glob.glob(path, recursive=True)) if has_glob(path) else [path]:
+            if os.path.isdir(p):
+                found += self.list(p)
+            elif os.path.isfile(p) and not os.path.basename(p).startswith(TMP_PREFIX):
+                found.append(p)
+        return sorted({os.path.abspath(p) for p in found})
 
     def delete(self, uri: str) -> None:
         path = self._path(uri)
@@ -125,6 +162,8 @@ class LocalStore:
 class S3Store:
     """S3 through boto3; endpoint_url makes MinIO, OBS or moto work the same way."""
 
+    remote = True
+
     def __init__(self, endpoint_url: str | None = None):
         import boto3
         from botocore.config import Config
@@ -136,16 +175,9 @@ class S3Store:
         )
 
     def exists(self, uri: str) -> bool:
-        from botocore.exceptions import ClientError
-
+        """An object, or a non-empty prefix read as a folder."""
         bucket, key = split_s3(uri)
-        try:
-            self.client.head_object(Bucket=bucket, Key=key)
-            return True
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return bool(self.list(uri.rstrip("/") + "/"))
-            raise
+        return self._object_exists(bucket, key) or bool(self.list(uri.rstrip("/") + "/"))
 
     def size(self, uri: str) -> int:
         bucket, key = split_s3(uri)
@@ -189,6 +221,18 @@ class S3Store:
         bucket, key = split_s3(uri)
         return self.client.get_object(Bucket=bucket, Key=key)["Body"]
 
+    def open_range(self, uri: str, start: int, end: int | None = None) -> BinaryIO:
+        """Bytes [start, end) of an object, one ranged GET streamed as it is read."""
+        if end is not None and end <= start:
+            return io.BytesIO(b"")
+        bucket, key = split_s3(uri)
+        rng = f"bytes={start}-" + ("" if end is None else str(end - 1))
+        return self.client.get_object(Bucket=bucket, Key=key, Range=rng)["Body"]
+
+    def open_seekable(self, uri: str) -> BinaryIO:
+        """A seekable, buffered file over the object: each buffer fill is one ranged GET."""
+        return io.BufferedReader(_S3RangeFile(self, uri), buffer_size=1 << 20)
+
     def list(self, prefix: str) -> list[str]:
         bucket, key = split_s3(prefix)
         out = []
@@ -197,6 +241,30 @@ class S3Store:
                 if not obj["Key"].rsplit("/", 1)[-1].startswith(TMP_PREFIX):
                     out.append(f"s3://{bucket}/{obj['Key']}")
         return sorted(out)
+
+    def glob(self, pattern: str) -> list[str]:
+        """Every object a pattern names, sorted, temp objects excluded, as s3:// URIs: an object
+        itself; a prefix read as a folder (s3://b/raw = s3://b/raw/): every object under it; a glob
+        (same rules as LocalStore.glob) over keys. Nothing matched: []."""
+        bucket, key = split_s3(pattern)
+        if not has_glob(key):
+            if key and not key.endswith("/") and self._object_exists(bucket, key):
+                return [pattern]
+            return self.list(f"s3://{bucket}/{key.rstrip('/')}/" if key.strip("/") else f"s3://{bucket}/")
+        literal = re.split(r"[*?\[]", key, maxsplit=1)[0]  # list only under the literal head
+        regex = glob_regex(key)
+        return [u for u in self.list(f"s3://{bucket}/{literal}") if regex.match(split_s3(u)[1])]
+
+    def _object_exists(self, bucket: str, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=bucket, Key=key)
+            return True
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
 
     def delete(self, uri: str) -> None:
         bucket, key = split_s3(uri)
@@ -211,6 +279,56 @@ class S3Store:
         """The object's ETag: a content hash kept by the server (no download)."""
         bucket, key = split_s3(uri)
         return "etag:" + self.client.head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
+
+
+class _Limited(io.RawIOBase):
+    """At most `n` bytes of a binary stream."""
+
+    def __init__(self, fh, n: int):
+        self.fh, self.left = fh, n
+
+    def readable(self):
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.left if size is None or size < 0 else min(size, self.left)
+        data = self.fh.read(size) if size else b""
+        self.left -= len(data)
+        return data
+
+    def close(self):
+        self.fh.close()
+        super().close()
+
+
+class _S3RangeFile(io.RawIOBase):
+    """A seekable read-only file over an S3 object: each read is one ranged GET."""
+
+    def __init__(self, store: S3Store, uri: str):
+        self.store, self.uri = store, uri
+        self.length, self.pos = store.size(uri), 0
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def tell(self):
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = {0: offset, 1: self.pos + offset, 2: self.length + offset}[whence]
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), self.length - self.pos)
+        if n <= 0:
+            return 0
+        body = self.store.open_range(self.uri, self.pos, self.pos + n).read()
+        buf[:len(body)] = body
+        self.pos += len(body)
+        return len(body)
 
 
 _S3_CLIENTS: dict[str | None, S3Store] = {}
@@ -268,44 +386,8 @@ def _class_end(pattern: str, i: int) -> int:
 
 
 def list_matching(pattern: str, endpoint_url: str | None = None) -> list[str]:
-    """Every file a pattern names, sorted, temp files excluded. The one lister of the project:
-    - a file or object: itself;
-    - a local folder, or an s3:// prefix read as a folder (s3://b/raw = s3://b/raw/): every file
-      under it, recursively;
-    - a glob (local or s3://): `*`, `?`, `[...]` match within one path segment, `**` any depth.
-    Local results are absolute paths; S3 results are s3://bucket/key URIs. Nothing matched: []."""
-    pattern = str(pattern)
-    if is_s3(pattern):
-        store = store_for(pattern, endpoint_url)
-        bucket, key = split_s3(pattern)
-        if not has_glob(key):
-            if key and not key.endswith("/") and _s3_object_exists(store, pattern):
-                return [pattern]
-            return store.list(f"s3://{bucket}/{key.rstrip('/')}/" if key.strip("/") else f"s3://{bucket}/")
-        literal = re.split(r"[*?\[]", key, maxsplit=1)[0]  # list only under the literal head
-        regex = glob_regex(key)
-        return [u for u in store.list(f"s3://{bucket}/{literal}") if regex.match(split_s3(u)[1])]
-    path = pattern[len("file://"):] if pattern.startswith("file://") else pattern
-    found: list[str] = []
-    for p in sorted(glob.glob(path, recursive=True)) if has_glob(path) else [path]:
-        if os.path.isdir(p):
-            found += LocalStore().list(p)
-        elif os.path.isfile(p) and not os.path.basename(p).startswith(TMP_PREFIX):
-            found.append(p)
-    return sorted({os.path.abspath(p) for p in found})
-
-
-def _s3_object_exists(store: "S3Store", uri: str) -> bool:
-    from botocore.exceptions import ClientError
-
-    bucket, key = split_s3(uri)
-    try:
-        store.client.head_object(Bucket=bucket, Key=key)
-        return True
-    except ClientError as err:
-        if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return False
-        raise
+    """Every file a pattern names (see LocalStore.glob / S3Store.glob), from the store it lives in."""
+    return store_for(str(pattern), endpoint_url).glob(str(pattern))
 
 
 def iter_lines(fh: BinaryIO) -> Iterator[bytes]:

@@ -103,3 +103,39 @@ def test_checksum_verification_catches_same_size_change(tmp_path):
     store.put_bytes(join(stage, "f"), b"bbbb")
     assert manifest_matches(stage, "h")[0] is True
     assert manifest_matches(stage, "h", verify_checksums=True) == (False, "output checksum changed: f")
+
+
+def ranged_reads(root, endpoint=None):
+    store = store_for(root, endpoint)
+    uri = join(root, "r.bin")
+    data = bytes(range(256)) * 40
+    store.put_bytes(uri, data)
+    with store.open_range(uri, 10, 300) as fh:
+        assert fh.read() == data[10:300]
+    with store.open_range(uri, 5000) as fh:
+        assert fh.read() == data[5000:]
+    assert store.open_range(uri, 7, 7).read() == b""
+    fh = store.open_seekable(uri)
+    fh.seek(-16, 2)
+    tail = fh.read()
+    fh.seek(100)
+    assert tail == data[-16:] and fh.read(50) == data[100:150] and fh.tell() == 150
+
+
+def test_local_ranged_and_seekable_reads(tmp_path):
+    ranged_reads(str(tmp_path))
+    assert store_for(str(tmp_path)).remote is False
+
+
+def test_s3_ranged_and_seekable_reads(s3_bucket):
+    bucket, endpoint = s3_bucket
+    ranged_reads(bucket + "/ranges", endpoint)
+    assert store_for(bucket, endpoint).remote is True
+
+
+@pytest.mark.parametrize("uri,absolute", [("s3://b/k", True), ("file:///x/y", True), ("/x/y", True),
+                                          ("x/y", False), ("tokenizer.model", False)])
+def test_is_absolute(uri, absolute):
+    from pipeline_lib.storage import is_absolute
+
+    assert is_absolute(uri) is absolute
