@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..storage import is_s3, list_matching, store_for
+from ..storage import list_matching, store_for
 from .errors import DataStageError
 from .readers import open_parquet
 
@@ -56,8 +56,6 @@ class ShardSpec:
 
 
 def _expand(entry: str, endpoint_url: str | None) -> list[str]:
-    if not is_s3(entry) and entry.startswith("file://"):
-        entry = entry[len("file://"):]
     return [u for u in list_matching(entry, endpoint_url) if kind_of(u)]
 
 

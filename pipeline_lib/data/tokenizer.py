@@ -117,13 +117,14 @@ class Tokenizer:
     @classmethod
     def load(cls, uri: str, endpoint_url: str | None = None, **kwargs) -> "Tokenizer":
         """Load from a local path or s3:// URI (downloaded next to a temp copy with its config)."""
-        from ..storage import is_s3, store_for
+        from ..storage import store_for
 
-        if not is_s3(uri):
-            return cls(uri, **kwargs)
+        store = store_for(uri, endpoint_url)
+        if not store.remote:
+            return cls(str(store.local_path(uri)), **kwargs)
         import tempfile
 
-        store, local = store_for(uri, endpoint_url), Path(tempfile.mkdtemp(prefix="tokenizer-"))
+        local = Path(tempfile.mkdtemp(prefix="tokenizer-"))
         store.get_file(uri, local / "tokenizer.model")
         cfg_uri = uri.rsplit("/", 1)[0] + "/" + CONFIG_NAME
         if store.exists(cfg_uri):

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from ..config.load import config_hash
-from ..storage import is_s3, join, store_for
+from ..storage import join, store_for
 
 
 def work_hash(cfg) -> str:
@@ -46,7 +46,7 @@ class Workspace:
         self.cfg, self.paths = cfg, paths
         self.uri, self.endpoint = paths.stage_uri("data"), paths.endpoint_url
         self.store = store_for(self.uri, self.endpoint)
-        self.remote = is_s3(self.uri)
+        self.remote = self.store.remote
         self.local_work = self.remote and not shared
         self.hash = work_hash(cfg)
         if self.remote:
