@@ -30,13 +30,12 @@ from pathlib import Path
 
 from ..config.mindformers_yaml import lora_target_regex
 from ..config.validate import lora_model_name
-
-LORA_MARK = ".mindpet_delta_lora_"
+from ..model.lora_merge import LORA_MARK
+from ..model.shapes import PROJECTIONS as MODULE_PATHS
+from ..model.shapes import projection_dims
 OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.", "moment1.", "moment2.", "accu_grads.", "accumulated_grads.")
 ADAPTER_FILE = "adapter.ckpt"
 CONFIG_FILE = "adapter_config.json"
-MODULE_PATHS = {"wq": "attention.wq", "wk": "attention.wk", "wv": "attention.wv", "wo": "attention.wo",
-                "w1": "feed_forward.w1", "w2": "feed_forward.w2", "w3": "feed_forward.w3"}
 _MARK = "ADAPTER_RESULT "
 
 
@@ -46,12 +45,10 @@ class AdapterError(ValueError):
 
 def target_dims(model, target: str) -> tuple[int, int]:
     """(in, out) features of a Llama projection for a ModelConfig `model`."""
-    h, f = model.hidden_size, model.intermediate_size
-    kv = (model.n_kv_heads or model.num_heads) * (h // model.num_heads)
-    dims = {"wq": (h, h), "wk": (h, kv), "wv": (h, kv), "wo": (h, h), "w1": (h, f), "w3": (h, f), "w2": (f, h)}
-    if target not in dims:
-        raise AdapterError(f"sft.target_modules contains {target!r}: not a Llama projection; use {sorted(dims)}")
-    return dims[target]
+    dims = projection_dims(model, target)
+    if dims is None:
+        raise AdapterError(f"sft.target_modules contains {target!r}: not a Llama projection; use {sorted(MODULE_PATHS)}")
+    return dims
 
 
 def expected_lora_shapes(model, target_modules: list[str], rank: int) -> dict[str, tuple[int, int]]:
