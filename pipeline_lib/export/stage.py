@@ -32,6 +32,8 @@ from pathlib import Path
 
 from ..config.platform import device_target
 from ..config.schema import PipelineConfig
+from ..runtime.contract import StageOutput, StageRun
+from ..runtime.stage_folder import StageFolder, files_under
 from ..runtime.upstream import InputNotFound, find_pretrain_checkpoint, find_sft, find_tokenizer, localize
 from ..runtime.worker import as_log, run_worker
 from ..storage import Manifest, RunPaths

@@ -33,6 +33,7 @@ from ..config.validate import lora_model_name
 from ..model.lora_merge import LORA_MARK
 from ..model.shapes import PROJECTIONS as MODULE_PATHS
 from ..model.shapes import projection_dims
+from ..runtime.env import subprocess_env
 OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.", "moment1.", "moment2.", "accu_grads.", "accumulated_grads.")
 ADAPTER_FILE = "adapter.ckpt"
 CONFIG_FILE = "adapter_config.json"
@@ -101,9 +102,7 @@ def extract_adapter(sft_ckpt: str | Path, base_ckpt: str | Path, out_dir: str | 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     request = {"sft": str(sft_ckpt), "base": str(base_ckpt), "out": str(Path(out_dir) / ADAPTER_FILE),
                "expected": {k: list(v) for k, v in expected.items()}}
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"),
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env = subprocess_env()
     try:
         proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.adapter", json.dumps(request)],
                               capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(out_dir))

@@ -46,6 +46,7 @@ from typing import Literal
 import numpy as np
 
 from ..model import shapes as llama_shapes
+from ..runtime.env import subprocess_env
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -352,9 +353,7 @@ def mindformers_to_hf(params: dict[str, np.ndarray], model_cfg) -> dict[str, np.
 # ---------------------------------------------------------------- file conversion (MindSpore in a subprocess)
 
 def _run_tool(args: list[str], workdir: Path) -> None:
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, GLOG_v="3", LOG_MF_PATH=str(workdir / "log"), MS_OM_PATH=str(workdir / "om"),
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env = subprocess_env(log_dir=workdir / "log")
     proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.hf_import", *args], capture_output=True,
                           text=True, env=env, cwd=str(workdir), timeout=3600)
     if proc.returncode:
