@@ -3,8 +3,8 @@
 What: `run_worker("pipeline_lib.evaluate.worker", request, workdir, timeout_s=..., log=...)` writes
 `request.json`, runs `python -m <module> --request request.json --result result.json` in a new
 session from a scratch cwd (mindformers writes ./output), in the environment of env.subprocess_env
-(logs under workdir/logs, the project root on PYTHONPATH), forwards the worker's progress lines (those starting with
-"[worker]") to `log`, and returns the parsed result. The orchestrating process never imports
+(logs under workdir/logs, the project root on PYTHONPATH), forwards the worker's progress lines
+(those starting with "[worker]") to `log`, and returns the parsed result. The orchestrating process never imports
 MindSpore, so a crash or leak in the worker cannot take the flow down.
 
 The worker contract: it writes result.json with {"ok": true, ...} or {"ok": false, "error_type",
