@@ -16,7 +16,6 @@ STAGE_PACKAGES = ("data", "train", "evaluate", "export")
 PENDING = {
     ("evaluate", "data"): "tokenizer ids + chat template (data.tokenizer, data.chat_template) have no shared home yet",
     ("export", "data"): "tokenizer ids (data.tokenizer.TokenIds) have no shared home yet",
-    ("export", "train"): "the Hugging Face conversion lives in train/hf_import.py",
 }
 
 

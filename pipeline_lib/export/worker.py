@@ -105,7 +105,7 @@ def run(req: dict) -> dict:
         raise RuntimeError(f"merged network still has LoRA parameters {leftover[:3]}")
     write_checkpoint({n: resolved.params[n] for n in names}, out_dir / "merged.ckpt", resolved.dtypes)
     # the merged model as a Hugging Face Llama folder too (transformers-loadable, HF names, float32)
-    from ..train.hf_import import load_hf_tensors, mindformers_to_hf, write_hf_folder
+    from ..model.hf import load_hf_tensors, mindformers_to_hf, write_hf_folder
 
     hf_dir = write_hf_folder({n: resolved.params[n] for n in names}, out_dir / HF_DIR, cfg.model)
     back, want = load_hf_tensors(hf_dir), mindformers_to_hf({n: resolved.params[n] for n in names}, cfg.model)

@@ -9,7 +9,7 @@ import pytest
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.model.shapes import llama_param_shapes, projection_dims
 from pipeline_lib.planner.params import count_params
-from pipeline_lib.train.hf_import import _expected, expected_mf_shapes
+from pipeline_lib.model.hf import _expected, expected_mf_shapes
 
 
 def _model(**over):

@@ -45,7 +45,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..model import shapes as llama_shapes
+from . import shapes as llama_shapes
 from ..runtime.env import subprocess_env
 
 CONFIG_FILE = "config.json"
@@ -354,11 +354,11 @@ def mindformers_to_hf(params: dict[str, np.ndarray], model_cfg) -> dict[str, np.
 
 def _run_tool(args: list[str], workdir: Path) -> None:
     env = subprocess_env(log_dir=workdir / "log")
-    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.hf_import", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.model.hf", *args], capture_output=True,
                           text=True, env=env, cwd=str(workdir), timeout=3600)
     if proc.returncode:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise HFImportError(f"hf_import {args[0]} failed: {tail[0]}\n{proc.stderr[-3000:]}")
+        raise HFImportError(f"pipeline_lib.model.hf {args[0]} failed: {tail[0]}\n{proc.stderr[-3000:]}")
 
 
 def convert_hf_to_mindformers(folder: str | Path, out_ckpt: str | Path, model_cfg,
@@ -427,8 +427,8 @@ def _to_hf_main(ckpt: str, folder: str, model_json: str, dtype: str) -> None:
 
 
 if __name__ == "__main__":
-    usage = ("usage: python -m pipeline_lib.train.hf_import to-mindformers HF_DIR OUT.ckpt MODEL_JSON [half|interleaved]\n"
-             "       python -m pipeline_lib.train.hf_import to-hf CKPT OUT_DIR MODEL_JSON [float32|float16]")
+    usage = ("usage: python -m pipeline_lib.model.hf to-mindformers HF_DIR OUT.ckpt MODEL_JSON [half|interleaved]\n"
+             "       python -m pipeline_lib.model.hf to-hf CKPT OUT_DIR MODEL_JSON [float32|float16]")
     if len(sys.argv) == 6 and sys.argv[1] == "to-mindformers":
         _to_mindformers_main(*sys.argv[2:6])
     elif len(sys.argv) == 6 and sys.argv[1] == "to-hf":
