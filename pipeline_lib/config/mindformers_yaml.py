@@ -164,7 +164,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
                      token_ids=None) -> dict:
     """The mindformers run config of `stage` as a plain dict.
 
-    `token_ids` (pipeline_lib.data.tokenizer.TokenIds) are the tokenizer's special ids: stages pass the ones
+    `token_ids` (pipeline_lib.model.token_ids.TokenIds) are the tokenizer's special ids: stages pass the ones
     the data stage recorded in tokenizer_config.json; None means `configured_ids(cfg.tokenizer)`.
     `steps` overrides the stage's step budget (preflight); `target` overrides the device target
     (default platform.device_target(cfg)). `resume` sets `resume_training` (then `load_checkpoint`
@@ -178,7 +178,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         raise ValueError("stage='sft' needs load_checkpoint (the pretrained base .ckpt): without it "
                          "mindformers silently finetunes a randomly initialised model")
     if token_ids is None:
-        from ..data.tokenizer import configured_ids
+        from ..model.token_ids import configured_ids
 
         token_ids = configured_ids(cfg.tokenizer)
     t = cfg.training

@@ -73,7 +73,7 @@ def run(req: dict) -> dict:
     checks["timings_s"]["resolve"] = round(time.time() - t, 3)
     progress(f"resolved {ref.ckpt}" + (f" + adapter ({len(resolved.report.modules)} LoRA modules, "
                                        f"scale {resolved.report.scale:g})" if resolved.report else ""))
-    from ..data.tokenizer import TokenIds, configured_ids
+    from ..model.token_ids import TokenIds, configured_ids
 
     # the ids the model was trained with: the data stage's tokenizer_config.json beside the tokenizer
     ids = TokenIds.read(req["tokenizer"]) if req.get("tokenizer") else configured_ids(cfg.tokenizer)

@@ -45,8 +45,8 @@ def set_context(target: str) -> None:
 def llama_kwargs(cfg: PipelineConfig, *, batch_size: int, seq_length: int, target: str, token_ids=None) -> dict:
     """LlamaConfig keyword arguments of the pipeline model (inference: no KV cache, no dropout).
 
-    `token_ids` (data.tokenizer.TokenIds): the tokenizer's ids; None means configured_ids(cfg.tokenizer)."""
-    from ..data.tokenizer import configured_ids
+    `token_ids` (token_ids.TokenIds): the tokenizer's ids; None means configured_ids(cfg.tokenizer)."""
+    from .token_ids import configured_ids
 
     return llama_model_config(cfg, batch_size=batch_size, seq_length=seq_length, on_cpu=target == "CPU",
                               token_ids=token_ids or configured_ids(cfg.tokenizer))

@@ -60,7 +60,7 @@ def tiny_tokenizer(texts: list[str], out_dir: str | Path, tokenizer_cfg, vocab_s
 
     import sentencepiece as spm
 
-    from ..data.tokenizer import trained_ids
+    from .token_ids import trained_ids
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
