@@ -188,8 +188,10 @@ def deploy_main(argv: list[str]) -> int:
     """`prefect deploy` of deployments/prefect.yaml from the project root (extra args are passed on)."""
     from pathlib import Path
 
+    from pipeline_lib.runtime.env import subprocess_env
+
     root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ)
+    env = subprocess_env()  # the flows it imports find this repository's pipeline_lib
     env.setdefault("LLM_PIPELINE_HOME", str(root))
     prefect = Path(sys.executable).parent / "prefect"
     cmd = [str(prefect), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", *(argv or ["--all"])]

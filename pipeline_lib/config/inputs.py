@@ -130,7 +130,7 @@ class _Checker:
 
     def hf_folder(self) -> None:
         """The pretrain stage's own fast check (config.json against model.*, tensor names and shapes)."""
-        from ..train.hf_import import HFImportError, check_hf_folder
+        from ..model.hf import HFImportError, check_hf_folder
 
         try:
             check_hf_folder(self.cfg.model.hf_checkpoint, self.cfg.model)

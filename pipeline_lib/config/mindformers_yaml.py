@@ -98,10 +98,14 @@ def dataset_workers(cfg: PipelineConfig, on_cpu: bool) -> int:
     return cfg.training.dataset_workers or (2 if on_cpu else 8)
 
 
-def _model_config(cfg: PipelineConfig, stage: Stage, on_cpu: bool, batch_size: int, token_ids) -> dict:
+def llama_model_config(cfg: PipelineConfig, *, batch_size: int, seq_length: int, on_cpu: bool, token_ids) -> dict:
+    """The LlamaConfig keys of the pipeline's model: the yaml's `model.model_config` (without its `type`)
+    and the keyword arguments of the LlamaConfig the evaluate/export workers build (pipeline_lib.model.llama),
+    so training and inference build the same network. No KV cache (use_past), no checkpoint loading by
+    the model itself; on CPU the measured overrides (platform.CPU_MODEL_OVERRIDES) apply."""
     m = cfg.model
     mc = {
-        "type": "LlamaConfig", "batch_size": batch_size, "seq_length": m.seq_length,
+        "batch_size": batch_size, "seq_length": seq_length,
         "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_heads": m.num_heads,
         "n_kv_heads": m.n_kv_heads, "intermediate_size": m.intermediate_size, "vocab_size": m.vocab_size,
         "rms_norm_eps": m.rms_norm_eps, **token_ids.model_config(), "ignore_token_id": -100,
@@ -113,6 +117,12 @@ def _model_config(cfg: PipelineConfig, stage: Stage, on_cpu: bool, batch_size: i
     }
     if on_cpu:
         mc.update(CPU_MODEL_OVERRIDES)
+    return mc
+
+
+def _model_config(cfg: PipelineConfig, stage: Stage, on_cpu: bool, batch_size: int, token_ids) -> dict:
+    mc = {"type": "LlamaConfig", **llama_model_config(cfg, batch_size=batch_size, seq_length=cfg.model.seq_length,
+                                                      on_cpu=on_cpu, token_ids=token_ids)}
     if stage == "sft":
         s = cfg.sft
         mc["pet_config"] = {"pet_type": "lora", "lora_rank": s.lora_rank, "lora_alpha": s.lora_alpha,
@@ -154,7 +164,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
                      token_ids=None) -> dict:
     """The mindformers run config of `stage` as a plain dict.
 
-    `token_ids` (pipeline_lib.data.tokenizer.TokenIds) are the tokenizer's special ids: stages pass the ones
+    `token_ids` (pipeline_lib.model.token_ids.TokenIds) are the tokenizer's special ids: stages pass the ones
     the data stage recorded in tokenizer_config.json; None means `configured_ids(cfg.tokenizer)`.
     `steps` overrides the stage's step budget (preflight); `target` overrides the device target
     (default platform.device_target(cfg)). `resume` sets `resume_training` (then `load_checkpoint`
@@ -168,7 +178,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         raise ValueError("stage='sft' needs load_checkpoint (the pretrained base .ckpt): without it "
                          "mindformers silently finetunes a randomly initialised model")
     if token_ids is None:
-        from ..data.tokenizer import configured_ids
+        from ..model.token_ids import configured_ids
 
         token_ids = configured_ids(cfg.tokenizer)
     t = cfg.training

@@ -166,7 +166,7 @@ def lora_model_name(cfg: PipelineConfig) -> str:
 
 def special_id_issues(tok) -> list[ConfigIssue]:
     """A tokenizer to train (TokenizerConfig) needs four distinct special ids >= 0 (sentencepiece)."""
-    from ..data.tokenizer import trained_ids
+    from ..model.token_ids import trained_ids
 
     ids = trained_ids(tok)
     if len(set(ids.values())) != 4 or min(ids.values()) < 0:
@@ -179,7 +179,7 @@ def _tokens(cfg: PipelineConfig) -> list[ConfigIssue]:
     """Special ids: a trained tokenizer gets tokenizer.*_id (or our layout); a loaded one (tokenizer.path, read
     here when it is a local file) keeps its own, which the fields set must agree with. pad == unk is allowed
     only for a loaded model (Llama-2: pad = unk = 0, never emitted with byte fallback)."""
-    from ..data.tokenizer import ID_FIELDS, id_mismatches, model_ids, trained_ids
+    from ..model.token_ids import ID_FIELDS, id_mismatches, model_ids, trained_ids
 
     tok, m = cfg.tokenizer, cfg.model
     issues = special_id_issues(tok) if tok.path is None else []

@@ -36,6 +36,7 @@ from typing import IO, Iterable
 
 import numpy as np
 
+from ..runtime.env import subprocess_env
 from .chat_template import IGNORE, ChatTemplate, fit_to_row, labels_for, template_for
 from .errors import DataStageError
 from .instructions import iter_instruction_records, shape_of, to_turns
@@ -198,9 +199,7 @@ def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpo
         marker.unlink(missing_ok=True)
         npz = out / "data" / ".rows.npz"
         np.savez(npz, input_ids=rows.input_ids, labels=rows.labels)
-        env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
-                                                            os.environ.get("PYTHONPATH")])))
+        env = subprocess_env()
         proc = subprocess.run([sys.executable, "-m", "pipeline_lib.data.sft_records", str(npz), str(out / DATA_FILE)],
                               capture_output=True, text=True, env=env, timeout=600)
         npz.unlink(missing_ok=True)

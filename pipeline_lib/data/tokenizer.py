@@ -6,7 +6,9 @@ piece that `encode` never emits. A loaded model (tokenizer.path) keeps its layou
 model has them, pad = its pad piece, or unk when it has none (Llama-2: unk 0, bos 1, eos 2, pad = unk
 = 0, as in mindformers' own Llama-2 configs). tokenizer.*_id fields set by the user must agree with
 the model (`id_mismatches`). `tokenizer_config.json` records the ids actually used; every later stage
-reads them from there (`TokenIds.read`), never from the config.
+reads them from there (`TokenIds.read`), never from the config. The id conventions themselves
+(TokenIds, trained_ids, configured_ids, id_mismatches) are pipeline_lib.model.token_ids: the model is
+built with them too.
 Loss masking: SFT rows mask padding by position (labels -100). Pretraining rows have no labels column:
 mindformers masks every position whose *input* id equals pad_token_id, so with pad == unk a real
 <unk> input is masked too; with byte fallback the tokenizer practically never emits <unk>.
@@ -27,82 +29,18 @@ from __future__ import annotations
 import io
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import sentencepiece as spm
 
+# the id conventions live with the model; also importable from here, where the data stage and its tests look
+from ..model.token_ids import (CONFIG_NAME, ID_FIELDS, TRAINED_IDS, TokenIds, configured_ids,  # noqa: F401
+                               id_mismatches, model_ids, trained_ids)
 from .errors import DataStageError
 
 MAX_PIECE_CHARS = 2000
-CONFIG_NAME = "tokenizer_config.json"
 TRAIN_THREADS = 4  # fixed: unigram training results depend on the thread count
-ID_FIELDS = ("pad_id", "unk_id", "bos_id", "eos_id")
-TRAINED_IDS = {"pad_id": 0, "unk_id": 1, "bos_id": 2, "eos_id": 3}
-"""Layout of a tokenizer the data stage trains, for tokenizer.*_id fields left unset (None)."""
-
-
-@dataclass(frozen=True)
-class TokenIds:
-    """The special ids a model is trained with (what tokenizer_config.json records)."""
-
-    pad_id: int
-    unk_id: int
-    bos_id: int
-    eos_id: int
-
-    @classmethod
-    def from_meta(cls, meta: dict) -> "TokenIds":
-        return cls(**{f: int(meta[f]) for f in ID_FIELDS})
-
-    @classmethod
-    def read(cls, model_file: str | Path) -> "TokenIds":
-        """The ids of a tokenizer.model: its tokenizer_config.json when present, else the model's own."""
-        meta = Path(model_file).with_name(CONFIG_NAME)
-        if meta.is_file():
-            return cls.from_meta(json.loads(meta.read_text(encoding="utf-8")))
-        return cls.from_meta(model_ids(spm.SentencePieceProcessor(model_file=str(model_file))))
-
-    def as_dict(self) -> dict:
-        return {f: getattr(self, f) for f in ID_FIELDS}
-
-    def model_config(self) -> dict:
-        """The LlamaConfig fields (mindformers masks input positions equal to pad_token_id out of the loss)."""
-        return {"bos_token_id": self.bos_id, "eos_token_id": self.eos_id, "pad_token_id": self.pad_id}
-
-
-def model_ids(sp) -> dict:
-    """A sentencepiece model's own ids; pad is its pad piece, else unk (a model without a pad piece)."""
-    pad = sp.pad_id() if sp.pad_id() >= 0 else sp.unk_id()
-    return {"pad_id": pad, "unk_id": sp.unk_id(), "bos_id": sp.bos_id(), "eos_id": sp.eos_id()}
-
-
-def trained_ids(cfg) -> dict:
-    """Ids a trained tokenizer gets: the tokenizer.*_id fields, TRAINED_IDS where they are unset."""
-    return {f: TRAINED_IDS[f] if getattr(cfg, f) is None else getattr(cfg, f) for f in ID_FIELDS}
-
-
-def configured_ids(cfg) -> TokenIds:
-    """Ids implied by TokenizerConfig alone, for callers without a data stage: a local tokenizer.path's own
-    (pad overridden when tokenizer.pad_id is set), else `trained_ids`. Stages read tokenizer_config.json."""
-    if cfg.path and not cfg.path.startswith("s3://") and Path(cfg.path).expanduser().is_file():
-        have = model_ids(spm.SentencePieceProcessor(model_file=str(Path(cfg.path).expanduser())))
-        return TokenIds.from_meta({**have, **({} if cfg.pad_id is None else {"pad_id": cfg.pad_id})})
-    return TokenIds.from_meta(trained_ids(cfg))
-
-
-def id_mismatches(cfg, have: dict, model_file: str) -> list[tuple[str, int, str, str]]:
-    """(field, value, problem, fix) for each tokenizer.*_id set in `cfg` that the loaded model contradicts."""
-    out = []
-    for field in ("unk_id", "bos_id", "eos_id"):
-        want = getattr(cfg, field)
-        if want is not None and want != have[field]:
-            out.append((f"tokenizer.{field}", want, f"{model_file} has {field}={have[field]}",
-                        f"remove tokenizer.{field} (the ids come from the tokenizer) or set it to {have[field]}"))
-    return out
-
-
 class Tokenizer:
     """A loaded sentencepiece model. `encode_batch` encodes many texts on `threads` threads."""
 

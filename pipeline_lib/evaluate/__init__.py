@@ -1,6 +1,6 @@
 """Evaluation: decoding over a logits function, fixed prompt sets, held-out perplexity, side-by-side reports.
 
-Importing this package never imports MindSpore: `mf_model`, `perplexity.read_heldout_rows` and the
+Importing this package never imports MindSpore: `perplexity.read_heldout_rows` and the
 worker do, and they run in the worker process launched by `stage.run_evaluate_stage`.
 """
 from .decoding import Generation, decode, filtered_probs, fixed_batch, sample_token, truncate_prompt

@@ -11,7 +11,7 @@ A row stops at `eos_id` (not included in its tokens), after `max_new_tokens`, or
 Why this shape: on CPU mindformers' `generate` kernels are missing (ArgMaxExt/TopkExt/SortExt) and
 there is no KV cache, but a forward in `set_train(False)` works; a causal model's logits at position
 i do not depend on what follows i, so right padding is harmless. The same function drives a numpy
-bigram table in tests and a MindSpore model in the worker (see mf_model.logits_fn).
+bigram table in tests and a MindSpore model in the worker (see pipeline_lib.model.llama.logits_fn).
 
 Limits: no KV cache, so a step costs a full forward of seq_length tokens (fine for evaluation, not
 for serving); the pad id is not masked out of the choice (parity with `generate`), a trained model

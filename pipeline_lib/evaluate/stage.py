@@ -1,20 +1,24 @@
 """The evaluate stage: fixed prompts and held-out perplexity for several checkpoints, side by side.
 
-What `run_evaluate_stage(cfg, paths, checkpoints, tokenizer_path, heldout_dir, log=...)` does:
+What `run_evaluate_stage(run, checkpoints=None, tokenizer_path=None, heldout_dir=None, ...)` does
+(stage contract, pipeline_lib.runtime.contract):
 1. loads and checks the prompt sets (evaluate.prompt_files) in this process;
-2. runs `python -m pipeline_lib.evaluate.worker` (MindSpore lives only there; launcher timeout =
-   training.timeout_seconds), which writes `<label>/generations.jsonl` per checkpoint and returns
-   perplexity, keyword hits and speed per checkpoint;
+2. runs `python -m pipeline_lib.evaluate.worker` (runtime.worker; MindSpore lives only there; launcher
+   timeout = training.timeout_seconds), which writes `<label>/generations.jsonl` per checkpoint and
+   returns perplexity, keyword hits and speed per checkpoint;
 3. writes `metrics.json` (prompts + per-checkpoint results), `report.md` and `report.html`
-   (answers side by side per prompt), then the manifest (last). The manifest's metrics carry the
-   tables (`tables.side_by_side`, `tables.checkpoints`) and the markdown report for the UI.
+   (answers side by side per prompt) and returns them as outputs. Its metrics carry the inputs it
+   consumed (`inputs`: checkpoints, tokenizer, held-out folder, prompt file digests), the tables
+   (`tables.side_by_side`, `tables.checkpoints`) and the markdown report for the UI; the registry
+   writes the manifest.
 
-Inputs left as None are read from the upstream manifests (inputs.py): checkpoints = base
-(model.base_checkpoint), pretrained, sft (base + adapter), plus evaluate.compare_checkpoints (e.g.
-last night's). A checkpoint is a .ckpt path, a parallel run's checkpoint folder, or
-{"base": ..., "adapter": ...}. Checkpoints with a LoRA adapter are prompted with the SFT chat
-template, the others with the raw prompt; `prompt_formats` ({label: "chat" | "raw"}) overrides that
-(e.g. "chat" for an exported, already merged SFT checkpoint).
+Inputs left as None are read from the upstream manifests `run.upstream` (runtime.upstream):
+checkpoints = base (model.base_checkpoint), pretrained, sft (base + adapter), plus
+evaluate.compare_checkpoints (e.g. last night's). A checkpoint is a .ckpt path, a parallel run's
+checkpoint folder, or {"base": ..., "adapter": ...} (model.checkpoints.CheckpointRef). Checkpoints
+with a LoRA adapter are prompted with the SFT chat template, the others with the raw prompt;
+`prompt_formats` ({label: "chat" | "raw"}) overrides that (e.g. "chat" for an exported, already
+merged SFT checkpoint).
 
 Limits: decoding is greedy or seeded sampling without KV cache (see decoding.py); keyword hits are
 substring matches. Raises PromptSetError / InputNotFound / WorkerFailed (with the worker's error
@@ -31,13 +35,12 @@ import time
 from pathlib import Path
 
 from ..config.platform import device_target
-from ..config.schema import PipelineConfig
-from ..storage import Manifest, RunPaths
+from ..runtime.contract import StageOutput, StageRun
+from ..runtime.stage_folder import StageFolder, files_under
+from ..runtime.upstream import InputNotFound, default_checkpoints, find_heldout, find_tokenizer, localize, localize_ref
+from ..runtime.worker import as_log, run_worker
 from . import report as rep
-from .inputs import InputNotFound, default_checkpoints, find_heldout, find_tokenizer, localize, localize_ref
-from .launch import as_log, run_worker
 from .prompts import load_prompt_sets, resolve_prompt_file
-from .stage_io import StageFolder, files_under, stage_config_hash
 
 STAGE = "evaluate"
 MARKDOWN_LIMIT = 60_000  # characters of the report kept in the manifest for the UI
@@ -59,29 +62,29 @@ def _sha_files(files: list[str]) -> dict:
     return {f: hashlib.sha256(resolve_prompt_file(f).read_bytes()).hexdigest()[:16] for f in files}
 
 
-def run_evaluate_stage(cfg: PipelineConfig, paths: RunPaths, checkpoints: dict | None = None,
-                       tokenizer_path: str | None = None, heldout_dir: str | None = None, log=None,
-                       progress=None, *, prompt_formats: dict[str, str] | None = None,
-                       timeout_s: float | None = None, check_generate: bool = True) -> Manifest:
-    """Evaluate every checkpoint; returns the written Manifest (see the module docstring)."""
-    emit = as_log(log)
+def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer_path: str | None = None,
+                       heldout_dir: str | None = None, *, prompt_formats: dict[str, str] | None = None,
+                       timeout_s: float | None = None, check_generate: bool = True) -> StageOutput:
+    """Evaluate every checkpoint; returns the outputs and metrics (see the module docstring)."""
+    cfg, paths, upstream, progress = run.cfg, run.paths, run.upstream, run.progress
+    emit = as_log(run.log)
     for label, fmt in (prompt_formats or {}).items():
         if fmt not in ("chat", "raw"):
             raise ValueError(f"prompt_formats[{label!r}]={fmt!r}: use 'chat' (SFT chat template) or 'raw'")
     prompts = load_prompt_sets(cfg.evaluate.prompt_files)
-    checkpoints = dict(checkpoints) if checkpoints is not None else default_checkpoints(cfg, paths)
+    checkpoints = dict(checkpoints) if checkpoints is not None else default_checkpoints(cfg, paths, upstream)
     if not checkpoints:
         raise InputNotFound("no checkpoint to evaluate: pass checkpoints={label: path} or run the pretrain/sft "
                             "stages (or set model.base_checkpoint / evaluate.compare_checkpoints)")
-    tokenizer_path = tokenizer_path or find_tokenizer(cfg, paths)
+    tokenizer_path = tokenizer_path or find_tokenizer(cfg, paths, upstream)
     if not tokenizer_path:
         raise InputNotFound("no tokenizer: pass tokenizer_path, set tokenizer.path or run the data stage")
-    heldout_dir = heldout_dir if heldout_dir is not None else find_heldout(paths)
+    heldout_dir = heldout_dir if heldout_dir is not None else find_heldout(paths, upstream)
     if heldout_dir is None:
         emit("evaluate: no held-out split found; perplexity is skipped")
-    folder = StageFolder(paths, STAGE)
-    work = Path(tempfile.mkdtemp(prefix="evaluate-work-"))
-    try:
+    with StageFolder(paths, STAGE) as folder, \
+            tempfile.TemporaryDirectory(prefix="evaluate-work-", ignore_cleanup_errors=True) as tmp:
+        work = Path(tmp)
         cache = work / "inputs"
         labels = list(checkpoints)
         items = [{"label": label, "dir": d, "ref": localize_ref(checkpoints[label], cache, paths.endpoint_url)}
@@ -119,18 +122,13 @@ def run_evaluate_stage(cfg: PipelineConfig, paths: RunPaths, checkpoints: dict |
         if progress:
             progress("evaluate", len(items), len(items))
         outputs = folder.publish(files_under(folder.local))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     inputs = {"checkpoints": {i["label"]: checkpoints[i["label"]] for i in items}, "tokenizer": tokenizer_path,
               "heldout_dir": heldout_dir, "prompt_files": _sha_files(cfg.evaluate.prompt_files)}
     side = rep.comparison_rows(summary, gens)
-    manifest_inputs = json.loads(json.dumps(inputs, sort_keys=True, default=str))
-    manifest = Manifest(stage=STAGE, run_id=paths.run_id, config_hash=stage_config_hash(cfg, STAGE),
-                        inputs=manifest_inputs, outputs=outputs,
-                        # inputs again in metrics: the stage registry replaces manifest.inputs with the
-                        # upstream fingerprints
-                        metrics={"checkpoints": rep.summary_rows(summary), "device": summary["device"],
-                                 "inputs": manifest_inputs,
+    emit(f"evaluate: done in {summary['seconds']} s -> {folder.uri}")
+    # the consumed inputs stay in the metrics: the manifest's own `inputs` are the registry's upstream fingerprints
+    return StageOutput(outputs, {"checkpoints": rep.summary_rows(summary), "device": summary["device"],
+                                 "inputs": json.loads(json.dumps(inputs, sort_keys=True, default=str)),
                                  "decode_path": summary["decode_path"], "seconds": summary["seconds"],
                                  "report_md": "report.md", "report_html": "report.html",
                                  "tables": {"side_by_side": {"description": "Answers per prompt, one column per "
@@ -138,5 +136,3 @@ def run_evaluate_stage(cfg: PipelineConfig, paths: RunPaths, checkpoints: dict |
                                             "checkpoints": {"description": "Perplexity and keyword hits per "
                                                             "checkpoint", "rows": rep.summary_rows(summary)}},
                                  "markdown": {"report": md[:MARKDOWN_LIMIT]}})
-    emit(f"evaluate: done in {summary['seconds']} s -> {folder.uri}")
-    return folder.finish(manifest)

@@ -33,7 +33,8 @@ class TextCodec:
 
     @classmethod
     def load(cls, path: str | Path, tokenizer_cfg, template: str = "chat_markers") -> "TextCodec":
-        from ..data.tokenizer import TokenIds, Tokenizer, id_mismatches
+        from ..data.tokenizer import Tokenizer
+        from ..model.token_ids import TokenIds, id_mismatches
 
         p = Path(path)
         if not p.is_file():
@@ -49,7 +50,7 @@ class TextCodec:
 
     @property
     def ids(self):
-        from ..data.tokenizer import TokenIds
+        from ..model.token_ids import TokenIds
 
         return TokenIds(pad_id=self.pad_id, unk_id=int(self.tok.unk_id), bos_id=self.bos_id, eos_id=self.eos_id)
 

@@ -1,6 +1,6 @@
 """Evaluation worker: `python -m pipeline_lib.evaluate.worker --request r.json --result out.json`.
 
-Launched by stage.run_evaluate_stage (launch.run_worker); imports MindSpore. One network is built
+Launched by stage.run_evaluate_stage (runtime.worker.run_worker); imports MindSpore. One network is built
 (batch = evaluate.batch_size, length = model.seq_length) and every checkpoint's weights are loaded
 into it in turn, so the graph compiles once. Per checkpoint it writes `<label>/generations.jsonl`
 (one line per prompt: prompt id, checkpoint, text, tokens, time, stop reason, keyword hits) and
@@ -21,7 +21,7 @@ import time
 import zlib
 from pathlib import Path
 
-from .launch import progress, worker_main
+from ..runtime.worker import progress, worker_main
 
 
 def _prompt_seed(run_seed: int, prompt_id: str) -> int:
@@ -29,7 +29,7 @@ def _prompt_seed(run_seed: int, prompt_id: str) -> int:
 
 
 def _greedy_generate(net, batch_ids, codec, max_new):
-    from .mf_model import generate_greedy
+    from ..model.llama import generate_greedy
 
     return generate_greedy(net, batch_ids, eos_id=codec.eos_id, pad_id=codec.pad_id, max_new_tokens=max_new)
 
@@ -92,15 +92,15 @@ def _decode_checkpoint(net, fn, prompts, codec, cfg, req, label, fmt, out_path: 
 
 def run(req: dict) -> dict:
     from ..config.load import config_from_dict
-    from .mf_model import prepare_env
+    from ..model.llama import prepare_env
 
     out_dir, work_dir = Path(req["out_dir"]), Path(req["work_dir"])
     prepare_env(work_dir / "logs")
     cfg = config_from_dict(req["config"])
     target = req["target"]
-    from ..export.checkpoints import CheckpointRef, resolve_params
+    from ..model.checkpoints import CheckpointRef, resolve_params
     from .decoding import fixed_batch
-    from .mf_model import build_llama, load_into, logits_fn, set_context
+    from ..model.llama import build_llama, load_into, logits_fn, set_context
     from .perplexity import perplexity, read_heldout_rows
     from .textcodec import TextCodec
 

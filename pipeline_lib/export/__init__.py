@@ -1,11 +1,9 @@
-"""Export: LoRA merge, sharded-checkpoint merge, MindIR export with logits checks.
+"""Export: merged, checked standalone checkpoint + Hugging Face folder + checked MindIR for serving.
 
-Importing this package never imports MindSpore; the numpy LoRA merge is usable anywhere, the rest
-runs in the worker process launched by `stage.run_export_stage`.
+Importing this package never imports MindSpore: the work runs in the worker process launched by
+`stage.run_export_stage`. The LoRA and shard merges it uses live in pipeline_lib.model.
 """
-from .lora_merge import LoraMergeError, lora_scale, merge_lora
-
-__all__ = ["LoraMergeError", "lora_scale", "merge_lora", "run_export_stage"]
+__all__ = ["run_export_stage"]
 
 
 def run_export_stage(*args, **kwargs):

@@ -101,8 +101,8 @@ def serving_spec(cfg, *, batch_size: int, seq_length: int, tokenizer_file: str |
                  sources: dict, token_ids=None) -> dict:
     """What a serving side needs: shapes, dtypes, special ids, how to decode, and where it came from.
 
-    `token_ids` (data.tokenizer.TokenIds): the tokenizer's ids; None means configured_ids(cfg.tokenizer)."""
-    from ..data.tokenizer import configured_ids
+    `token_ids` (model.token_ids.TokenIds): the tokenizer's ids; None means configured_ids(cfg.tokenizer)."""
+    from ..model.token_ids import configured_ids
 
     m, tok = cfg.model, token_ids or configured_ids(cfg.tokenizer)
     return {

@@ -1,20 +1,21 @@
 """The export stage: merge (shards, LoRA) -> checked standalone checkpoint -> checked MindIR.
 
-What `run_export_stage(cfg, paths, base_ckpt, adapter_ckpt, tokenizer_path, log=...)` does: runs
-`python -m pipeline_lib.export.worker` (MindSpore lives only there; launcher timeout =
-training.timeout_seconds), which
+What `run_export_stage(run, base_ckpt=None, adapter_ckpt=None, tokenizer_path=None, ...)` does (stage
+contract, pipeline_lib.runtime.contract): runs `python -m pipeline_lib.export.worker` (runtime.worker;
+MindSpore lives only there; launcher timeout = training.timeout_seconds), which
 1. merges a sharded base/adapter (a parallel run's checkpoint folder + its strategy files) into one
-   copy with MindSpore's transform_checkpoints,
-2. folds the LoRA adapter in (W' = W + alpha / rank * B @ A) and checks the merged model's logits
+   copy with MindSpore's transform_checkpoints (model.shard_merge),
+2. folds the LoRA adapter in (model.lora_merge) (W' = W + alpha / rank * B @ A) and checks the merged model's logits
    against base + adapter (mindformers' LoRA graph) on fixed inputs,
 3. writes `merged.ckpt` (no LoRA parameters) and the same model as a Hugging Face Llama folder `hf/`
    (model.safetensors + config.json + the tokenizer; read back and checked),
 4. exports `serving/model.mindir` (fixed export.batch_size x seq_length), reloads it with
    mindspore.load + nn.GraphCell and checks its logits against the checkpoint model,
 5. writes `serving/serving.json` (shapes, dtypes, special ids, decoding note) and copies the tokenizer.
-Then `checks.json` and the manifest (last). A failed check fails the stage with the numbers.
+Then `checks.json`; the stage returns its outputs and metrics (inputs, checks) and the registry writes
+the manifest. A failed check fails the stage with the numbers.
 
-Inputs left as None come from the upstream manifests (evaluate/inputs.py): base = the SFT stage's
+Inputs left as None come from the upstream manifests `run.upstream` (runtime.upstream): base = the SFT stage's
 base checkpoint (else the pretrain checkpoint, else model.base_checkpoint), adapter = the SFT
 adapter, tokenizer = the data stage's. Without an adapter the base is exported as is.
 
@@ -31,43 +32,46 @@ from pathlib import Path
 
 from ..config.platform import device_target
 from ..config.schema import PipelineConfig
-from ..evaluate.inputs import InputNotFound, find_pretrain_checkpoint, find_sft, find_tokenizer, localize
-from ..evaluate.launch import as_log, run_worker
-from ..evaluate.stage_io import StageFolder, files_under, stage_config_hash
+from ..runtime.contract import StageOutput, StageRun
+from ..runtime.stage_folder import StageFolder, files_under
+from ..runtime.upstream import InputNotFound, find_pretrain_checkpoint, find_sft, find_tokenizer, localize
+from ..runtime.worker import as_log, run_worker
 from ..storage import Manifest, RunPaths
 
 STAGE = "export"
 
 
-def _default_inputs(cfg: PipelineConfig, paths: RunPaths) -> tuple[str | None, str | None]:
-    adapter, base = find_sft(paths)
-    base = base or find_pretrain_checkpoint(paths) or cfg.model.base_checkpoint
+def _default_inputs(cfg: PipelineConfig, paths: RunPaths, upstream: dict[str, Manifest]
+                    ) -> tuple[str | None, str | None]:
+    adapter, base = find_sft(paths, upstream)
+    base = base or find_pretrain_checkpoint(paths, upstream) or cfg.model.base_checkpoint
     return base, adapter
 
 
-def run_export_stage(cfg: PipelineConfig, paths: RunPaths, base_ckpt: str | None = None,
-                     adapter_ckpt: str | None = None, tokenizer_path: str | None = None, log=None,
-                     progress=None, *, base_strategy: str | None = None, adapter_strategy: str | None = None,
-                     timeout_s: float | None = None, lora_scale_override: float | None = None) -> Manifest:
-    """Merge, check, export and check again; returns the written Manifest (see the module docstring).
+def run_export_stage(run: StageRun, base_ckpt: str | None = None, adapter_ckpt: str | None = None,
+                     tokenizer_path: str | None = None, *, base_strategy: str | None = None,
+                     adapter_strategy: str | None = None, timeout_s: float | None = None,
+                     lora_scale_override: float | None = None) -> StageOutput:
+    """Merge, check, export and check again; returns the outputs and metrics (see the module docstring).
 
     `lora_scale_override` replaces alpha / rank in the merge: a diagnostic that must make the stage fail
     at the LoRA logits check (tests use it to prove the check works); never set it in a real run.
     """
-    emit = as_log(log)
+    cfg, paths, progress = run.cfg, run.paths, run.progress
+    emit = as_log(run.log)
     if base_ckpt is None:
-        base_ckpt, found_adapter = _default_inputs(cfg, paths)
+        base_ckpt, found_adapter = _default_inputs(cfg, paths, run.upstream)
         adapter_ckpt = adapter_ckpt or found_adapter
     if not base_ckpt:
         raise InputNotFound("no checkpoint to export: pass base_ckpt, or run the pretrain/sft stages "
                             "(or set model.base_checkpoint)")
-    tokenizer_path = tokenizer_path or find_tokenizer(cfg, paths)
+    tokenizer_path = tokenizer_path or find_tokenizer(cfg, paths, run.upstream)
     if not tokenizer_path:
         emit("export: no tokenizer found; the serving folder will not contain one")
-    folder = StageFolder(paths, STAGE)
-    work = Path(tempfile.mkdtemp(prefix="export-work-"))
     started = time.time()
-    try:
+    with StageFolder(paths, STAGE) as folder, \
+            tempfile.TemporaryDirectory(prefix="export-work-", ignore_cleanup_errors=True) as tmp:
+        work = Path(tmp)
         cache = work / "inputs"
         target = device_target(cfg)
         request = {"config": cfg.model_dump(mode="json"), "target": target,
@@ -92,18 +96,12 @@ def run_export_stage(cfg: PipelineConfig, paths: RunPaths, base_ckpt: str | None
         outputs = folder.publish(files_under(folder.local))
         if progress:
             progress("export", 1, 1)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     rows = [{"check": c["what"], "max_abs_diff": c["max_abs"], "same_argmax": c["same_argmax"], "ok": c["ok"]}
             for c in (checks.get("lora_check"), checks.get("mindir_check")) if c]
     inputs = json.loads(json.dumps({"base": base_ckpt, "adapter": adapter_ckpt, "tokenizer": tokenizer_path,
                                     "base_strategy": base_strategy, "adapter_strategy": adapter_strategy},
                                    sort_keys=True, default=str))
-    manifest = Manifest(stage=STAGE, run_id=paths.run_id, config_hash=stage_config_hash(cfg, STAGE),
-                        inputs=inputs, outputs=outputs,
-                        metrics={"inputs": inputs, "merged_checkpoint": "merged.ckpt", "mindir": "serving/model.mindir",
-                                 "hf_checkpoint": "hf",
-                                 "serving_json": "serving/serving.json", "checks": checks,
-                                 "tables": {"checks": {"description": "Logits checks of the export", "rows": rows}}})
     emit(f"export: done in {checks['seconds']} s -> {folder.uri}")
-    return folder.finish(manifest)
+    return StageOutput(outputs, {"inputs": inputs, "merged_checkpoint": "merged.ckpt", "mindir": "serving/model.mindir",
+                                 "hf_checkpoint": "hf", "serving_json": "serving/serving.json", "checks": checks,
+                                 "tables": {"checks": {"description": "Logits checks of the export", "rows": rows}}})

@@ -1,6 +1,6 @@
 """Export worker: `python -m pipeline_lib.export.worker --request r.json --result out.json`.
 
-Launched by stage.run_export_stage; imports MindSpore. In order, each step gating the next:
+Launched by stage.run_export_stage (runtime.worker.run_worker); imports MindSpore. In order, each step gating the next:
 1. resolve the base (a .ckpt, or a parallel run's folder merged with its strategy: shard_merge);
 2. with an adapter: fold LoRA in (W + alpha/rank * B @ A) and CHECK that the merged model's logits
    equal the base+adapter model's (mindformers' own LoRA graph, as trained) on fixed inputs;
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..evaluate.launch import progress, worker_main
+from ..runtime.worker import progress, worker_main
 
 SERVING_DIR = "serving"
 HF_DIR = "hf"
@@ -30,8 +30,8 @@ HF_DIR = "hf"
 
 def lora_reference_logits(cfg, resolved, *, batch_size: int, seq_length: int, target: str, inputs):
     """Logits of the training graph: base weights + mindformers LoRA adapters (not merged)."""
-    from ..evaluate.mf_model import build_llama, load_into, logits_fn
-    from .lora_merge import LORA_MARK, adapter_config
+    from ..model.llama import build_llama, load_into, logits_fn
+    from ..model.lora_merge import LORA_MARK, adapter_config
 
     net = build_llama(cfg, batch_size=batch_size, seq_length=seq_length, target=target,
                       lora=adapter_config(resolved.report, cfg.sft.lora_alpha))
@@ -47,15 +47,15 @@ def _write_checks(out_dir: Path, checks: dict) -> None:
 
 def run(req: dict) -> dict:
     from ..config.load import config_from_dict
-    from ..evaluate.mf_model import prepare_env
+    from ..model.llama import prepare_env
 
     out_dir, work_dir = Path(req["out_dir"]), Path(req["work_dir"])
     prepare_env(work_dir / "logs")
     cfg = config_from_dict(req["config"])
     target = req["target"]
-    from ..evaluate.mf_model import build_llama, load_into, logits_fn, set_context, write_checkpoint
-    from .checkpoints import CheckpointRef, resolve_params
-    from .lora_merge import LORA_MARK
+    from ..model.llama import build_llama, load_into, logits_fn, set_context, write_checkpoint
+    from ..model.checkpoints import CheckpointRef, resolve_params
+    from ..model.lora_merge import LORA_MARK
     from .mindir import compare_logits, export_mindir, fixed_inputs, reload_logits, serving_spec
 
     t = time.time()
@@ -73,7 +73,7 @@ def run(req: dict) -> dict:
     checks["timings_s"]["resolve"] = round(time.time() - t, 3)
     progress(f"resolved {ref.ckpt}" + (f" + adapter ({len(resolved.report.modules)} LoRA modules, "
                                        f"scale {resolved.report.scale:g})" if resolved.report else ""))
-    from ..data.tokenizer import TokenIds, configured_ids
+    from ..model.token_ids import TokenIds, configured_ids
 
     # the ids the model was trained with: the data stage's tokenizer_config.json beside the tokenizer
     ids = TokenIds.read(req["tokenizer"]) if req.get("tokenizer") else configured_ids(cfg.tokenizer)
@@ -105,7 +105,7 @@ def run(req: dict) -> dict:
         raise RuntimeError(f"merged network still has LoRA parameters {leftover[:3]}")
     write_checkpoint({n: resolved.params[n] for n in names}, out_dir / "merged.ckpt", resolved.dtypes)
     # the merged model as a Hugging Face Llama folder too (transformers-loadable, HF names, float32)
-    from ..train.hf_import import load_hf_tensors, mindformers_to_hf, write_hf_folder
+    from ..model.hf import load_hf_tensors, mindformers_to_hf, write_hf_folder
 
     hf_dir = write_hf_folder({n: resolved.params[n] for n in names}, out_dir / HF_DIR, cfg.model)
     back, want = load_hf_tensors(hf_dir), mindformers_to_hf({n: resolved.params[n] for n in names}, cfg.model)

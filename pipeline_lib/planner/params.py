@@ -4,6 +4,7 @@ What it counts: token embedding (vocab x hidden), per layer the attention projec
 grouped KV heads (wq, wo: hidden x hidden; wk, wv: hidden x kv_heads*head_dim), the SwiGLU FFN
 (w1, w3: hidden x ffn; w2: ffn x hidden), two RMSNorm weights per layer, the final norm, and the
 output head (vocab x hidden, absent when tied to the embedding).
+The per-layer weights come from the one Llama parameter table, pipeline_lib.model.shapes.
 Limits: no biases (Llama has none), no rotary parameters (RoPE has none), no LoRA adapters, no MoE.
 Checked against the published shapes: Llama-2 7B = 6,738,415,616 and Llama-2 70B = 68,976,648,192.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..config.schema import ModelConfig
+from ..model.shapes import layer_numel
 
 
 @dataclass(frozen=True)
@@ -38,18 +40,17 @@ class ModelShape:
 
 def attention_params(shape: ModelShape) -> int:
     """wq + wo are hidden x hidden; wk + wv shrink with grouped-query attention."""
-    h, kv = shape.hidden_size, shape.kv_heads * shape.head_dim
-    return 2 * h * h + 2 * h * kv
+    return layer_numel(shape, "attention.")
 
 
 def ffn_params(shape: ModelShape) -> int:
     """SwiGLU: gate (w1), up (w3) and down (w2) projections."""
-    return 3 * shape.hidden_size * shape.intermediate_size
+    return layer_numel(shape, "feed_forward.")
 
 
 def layer_norm_params(shape: ModelShape) -> int:
     """RMSNorm before attention and before the FFN: one weight vector each, no bias."""
-    return 2 * shape.hidden_size
+    return layer_numel(shape, "attention_norm.") + layer_numel(shape, "ffn_norm.")
 
 
 def layer_params(shape: ModelShape) -> int:

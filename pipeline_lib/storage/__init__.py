@@ -1,7 +1,8 @@
 """URI storage (local + S3) with atomic writes, and stage manifests."""
-from .manifest import (Manifest, RunPaths, describe_outputs, invalidate, manifest_matches, read_manifest,
-                       sha256_file, write_manifest)
+from .manifest import (Manifest, RunPaths, describe_file, describe_local, describe_outputs, invalidate,
+                       manifest_matches, read_manifest, sha256_file, write_manifest)
 from .store import LocalStore, S3Store, is_absolute, is_s3, iter_lines, join, list_matching, store_for
 
-__all__ = ["LocalStore", "S3Store", "Manifest", "RunPaths", "describe_outputs", "invalidate", "is_absolute", "is_s3",
-           "iter_lines", "join", "list_matching", "manifest_matches", "read_manifest", "sha256_file", "store_for", "write_manifest"]
+__all__ = ["LocalStore", "S3Store", "Manifest", "RunPaths", "describe_file", "describe_local", "describe_outputs",
+           "invalidate", "is_absolute", "is_s3", "iter_lines", "join", "list_matching", "manifest_matches",
+           "read_manifest", "sha256_file", "store_for", "write_manifest"]

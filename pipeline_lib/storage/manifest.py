@@ -64,6 +64,17 @@ class Manifest:
         return cls(**json.loads(text))
 
 
+def describe_file(path: str | Path, rel: str) -> dict:
+    """The manifest entry of one output file: {path (relative to the stage folder), size, sha256}."""
+    path = Path(path)
+    return {"path": rel, "size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def describe_local(root: str | Path, rel_paths: list[str]) -> list[dict]:
+    """Manifest entries of files under a local folder (the stage folder or its local working copy)."""
+    return [describe_file(Path(root) / rel, rel) for rel in sorted(rel_paths)]
+
+
 def describe_outputs(stage_uri: str, rel_paths: list[str], endpoint_url: str | None = None) -> list[dict]:
     """Size + sha256 of each output, computed from the local copy (stages write locally first)."""
     store = store_for(stage_uri, endpoint_url)
@@ -72,7 +83,7 @@ def describe_outputs(stage_uri: str, rel_paths: list[str], endpoint_url: str | N
         uri = join(stage_uri, rel)
         local = store.local_path(uri)
         if local is not None:
-            out.append({"path": rel, "size": local.stat().st_size, "sha256": sha256_file(local)})
+            out.append(describe_file(local, rel))
         else:
             data = store.get_bytes(uri)
             out.append({"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})

@@ -30,13 +30,13 @@ from pathlib import Path
 
 from ..config.mindformers_yaml import lora_target_regex
 from ..config.validate import lora_model_name
-
-LORA_MARK = ".mindpet_delta_lora_"
+from ..model.lora_merge import LORA_MARK
+from ..model.shapes import PROJECTIONS as MODULE_PATHS
+from ..model.shapes import projection_dims
+from ..runtime.env import subprocess_env
 OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.", "moment1.", "moment2.", "accu_grads.", "accumulated_grads.")
 ADAPTER_FILE = "adapter.ckpt"
 CONFIG_FILE = "adapter_config.json"
-MODULE_PATHS = {"wq": "attention.wq", "wk": "attention.wk", "wv": "attention.wv", "wo": "attention.wo",
-                "w1": "feed_forward.w1", "w2": "feed_forward.w2", "w3": "feed_forward.w3"}
 _MARK = "ADAPTER_RESULT "
 
 
@@ -46,12 +46,10 @@ class AdapterError(ValueError):
 
 def target_dims(model, target: str) -> tuple[int, int]:
     """(in, out) features of a Llama projection for a ModelConfig `model`."""
-    h, f = model.hidden_size, model.intermediate_size
-    kv = (model.n_kv_heads or model.num_heads) * (h // model.num_heads)
-    dims = {"wq": (h, h), "wk": (h, kv), "wv": (h, kv), "wo": (h, h), "w1": (h, f), "w3": (h, f), "w2": (f, h)}
-    if target not in dims:
-        raise AdapterError(f"sft.target_modules contains {target!r}: not a Llama projection; use {sorted(dims)}")
-    return dims[target]
+    dims = projection_dims(model, target)
+    if dims is None:
+        raise AdapterError(f"sft.target_modules contains {target!r}: not a Llama projection; use {sorted(MODULE_PATHS)}")
+    return dims
 
 
 def expected_lora_shapes(model, target_modules: list[str], rank: int) -> dict[str, tuple[int, int]]:
@@ -104,9 +102,7 @@ def extract_adapter(sft_ckpt: str | Path, base_ckpt: str | Path, out_dir: str | 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     request = {"sft": str(sft_ckpt), "base": str(base_ckpt), "out": str(Path(out_dir) / ADAPTER_FILE),
                "expected": {k: list(v) for k, v in expected.items()}}
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"),
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env = subprocess_env()
     try:
         proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.adapter", json.dumps(request)],
                               capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(out_dir))

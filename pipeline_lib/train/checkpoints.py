@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from ..runtime.env import subprocess_env
 from ..storage import join, sha256_file, store_for
 
 CKPT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
@@ -96,9 +97,7 @@ def verify_checkpoints(paths: Iterable[str | Path], timeout_s: float = 900) -> l
     todo = [p for p in paths if p not in missing]
     if not todo:
         return [missing[p] for p in paths]
-    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
-                                                        os.environ.get("PYTHONPATH")])))
+    env = subprocess_env()
     try:
         proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.checkpoints", "verify", *todo],
                               capture_output=True, text=True, timeout=timeout_s, env=env)

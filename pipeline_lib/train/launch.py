@@ -40,11 +40,11 @@ import psutil
 
 from ..config.schema import ParallelConfig
 from ..lifetime import die_with_parent
+from ..runtime.env import subprocess_env
 from .metrics import read_guard_diagnoses
 from .preflight import ProcessTreeSampler
 
 ENTRY_MODULE = "pipeline_lib.train.entry"
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class TrainingLaunchError(RuntimeError):
@@ -116,14 +116,9 @@ def build_command(parallel: ParallelConfig, yaml_path: str | Path, *, node_rank:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """os.environ + this interpreter first on PATH, pipeline_lib importable, unbuffered output, quiet glog."""
-    env = dict(os.environ)
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = os.pathsep.join(x for x in (_PROJECT_ROOT, env.get("PYTHONPATH")) if x)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("GLOG_v", "3")
-    env.update(extra or {})
-    return env
+    """os.environ + this interpreter first on PATH, pipeline_lib importable, unbuffered output, quiet glog
+    (runtime.env.subprocess_env, the one builder), plus `extra`."""
+    return subprocess_env(extra=extra)
 
 
 class _LogTailer:

@@ -3,7 +3,7 @@
 What `run_pretrain_stage(cfg, paths, log=..., progress=...)` does, in order:
 1. inputs: the data stage's manifest (its `mindrecord/train` shards and row count) and the base weights:
    `model.base_checkpoint` (a mindformers .ckpt) or `model.hf_checkpoint` (a Hugging Face Llama folder, checked
-   against model.* and converted by `hf_import` into `base/hf_import.ckpt`). A missing or mismatched base fails
+   against model.* and converted by `model.hf` into `base/hf_import.ckpt`). A missing or mismatched base fails
    here, before anything is launched. Continued pretraining loads the base's weights only: optimizer state, step
    count and LR schedule start afresh (a nightly run is a new run on new data).
 2. resume: when the stage folder holds `identity.json` of the same run (stage config hash, data manifest, base)
@@ -151,7 +151,7 @@ def _base_inputs(cfg) -> tuple[Path | None, dict]:
         st = path.stat()
         return path, {"base_checkpoint": str(path), "size": st.st_size, "mtime": st.st_mtime}
     if m.hf_checkpoint:
-        from .hf_import import check_hf_folder
+        from ..model.hf import check_hf_folder
 
         folder = Path(m.hf_checkpoint).expanduser().resolve()
         summary = check_hf_folder(folder, m)  # raises HFImportError naming tensor, shapes and field
@@ -167,7 +167,7 @@ def _materialize_base(cfg, base: Path | None, info: dict, out: Path, endpoint: s
             store_for(info["base_checkpoint"], endpoint).get_file(info["base_checkpoint"], dest)
         return dest
     if info.get("hf_checkpoint"):
-        from .hf_import import convert_hf_to_mindformers
+        from ..model.hf import convert_hf_to_mindformers
 
         dest = out / "base" / "hf_import.ckpt"
         if not dest.exists():

@@ -7,7 +7,7 @@ chain runs as a user runs it, `llm-pipeline run` in a subprocess with overrides 
 model.hf_checkpoint, sft.template=llama2, tiny steps, preflight off), against the session's Prefect server:
 - data: the tokenizer is loaded, not trained; tokenizer_config.json records pad 0 / unk 0 / bos 1 / eos 2;
 - pretrain: run.yaml carries bos 1 / eos 2 / pad 0 and the step-1 loss equals a numpy transcription of
-  transformers' Llama forward (tests/train/test_hf_import.py `hf_logits`) of the same weights on the first batch;
+  transformers' Llama forward (tests/model/test_hf.py `hf_logits`) of the same weights on the first batch;
 - sft: the llama2 template (markers as plain text) and sft.yaml with the same ids;
 - evaluate: generations and perplexity of every checkpoint;
 - export: `hf/` (model.safetensors + config.json + tokenizer.model) whose numpy-forward logits equal the
@@ -30,10 +30,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "train"))
-from test_hf_import import first_batch_loss, hf_logits, hf_tensors  # noqa: E402  (the numpy reference forward)
+sys.path.insert(0, str(ROOT / "tests" / "model"))
+from test_hf import first_batch_loss, hf_logits, hf_tensors  # noqa: E402  (the numpy reference forward)
 
 from pipeline_lib.config import config_from_dict  # noqa: E402
-from pipeline_lib.train.hf_import import INDEX_FILE, hf_config_for  # noqa: E402
+from pipeline_lib.model.hf import INDEX_FILE, hf_config_for  # noqa: E402
 
 MODEL = {"name": "real_base", "seq_length": 32, "vocab_size": 1000, "hidden_size": 32, "num_layers": 1,
          "num_heads": 4, "n_kv_heads": 2, "intermediate_size": 64}
@@ -138,7 +139,7 @@ MINDIR_LOGITS = textwrap.dedent("""
 
 def test_export_writes_an_hf_folder_whose_logits_match_the_served_model(chain, tmp_path):
     from pipeline_lib.export.mindir import fixed_inputs
-    from pipeline_lib.train.hf_import import check_hf_folder, load_hf_tensors
+    from pipeline_lib.model.hf import check_hf_folder, load_hf_tensors
 
     cfg, run, tensors, _ = chain
     export = run / "export"

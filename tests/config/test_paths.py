@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pipeline_lib.config import config_from_dict, load_config
 from pipeline_lib.config.paths import resolve_input, resolve_output
-from pipeline_lib.evaluate.launch import run_worker
+from pipeline_lib.runtime.worker import run_worker
 from pipeline_lib.storage import RunPaths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,7 +74,7 @@ def test_defaults_are_absolute_and_uris_untouched(tmp_path, monkeypatch):
 ECHO = textwrap.dedent('''
     import os, sys
     from pipeline_lib.config.load import config_from_dict
-    from pipeline_lib.evaluate.launch import worker_main
+    from pipeline_lib.runtime.worker import worker_main
 
     def run(req):
         cfg = config_from_dict(req["config"])

@@ -18,7 +18,7 @@ import numpy as np
 def main(cfg_path: str, ckpt: str) -> None:
     from pipeline_lib.config.load import config_from_dict
     from pipeline_lib.evaluate.decoding import decode
-    from pipeline_lib.evaluate.mf_model import build_llama, load_into, logits_fn, read_checkpoint, set_context
+    from pipeline_lib.model.llama import build_llama, load_into, logits_fn, read_checkpoint, set_context
     from pipeline_lib.evaluate.perplexity import perplexity
 
     cfg = config_from_dict(json.loads(open(cfg_path, encoding="utf-8").read()))

@@ -11,7 +11,7 @@ from test_decoding import BOS, EOS, PAD, BigramModel
 
 from pipeline_lib.config.load import config_from_dict
 from pipeline_lib.evaluate.decoding import decode
-from pipeline_lib.evaluate.mf_model import generate_greedy
+from pipeline_lib.model.llama import generate_greedy
 from pipeline_lib.evaluate.worker import _decode_checkpoint
 
 

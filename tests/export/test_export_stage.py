@@ -1,21 +1,36 @@
 """The export stage end to end on the tiny model: a 2-way tensor-parallel base checkpoint (per-rank
 files + strategy, Megatron-style split) and a LoRA adapter -> merged, checked, exported to MindIR,
 reloaded, checked.
-A wrong LoRA scale must fail the stage at its logits check."""
+A wrong LoRA scale must fail the stage at its logits check. Run through the stage registry
+(pipeline_lib.stages.run_stage), which writes the manifest."""
 from __future__ import annotations
 
 import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
-from sharding_helpers import llama_tp_layouts, write_sharded
 
-from pipeline_lib.evaluate.launch import WorkerFailed
-from pipeline_lib.export.lora_merge import LORA_MARK, merge_lora
-from pipeline_lib.export.stage import run_export_stage
-from pipeline_lib.storage import RunPaths, read_manifest
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+from sharding_helpers import llama_tp_layouts, write_sharded  # noqa: E402
+
+from pipeline_lib.model.lora_merge import LORA_MARK, merge_lora  # noqa: E402
+from pipeline_lib.runtime.worker import WorkerFailed  # noqa: E402
+from pipeline_lib.stages import run_stage  # noqa: E402
+from pipeline_lib.storage import Manifest, RunPaths, read_manifest, write_manifest  # noqa: E402
+
+
+def run_export_stage(cfg, paths, base, adapter, tokenizer, **options):
+    """The export stage through the registry, its required upstream stages recorded as done (the
+    inputs are passed explicitly); returns the manifest."""
+    for stage in ("data", "sft"):
+        write_manifest(paths.stage_uri(stage), Manifest(stage=stage, run_id=paths.run_id, config_hash="x"))
+    manifest, skipped = run_stage(cfg, paths, "export", base_ckpt=base, adapter_ckpt=adapter,
+                                  tokenizer_path=tokenizer, **options)
+    assert not skipped
+    return manifest
 
 
 def _load(path):

@@ -1,7 +1,9 @@
 """Find a stage's inputs in the upstream manifests when the caller does not pass them.
 
-The stage registry calls `run_evaluate_stage(cfg, paths, log=..., progress=...)` with no paths, so the
-evaluate and export stages read what upstream stages recorded. Convention (keys of a manifest's
+A stage gets the manifests of the stages it reads as `run.upstream` (resolved by the registry) and
+passes them here: `find_sft(run.paths, run.upstream)`. With `upstream=None` the manifests are read
+from the run store (tools and tests that have no StageRun). A stage absent from `upstream` is not
+done (or not read) and provides nothing. Convention (keys of a manifest's
 `metrics`, values relative to that stage's folder or absolute / s3:// URIs), with a fallback scan of
 its `outputs` when a key is absent:
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..storage import RunPaths, is_s3, join, read_manifest, store_for
+from ..storage import Manifest, RunPaths, is_s3, join, read_manifest, store_for
 
 _STEP = re.compile(r"-(\d+)_(\d+)\.ckpt$")
 
@@ -39,9 +41,15 @@ def _resolve(stage_uri: str, value: str) -> str:
     return join(stage_uri, value)
 
 
-def _lookup(paths: RunPaths, stage: str, keys: tuple[str, ...], match) -> str | None:
+def _manifest(paths: RunPaths, upstream: dict[str, Manifest] | None, stage: str) -> Manifest | None:
+    if upstream is not None:
+        return upstream.get(stage)
+    return read_manifest(paths.stage_uri(stage), paths.endpoint_url)
+
+
+def _lookup(paths: RunPaths, upstream: dict[str, Manifest] | None, stage: str, keys: tuple[str, ...], match) -> str | None:
     stage_uri = paths.stage_uri(stage)
-    m = read_manifest(stage_uri, paths.endpoint_url)
+    m = _manifest(paths, upstream, stage)
     if m is None:
         return None
     for key in keys:
@@ -65,42 +73,43 @@ def _last_ckpt(rels: list[str], want_trainable: bool) -> str | None:
     return max(cands, key=key)
 
 
-def find_tokenizer(cfg, paths: RunPaths) -> str | None:
+def find_tokenizer(cfg, paths: RunPaths, upstream: dict[str, Manifest] | None = None) -> str | None:
     if cfg.tokenizer.path:
         return cfg.tokenizer.path
-    return _lookup(paths, "data", ("tokenizer_model",),
+    return _lookup(paths, upstream, "data", ("tokenizer_model",),
                    lambda rels: next((r for r in rels if r.endswith("tokenizer.model")), None))
 
 
-def find_heldout(paths: RunPaths) -> str | None:
+def find_heldout(paths: RunPaths, upstream: dict[str, Manifest] | None = None) -> str | None:
     def match(rels):
         hit = next((r for r in rels if "heldout" in r and ".mindrecord" in r and not r.endswith(".db")), None)
         return str(Path(hit).parent) if hit else None
-    return _lookup(paths, "data", ("heldout_dir",), match)
+    return _lookup(paths, upstream, "data", ("heldout_dir",), match)
 
 
-def find_pretrain_checkpoint(paths: RunPaths) -> str | None:
-    return _lookup(paths, "pretrain", ("latest_checkpoint", "checkpoint"), lambda rels: _last_ckpt(rels, False))
+def find_pretrain_checkpoint(paths: RunPaths, upstream: dict[str, Manifest] | None = None) -> str | None:
+    return _lookup(paths, upstream, "pretrain", ("latest_checkpoint", "checkpoint"), lambda rels: _last_ckpt(rels, False))
 
 
-def find_sft(paths: RunPaths) -> tuple[str | None, str | None]:
+def find_sft(paths: RunPaths, upstream: dict[str, Manifest] | None = None) -> tuple[str | None, str | None]:
     """(adapter checkpoint, base checkpoint) of the SFT stage."""
-    adapter = _lookup(paths, "sft", ("adapter_checkpoint",),
+    adapter = _lookup(paths, upstream, "sft", ("adapter_checkpoint",),
                       lambda rels: next((r for r in rels if r.endswith("adapter/adapter.ckpt")), None)
                       or _last_ckpt(rels, True))
-    base = _lookup(paths, "sft", ("base_checkpoint",), lambda rels: None) or find_pretrain_checkpoint(paths)
+    base = _lookup(paths, upstream, "sft", ("base_checkpoint",), lambda rels: None) \
+        or find_pretrain_checkpoint(paths, upstream)
     return adapter, base
 
 
-def default_checkpoints(cfg, paths: RunPaths) -> dict[str, object]:
+def default_checkpoints(cfg, paths: RunPaths, upstream: dict[str, Manifest] | None = None) -> dict[str, object]:
     """label -> checkpoint ref: base (model.base_checkpoint), pretrained, sft, then evaluate.compare_checkpoints."""
     out: dict[str, object] = {}
     if cfg.model.base_checkpoint:
         out["base"] = cfg.model.base_checkpoint
-    pre = find_pretrain_checkpoint(paths)
+    pre = find_pretrain_checkpoint(paths, upstream)
     if pre:
         out["pretrained"] = pre
-    adapter, base = find_sft(paths)
+    adapter, base = find_sft(paths, upstream)
     if adapter and base:
         out["sft"] = {"base": base, "adapter": adapter}
     out.update(cfg.evaluate.compare_checkpoints)

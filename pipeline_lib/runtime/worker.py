@@ -2,9 +2,9 @@
 
 What: `run_worker("pipeline_lib.evaluate.worker", request, workdir, timeout_s=..., log=...)` writes
 `request.json`, runs `python -m <module> --request request.json --result result.json` in a new
-session from a scratch cwd (mindformers writes ./output), with GLOG_v / LOG_MF_PATH / MS_OM_PATH set
-and the project root on PYTHONPATH, forwards the worker's progress lines (those starting with
-"[worker]") to `log`, and returns the parsed result. The orchestrating process never imports
+session from a scratch cwd (mindformers writes ./output), in the environment of env.subprocess_env
+(logs under workdir/logs, the project root on PYTHONPATH), forwards the worker's progress lines
+(those starting with "[worker]") to `log`, and returns the parsed result. The orchestrating process never imports
 MindSpore, so a crash or leak in the worker cannot take the flow down.
 
 The worker contract: it writes result.json with {"ok": true, ...} or {"ok": false, "error_type",
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..lifetime import die_with_parent
+from .env import subprocess_env
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PROGRESS_PREFIX = "[worker]"
 
 
@@ -50,16 +50,6 @@ def as_log(log) -> Callable[[str], None]:
     if hasattr(log, "info"):
         return log.info
     return log
-
-
-def worker_env(workdir: Path) -> dict:
-    env = dict(os.environ)
-    env.setdefault("GLOG_v", "3")
-    env["LOG_MF_PATH"] = str(workdir / "logs" / "mindformers")
-    env["MS_OM_PATH"] = str(workdir / "logs" / "ms_om")
-    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -88,7 +78,7 @@ def run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: fl
     tail: collections.deque[str] = collections.deque(maxlen=60)
     started = time.time()
     with open(workdir / "worker.log", "w", encoding="utf-8") as full_log:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=worker_env(workdir), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=cwd, env=subprocess_env(log_dir=workdir / "logs"), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
                                 preexec_fn=die_with_parent(signal.SIGTERM))
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from pipeline_lib.config.schema import ModelConfig
-from pipeline_lib.export.lora_merge import (LORA_A, LORA_B, LoraMergeError, adapter_config, has_lora, lora_scale,
+from pipeline_lib.model.lora_merge import (LORA_A, LORA_B, LoraMergeError, adapter_config, has_lora, lora_scale,
                                             merge_lora)
-from pipeline_lib.export.random_init import random_llama_params, random_lora_params
+from pipeline_lib.model.random_init import random_llama_params, random_lora_params
 
 W = "model.layers.0.attention.wq"
 
@@ -80,7 +80,7 @@ def test_adapter_config_written_by_sft_must_match_the_config(tmp_path):
     import json
 
     from pipeline_lib.config.load import config_from_dict
-    from pipeline_lib.export.checkpoints import check_adapter_config
+    from pipeline_lib.model.checkpoints import check_adapter_config
 
     (tmp_path / "adapter.ckpt").write_bytes(b"x")
     (tmp_path / "adapter_config.json").write_text(json.dumps({"lora_rank": 8, "lora_alpha": 32.0}))

@@ -45,6 +45,9 @@ from typing import Literal
 
 import numpy as np
 
+from . import shapes as llama_shapes
+from ..runtime.env import subprocess_env
+
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -104,34 +107,10 @@ def mf_to_hf_name(name: str) -> str | None:
 
 # ---------------------------------------------------------------- expected shapes
 
-def _dims(model_cfg) -> dict[str, tuple[int, str]]:
+def _check_heads(model_cfg) -> None:
     m = model_cfg
     if m.hidden_size % m.num_heads:
         raise HFImportError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
-    head_dim = m.hidden_size // m.num_heads
-    return {
-        "vocab": (m.vocab_size, "model.vocab_size"),
-        "hidden": (m.hidden_size, "model.hidden_size"),
-        "q_out": (m.num_heads * head_dim, "model.num_heads x head_dim (model.hidden_size / model.num_heads)"),
-        "kv_out": (m.kv_heads * head_dim, "model.n_kv_heads x head_dim (model.hidden_size / model.num_heads)"),
-        "inter": (m.intermediate_size, "model.intermediate_size"),
-    }
-
-
-_SHAPES = {
-    "model.tok_embeddings.embedding_weight": ("vocab", "hidden"),
-    "attention.wq.weight": ("q_out", "hidden"),
-    "attention.wk.weight": ("kv_out", "hidden"),
-    "attention.wv.weight": ("kv_out", "hidden"),
-    "attention.wo.weight": ("hidden", "q_out"),
-    "feed_forward.w1.weight": ("inter", "hidden"),
-    "feed_forward.w2.weight": ("hidden", "inter"),
-    "feed_forward.w3.weight": ("inter", "hidden"),
-    "attention_norm.weight": ("hidden",),
-    "ffn_norm.weight": ("hidden",),
-    "model.norm_out.weight": ("hidden",),
-    "lm_head.weight": ("vocab", "hidden"),
-}
 
 
 def expected_mf_shapes(model_cfg) -> dict[str, tuple[int, ...]]:
@@ -140,20 +119,11 @@ def expected_mf_shapes(model_cfg) -> dict[str, tuple[int, ...]]:
 
 
 def _expected(model_cfg) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
-    dims = _dims(model_cfg)
-    out = {}
-    layer_keys = [k for k in _SHAPES if not k.startswith(("model.", "lm_head"))]
-    names = ["model.tok_embeddings.embedding_weight"]
-    for i in range(model_cfg.num_layers):
-        names += [f"model.layers.{i}.{k}" for k in layer_keys]
-    names.append("model.norm_out.weight")
-    if not model_cfg.tie_word_embeddings:
-        names.append("lm_head.weight")
-    for name in names:
-        key = name if name in _SHAPES else name.split(".", 3)[3]
-        symbols = _SHAPES[key]
-        out[name] = (tuple(dims[s][0] for s in symbols), tuple(dims[s][1] for s in symbols))
-    return out
+    """name -> (shape, the config field behind each dimension), from the one table in model.shapes."""
+    _check_heads(model_cfg)
+    d = llama_shapes.dims(model_cfg)
+    return {name: (tuple(d[s] for s in symbols), tuple(llama_shapes.DIM_FIELDS[s] for s in symbols))
+            for name, symbols in llama_shapes.symbolic_shapes(model_cfg).items()}
 
 
 def _check_shape(name: str, hf_name: str, shape: tuple[int, ...], expected) -> None:
@@ -383,14 +353,12 @@ def mindformers_to_hf(params: dict[str, np.ndarray], model_cfg) -> dict[str, np.
 # ---------------------------------------------------------------- file conversion (MindSpore in a subprocess)
 
 def _run_tool(args: list[str], workdir: Path) -> None:
-    root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, GLOG_v="3", LOG_MF_PATH=str(workdir / "log"), MS_OM_PATH=str(workdir / "om"),
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.hf_import", *args], capture_output=True,
+    env = subprocess_env(log_dir=workdir / "log")
+    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.model.hf", *args], capture_output=True,
                           text=True, env=env, cwd=str(workdir), timeout=3600)
     if proc.returncode:
         tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise HFImportError(f"hf_import {args[0]} failed: {tail[0]}\n{proc.stderr[-3000:]}")
+        raise HFImportError(f"pipeline_lib.model.hf {args[0]} failed: {tail[0]}\n{proc.stderr[-3000:]}")
 
 
 def convert_hf_to_mindformers(folder: str | Path, out_ckpt: str | Path, model_cfg,
@@ -459,8 +427,8 @@ def _to_hf_main(ckpt: str, folder: str, model_json: str, dtype: str) -> None:
 
 
 if __name__ == "__main__":
-    usage = ("usage: python -m pipeline_lib.train.hf_import to-mindformers HF_DIR OUT.ckpt MODEL_JSON [half|interleaved]\n"
-             "       python -m pipeline_lib.train.hf_import to-hf CKPT OUT_DIR MODEL_JSON [float32|float16]")
+    usage = ("usage: python -m pipeline_lib.model.hf to-mindformers HF_DIR OUT.ckpt MODEL_JSON [half|interleaved]\n"
+             "       python -m pipeline_lib.model.hf to-hf CKPT OUT_DIR MODEL_JSON [float32|float16]")
     if len(sys.argv) == 6 and sys.argv[1] == "to-mindformers":
         _to_mindformers_main(*sys.argv[2:6])
     elif len(sys.argv) == 6 and sys.argv[1] == "to-hf":

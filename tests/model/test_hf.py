@@ -1,4 +1,4 @@
-"""Hugging Face Llama safetensors import/export (pipeline_lib.train.hf_import) on tiny checkpoints the tests write.
+"""Hugging Face Llama safetensors import/export (pipeline_lib.model.hf) on tiny checkpoints the tests write.
 
 - names and shapes: HF -> mindformers -> HF gives the same tensors (tied and untied); wrong shapes, a mismatched
   config.json, a missing head and unknown tensors are refused with the tensor, both shapes and the field to fix;
@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 from pretrain_fixtures import ROOT, new_run, pretrain_data  # noqa: E402,F401
 
 from pipeline_lib.config import config_from_dict  # noqa: E402
-from pipeline_lib.train.hf_import import (HFImportError, check_hf_folder, convert_hf_to_mindformers,  # noqa: E402
-                                          export_mindformers_to_hf, half_to_interleaved, hf_config_for,
-                                          hf_to_mindformers, interleaved_to_half, load_hf_tensors, mindformers_to_hf)
+from pipeline_lib.model.hf import (HFImportError, check_hf_folder, convert_hf_to_mindformers,  # noqa: E402
+                                   export_mindformers_to_hf, half_to_interleaved, hf_config_for,
+                                   hf_to_mindformers, interleaved_to_half, load_hf_tensors, mindformers_to_hf)
 
 SMALL = {"seq_length": 16, "vocab_size": 100, "hidden_size": 64, "num_layers": 2, "num_heads": 4, "n_kv_heads": 2,
          "intermediate_size": 96}
@@ -262,7 +262,7 @@ def test_mindformers_logits_equal_transformers_forward_and_export_round_trips(tm
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("PARAMS ")), None)
     assert line, proc.stderr[-4000:]
     params = json.loads(line[len("PARAMS "):])
-    from pipeline_lib.train.hf_import import expected_mf_shapes
+    from pipeline_lib.model.hf import expected_mf_shapes
 
     for name, (m, t, ckpt) in cases.items():
         # the converted names are exactly mindformers 1.9's LlamaForCausalLM parameters
@@ -347,7 +347,7 @@ def test_a_two_shard_index_reads_as_the_single_file(tmp_path):
     """Llama-2-7b-hf ships model.safetensors.index.json + 2 shards: the import sees the same tensors."""
     from safetensors.numpy import save_file
 
-    from pipeline_lib.train.hf_import import INDEX_FILE, read_hf_shapes
+    from pipeline_lib.model.hf import INDEX_FILE, read_hf_shapes
 
     m = model_cfg()
     t = hf_tensors(m, seed=9)

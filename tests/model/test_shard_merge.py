@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sharding_helpers import shard, write_sharded
 
-from pipeline_lib.export.shard_merge import ShardMergeError, merge_sharded_checkpoint, pick_rank_checkpoints
+from pipeline_lib.model.shard_merge import ShardMergeError, merge_sharded_checkpoint, pick_rank_checkpoints
 
 
 def _load(path):

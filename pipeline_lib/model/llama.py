@@ -1,4 +1,4 @@
-"""MindSpore/mindformers side of evaluation and export: build the Llama, move weights, get logits.
+"""The pipeline's Llama in MindSpore/mindformers, for inference: build it, move weights, get logits.
 
 What: `prepare_env` (call before the first mindspore import), `build_llama(cfg, ...)` (the pipeline's
 Llama, optionally with LoRA adapters through mindformers.pet.get_pet_model, in set_train(False)),
@@ -6,12 +6,12 @@ Llama, optionally with LoRA adapters through mindformers.pet.get_pet_model, in s
 `load_into` (strict: every network parameter must come from the checkpoint), `logits_fn(net)` for
 decoding.decode, and `generate_greedy` (mindformers `generate`, used where its kernels exist).
 
-Only worker processes import this module (it imports MindSpore): the orchestrating process never
-holds MindSpore state. Run from a scratch cwd: mindformers writes ./output otherwise.
+Only worker processes (evaluate, export) call into it (MindSpore is imported inside the functions):
+the orchestrating process never holds MindSpore state. Run from a scratch cwd: mindformers writes
+./output otherwise.
 
-Limits: the Llama is built directly from ModelConfig + TokenizerConfig (same keys and CPU overrides
-as the generated training yaml); it should move to pipeline_lib.train.model_io once that exists.
-Raises CheckpointMismatch naming the missing/misshaped parameters and the likely fix.
+The LlamaConfig keys are config.mindformers_yaml.llama_model_config, the same definition the
+training yaml's model_config uses. Raises CheckpointMismatch naming the missing/misshaped parameters and the likely fix.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.platform import CPU_MODEL_OVERRIDES
+from ..config.mindformers_yaml import llama_model_config
 from ..config.schema import PipelineConfig
 
 
@@ -45,20 +45,11 @@ def set_context(target: str) -> None:
 def llama_kwargs(cfg: PipelineConfig, *, batch_size: int, seq_length: int, target: str, token_ids=None) -> dict:
     """LlamaConfig keyword arguments of the pipeline model (inference: no KV cache, no dropout).
 
-    `token_ids` (data.tokenizer.TokenIds): the tokenizer's ids; None means configured_ids(cfg.tokenizer)."""
-    from ..data.tokenizer import configured_ids
+    `token_ids` (token_ids.TokenIds): the tokenizer's ids; None means configured_ids(cfg.tokenizer)."""
+    from .token_ids import configured_ids
 
-    m, ids = cfg.model, token_ids or configured_ids(cfg.tokenizer)
-    kw = dict(batch_size=batch_size, seq_length=seq_length, hidden_size=m.hidden_size, num_layers=m.num_layers,
-              num_heads=m.num_heads, n_kv_heads=m.n_kv_heads, intermediate_size=m.intermediate_size,
-              vocab_size=m.vocab_size, rms_norm_eps=m.rms_norm_eps, **ids.model_config(), ignore_token_id=-100,
-              tie_word_embeddings=m.tie_word_embeddings, compute_dtype=m.compute_dtype,
-              param_init_type=m.param_init_type, layernorm_compute_type=m.layernorm_compute_type,
-              softmax_compute_type=m.softmax_compute_type, rotary_dtype=m.rotary_dtype,
-              use_flash_attention=m.use_flash_attention, use_past=False, checkpoint_name_or_path="")
-    if target == "CPU":
-        kw.update(CPU_MODEL_OVERRIDES)
-    return kw
+    return llama_model_config(cfg, batch_size=batch_size, seq_length=seq_length, on_cpu=target == "CPU",
+                              token_ids=token_ids or configured_ids(cfg.tokenizer))
 
 
 def build_llama(cfg: PipelineConfig, *, batch_size: int, seq_length: int, target: str,

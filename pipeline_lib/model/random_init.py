@@ -1,7 +1,7 @@
 """Random-init checkpoints (mindformers' Llama names) and a tiny tokenizer: smoke tests of the serving path.
 
-What: `llama_param_shapes(model_cfg)` lists the parameters mindformers 1.9's LlamaForCausalLM has
-(checked by loading them strictly into the built model), `random_llama_params` fills them
+What: `random_llama_params` fills the parameters of shapes.llama_param_shapes (checked by loading
+them strictly into the built model)
 (embeddings N(0, 0.5), matrices N(0, 0.2), norms 1) and `random_lora_params` adds LoRA factors
 with a NON-zero B (a freshly initialised adapter has B = 0, which would make any merge look right).
 `save_params` writes a .ckpt (imports MindSpore). `tiny_tokenizer` trains a small sentencepiece BPE
@@ -16,25 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .lora_merge import LORA_A, LORA_B
-
-
-def llama_param_shapes(m) -> dict[str, tuple[int, ...]]:
-    """name -> shape of every LlamaForCausalLM parameter for a ModelConfig `m`."""
-    head_dim = m.hidden_size // m.num_heads
-    kv = (m.n_kv_heads or m.num_heads) * head_dim
-    h, f = m.hidden_size, m.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {"model.tok_embeddings.embedding_weight": (m.vocab_size, h)}
-    for i in range(m.num_layers):
-        p = f"model.layers.{i}."
-        shapes.update({p + "ffn_norm.weight": (h,), p + "attention_norm.weight": (h,),
-                       p + "attention.wq.weight": (h, h), p + "attention.wk.weight": (kv, h),
-                       p + "attention.wv.weight": (kv, h), p + "attention.wo.weight": (h, h),
-                       p + "feed_forward.w1.weight": (f, h), p + "feed_forward.w2.weight": (h, f),
-                       p + "feed_forward.w3.weight": (f, h)})
-    shapes["model.norm_out.weight"] = (h,)
-    if not m.tie_word_embeddings:
-        shapes["lm_head.weight"] = (m.vocab_size, h)
-    return shapes
+from .shapes import llama_param_shapes
 
 
 def random_llama_params(m, seed: int = 0) -> dict[str, np.ndarray]:
@@ -78,7 +60,7 @@ def tiny_tokenizer(texts: list[str], out_dir: str | Path, tokenizer_cfg, vocab_s
 
     import sentencepiece as spm
 
-    from ..data.tokenizer import trained_ids
+    from .token_ids import trained_ids
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.schema import PipelineConfig
-from ..evaluate.mf_model import read_checkpoint
+from .llama import read_checkpoint
 from .lora_merge import LoraMergeError, MergeReport, has_lora, merge_lora
 from .shard_merge import (RANK_RE, STEP_RE, find_strategy, is_sharded_dir, merge_sharded_checkpoint,
                           rank_dirs)
