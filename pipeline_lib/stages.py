@@ -97,33 +97,32 @@ def _contents(paths: list[str]) -> list[list]:
     return out
 
 
-def field_marker(field) -> dict | None:
-    """The identity marker of a schema field (config/schema.py `identity` / NO_OUTPUT_EFFECT), or None."""
-    return (field.json_schema_extra or {}).get("identity") if isinstance(field.json_schema_extra, dict) else None
-
-
-def section_class(field) -> type[BaseModel] | None:
-    """The config section a field holds (a nested model), else None (a leaf value)."""
-    ann = field.annotation
-    return ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+def schema_fields(section: type[BaseModel] = PipelineConfig, inherited: dict | None = None, prefix: str = ""):
+    """(dotted name, identity marker) of every leaf field of the config schema; the marker is the
+    field's own (config/schema.py `identity` / NO_OUTPUT_EFFECT), else the nearest section's above
+    it, else None: a field nobody classified."""
+    for name, field in section.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        marker = extra.get("identity", inherited)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from schema_fields(ann, marker, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", marker
 
 
 def identity_fields(cfg: PipelineConfig, stage: str) -> dict:
-    """The part of the config that defines `stage`'s outputs: every field whose marker (its own, or
-    the nearest section's above it) names the stage, nested as in the config."""
-    def pick(section: type[BaseModel], values: dict, inherited: dict | None) -> dict:
-        out = {}
-        for name, field in section.model_fields.items():
-            marker = field_marker(field) or inherited
-            if section_class(field) is not None:
-                picked = pick(section_class(field), values[name], marker)
-                if picked:
-                    out[name] = picked
-            elif marker and stage in marker["stages"]:
-                out[name] = _RESOLVE[marker["by"]](cfg, values[name])
-        return out
-
-    return pick(type(cfg), cfg.model_dump(mode="json"), None)
+    """The part of the config that defines `stage`'s outputs: every field whose marker names the
+    stage, nested as in the config."""
+    values, out = cfg.model_dump(mode="json"), {}
+    for dotted, marker in schema_fields():
+        if marker and stage in marker["stages"]:
+            *sections, name = dotted.split(".")
+            src, dst = values, out
+            for section in sections:
+                src, dst = src[section], dst.setdefault(section, {})
+            dst[name] = _RESOLVE[marker["by"]](cfg, src[name])
+    return out
 
 
 _RESOLVE = {  # how a marked field enters the identity (schema.identity's `by`)
