@@ -44,5 +44,12 @@ def stage_flow(stage: str):
     return _FLOWS[stage]
 
 
-for _stage in SPECS:
+for _stage in SPECS:  # module attributes, so the deployments' entrypoints import as plain names
     globals()[f"{_stage}_flow"] = stage_flow(_stage)
+
+
+def __getattr__(name: str):
+    # <stage>_flow of a row registered after this module was imported
+    if name.endswith("_flow") and name.removesuffix("_flow") in SPECS:
+        return stage_flow(name.removesuffix("_flow"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
