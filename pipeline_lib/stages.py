@@ -1,4 +1,4 @@
-"""The stage graph and each stage's identity.
+"""The stage table (SPECS), each stage's identity, and the registry that runs a stage.
 
 A stage is identified by (1) the hash of exactly the config fields that matter to it and
 (2) the fingerprints of the manifests of the stages it reads. A stage whose manifest matches
@@ -39,7 +39,7 @@ class StageSpec:
 
     name: str
     runner: str  # "module:function" of the stage, run_<name>_stage(run: StageRun) -> StageOutput
-    pool: str    # work pool its deployment runs on: cpu or ascend (deployments/ creates both)
+    pool: str    # work pool its deployment runs on: cpu or ascend (`llm-pipeline pools` creates each one named)
     upstream: tuple[str, ...] = ()  # must be complete before this stage runs
     optional: tuple[str, ...] = ()  # read when present (e.g. evaluate compares whatever exists)
     multi_node: bool = False  # a training job: spans parallel.num_nodes when dispatched (one child per
