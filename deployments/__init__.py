@@ -1,0 +1,51 @@
+"""Prefect deployments of the pipeline, derived from the stage table (pipeline_lib.stages.SPECS).
+
+deployments/prefect.yaml holds what is not a stage (the end-to-end chain, the nightly job, the pull
+step); `llm-pipeline deploy` adds one deployment per stage of the table, on the work pool its row
+names, and hands the whole file to `prefect deploy`. setup_pools.py creates the same pools.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFECT_FILE = ROOT / "deployments" / "prefect.yaml"
+
+# The pool the chain and the nightly job run on (they only dispatch and wait).
+DRIVER_POOL = "cpu"
+# Environment every run on a pool inherits (the pool's job variables); a pool not named here is a
+# plain process pool. Ascend: the cards a worker may use and HCCL's link timeout for multi-node jobs.
+POOL_ENV = {"ascend": {"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "HCCL_CONNECT_TIMEOUT": "1200"}}
+
+
+def pool_names() -> list[str]:
+    """Every work pool: the driver's, then each stage's pool in table order."""
+    from pipeline_lib.stages import pools
+
+    return list(dict.fromkeys([DRIVER_POOL, *pools()]))
+
+
+def stage_deployments(parameters: dict) -> list[dict]:
+    """One `default` deployment per stage of the table, on the stage's pool."""
+    from pipeline_lib.stages import SPECS
+
+    out = []
+    for name, spec in SPECS.items():
+        pool = {"name": spec.pool}
+        if spec.pool in POOL_ENV:
+            pool["job_variables"] = {"env": dict(POOL_ENV[spec.pool])}
+        out.append({"name": "default", "description": f"The {name} stage (work pool {spec.pool}).",
+                    "entrypoint": f"flows/stage_flows.py:{name}_flow", "parameters": dict(parameters),
+                    "work_pool": pool, "tags": ["llm-pipeline", "stage", *(["training"] if spec.multi_node else [])]})
+    return out
+
+
+def render_prefect_file() -> dict:
+    """deployments/prefect.yaml plus the stage deployments (same default parameters as the chain)."""
+    import yaml
+
+    doc = yaml.safe_load(PREFECT_FILE.read_text())
+    chain = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":llm_pipeline"))
+    defaults = {k: v for k, v in chain["parameters"].items() if k == "config"}
+    doc["deployments"] += stage_deployments(defaults)
+    return doc

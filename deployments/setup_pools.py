@@ -1,8 +1,9 @@
 """Create the work pools and concurrency limits (idempotent: rerunning changes nothing).
 
-- pool `cpu` (process): data stage, the end-to-end driver, the nightly job;
-- pool `ascend` (process): training, evaluation, export; its job variables carry the Ascend
-  device environment (ASCEND_RT_VISIBLE_DEVICES, HCCL timeouts) every run on it inherits;
+- one process pool per pool the stage table names (pipeline_lib.stages SPECS `pool`) plus the
+  driver's: `cpu` (data stage, the end-to-end driver, the nightly job), `ascend` (training,
+  evaluation, export); a pool's job variables carry its environment (deployments.POOL_ENV: on
+  ascend the device environment, ASCEND_RT_VISIBLE_DEVICES and HCCL timeouts) every run inherits;
 - a global concurrency limit `ascend-node-<host>` of 1 per Ascend node: the training task holds a
   slot of its node's limit for its whole run, so a node never runs two trainings at once.
 """
@@ -11,9 +12,8 @@ from __future__ import annotations
 import argparse
 import copy
 
+from deployments import POOL_ENV, pool_names
 from tasks.stage_task import node_limit_name
-
-ASCEND_ENV = {"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "HCCL_CONNECT_TIMEOUT": "1200"}
 
 
 def process_template(env_defaults: dict | None = None) -> dict:
@@ -25,20 +25,20 @@ def process_template(env_defaults: dict | None = None) -> dict:
     return template
 
 
-def ensure_pools(ascend_hosts: list[str], ascend_env: dict | None = None) -> list[str]:
+def ensure_pools(ascend_hosts: list[str]) -> list[str]:
     from prefect import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     done = []
     with get_client(sync_client=True) as client:
-        for name, env in (("cpu", None), ("ascend", ascend_env or ASCEND_ENV)):
+        for name in pool_names():
             try:
                 client.read_work_pool(name)
                 done.append(f"pool {name}: exists")
             except ObjectNotFound:
                 client.create_work_pool(WorkPoolCreate(name=name, type="process",
-                                                       base_job_template=process_template(env)))
+                                                       base_job_template=process_template(POOL_ENV.get(name))))
                 done.append(f"pool {name}: created")
         for host in ascend_hosts:
             limit = node_limit_name(host)

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 # The embedded (ephemeral) API writes to the same SQLite file as the UI; its telemetry heartbeat
 # only adds lock contention there.
@@ -26,7 +27,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from pipeline_lib.cli import dedup_index_main, plan_main, print_warnings, validate_main  # noqa: E402
 from pipeline_lib.config.inputs import validate_inputs  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
-from pipeline_lib.stages import parse_stages  # noqa: E402
+from pipeline_lib.stages import SPECS, parse_stages  # noqa: E402
 
 from flows.common import new_run_id  # noqa: E402
 
@@ -129,7 +130,8 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     ap.add_argument("--run-id", help="reuse a run id to resume it (default: a new dated id)")
-    ap.add_argument("--stages", help="comma-separated subset, e.g. data,pretrain")
+    ap.add_argument("--stages", help=f"comma-separated subset of {','.join(SPECS)} (run in that order), "
+                    "e.g. data,pretrain")
     ap.add_argument("--dispatch", action="store_true",
                     help="send each stage to its deployment on its work pool (needs a Prefect server)")
     args = ap.parse_intermixed_args(argv)
@@ -185,17 +187,24 @@ def pools_main(argv: list[str]) -> int:
 
 
 def deploy_main(argv: list[str]) -> int:
-    """`prefect deploy` of deployments/prefect.yaml from the project root (extra args are passed on)."""
-    from pathlib import Path
+    """`prefect deploy` from the project root of deployments/prefect.yaml plus one deployment per stage of
+    the stage table (deployments.render_prefect_file); extra args are passed on (default --all)."""
+    import tempfile
+
+    import yaml
+
+    from deployments import ROOT, render_prefect_file
 
     from pipeline_lib.runtime.env import subprocess_env
 
-    root = Path(__file__).resolve().parents[1]
     env = subprocess_env()  # the flows it imports find this repository's pipeline_lib
-    env.setdefault("LLM_PIPELINE_HOME", str(root))
+    env.setdefault("LLM_PIPELINE_HOME", str(ROOT))
     prefect = Path(sys.executable).parent / "prefect"
-    cmd = [str(prefect), "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", *(argv or ["--all"])]
-    return subprocess.call(cmd, cwd=root, env=env)
+    with tempfile.TemporaryDirectory() as tmp:
+        rendered = Path(tmp) / "prefect.yaml"
+        rendered.write_text(yaml.safe_dump(render_prefect_file(), sort_keys=False))
+        cmd = [str(prefect), "--no-prompt", "deploy", "--prefect-file", str(rendered), *(argv or ["--all"])]
+        return subprocess.call(cmd, cwd=ROOT, env=env)
 
 
 def nightly_main(argv: list[str]) -> int:

@@ -15,9 +15,9 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
+from pipeline_lib.stages import SPECS
 from pipeline_lib.storage import RunPaths, read_manifest
 
-MULTI_NODE_STAGES = ("pretrain", "sft")
 FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
 
 
@@ -53,7 +53,7 @@ def dispatch_stage(cfg, resolved: dict, run_id: str, stage: str, suffix: str = "
     logger = get_run_logger()
     name = f"{stage}/{suffix}"
     started = dt.datetime.now(dt.timezone.utc)
-    nodes = cfg.parallel.num_nodes if stage in MULTI_NODE_STAGES else 1
+    nodes = cfg.parallel.num_nodes if SPECS[stage].multi_node else 1
     params = {"config": resolved, "run_id": run_id}
     if nodes == 1:
         child = run_deployment(name, parameters=params, timeout=None, poll_interval=2)

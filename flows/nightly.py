@@ -15,15 +15,12 @@ from prefect.states import Completed
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.nightly import (commit_night, consume_without_training, deep_update, load_state, new_files,
                                   nightly_overrides, no_new_documents)
-from pipeline_lib.stages import available
+from pipeline_lib.stages import SPECS, available
 from pipeline_lib.storage import RunPaths, read_manifest
 
 from flows.common import resolve_config
 from flows.notify import notify_failure, notify_no_new_data
 from flows.pipeline import llm_pipeline
-
-NIGHT_STAGES = ["data", "pretrain", "evaluate"]
-
 
 def _night_id(run_date: str | None) -> str:
     return f"nightly-{run_date or dt.date.today().isoformat()}"
@@ -45,7 +42,7 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: st
     night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(state, files)))
     logger.info(f"{run_id}: {len(files)} new file(s); continuing from "
                 f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
-    stages = [s for s in NIGHT_STAGES if available(s)]
+    stages = [s for s, spec in SPECS.items() if spec.nightly and available(s)]
     run = llm_pipeline(config=night_cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
     if not run.is_completed():

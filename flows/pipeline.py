@@ -1,4 +1,5 @@
-"""The end-to-end `llm-pipeline` flow: data -> pretrain -> sft -> evaluate -> export.
+"""The end-to-end `llm-pipeline` flow: the stages of the stage table in order (data -> pretrain ->
+sft -> evaluate -> export).
 
 Two modes:
 - local (default, what `llm-pipeline run` and `make demo` use): each stage runs as a subflow in
@@ -20,7 +21,7 @@ from pipeline_lib.storage import RunPaths, read_manifest
 from flows.common import resolve_config
 from flows.dispatch import dispatch_stage
 from flows.notify import notify_failure
-from flows.stage_flows import STAGE_FLOWS
+from flows.stage_flows import stage_flow
 
 
 class StageFailed(RuntimeError):
@@ -66,7 +67,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
             if dispatch:
                 result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
             else:
-                result = STAGE_FLOWS[stage](config=resolved, run_id=run_id)
+                result = stage_flow(stage)(config=resolved, run_id=run_id)
         except Exception as err:
             raise StageFailed(f"stage '{stage}' failed (run {run_id}): {type(err).__name__}: {err}") from err
         skipped = bool(result.get("skipped")) if isinstance(result, dict) else False

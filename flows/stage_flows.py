@@ -1,12 +1,14 @@
-"""One Prefect flow per stage, so each stage can be triggered, watched and retried alone in the UI
-and deployed to its own work pool. Flow-run names say what and which run: `pretrain/<run_id>`."""
+"""One Prefect flow per stage of the stage table (pipeline_lib.stages.SPECS), so each stage can be
+triggered, watched and retried alone in the UI and deployed to its own work pool (the table's
+`pool`). Flow-run names say what and which run: `pretrain/<run_id>`. Each flow is also a module
+attribute `<stage>_flow`: the entrypoint of its deployment (deployments/__init__.py)."""
 from __future__ import annotations
 
 import os
 
 from prefect import flow
 
-from pipeline_lib.config.schema import STAGES
+from pipeline_lib.stages import SPECS
 from tasks.stage_task import submit_stage
 
 from flows.common import resolve_config
@@ -30,12 +32,24 @@ def _make_stage_flow(stage: str):
     return stage_flow
 
 
-data_flow = _make_stage_flow("data")
-pretrain_flow = _make_stage_flow("pretrain")
-sft_flow = _make_stage_flow("sft")
-evaluate_flow = _make_stage_flow("evaluate")
-export_flow = _make_stage_flow("export")
+_FLOWS: dict = {}
 
-STAGE_FLOWS = {"data": data_flow, "pretrain": pretrain_flow, "sft": sft_flow, "evaluate": evaluate_flow,
-               "export": export_flow}
-assert tuple(STAGE_FLOWS) == STAGES
+
+def stage_flow(stage: str):
+    """The flow of `stage` (made once; a stage registered after import gets its flow on first use)."""
+    if stage not in SPECS:
+        raise KeyError(f"no stage '{stage}' in the stage table {list(SPECS)}")
+    if stage not in _FLOWS:
+        _FLOWS[stage] = _make_stage_flow(stage)
+    return _FLOWS[stage]
+
+
+for _stage in SPECS:  # module attributes, so the deployments' entrypoints import as plain names
+    globals()[f"{_stage}_flow"] = stage_flow(_stage)
+
+
+def __getattr__(name: str):
+    # <stage>_flow of a row registered after this module was imported
+    if name.endswith("_flow") and name.removesuffix("_flow") in SPECS:
+        return stage_flow(name.removesuffix("_flow"))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

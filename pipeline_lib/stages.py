@@ -1,4 +1,4 @@
-"""The stage graph and each stage's identity.
+"""The stage table (SPECS), each stage's identity, and the registry that runs a stage.
 
 A stage is identified by (1) the hash of exactly the config fields that matter to it and
 (2) the fingerprints of the manifests of the stages it reads. A stage whose manifest matches
@@ -14,9 +14,11 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
+from pydantic import BaseModel
+
 from .config.load import config_hash
 from .config.platform import device_target
-from .config.schema import STAGES, PipelineConfig
+from .config.schema import PipelineConfig
 from .runtime.contract import StageOutput, StageRun
 from .storage import Manifest, RunPaths, invalidate, manifest_matches, read_manifest, write_manifest
 
@@ -31,28 +33,50 @@ class TransientError(RuntimeError):
 
 @dataclass(frozen=True)
 class StageSpec:
+    """One row of the stage table. Everything that lists stages (the CLI's --stages, the Prefect
+    stage flows and their deployments, the pools, dispatch, the nightly, the docs) reads SPECS; the
+    config fields of a stage's identity are marked on the schema (config/schema.py `identity`)."""
+
     name: str
-    upstream: tuple[str, ...]   # must be complete before this stage runs
-    fields: Callable[[PipelineConfig], dict]
-    runner: str  # "module:function" taking (cfg, paths, log=..., progress=...) -> Manifest
-    pool: str    # work pool it is dispatched to: cpu or ascend
+    runner: str  # "module:function" of the stage, run_<name>_stage(run: StageRun) -> StageOutput
+    pool: str    # work pool its deployment runs on: cpu or ascend (`llm-pipeline pools` creates each one named)
+    upstream: tuple[str, ...] = ()  # must be complete before this stage runs
     optional: tuple[str, ...] = ()  # read when present (e.g. evaluate compares whatever exists)
+    multi_node: bool = False  # a training job: spans parallel.num_nodes when dispatched (one child per
+                              # node rank) and holds its node's one-training-at-a-time slot
+    nightly: bool = False     # part of the nightly continued-pretraining round
 
 
-def _data_fields(c: PipelineConfig) -> dict:
-    # How the work is spread (workers, executor) does not change the output.
-    return {"data": c.data.model_dump(mode="json", exclude={"num_workers", "executor", "read_batch_size"}),
-            "tokenizer": c.tokenizer.model_dump(mode="json", exclude={"encode_threads"}),
-            "seq_length": c.model.seq_length, "vocab_size": c.model.vocab_size}
+SPECS: dict[str, StageSpec] = {}
 
 
-def _pretrain_fields(c: PipelineConfig) -> dict:
-    training = c.training.model_dump(mode="json")
-    for knob in ("timeout_seconds", "upload_checkpoints", "preflight_steps",  # do not change the weights
-                 "dataset_workers", "prefetch_size", "profile"):
-        training.pop(knob)
-    return {"model": c.model.model_dump(mode="json"), "parallel": c.parallel.model_dump(mode="json"),
-            "training": training, "seed": c.run.seed, "device": device_target(c)}
+def register(spec: StageSpec) -> StageSpec:
+    """Add a row to the table (after the existing ones: pipeline order is table order). Its upstream
+    stages must already be in the table, so the order is always one the pipeline can run."""
+    unknown = [u for u in spec.upstream + spec.optional if u not in SPECS]
+    if unknown:
+        raise ValueError(f"stage '{spec.name}': upstream {unknown} not in the stage table {list(SPECS)}; "
+                         "Fix: register those stages first")
+    SPECS[spec.name] = spec
+    return spec
+
+
+for _spec in (
+    StageSpec("data", "pipeline_lib.data.stage:run_data_stage", "cpu", nightly=True),
+    StageSpec("pretrain", "pipeline_lib.train.stage:run_pretrain_stage", "ascend", ("data",),
+              multi_node=True, nightly=True),
+    StageSpec("sft", "pipeline_lib.train.sft_stage:run_sft_stage", "ascend", ("data", "pretrain"), multi_node=True),
+    StageSpec("evaluate", "pipeline_lib.evaluate.stage:run_evaluate_stage", "ascend", ("data",),
+              optional=("pretrain", "sft"), nightly=True),
+    StageSpec("export", "pipeline_lib.export.stage:run_export_stage", "ascend", ("data", "sft"),
+              optional=("pretrain",)),
+):
+    register(_spec)
+
+
+def pools() -> list[str]:
+    """The work pools the stages run on, in table order."""
+    return list(dict.fromkeys(spec.pool for spec in SPECS.values()))
 
 
 def _file_digest(path: str) -> str | None:
@@ -73,44 +97,43 @@ def _contents(paths: list[str]) -> list[list]:
     return out
 
 
-def _sft_fields(c: PipelineConfig) -> dict:
-    # SFT has its own schedule, batch and guard (sft.*); it shares these `training` knobs, and its data
-    # files' contents matter.
-    reused = c.training.model_dump(mode="json", include={"optimizer", "precision", "loss_scale", "grad_clip",
-                                                         "save_steps", "keep_checkpoint_max", "shuffle"})
-    return {"sft": c.sft.model_dump(mode="json", exclude={"inputs", "allow_demo_data"}),
-            "model": c.model.model_dump(mode="json"), "training": reused,
-            "special_tokens": c.tokenizer.special_tokens, "seed": c.run.seed, "device": device_target(c),
-            "inputs": _contents(c.sft.inputs)}
+def schema_fields(section: type[BaseModel] = PipelineConfig, inherited: dict | None = None, prefix: str = ""):
+    """(dotted name, identity marker) of every leaf field of the config schema; the marker is the
+    field's own (config/schema.py `identity` / NO_OUTPUT_EFFECT), else the nearest section's above
+    it, else None: a field nobody classified."""
+    for name, field in section.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        marker = extra.get("identity", inherited)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            yield from schema_fields(ann, marker, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", marker
 
 
-def _evaluate_fields(c: PipelineConfig) -> dict:
-    # The prompt files' contents are part of the identity: editing a prompt set re-runs evaluation.
-    return {"evaluate": c.evaluate.model_dump(mode="json", exclude={"prompt_files"}),
-            "seq_length": c.model.seq_length, "prompts": _contents(c.evaluate.prompt_files),
-            "base": c.model.base_checkpoint}
+def identity_fields(cfg: PipelineConfig, stage: str) -> dict:
+    """The part of the config that defines `stage`'s outputs: every field whose marker names the
+    stage, nested as in the config."""
+    values, out = cfg.model_dump(mode="json"), {}
+    for dotted, marker in schema_fields():
+        if marker and stage in marker["stages"]:
+            *sections, name = dotted.split(".")
+            src, dst = values, out
+            for section in sections:
+                src, dst = src[section], dst.setdefault(section, {})
+            dst[name] = _RESOLVE[marker["by"]](cfg, src[name])
+    return out
 
 
-def _export_fields(c: PipelineConfig) -> dict:
-    return {"export": c.export.model_dump(mode="json"),
-            "lora": {k: getattr(c.sft, k) for k in ("lora_rank", "lora_alpha", "target_modules")}}
-
-
-SPECS: dict[str, StageSpec] = {
-    "data": StageSpec("data", (), _data_fields, "pipeline_lib.data.stage:run_data_stage", "cpu"),
-    "pretrain": StageSpec("pretrain", ("data",), _pretrain_fields,
-                          "pipeline_lib.train.stage:run_pretrain_stage", "ascend"),
-    "sft": StageSpec("sft", ("data", "pretrain"), _sft_fields, "pipeline_lib.train.sft_stage:run_sft_stage", "ascend"),
-    "evaluate": StageSpec("evaluate", ("data",), _evaluate_fields,
-                          "pipeline_lib.evaluate.stage:run_evaluate_stage", "ascend", optional=("pretrain", "sft")),
-    "export": StageSpec("export", ("data", "sft"), _export_fields, "pipeline_lib.export.stage:run_export_stage",
-                        "ascend", optional=("pretrain",)),
+_RESOLVE = {  # how a marked field enters the identity (schema.identity's `by`)
+    "value": lambda cfg, value: value,
+    "contents": lambda cfg, paths: _contents(paths),
+    "device": lambda cfg, value: device_target(cfg),  # "auto" is the device it resolves to
 }
-assert tuple(SPECS) == STAGES
 
 
 def stage_hash(cfg: PipelineConfig, stage: str) -> str:
-    return config_hash(SPECS[stage].fields(cfg))
+    return config_hash(identity_fields(cfg, stage))
 
 
 def manifest_fingerprint(m: Manifest) -> str:
@@ -138,12 +161,12 @@ def stage_done(cfg: PipelineConfig, paths: RunPaths, stage: str) -> tuple[bool, 
 def parse_stages(text: str | None) -> list[str]:
     """'data,pretrain' -> ['data', 'pretrain'] in pipeline order; refuses unknown names."""
     if not text:
-        return list(STAGES)
+        return list(SPECS)
     wanted = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in SPECS]
     if unknown:
-        raise ValueError(f"--stages: unknown stage(s) {unknown}; choose from {','.join(STAGES)}")
-    return [s for s in STAGES if s in wanted]
+        raise ValueError(f"--stages: unknown stage(s) {unknown}; choose from {','.join(SPECS)}")
+    return [s for s in SPECS if s in wanted]
 
 
 def runner(stage: str) -> Callable[..., Manifest]:

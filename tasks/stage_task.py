@@ -20,13 +20,10 @@ from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
 from pipeline_lib.config import PipelineConfig, config_from_dict
-from pipeline_lib.stages import TransientError, run_stage, stage_done
+from pipeline_lib.stages import SPECS, TransientError, run_stage, stage_done
 from pipeline_lib.storage import RunPaths
 
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
-
-TRAINING_STAGES = ("pretrain", "sft")
-
 
 def node_limit_name(host: str | None = None) -> str:
     """Global concurrency limit (1 slot, made by `llm-pipeline pools`) that keeps a node to one training."""
@@ -67,7 +64,7 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     paths = _run_paths(cfg, run_id)
     reporter = ProgressReporter(stage)
     started = time.time()
-    if stage in TRAINING_STAGES:
+    if SPECS[stage].multi_node:
         # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
         with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
             manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)

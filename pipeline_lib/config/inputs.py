@@ -220,22 +220,26 @@ def check_inputs(cfg: PipelineConfig, stages: Iterable[str] | None = None
     """(errors, warnings) about the files the config names (see the module docstring); with `stages`,
     only the files those stages read (`run --stages data` on a CPU host need not see the base weights
     that the Ascend host's pretrain stage reads)."""
-    wanted = set(stages) if stages is not None else {"data", "pretrain", "sft", "evaluate", "export"}
+    wanted = None if stages is None else set(stages)  # None: every stage
+
+    def want(*names: str) -> bool:
+        return wanted is None or bool(wanted.intersection(names))
+
     c = _Checker(cfg)
-    if "data" in wanted:
+    if want("data"):
         c.listed("data.inputs", cfg.data.inputs)
-    if "sft" in wanted:
+    if want("sft"):
         c.listed("sft.inputs", cfg.sft.inputs)
-    if "evaluate" in wanted:
+    if want("evaluate"):
         c.prompts()
-    if wanted & {"data", "sft", "evaluate", "export"}:
+    if want("data", "sft", "evaluate", "export"):
         c.tokenizer()
-    if "pretrain" in wanted:
+    if want("pretrain"):
         c.exists("model.base_checkpoint", cfg.model.base_checkpoint, what="mindformers .ckpt")
         if c.exists("model.hf_checkpoint", cfg.model.hf_checkpoint, folder=True,
                     what="folder with a Hugging Face config.json and model.safetensors"):
             c.hf_folder()
-    if "evaluate" in wanted:
+    if want("evaluate"):
         for label, path in cfg.evaluate.compare_checkpoints.items():
             c.exists(f"evaluate.compare_checkpoints.{label}", path, what=".ckpt", otherwise="remove that entry")
     return c.errors, c.warnings

@@ -19,25 +19,43 @@ InputPath = Annotated[str, AfterValidator(resolve_input)]
 OutputPath = Annotated[str, AfterValidator(resolve_output)]
 
 
+# Stage identity is marked here, next to each field: `identity("pretrain", "sft")` puts the field in
+# those stages' identity (pipeline_lib.stages hashes exactly the marked fields: change one and the
+# stages named rerun); `NO_OUTPUT_EFFECT` marks what only changes how or where the work runs, never
+# its outputs. A marker on a section field covers every field below it unless one has its own. A
+# test (tests/config/test_schema.py) refuses any field left unmarked.
+def identity(*stages: str, by: Literal["value", "contents", "device"] = "value") -> dict:
+    """json_schema_extra of a field that defines `stages`' outputs. by: the value as set, the files'
+    contents (paths: the same files in another folder keep the identity), or the device it resolves to."""
+    return {"identity": {"stages": list(stages), "by": by}}
+
+
+NO_OUTPUT_EFFECT = {"identity": {"stages": [], "by": "value"}}
+
+
 class _Section(BaseModel):
     # Unknown keys are typos until proven otherwise: refuse them instead of ignoring them.
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class RunConfig(_Section):
-    name: str = Field("tiny-cpu", description="Pipeline name; used in run ids and flow-run names.")
+    name: str = Field("tiny-cpu", json_schema_extra=NO_OUTPUT_EFFECT,
+                      description="Pipeline name; used in run ids and flow-run names.")
     output_root: OutputPath = Field(
-        "runs", validate_default=True,
+        "runs", json_schema_extra=NO_OUTPUT_EFFECT, validate_default=True,
         description="Where runs are written: a local path (relative to the directory the command runs from) "
         "or s3://bucket/prefix. Each run lands in <output_root>/<run_id>/<stage>/.",
     )
     s3_endpoint_url: str | None = Field(
-        None, description="Endpoint of an S3-compatible store (MinIO, OBS); None means AWS."
+        None, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Endpoint of an S3-compatible store (MinIO, OBS); None means AWS."
     )
     device_target: Literal["auto", "CPU", "Ascend"] = Field(
-        "auto", description="auto picks Ascend when an NPU is visible, else CPU (with the CPU overrides)."
+        "auto", json_schema_extra=identity("pretrain", "sft", by="device"),
+        description="auto picks Ascend when an NPU is visible, else CPU (with the CPU overrides)."
     )
-    seed: int = Field(1234, description="Seed for data splits, init and sampling.")
+    seed: int = Field(1234, json_schema_extra=identity("pretrain", "sft"),
+                      description="Seed for data splits, init and sampling.")
 
 
 class FilterSpec(_Section):
@@ -99,11 +117,14 @@ class DataConfig(_Section):
         default_factory=lambda: ["lang", "url", "source", "date"],
         description="Metadata fields (or parquet columns) carried into cleaned/part-*.jsonl.gz under `meta`, "
         "when a record has them (absent or null ones are left out).")
-    read_batch_size: int = Field(1000, ge=1, description="Records per streamed batch.")
+    read_batch_size: int = Field(1000, json_schema_extra=NO_OUTPUT_EFFECT,
+                                 ge=1, description="Records per streamed batch.")
     docs_per_shard: int = Field(2000, ge=1, description="Documents per processing shard (unit of work).")
-    num_workers: int = Field(2, ge=1, description="Parallel shard workers (output does not depend on it).")
+    num_workers: int = Field(2, json_schema_extra=NO_OUTPUT_EFFECT,
+                             ge=1, description="Parallel shard workers (output does not depend on it).")
     executor: Literal["prefect", "local"] = Field(
-        "prefect", description="prefect: shard steps are Prefect tasks mapped over shards (a task run per "
+        "prefect", json_schema_extra=NO_OUTPUT_EFFECT,
+        description="prefect: shard steps are Prefect tasks mapped over shards (a task run per "
         "shard in the UI, run concurrently in threads); local: one task runs the stage with its own process pool "
         "(fastest for large CPU-bound corpora).")
     filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
@@ -131,6 +152,7 @@ class TokenizerConfig(_Section):
     sample_docs: int = Field(200_000, ge=1, description="Cleaned documents sampled to train on.")
     special_tokens: list[str] = Field(
         default_factory=lambda: ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+        json_schema_extra=identity("data", "sft"),
         description="User-defined symbols of a trained tokenizer (never split); sft.template=chat_markers uses "
         "the first four as its system, user, assistant, end markers (a loaded tokenizer must have them then).",
     )
@@ -142,7 +164,8 @@ class TokenizerConfig(_Section):
     bos_id: int | None = Field(None, description="Begin-of-sequence id (None: the tokenizer's; trained 2).")
     eos_id: int | None = Field(None, description="End-of-sequence id, joins packed documents (None: the "
                                "tokenizer's; trained 3).")
-    encode_threads: int = Field(2, ge=1, description="Threads for batch encoding.")
+    encode_threads: int = Field(2, json_schema_extra=NO_OUTPUT_EFFECT,
+                                ge=1, description="Threads for batch encoding.")
 
 
 Dtype = Literal["float32", "float16", "bfloat16"]
@@ -165,8 +188,10 @@ def precision_loss_scale(precision: str) -> str:
 
 class ModelConfig(_Section):
     name: str = Field("tiny_llama", description="Model config name registered with mindformers; unique per run.")
-    seq_length: int = Field(64, ge=8, description="Training sequence length (rows hold seq_length + 1 tokens).")
-    vocab_size: int = Field(2048, ge=8, description="Embedding rows; must be >= the tokenizer vocabulary.")
+    seq_length: int = Field(64, json_schema_extra=identity("data", "pretrain", "sft", "evaluate"),
+                            ge=8, description="Training sequence length (rows hold seq_length + 1 tokens).")
+    vocab_size: int = Field(2048, json_schema_extra=identity("data", "pretrain", "sft"),
+                            ge=8, description="Embedding rows; must be >= the tokenizer vocabulary.")
     hidden_size: int = Field(64, ge=8, description="Model width.")
     num_layers: int = Field(2, ge=1, description="Transformer blocks.")
     num_heads: int = Field(4, ge=1, description="Attention heads.")
@@ -187,7 +212,8 @@ class ModelConfig(_Section):
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="Activation recompute: none, selective (attention scores) or full (whole layer)."
     )
-    base_checkpoint: InputPath | None = Field(None, description="mindformers .ckpt to continue pretraining from.")
+    base_checkpoint: InputPath | None = Field(None, json_schema_extra=identity("pretrain", "sft", "evaluate"),
+                                              description="mindformers .ckpt to continue pretraining from.")
     hf_checkpoint: InputPath | None = Field(
         None, description="Folder with a Hugging Face Llama model.safetensors + config.json to import."
     )
@@ -271,32 +297,44 @@ class TrainingConfig(_Section):
     )
     steps: int | None = Field(60, ge=1, description="Optimizer steps; if None, `epochs` decides.")
     epochs: int = Field(1, ge=1, description="Epochs over the packed data when steps is None.")
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    optimizer: OptimizerConfig = Field(json_schema_extra=identity("pretrain", "sft"), default_factory=OptimizerConfig)
     learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate.")
     warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
     min_lr: float = Field(1e-5, ge=0, description="Cosine schedule floor.")
     lr_schedule: Literal["cosine"] = Field("cosine", description="Schedule after warmup.")
     precision: Precision = Field(
-        "fp32", description="Training precision: drives the model dtypes and the loss scale left empty "
+        "fp32", json_schema_extra=identity("pretrain", "sft"),
+        description="Training precision: drives the model dtypes and the loss scale left empty "
         "(fp16: float16 matmuls + dynamic loss scale; bf16: bfloat16 matmuls, no scale; fp32).")
-    loss_scale: LossScaleConfig = Field(default_factory=LossScaleConfig)
-    grad_clip: float = Field(1.0, gt=0, description="Global-norm gradient clipping.")
+    loss_scale: LossScaleConfig = Field(json_schema_extra=identity("pretrain", "sft"),
+                                        default_factory=LossScaleConfig)
+    grad_clip: float = Field(1.0, json_schema_extra=identity("pretrain", "sft"),
+                             gt=0, description="Global-norm gradient clipping.")
     shuffle: bool = Field(
-        True, description="Shuffle the packed rows each epoch (MindDataset global shuffle seeded with run.seed: "
+        True, json_schema_extra=identity("pretrain", "sft"),
+        description="Shuffle the packed rows each epoch (MindDataset global shuffle seeded with run.seed: "
         "the same seed gives the same order, and a resumed run skips exactly the consumed batches). Off: file "
         "order, and the loss guard can name the exact rows of a bad batch.")
     dataset_workers: int | None = Field(
-        None, ge=1, description="Dataset pipeline workers per rank; None = 8 on Ascend (mindformers reference "
+        None, json_schema_extra=NO_OUTPUT_EFFECT,
+        ge=1, description="Dataset pipeline workers per rank; None = 8 on Ascend (mindformers reference "
         "configs), 2 on CPU.")
-    prefetch_size: int = Field(1, ge=1, description="Batches the dataset pipeline prefetches per worker queue.")
-    profile: bool = Field(False, description="mindformers profiler over the run (writes under output_dir; slow).")
-    save_steps: int = Field(20, ge=1, description="Checkpoint every N steps.")
-    keep_checkpoint_max: int = Field(3, ge=1, description="Checkpoints kept.")
-    preflight_steps: int = Field(10, ge=0, description="Steps of the preflight run (>= 3: it judges the loss "
+    prefetch_size: int = Field(1, json_schema_extra=NO_OUTPUT_EFFECT,
+                               ge=1, description="Batches the dataset pipeline prefetches per worker queue.")
+    profile: bool = Field(False, json_schema_extra=NO_OUTPUT_EFFECT,
+                          description="mindformers profiler over the run (writes under output_dir; slow).")
+    save_steps: int = Field(20, json_schema_extra=identity("pretrain", "sft"),
+                            ge=1, description="Checkpoint every N steps.")
+    keep_checkpoint_max: int = Field(3, json_schema_extra=identity("pretrain", "sft"),
+                                     ge=1, description="Checkpoints kept.")
+    preflight_steps: int = Field(10, json_schema_extra=NO_OUTPUT_EFFECT,
+                                 ge=0, description="Steps of the preflight run (>= 3: it judges the loss "
                                  "trend by thirds); 0 disables it.")
     guard: GuardConfig = Field(default_factory=GuardConfig)
-    timeout_seconds: int = Field(3600, ge=1, description="Launcher timeout; the whole process group is killed.")
-    upload_checkpoints: bool = Field(False, description="Copy finished checkpoints to the run store (S3).")
+    timeout_seconds: int = Field(3600, json_schema_extra=NO_OUTPUT_EFFECT,
+                                 ge=1, description="Launcher timeout; the whole process group is killed.")
+    upload_checkpoints: bool = Field(False, json_schema_extra=NO_OUTPUT_EFFECT,
+                                     description="Copy finished checkpoints to the run store (S3).")
 
     @model_validator(mode="after")
     def _warmup_inside_steps(self):
@@ -310,7 +348,8 @@ class TrainingConfig(_Section):
 
 class SFTConfig(_Section):
     inputs: list[InputPath] = Field(
-        default_factory=lambda: ["configs/data/tiny_sft.jsonl"], validate_default=True,
+        default_factory=lambda: ["configs/data/tiny_sft.jsonl"], json_schema_extra=identity("sft", by="contents"),
+        validate_default=True,
         description="Instruction data: prompt/response, alpaca or messages jsonl/parquet.",
     )
     system_prompt: str | None = Field(None, description="System message added when a sample has none.")
@@ -323,11 +362,13 @@ class SFTConfig(_Section):
         "truncate_prompt", description="Samples longer than seq_length: drop, cut the prompt from the left, or cut the end."
     )
     packing: bool = Field(False, description="Pack several samples per row (labels stay per sample).")
-    lora_rank: int = Field(8, ge=1, description="LoRA rank r.")
-    lora_alpha: float = Field(16.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r.")
+    lora_rank: int = Field(8, json_schema_extra=identity("sft", "export"), ge=1, description="LoRA rank r.")
+    lora_alpha: float = Field(16.0, json_schema_extra=identity("sft", "export"),
+                              gt=0, description="LoRA alpha; the update is scaled by alpha / r.")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
     target_modules: list[str] = Field(
-        default_factory=lambda: ["wq", "wk", "wv", "wo"], description="Projections that get adapters."
+        default_factory=lambda: ["wq", "wk", "wv", "wo"], json_schema_extra=identity("sft", "export"),
+        description="Projections that get adapters."
     )
     model_name: str | None = Field(None, description="Name of the LoRA model config; None means <model.name>_lora.")
     # SFT's own optimizer schedule, batch and guard: a LoRA finetune wants a different learning rate,
@@ -348,7 +389,8 @@ class SFTConfig(_Section):
     guard: GuardConfig = Field(default_factory=GuardConfig,
                                description="SFT loss guard (stop on NaN/spike; rollback is not applied to SFT).")
     allow_demo_data: bool = Field(
-        False, description="Allow the bundled demo file configs/data/tiny_sft.jsonl as SFT data outside the tiny "
+        False, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Allow the bundled demo file configs/data/tiny_sft.jsonl as SFT data outside the tiny "
         "CPU run (validate refuses it otherwise).")
 
 
@@ -361,7 +403,9 @@ def sft_accumulation(cfg: "PipelineConfig") -> int:
 class EvaluateConfig(_Section):
     prompt_files: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/domain_qa.jsonl", "configs/eval/open_chat.jsonl",
-                                 "configs/eval/instruction_following.jsonl"], validate_default=True,
+                                 "configs/eval/instruction_following.jsonl"],
+        json_schema_extra=identity("evaluate", by="contents"),
+                                 validate_default=True,
         description="Fixed prompt sets (jsonl with id, prompt, optional keywords).",
     )
     max_new_tokens: int = Field(24, ge=1, description="Tokens generated per prompt.")
@@ -393,15 +437,16 @@ class OrchestrationConfig(_Section):
 
 class PipelineConfig(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
-    training: TrainingConfig = Field(default_factory=TrainingConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
-    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
-    export: ExportConfig = Field(default_factory=ExportConfig)
-    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
+    data: DataConfig = Field(json_schema_extra=identity("data"), default_factory=DataConfig)
+    tokenizer: TokenizerConfig = Field(json_schema_extra=identity("data"), default_factory=TokenizerConfig)
+    model: ModelConfig = Field(json_schema_extra=identity("pretrain", "sft"), default_factory=ModelConfig)
+    parallel: ParallelConfig = Field(json_schema_extra=identity("pretrain"), default_factory=ParallelConfig)
+    training: TrainingConfig = Field(json_schema_extra=identity("pretrain"), default_factory=TrainingConfig)
+    sft: SFTConfig = Field(json_schema_extra=identity("sft"), default_factory=SFTConfig)
+    evaluate: EvaluateConfig = Field(json_schema_extra=identity("evaluate"), default_factory=EvaluateConfig)
+    export: ExportConfig = Field(json_schema_extra=identity("export"), default_factory=ExportConfig)
+    orchestration: OrchestrationConfig = Field(json_schema_extra=NO_OUTPUT_EFFECT,
+                                               default_factory=OrchestrationConfig)
 
     @model_validator(mode="after")
     def _derive_from_precision(self):
@@ -417,5 +462,3 @@ class PipelineConfig(_Section):
                 section.model_fields_set.discard(name)
         return self
 
-
-STAGES = ("data", "pretrain", "sft", "evaluate", "export")

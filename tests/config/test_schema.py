@@ -1,0 +1,43 @@
+"""Identity markers on the schema (config/schema.py `identity` / NO_OUTPUT_EFFECT): every field is
+classified, so a new field cannot silently stay out of (or wrongly in) every stage's identity."""
+from __future__ import annotations
+
+from pydantic import Field
+
+from pipeline_lib.config.schema import NO_OUTPUT_EFFECT, PipelineConfig, _Section, identity
+from pipeline_lib.stages import SPECS, schema_fields
+
+
+def test_every_schema_field_belongs_to_a_stage_identity_or_is_marked_as_not_changing_outputs():
+    unmarked = [name for name, marker in schema_fields() if marker is None]
+    assert unmarked == [], (f"unclassified config fields {unmarked}. Fix: mark each in config/schema.py with "
+                            "json_schema_extra=identity(<stages whose outputs it changes>) or NO_OUTPUT_EFFECT")
+
+
+def test_markers_name_only_stages_of_the_table_and_every_stage_has_an_identity():
+    named = {stage for _, marker in schema_fields() for stage in marker["stages"]}
+    assert named <= set(SPECS), named - set(SPECS)
+    assert set(SPECS) <= named, set(SPECS) - named  # a stage whose config nothing marks would never rerun
+
+
+def test_the_walk_finds_an_unmarked_field_and_inherits_section_markers():
+    class Knobs(_Section):
+        marked: int = Field(1, json_schema_extra=NO_OUTPUT_EFFECT)
+        forgotten: int = 2
+
+    class Root(_Section):
+        knobs: Knobs = Field(default_factory=Knobs)
+        covered: Knobs = Field(default_factory=Knobs, json_schema_extra=identity("data"))
+
+    found = dict(schema_fields(Root))
+    assert found["knobs.forgotten"] is None and found["knobs.marked"] == NO_OUTPUT_EFFECT["identity"]
+    assert found["covered.forgotten"] == identity("data")["identity"]  # the section's marker covers it
+    assert found["covered.marked"] == NO_OUTPUT_EFFECT["identity"]  # a field's own marker wins
+
+
+def test_fields_that_only_change_how_the_work_runs_are_in_no_identity():
+    markers = dict(schema_fields(PipelineConfig))
+    for name in ("data.num_workers", "data.executor", "data.read_batch_size", "tokenizer.encode_threads",
+                 "training.timeout_seconds", "training.upload_checkpoints", "training.preflight_steps",
+                 "training.dataset_workers", "training.prefetch_size", "training.profile", "run.output_root"):
+        assert markers[name]["stages"] == [], name
