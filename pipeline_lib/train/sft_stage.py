@@ -61,6 +61,7 @@ class SFTPreflightFailed(SFTStageError):
 def run_sft_stage(run: StageRun, *, base_checkpoint: str | None = None) -> StageOutput:
     """Run the SFT stage (see the module docstring); returns its outputs and metrics."""
     started, cfg, log = time.time(), run.cfg, run.log or (lambda msg: None)
+    # 1. inputs
     for issue in preflight_steps_issues(cfg):  # the rule `validate` applies
         raise SFTStageError(str(issue))
     base_ref, tok_ref = _resolve_inputs(run, base_checkpoint)
@@ -68,12 +69,15 @@ def run_sft_stage(run: StageRun, *, base_checkpoint: str | None = None) -> Stage
     for stale in ("adapter", "_inputs", LOSS_PNG):  # train/ stays: a rerun resumes from it
         shutil.rmtree(out / stale) if (out / stale).is_dir() else (out / stale).unlink(missing_ok=True)
     base, tok, base_sha = _fetch_inputs(run, base_ref, tok_ref, out / "_inputs")
+    # 2. data
     if run.progress:
         run.progress("data", 0, 1)
     stats = prepare_sft_data(cfg, tok, out, run.endpoint, log)
+    # 3. train, 4. adapter
     train = _train(run, out, base, base_sha, stats)
     adapter = _extract_adapter(cfg, out, train["checkpoint"], base, base_ref, base_sha, log)
     shutil.rmtree(out / "_inputs", ignore_errors=True)
+    # 5. publish, 6. summarise (the registry writes the manifest)
     outputs = _publish(run, out)
     metrics = _metrics(run, out, train, adapter, stats, base_ref=base_ref, base_sha=base_sha, tok_ref=tok_ref,
                        started=started)
@@ -147,9 +151,9 @@ def _fetch_inputs(run: StageRun, base_ref: str, tok_ref: str, cache: Path) -> tu
 def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> dict:
     """Preflight, then train or resume in out/train; returns the final checkpoint, losses and resume facts."""
     cfg, rows, train_dir = run.cfg, stats["total"]["rows"], out / "train"
-    session = TrainingSession(cfg, stage=STAGE, out=train_dir, remote=join(run.uri, "train") if is_s3(run.uri) else None,
-                              endpoint=run.endpoint, steps=cfg.sft.steps, log=run.log, progress=run.progress,
-                              error=SFTStageError, preflight_error=SFTPreflightFailed)
+    remote = join(run.uri, "train") if is_s3(run.uri) else None
+    session = TrainingSession(cfg, stage=STAGE, out=train_dir, remote=remote, endpoint=run.endpoint, steps=cfg.sft.steps,
+                              log=run.log, progress=run.progress, error=SFTStageError, preflight_error=SFTPreflightFailed)
     reused = {k: v for k, v in cfg.training.model_dump(mode="json").items()
               if k not in ("timeout_seconds", "upload_checkpoints", "preflight_steps")}
     latest = session.resume_or_start(config_hash({"run": run.identity, "training": reused, "base": base_sha,

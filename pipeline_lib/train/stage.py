@@ -89,7 +89,8 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     to the trainer processes' environment (e.g. HCCL settings, or the guard's NaN test hook).
     """
     started, cfg, log = time.time(), run.cfg, run.log or (lambda line: None)
-    base, base_info = _check_inputs(cfg)  # fast failures first: nothing is launched or deleted before they pass
+    # 1. inputs (fast failures first: nothing is launched or deleted before they pass)
+    base, base_info = _check_inputs(cfg)
     out = work_dir(run.uri)
     remote = run.uri if is_s3(run.uri) else None
     out.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     steps, steps_per_epoch = _schedule(cfg, rows)
     session = TrainingSession(cfg, stage=STAGE, out=out, remote=remote, endpoint=run.endpoint, steps=steps, log=log,
                               progress=run.progress, env=env, error=PretrainStageError, preflight_error=PreflightFailed)
-
+    # 2. resume or start afresh, 3. free disk
     latest = session.resume_or_start(config_hash({"run": run.identity, "base": _without_remote(base_info)}),
                                      keep=("_data",))
     _check_disk(cfg, session, checkpoint_bytes)
@@ -105,18 +106,24 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     t = cfg.training
     write_yaml = partial(write_training_yaml, cfg, stage=STAGE, data_dir=data_dir, rows=rows, token_ids=token_ids,
                          batch=Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard))
-    write_yaml(out / RUN_YAML, out=out, load=load)  # the fresh start; resumed attempts launch run_resume.yaml
+    write_yaml(out / RUN_YAML, out=out, load=load)  # the fresh start from the base
+    # 4. preflight (a fresh start only; no checkpoints: save_steps beyond its steps)
     preflight = session.preflight(lambda pre, n: write_yaml(pre / RUN_YAML, out=pre, load=load, steps=n,
                                                             save_steps=10 ** 9),
                                   out, fresh=latest is None, memory_check=True)
+
+    # 5. train (resumed attempts launch run_resume.yaml; a rollback also adds the epochs its skipped data needs)
 
     def yaml_for(resume_from: Path | None, extra_epochs: int) -> Path:
         if resume_from is None:
             return out / RUN_YAML
         return write_yaml(out / RESUME_YAML, out=out, resume_from=resume_from, extra_epochs=extra_epochs)
 
-    trained = session.train(latest, yaml_for, origin=str(load) if load else "random init", steps_per_epoch=steps_per_epoch,
+    trained = session.train(latest, yaml_for, origin=str(load) if load else "random init",
+                            steps_per_epoch=steps_per_epoch,
                             rollback=t.guard if t.guard.on_failure == "rollback" else None)
+
+    # 6. publish, 7. summarise (the registry writes the manifest)
     records = loss_history(out, out / LOSS_PNG, title=f"pretraining loss ({cfg.model.name})")
     outputs = _publish(run, out, trained.latest)
     metrics = _metrics(run, out, trained, records, steps=steps, rows=rows, base_info=base_info, preflight=preflight,
