@@ -3,8 +3,8 @@
     python bench/bench_pretrain.py [--steps 60] [--save-steps 20] [--repeats 1] [--workdir DIR]
 
 1. the data stage on the bundled tiny corpus (configs/data/tiny_corpus.jsonl, once, workers=1);
-2. per repeat, in this order: the stage (`run_pretrain_stage`: launcher, PipelineMetrics + LossGuard callbacks,
-   checkpoint verification/pruning on ticks, progress, plot, manifest), then the bare Trainer: the stage's own
+2. per repeat, in this order: the stage (through the registry's `run_stage`: launcher, PipelineMetrics + LossGuard
+   callbacks, checkpoint verification/pruning on ticks, progress, plot, manifest), then the bare Trainer: the stage's own
    run.yaml without the PipelineMetrics/LossGuard entries, run as `python -m pipeline_lib.train.entry --yaml` in a
    plain subprocess (mindformers' MFLossMonitor, CheckpointMonitor and StopAtStep stay: they are mindformers');
 3. step times of both come from the same source, mindformers' MFLossMonitor `per_step_time` log lines (whole ms),
@@ -56,11 +56,11 @@ def step_times(lines: list[str]) -> list[float]:
 
 
 def run_stage(cfg, paths) -> dict:
-    from pipeline_lib.train.stage import run_pretrain_stage
+    from pipeline_lib.stages import run_stage as run_registered_stage
 
     lines: list[str] = []
     t0 = time.time()
-    manifest = run_pretrain_stage(cfg, paths, log=lines.append)
+    manifest, _ = run_registered_stage(cfg, paths, "pretrain", log=lines.append, force=True)
     return {"wall_s": time.time() - t0, "steps": step_times(lines), "loss": manifest.metrics["final_loss"],
             "yaml": Path(paths.stage_uri("pretrain")) / "run.yaml"}
 

@@ -1,4 +1,9 @@
-"""The training stages (pretrain: stage.py, LoRA SFT: sft_stage.py) and what they share: the launcher
-(launch.py, runner.py), checkpoints and their verification, metrics.jsonl, the preflight (the HF weight import is
-pipeline_lib.model.hf). The code that runs inside the trainer subprocess is entry.py, cpu_wrappers.py, callbacks.py,
-mf_callbacks.py and model_io.py; the rest runs in the orchestrating process and never imports MindSpore."""
+"""The training stages and the runner they share.
+
+Stages: pretrain (stage.py) and LoRA SFT (sft_stage.py), each `run_<name>_stage(run: StageRun) -> StageOutput`.
+Both train through session.py (work folder, resume, preflight, yaml, the attempt loop with checkpoint ticks and the
+loss guard), which builds on the launcher (launch.py, runner.py), checkpoints and their verification
+(checkpoints.py) and metrics.jsonl (metrics.py); adapter.py extracts SFT's LoRA factors (the Hugging Face
+Llama conversion is pipeline_lib.model.hf). The trainer subprocess runs entry.py with cpu_wrappers.py, callbacks.py, mf_callbacks.py
+and model_io.py. The orchestrating process never imports MindSpore: checkpoints.py, runner.py, adapter.py and
+model/hf.py do their MindSpore work in subprocesses of their own (`python -m pipeline_lib.train.<module>`)."""

@@ -1,4 +1,5 @@
-"""What every training stage (pretrain, sft) does around the launcher: ranks, launch, resume fields, ticks, guard, rollback.
+"""The launcher's surroundings for the training stages: ranks, launch, resume fields, ticks, guard text, rollback copies
+(session.py composes them into the runner both stages use).
 
 - `node_rank(cfg)` / `local_ranks(cfg, rank)`: this node's rank ($LLM_PIPELINE_NODE_RANK) and the global ranks it runs.
 - `launch_trainer(cfg, yaml, out, ...)`: build_command + launch in its own process group with timeout
@@ -13,7 +14,8 @@
   whole checkpoint in a fresh MindSpore process; while the trainer runs it may take at most VERIFY_DUTY of the
   wall time), the metrics file's upload, `progress("train", step, total)` from metrics.jsonl read incrementally.
   Callers sync unconditionally after each attempt.
-- `describe_guard(diag, latest)`: the loss guard's diagnosis as one actionable paragraph.
+- `describe_guard(diag, latest, stage)`: the loss guard's diagnosis as one actionable paragraph naming the knobs
+  of `stage` (pretrain: training.* and the rollback policy; sft: sft.*).
 - `rollback_checkpoint(latest, dir, step_num, steps_per_epoch)`: copies of a checkpoint's per-rank files with the
   data position moved to `step_num` (written by `python -m pipeline_lib.train.runner set-position`), to resume past
   a bad data window.
@@ -161,7 +163,7 @@ def describe_guard(diag: dict, latest: dict | None, stage: str = "pretrain") -> 
             f"{diag.get('reason')}): loss={num('loss')} running_mean={num('running_mean')} lr={num('lr')} "
             f"loss_scale={num('loss_scale')} global_norm={num('global_norm')} overflow={diag.get('overflow')}; "
             f"batch {diag.get('batch_where') or 'dataset rows ' + str(diag.get('batch_rows'))}; {where}. "
-            + (f"Fix: lower training.learning_rate or training.grad_clip, remove those rows, or set "
+            + ("Fix: lower training.learning_rate or training.grad_clip, remove those rows, or set "
                "training.guard.on_failure=rollback to skip the window" if stage == "pretrain" else
                f"Fix: lower {stage}.learning_rate or training.grad_clip, or remove those samples (the {stage} guard "
                "stops; it does not roll back), then rerun: it resumes from the last good checkpoint"))

@@ -315,7 +315,7 @@ def test_bf16_safetensors_are_widened_exactly(tmp_path):
 def test_stage_continues_pretraining_from_hf_checkpoint(pretrain_data, tmp_path):
 
     from pipeline_lib.train.metrics import read_metrics
-    from pipeline_lib.train.stage import run_pretrain_stage
+    from pipeline_lib.stages import run_stage
 
     cfg, _ = new_run(pretrain_data, "hf-probe")
     t = hf_tensors(cfg.model, seed=5, scale=0.2)
@@ -323,14 +323,14 @@ def test_stage_continues_pretraining_from_hf_checkpoint(pretrain_data, tmp_path)
 
     cfg, paths = new_run(pretrain_data, "hf-missing", model={"hf_checkpoint": str(tmp_path / "absent")})
     with pytest.raises(HFImportError, match="no such folder"):
-        run_pretrain_stage(cfg, paths, log=lambda line: None)
+        run_stage(cfg, paths, "pretrain", log=lambda line: None)
     assert not Path(paths.stage_uri("pretrain")).exists()
 
     cfg, paths = new_run(pretrain_data, "hf-continue", model={"hf_checkpoint": str(folder)},
                          training={"steps": 2, "save_steps": 2, "warmup_steps": 1,
                                    "shuffle": False})  # step 1 = the first rows, as the numpy forward
     lines: list[str] = []
-    manifest = run_pretrain_stage(cfg, paths, log=lines.append)
+    manifest, _ = run_stage(cfg, paths, "pretrain", log=lines.append)
     out = Path(paths.stage_uri("pretrain"))
     assert manifest.metrics["base"]["hf_checkpoint"] == str(folder)
     assert (out / "base" / "hf_import.ckpt").exists() and "hf_import.ckpt" in (out / "run.yaml").read_text()

@@ -48,7 +48,8 @@ from pipeline_lib.storage import read_manifest  # noqa: E402
 from pipeline_lib.train.checkpoints import InsufficientDiskError  # noqa: E402
 from pipeline_lib.train.launch import GuardTripped  # noqa: E402
 from pipeline_lib.train.metrics import read_metrics  # noqa: E402
-from pipeline_lib.train.stage import PreflightFailed, PretrainStageError, TrainerKilled, run_pretrain_stage  # noqa: E402
+from pipeline_lib.stages import run_stage  # noqa: E402
+from pipeline_lib.train.stage import PreflightFailed, PretrainStageError, TrainerKilled  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -71,8 +72,8 @@ class Outcome:
     def run(self, **kwargs):
         t0 = time.time()
         try:
-            self.manifest = run_pretrain_stage(self.cfg, self.paths, log=self.lines.append,
-                                               progress=lambda *a: self.progress.append(a), **kwargs)
+            self.manifest, _ = run_stage(self.cfg, self.paths, "pretrain", log=self.lines.append,
+                                         progress=lambda *a: self.progress.append(a), **kwargs)
         except BaseException as err:  # the test asserts on it
             self.error = err
         self.seconds += time.time() - t0
@@ -136,9 +137,9 @@ def _on_s3(data, endpoint: str) -> Outcome:
     first = Outcome(cfg, paths).run()
     # a rerun on "another machine" (the local work folder is gone) finds the uploaded checkpoint and does not train
     from pipeline_lib.storage import invalidate
-    from pipeline_lib.train.stage import _work_dir
+    from pipeline_lib.train.session import work_dir
 
-    work = _work_dir(paths.stage_uri("pretrain"))
+    work = work_dir(paths.stage_uri("pretrain"))
     first.extra["work_dir"] = work
     if first.error is None:
         first.extra["work_dir_removed"] = not work.exists()
@@ -204,7 +205,7 @@ def test_missing_base_checkpoint_fails_fast(pretrain_data, tmp_path):
     cfg, paths = new_run(pretrain_data, "missing-base", model={"base_checkpoint": str(tmp_path / "nope.ckpt")})
     t0 = time.time()
     with pytest.raises(PretrainStageError, match=r"model\.base_checkpoint=.*nope\.ckpt.*no such file"):
-        run_pretrain_stage(cfg, paths, log=lambda line: None)
+        run_stage(cfg, paths, "pretrain", log=lambda line: None)
     assert time.time() - t0 < 5
     assert not Path(paths.stage_uri("pretrain")).exists()  # refused before the stage folder was touched
 
@@ -215,7 +216,7 @@ def test_not_enough_disk_refuses_before_launch(pretrain_data):
     with pytest.raises(InsufficientDiskError, match=r"need 3,000,000,000,000,000,000 bytes \(3 checkpoints .* x "
                                                     r"1,000,000,000,000,000,000 bytes per checkpoint on this node "
                                                     r"\(1 rank shard\(s\)\)\).*training\.keep_checkpoint_max \(now 2"):
-        run_pretrain_stage(cfg, paths, log=lambda line: None, checkpoint_bytes=10 ** 18)
+        run_stage(cfg, paths, "pretrain", log=lambda line: None, checkpoint_bytes=10 ** 18)
     out = Path(paths.stage_uri("pretrain"))
     assert not (out / "run.yaml").exists() and not (out / "checkpoint").exists()
     assert read_manifest(str(out)) is None

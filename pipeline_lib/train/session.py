@@ -1,0 +1,332 @@
+"""A training session: what the pretrain and SFT stages both do around the launcher, written once.
+
+A `TrainingSession` runs one stage's training in one mindformers output_dir `out` (checkpoint/, metrics.jsonl,
+latest_checkpoint.json, identity.json); `remote` is the run-store folder that mirrors it on an s3:// run store.
+- `work_dir(stage_uri)`: the stage folder itself, or for an s3:// stage a fixed local folder per URI under
+  $LLM_PIPELINE_WORK_DIR (else the temp dir), so a rerun on the same machine resumes there.
+- `session.resume_or_start(identity)`: the verified latest checkpoint of the same run (same `identity.json`),
+  else an emptied `out`; with training.upload_checkpoints on an s3:// store, a rerun on another machine downloads
+  the uploaded latest checkpoint of the same run first.
+- `session.preflight(write_yaml, folder, fresh=...)`: on a fresh start, training.preflight_steps steps in
+  `<folder>/preflight`; a crash or a NaN is a verdict; `<folder>/preflight.json`; a bad verdict raises the
+  stage's preflight error.
+- `session.train(latest, yaml_for, origin=...)`: the attempt loop. Resumes from `latest`, syncs checkpoints
+  on each tick (runner.CheckpointTicker: CPU budget, tolerates a checkpoint rotated away mid-check) and after
+  each attempt; the loss guard's diagnosis (runner.describe_guard with the stage's name) stops the stage, or
+  with a rollback policy resumes past the bad data window.
+- `write_training_yaml(cfg, path, ...)`: the mindformers yaml of either stage plus the metrics and guard
+  callbacks, resume fields, extra epochs and checkpoint interval.
+Errors a user must fix are raised as the stage's own error class (`error`), naming the field and the fix.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from ..config.mindformers_yaml import write_run_yaml
+from ..config.platform import device_target
+from ..config.schema import GuardConfig
+from ..storage import is_s3, join, store_for
+from .checkpoints import LATEST_FILE, CheckpointManager
+from .launch import GuardTripped, TrainingLaunchError
+from .metrics import METRICS_FILE, plot_loss, read_metrics, training_callbacks
+from .preflight import GB, evaluate_preflight
+from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, node_rank, resume_fields, \
+    rollback_checkpoint
+
+WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
+IDENTITY_FILE = "identity.json"
+PREFLIGHT_FILE = "preflight.json"
+
+
+def work_dir(stage_uri: str) -> Path:
+    """The folder a stage trains in (see the module docstring)."""
+    if not is_s3(stage_uri):
+        return Path(stage_uri).resolve()
+    root = Path(os.environ.get(WORK_DIR_ENV) or Path(tempfile.gettempdir()) / "llm-pipeline-work")
+    return (root / hashlib.sha256(stage_uri.encode()).hexdigest()[:16]).resolve()
+
+
+def write_json(path: Path, obj) -> None:
+    """Write `obj` as json atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}")
+    tmp.write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def finite(x):
+    """x when it is a finite number, else None (json has no NaN)."""
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def clear_folder(folder: Path, keep: tuple[str, ...] = ()) -> None:
+    """Remove everything in `folder` but the entries named in `keep`."""
+    for p in list(folder.iterdir()) if folder.is_dir() else ():
+        if p.name not in keep:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def loss_history(out: Path, png: Path, title: str) -> list[dict]:
+    """metrics.jsonl's records (each step once, also after a resume), plotted to `png` when there are any."""
+    records = read_metrics(out / METRICS_FILE)
+    if records:
+        plot_loss(records, png, title=title)
+    return records
+
+
+@dataclass(frozen=True)
+class Batch:
+    """How a stage batches and guards its training: training.* for pretrain, sft.* for SFT."""
+
+    micro_batch_size: int
+    accumulation: int
+    guard: GuardConfig
+
+
+def write_training_yaml(cfg, path: Path, *, stage: str, batch: Batch, out: Path, data_dir: Path, rows: int,
+                        load: Path | None = None, resume_from: Path | None = None, steps: int | None = None,
+                        extra_epochs: int = 0, save_steps: int | None = None, token_ids=None) -> Path:
+    """The mindformers yaml of `stage` (config.mindformers_yaml) with the PipelineMetrics / LossGuard callbacks.
+
+    `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`: the yaml gets `load_checkpoint: <dir>` and
+    `resume_training: <name>` (runner.resume_fields: mindformers 1.9 resumes only from a folder). `extra_epochs`
+    lets a rollback (which skips data) reach the same optimizer-step budget; `save_steps` overrides the interval.
+    """
+    dp = cfg.parallel.data_parallel
+    on_cpu = device_target(cfg) == "CPU"
+    # tokens per optimizer step across all ranks (rows hold seq_length + 1 tokens, seq_length are predicted)
+    tokens = batch.micro_batch_size * batch.accumulation * dp * cfg.model.seq_length
+    callbacks = training_callbacks(out, tokens_per_step=tokens, data_parallel=dp, num_rows=rows,
+                                   batch_size=batch.micro_batch_size * (batch.accumulation if on_cpu else 1),
+                                   spike_factor=batch.guard.spike_factor, window=batch.guard.window,
+                                   shuffle_seed=cfg.run.seed if cfg.training.shuffle else None)
+    resume = resume_fields(resume_from) if resume_from is not None else {}
+    load = resume.get("load_checkpoint", load)
+    write_run_yaml(cfg, path, stage=stage, dataset_dir=str(data_dir), output_dir=str(out),
+                   load_checkpoint=str(load) if load else None, resume=bool(resume), train_rows=rows,
+                   steps=steps, extra_callbacks=callbacks, token_ids=token_ids)
+    if resume or extra_epochs or save_steps:
+        text = path.read_text(encoding="utf-8")
+        header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+        run = yaml.safe_load(text)
+        if resume:
+            run["resume_training"] = resume["resume_training"]
+        run["runner_config"]["epochs"] += extra_epochs
+        for cb in run["callbacks"]:
+            if cb["type"] == "CheckpointMonitor" and save_steps:
+                cb["save_checkpoint_steps"] = save_steps
+        path.write_text(header + yaml.safe_dump(run, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+@dataclass
+class Trained:
+    """What the attempt loop ends with."""
+
+    latest: dict                        # the latest_checkpoint.json record of the final step
+    resumed_from_step: int | None
+    attempts: int = 0
+    rollbacks: list[dict] = field(default_factory=list)
+
+
+class TrainingSession:
+    """One stage's training in `out` (see the module docstring)."""
+
+    def __init__(self, cfg, *, stage: str, out: Path, remote: str | None, endpoint: str | None, steps: int,
+                 log, progress=None, env: dict[str, str] | None = None, error: type[Exception] = ValueError,
+                 preflight_error: type[Exception] = ValueError):
+        self.cfg, self.stage, self.out, self.remote, self.endpoint = cfg, stage, Path(out), remote, endpoint
+        self.steps, self.log, self.progress, self.env = steps, log, progress, env
+        self.error, self.preflight_error = error, preflight_error
+        try:
+            self.node_rank = node_rank(cfg)
+        except ValueError as err:
+            raise error(str(err)) from None
+        self.ranks = local_ranks(cfg, self.node_rank)
+        # on a local run store the checkpoints already live in the stage folder: nothing to upload
+        self.upload = join(remote, "checkpoint") if remote and cfg.training.upload_checkpoints else None
+        self.manager = CheckpointManager(self.out, ranks=self.ranks, keep=cfg.training.keep_checkpoint_max,
+                                         upload_uri=self.upload, endpoint_url=endpoint, log=log)
+
+    # ------------------------------------------------------------ resume
+
+    def resume_or_start(self, identity: str, keep: tuple[str, ...] = ()) -> dict | None:
+        """The verified latest checkpoint of the run `identity`, or None after emptying `out` (but `keep`)."""
+        ident_file = self.out / IDENTITY_FILE
+        same_run = ident_file.exists() and json.loads(ident_file.read_text(encoding="utf-8")).get("identity") == identity
+        if same_run:
+            self.manager.sync()  # verify what a killed attempt left behind
+        elif self.upload:
+            clear_folder(self.out, keep)
+            write_json(ident_file, {"identity": identity})
+            self._restore_uploaded(identity)
+            same_run = self.manager.latest() is not None
+        latest = self.manager.latest() if same_run else None
+        if latest is not None and not all(Path(r["path"]).exists() for r in latest["ranks"].values()):
+            latest = None
+        if latest is None:  # an earlier run of another config, or an attempt without a checkpoint
+            clear_folder(self.out, keep)
+            write_json(ident_file, {"identity": identity})
+            if self.remote:
+                store_for(self.remote, self.endpoint).put_file(ident_file, join(self.remote, IDENTITY_FILE))
+        return latest
+
+    def _restore_uploaded(self, identity: str) -> None:
+        """Download the uploaded latest checkpoint (and its sidecars) of the same run into `out`."""
+        store = store_for(self.upload, self.endpoint)
+        ident_uri, latest_uri = join(self.remote, IDENTITY_FILE), join(self.upload, LATEST_FILE)
+        if not (store.exists(ident_uri) and store.exists(latest_uri)):
+            return
+        if json.loads(store.get_bytes(ident_uri))["identity"] != identity:
+            return
+        latest = json.loads(store.get_bytes(latest_uri))
+        for rank, info in latest["ranks"].items():
+            if not info.get("uri"):
+                return
+            dest = self.out / self.manager.subdir / f"rank_{rank}" / info["uri"].rsplit("/", 1)[-1]
+            store.get_file(info["uri"], dest)
+            store.get_file(info["uri"] + ".verified.json", dest.with_name(dest.name + ".verified.json"))
+        metrics_uri = join(self.remote, METRICS_FILE)
+        if store.exists(metrics_uri):
+            store.get_file(metrics_uri, self.out / METRICS_FILE)
+        self.log(f"{self.stage}: downloaded the uploaded checkpoint of step {latest['step']} from {self.upload} "
+                 "to resume")
+        self.manager.sync()
+
+    # ------------------------------------------------------------ preflight
+
+    def preflight(self, write_yaml: Callable[[Path, int], Path], folder: Path, *, fresh: bool,
+                  memory_check: bool) -> dict | None:
+        """On a fresh start with training.preflight_steps > 0, that many steps in `<folder>/preflight`
+        (`write_yaml(pre_dir, steps)` writes its yaml) -> `<folder>/preflight.json`; `memory_check` also holds the
+        peak RSS against parallel.device_memory_gb and the planner's prediction. A resumed run returns the report
+        its first attempt wrote (or None)."""
+        cfg, steps, pre = self.cfg, self.cfg.training.preflight_steps, folder / "preflight"
+        if not (steps and fresh):
+            earlier = folder / PREFLIGHT_FILE
+            return json.loads(earlier.read_text(encoding="utf-8")) if earlier.exists() else None
+        shutil.rmtree(pre, ignore_errors=True)
+        yaml_path = write_yaml(pre, steps)
+        self.log(f"{self.stage}: preflight of {steps} steps in {pre}")
+        crash = None
+        try:
+            result = launch_trainer(cfg, yaml_path, pre, self.node_rank, self.log, env=self.env)
+        except GuardTripped as err:  # a non-finite loss is a verdict, not a crash
+            result = err.result
+        except TrainingLaunchError as err:
+            result, crash = err.result, str(err)
+        # on CPU the devices are processes on this host: their summed RSS is what the device memory limit bounds
+        on_cpu = device_target(cfg) == "CPU"
+        limit = int(cfg.parallel.device_memory_gb * GB * len(self.ranks)) if memory_check and on_cpu else None
+        verdict = evaluate_preflight(read_metrics(pre / METRICS_FILE), expected_steps=steps,
+                                     peak_rss_bytes=result.peak_rss_bytes or None, memory_limit_bytes=limit)
+        measured_gb = (result.peak_rss_bytes or 0) / GB / max(1, len(self.ranks))
+        predicted, memory_line = self._planner_line(measured_gb) if memory_check else (None, None)
+        s = verdict.summary
+        report = {"ok": verdict.ok and crash is None, "message": verdict.message, "problems": verdict.problems,
+                  "crash": crash and crash.splitlines()[0], "steps": s.steps, "expected_steps": steps,
+                  "step_time_ms": s.step_time_ms, "tokens_per_s": s.tokens_per_s, "loss_first": s.loss_first,
+                  "loss_last": s.loss_last, "loss_finite": s.first_nonfinite_step is None,
+                  "loss_falling": s.loss_falling, "peak_rss_bytes": result.peak_rss_bytes,
+                  "measured_gb_per_device": round(measured_gb, 3),
+                  "predicted_gb_per_device": None if predicted is None else round(predicted, 3),
+                  "memory": memory_line, "memory_limit_bytes": limit, "seconds": round(result.duration_s, 1)}
+        if crash:
+            report["problems"] = [f"the preflight trainer failed: {report['crash']}", *report["problems"]]
+            report["message"] = "preflight failed:\n- " + "\n- ".join(report["problems"])
+        write_json(folder / PREFLIGHT_FILE, report)
+        shutil.rmtree(pre / "checkpoint", ignore_errors=True)  # its logs stay for a look at a bad verdict
+        memory = f"\n{memory_line}" if memory_line else ""
+        self.log(f"{self.stage}: {report['message']}" + (f"; {memory_line}" if memory_line else ""))
+        if not report["ok"]:
+            raise self.preflight_error(f"{self.stage} {report['message']}{memory}\n(see {folder / PREFLIGHT_FILE})"
+                                       + (f"\n{crash}" if crash else ""))
+        return report
+
+    def _planner_line(self, measured_gb: float) -> tuple[float | None, str]:
+        from ..planner import predicted_peak_gb, predicted_vs_measured
+
+        try:
+            return predicted_peak_gb(self.cfg), predicted_vs_measured(self.cfg, measured_gb)
+        except Exception as err:  # the planner is advice: never fail the preflight on it
+            return None, f"planner prediction unavailable: {err}"
+
+    # ------------------------------------------------------------ the attempt loop
+
+    def train(self, latest: dict | None, yaml_for: Callable[[Path | None, int], Path], *, origin: str,
+              rollback: GuardConfig | None = None, steps_per_epoch: int = 1) -> Trained:
+        """Train until optimizer step `steps`, resuming from `latest`. `yaml_for(resume_from, extra_epochs)` gives
+        each attempt's yaml (resume_from None: the fresh start from `origin`). `rollback` (a guard with
+        on_failure=rollback) resumes past a bad data window at most max_rollbacks times; else the guard stops."""
+        steps, out, manager = self.steps, self.out, self.manager
+        done = Trained(latest, latest["step"] if latest else None)
+        if self.progress:
+            self.progress("train", latest["step"] if latest else 0, steps)
+        tick = CheckpointTicker(manager, out, steps, self.progress, self.log,
+                                join(self.remote, METRICS_FILE) if self.upload else None, self.endpoint)
+        skipped = 0  # data steps skipped by rollbacks: the run needs that many more batches
+        while latest is None or (latest.get("global_step") or 0) < steps:
+            done.attempts += 1
+            if latest is None:
+                yaml_path = yaml_for(None, 0)
+                self.log(f"{self.stage}: training {steps} steps from {origin}")
+            else:
+                start = Path(latest.get("rollback_path") or latest["path"])
+                yaml_path = yaml_for(start, math.ceil(skipped / steps_per_epoch) if skipped else 0)
+                self.log(f"{self.stage}: training {steps} steps from {start.name} (resume), resuming at data step "
+                         f"{latest.get('data_step', latest['step'])} (optimizer step {latest.get('global_step')}) "
+                         f"of {steps}")
+            try:
+                launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env)
+            except GuardTripped as err:
+                latest = self._after_guard(err, done, rollback, steps_per_epoch)
+                skipped += int(latest["data_step"]) - int(latest["step"])
+                continue
+            except TrainingLaunchError:
+                manager.sync()  # what the failed attempt saved is verified and latest_checkpoint.json points at it
+                tick.upload_metrics()
+                raise
+            manager.sync()
+            latest = manager.latest()
+            if latest is None:
+                raise self.error(f"training left no verified checkpoint in {out}/checkpoint: see the log above; "
+                                 "check training.save_steps and the disk")
+            if (latest.get("global_step") or 0) < steps:
+                raise self.error(f"{self.stage}: training stopped at optimizer step {latest.get('global_step')} of "
+                                 f"{steps} without an error (overflow-skipped steps or too few epochs): see {out}/log")
+        done.latest = latest
+        if self.progress:
+            self.progress("train", steps, steps)
+        return done
+
+    def _after_guard(self, err: GuardTripped, done: Trained, rollback: GuardConfig | None,
+                     steps_per_epoch: int) -> dict:
+        """The guard tripped: raise its diagnosis, or (rollback policy) return the record to resume from."""
+        self.manager.sync()
+        good = self.manager.latest()
+        diag = err.diagnoses[0]
+        message = describe_guard(diag, good, stage=self.stage)
+        if rollback is None or len(done.rollbacks) >= rollback.max_rollbacks or good is None:
+            why = ("" if rollback is None else " (no checkpoint to roll back to)" if good is None else
+                   f" (training.guard.max_rollbacks={rollback.max_rollbacks} reached)")
+            raise GuardTripped(message + why + "\n" + str(err), err.result, err.diagnoses) from None
+        bad = int(diag["step"])
+        n = len(done.rollbacks) + 1
+        dest = rollback_checkpoint(good, self.out / "rollback" / f"rollback{n}_step{bad}", bad, steps_per_epoch)
+        done.rollbacks.append({"bad_step": bad, "from_step": good["step"],
+                               "skipped_steps": list(range(good["step"] + 1, bad + 1)),
+                               "loss": finite(diag.get("loss")), "reason": diag.get("reason"),
+                               "rows": diag.get("batch_rows")})
+        self.log(f"{message}\n{self.stage}: rollback {n}/{rollback.max_rollbacks}: back to step {good['step']}, "
+                 f"skipping data steps {good['step'] + 1}..{bad}")
+        return {**good, "rollback_path": str(dest), "data_step": bad}

@@ -1,0 +1,110 @@
+"""train/session.py without a trainer: the work folder, resume or start afresh, the node rank, the yaml of both stages.
+
+The trained paths (attempt loop, ticks, guard, preflight) run in tests/train/test_pretrain_stage.py and
+test_sft_stage.py; here the checkpoints are small files with the sidecars CheckpointManager.sync writes after a
+verification, so nothing needs MindSpore.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import yaml
+
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.config.schema import sft_accumulation
+from pipeline_lib.train.session import (IDENTITY_FILE, WORK_DIR_ENV, Batch, TrainingSession, work_dir,
+                                        write_training_yaml)
+
+
+class Refused(ValueError):
+    pass
+
+
+def _cfg(tmp_path, **over):
+    return config_from_dict({"run": {"output_root": str(tmp_path / "runs"), "device_target": "CPU"},
+                             "training": {"keep_checkpoint_max": 2}, **over})
+
+
+def _session(cfg, out, lines=None) -> TrainingSession:
+    return TrainingSession(cfg, stage="pretrain", out=out, remote=None, endpoint=None, steps=8,
+                           log=(lines if lines is not None else []).append, error=Refused)
+
+
+def _verified_checkpoint(out, step: int):
+    """checkpoint/rank_0/<name>.ckpt of `step` plus the sidecar a verification leaves next to it."""
+    path = out / "checkpoint" / "rank_0" / f"m_rank_0-1_{step}.ckpt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes([step]) * 64)
+    sidecar = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "size": 64,
+               "step": step, "global_step": step, "epoch": 1, "params": 1, "verified_at": 0}
+    path.with_name(path.name + ".verified.json").write_text(json.dumps(sidecar))
+    return path
+
+
+def test_work_dir_is_the_stage_folder_or_one_local_folder_per_s3_uri(tmp_path, monkeypatch):
+    assert work_dir(str(tmp_path / "runs" / "r1" / "pretrain")) == (tmp_path / "runs" / "r1" / "pretrain").resolve()
+    monkeypatch.setenv(WORK_DIR_ENV, str(tmp_path / "work"))
+    a, b = work_dir("s3://bucket/runs/r1/pretrain"), work_dir("s3://bucket/runs/r1/sft")
+    assert a.parent == b.parent == (tmp_path / "work").resolve() and a != b
+    assert work_dir("s3://bucket/runs/r1/pretrain") == a  # the same folder again: a rerun resumes there
+
+
+def test_another_identity_starts_afresh_and_keeps_only_what_is_named(tmp_path):
+    out = tmp_path / "stage"
+    _verified_checkpoint(out, 4)
+    (out / IDENTITY_FILE).write_text(json.dumps({"identity": "earlier-config"}))
+    (out / "_data").mkdir()
+    (out / "_data" / "shard.mindrecord").write_text("rows")
+    assert _session(_cfg(tmp_path), out).resume_or_start("this-config", keep=("_data",)) is None
+    assert sorted(p.name for p in out.iterdir()) == ["_data", IDENTITY_FILE]
+    assert json.loads((out / IDENTITY_FILE).read_text()) == {"identity": "this-config"}
+
+
+def test_same_identity_resumes_from_the_newest_checkpoint_whose_files_exist(tmp_path):
+    out, lines = tmp_path / "stage", []
+    (out / "checkpoint").mkdir(parents=True)
+    (out / IDENTITY_FILE).write_text(json.dumps({"identity": "run-a"}))
+    _verified_checkpoint(out, 4)
+    newest = _verified_checkpoint(out, 8)
+    latest = _session(_cfg(tmp_path), out, lines).resume_or_start("run-a")
+    assert (latest["step"], latest["path"]) == (8, str(newest))
+    newest.unlink()  # e.g. removed by hand between attempts: the run resumes from the one before
+    latest = _session(_cfg(tmp_path), out, lines).resume_or_start("run-a")
+    assert latest["step"] == 4 and (out / "checkpoint" / "rank_0" / "m_rank_0-1_4.ckpt").exists()
+
+
+def test_a_bad_node_rank_is_the_stage_error_naming_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLM_PIPELINE_NODE_RANK", "3")
+    with pytest.raises(Refused, match=r"\$LLM_PIPELINE_NODE_RANK=3: must be in \[0, 1\)"):
+        _session(_cfg(tmp_path), tmp_path / "stage")
+
+
+def test_one_yaml_writer_for_both_stages(tmp_path):
+    cfg = _cfg(tmp_path, training={"guard": {"spike_factor": 4.0}, "save_steps": 10},
+               sft={"guard": {"spike_factor": 9.0, "window": 7}, "micro_batch_size": 2})
+    data, out = tmp_path / "data", tmp_path / "out"
+    t = cfg.training
+    pre = Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard)
+    start = out / "checkpoint" / "rank_0" / "m_rank_0-1_8.ckpt"
+    path = write_training_yaml(cfg, out / "run_resume.yaml", stage="pretrain", batch=pre, out=out, data_dir=data,
+                               rows=400, resume_from=start, extra_epochs=2, save_steps=3)
+    text = path.read_text()
+    run = yaml.safe_load(text)
+    assert "python -m pipeline_lib.train.entry --yaml" in text.splitlines()[1]
+    assert (run["load_checkpoint"], run["resume_training"]) == (str(out / "checkpoint"), start.name)
+    fresh = yaml.safe_load(write_training_yaml(cfg, out / "run.yaml", stage="pretrain", batch=pre, out=out,
+                                               data_dir=data, rows=400).read_text())
+    assert run["runner_config"]["epochs"] == fresh["runner_config"]["epochs"] + 2
+    assert [c["save_checkpoint_steps"] for c in run["callbacks"] if c["type"] == "CheckpointMonitor"] == [3]
+    assert [c["spike_factor"] for c in run["callbacks"] if c["type"] == "LossGuard"] == [4.0]
+
+    sft = Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard)
+    run = yaml.safe_load(write_training_yaml(cfg, out / "sft.yaml", stage="sft", batch=sft, out=out, data_dir=data,
+                                             rows=400, load=tmp_path / "base.ckpt").read_text())
+    assert run["load_checkpoint"] == str(tmp_path / "base.ckpt") and run["resume_training"] is False
+    guard = next(c for c in run["callbacks"] if c["type"] == "LossGuard")
+    assert (guard["spike_factor"], guard["window"]) == (9.0, 7)
+    metrics = next(c for c in run["callbacks"] if c["type"] == "PipelineMetrics")
+    assert metrics["tokens_per_step"] == 2 * sft_accumulation(cfg) * cfg.model.seq_length
