@@ -7,6 +7,7 @@
   llm-pipeline pools [--ascend-hosts node0,node1]     create work pools and per-node limits (idempotent)
   llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
+  llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
 needs to be started by hand. Rerun with the same --run-id to resume: finished stages are skipped.
@@ -23,7 +24,7 @@ import sys
 # only adds lock contention there.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from pipeline_lib.cli import dedup_index_main, plan_main, print_warnings, validate_main  # noqa: E402
+from pipeline_lib.cli import dedup_index_main, doctor_main, plan_main, print_warnings, validate_main  # noqa: E402
 from pipeline_lib.config.inputs import validate_inputs  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
 from pipeline_lib.stages import parse_stages  # noqa: E402
@@ -212,7 +213,8 @@ def nightly_main(argv: list[str]) -> int:
 
 
 COMMANDS = {"validate": validate_main, "plan": plan_main, "run": run_main, "status": status_main,
-            "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main, "dedup-index": dedup_index_main}
+            "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main, "dedup-index": dedup_index_main,
+            "doctor": doctor_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -184,7 +184,8 @@ def _disk(diag, cfg) -> list[dict]:
 
 
 def _clash(diag, cfg) -> list[dict]:
-    found = next((m for m in map(_CLASH.search, diag.evidence) if m), None)
+    # the last match: a traceback also quotes the raising source line, `'{key}' is already used ...`
+    found = next((m for m in map(_CLASH.search, reversed(diag.evidence)) if m), None)
     name = f"'{found.group(1)}'" if found else "the name"
     owner = found.group(2) if found else "transformers/mindformers"
     return [_r(f"code in this process registers a model type {name} that {owner} already has (AutoConfig/AutoModel"
