@@ -27,6 +27,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from pipeline_lib.cli import dedup_index_main, doctor_main, plan_main, print_warnings, validate_main  # noqa: E402
 from pipeline_lib.config.inputs import validate_inputs  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
+from pipeline_lib.doctor.retry import parse_headline  # noqa: E402
 from pipeline_lib.stages import parse_stages  # noqa: E402
 
 from flows.common import new_run_id  # noqa: E402
@@ -50,6 +51,10 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
         print(f"  {stage:<9} {entry['state']:<13} {seconds}  {entry.get('stage_uri', '')}{note}")
     if failed:
         print(f"error: {failed}")
+        cause = parse_headline(failed)  # pipeline_lib.doctor's category and first remedy, in the failure message
+        if cause:
+            print(f"cause: {cause['category']}" + (f": {cause['remedy']}" if cause.get("remedy") else ""))
+            print(f"details: llm-pipeline doctor --run-id {summary['run_id']} CONFIG")
         print(f"resume: llm-pipeline run ... --run-id {summary['run_id']}  (finished stages are skipped)")
     print(_ui_hint(embedded))
 

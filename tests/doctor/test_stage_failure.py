@@ -101,3 +101,15 @@ def test_prefect_runs_an_oom_killed_stage_once_and_reports_the_cause(tmp_path, m
     assert "doctor: host_oom in pretrain:" in state.message
     note = _Hook.received[-1]
     assert note["stage"] == "pretrain" and note["category"] == "host_oom" and note["remedy"]
+
+
+def test_cli_summary_names_the_cause(capsys):
+    from flows.cli import print_summary
+
+    exc = RuntimeError("trainer exited with code 1\n" + log_text("nan_mindformers_monitor.log"))
+    attach_diagnosis(exc, None, "pretrain")
+    print_summary({"run_id": "r1", "run_uri": "/runs/r1", "stages": {}},
+                  failed=f"stage 'pretrain' failed (run r1): RuntimeError: {exc}")
+    out = capsys.readouterr().out
+    assert "\ncause: nan_or_overflow: the loss became NaN/inf" in out
+    assert "details: llm-pipeline doctor --run-id r1 CONFIG" in out
