@@ -68,3 +68,16 @@ def test_the_llm_pipeline_command_has_doctor():
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["category"] == "missing_kernel"
+
+
+def test_troubleshooting_guide_covers_every_category():
+    from pipeline_lib.doctor.classify import ALL_CATEGORIES, RETRY_CATEGORIES
+
+    guide = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip().strip("`"): line.split("|")[-2].strip()
+            for line in guide.splitlines() if line.startswith("| `")}
+    assert set(rows) == set(ALL_CATEGORIES)
+    for category, retried in rows.items():
+        if category != "unknown":
+            assert retried == ("yes" if category in RETRY_CATEGORIES else "no"), category
+    assert "docs/troubleshooting.md" in (ROOT / "README.md").read_text(encoding="utf-8")
