@@ -35,3 +35,19 @@ def test_a_real_nan_stop_is_diagnosed_from_the_exception_and_the_run_folder(pret
     out = json.loads(capsys.readouterr().out)
     assert out["stage"] == "pretrain" and out["category"] == "nan_or_overflow", out
     assert any("loss guard stopped training at step 2" in line for line in out["evidence"])
+
+
+def test_the_logs_of_a_healthy_run_are_not_a_failure(pretrain_data, capsys, tmp_path):
+    from pipeline_lib.doctor.classify import classify
+    from pipeline_lib.doctor.logs import read_logs, stage_log_files
+
+    cfg, paths = new_run(pretrain_data, "doctor-ok", training={"steps": 2, "save_steps": 2})
+    lines: list[str] = []
+    run_pretrain_stage(cfg, paths, log=lines.append)
+    files = stage_log_files(Path(paths.stage_uri("pretrain")))
+    assert files  # mindformers' own logs are kept in the stage folder
+    assert classify(read_logs(files) + "\n".join(lines)) == ("unknown", [])
+    config = tmp_path / "run.yaml"
+    config.write_text(json.dumps(cfg.model_dump(mode="json")))
+    assert main(["doctor", "--run-id", "doctor-ok", str(config), "--stage", "pretrain", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["category"] == "unknown"
