@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .patterns import CATEGORIES, COMPILE_HINT, PATTERNS, STEP_LINE
+from .patterns import CATEGORIES, COMPILE_HINT, CONTEXT, PATTERNS, STEP_LINE
 
 MAX_EVIDENCE = 6
 MAX_LINE = 400
@@ -96,6 +96,11 @@ def classify(text: str, *, returncode: int | None = None, timed_out: bool = Fals
             evidence.append(clipped)
         if len(evidence) >= MAX_EVIDENCE:
             break
+    context = CONTEXT.get(category)
+    if context is not None:
+        for line in lines:
+            if len(evidence) < MAX_EVIDENCE and context.search(line) and _clip(line) not in evidence:
+                evidence.append(_clip(line))
     if category == "device_oom":
         first = found[0][0]
         steps = [ln for ln in lines[:first] if STEP_LINE.search(ln)]

@@ -126,6 +126,14 @@ PATTERNS: tuple[Pattern, ...] = (
        "HCCL hccl_socket_manager.cc, quoted in vllm-project/vllm-ascend#1955"),
 )
 
+# Lines that say more about a category once it is decided, but do not decide it on their own (quoted as evidence).
+CONTEXT = {
+    # MindSpore 2.9 mindspore/train/serialization.py, logged after the OSError (also for a permission problem)
+    "disk_full": re.compile(r"Failed to save the checkpoint file .*disk space is insufficient"),
+    # mindformers 1.9 MFLossMonitor: the loss scale after an overflow step
+    "nan_or_overflow": re.compile(r"overflow cond: True"),
+}
+
 # Lines that show training reached its steps: a device OOM after one of these happened in a step, not at compile.
 STEP_LINE = re.compile(r"step:\[\s*\d+/\s*\d+\]")  # mindformers 1.9 MFLossMonitor / loss_callback.py
 # Lines that show graph compilation was under way when memory ran out: MindSpore's compile-phase estimate, or a

@@ -111,3 +111,13 @@ def test_diagnose_without_config_still_names_the_knobs():
     d = diagnose(log_text("nan_mindformers_monitor.log"))
     assert d.category == "nan_or_overflow" and d.remedies and d.retry is False
     assert diagnose("nothing to see").remedies == []
+
+
+def test_context_lines_join_the_evidence_but_do_not_decide():
+    _, evidence = classify(log_text("disk_full_save_checkpoint.log"))
+    assert any("Failed to save the checkpoint file" in line for line in evidence)
+    assert classify("[CRITICAL] ME(1:2,MainProcess):2026 [mindspore/train/serialization.py:475] Failed to save the "
+                    "checkpoint file /x.ckpt. Maybe don't have the permission to write files, or the disk space is "
+                    "insufficient and so on.") == ("unknown", [])
+    _, evidence = classify(log_text("nan_mindformers_monitor.log"))
+    assert any("overflow cond: True" in line for line in evidence)
