@@ -7,6 +7,7 @@
   llm-pipeline pools [--ascend-hosts node0,node1]     create work pools and per-node limits (idempotent)
   llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
+  llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
 needs to be started by hand. Rerun with the same --run-id to resume: finished stages are skipped.
@@ -24,9 +25,10 @@ from pathlib import Path
 # only adds lock contention there.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from pipeline_lib.cli import dedup_index_main, plan_main, print_warnings, validate_main  # noqa: E402
+from pipeline_lib.cli import dedup_index_main, doctor_main, plan_main, print_warnings, validate_main  # noqa: E402
 from pipeline_lib.config.inputs import validate_inputs  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
+from pipeline_lib.doctor.retry import parse_headline  # noqa: E402
 from pipeline_lib.stages import SPECS, parse_stages  # noqa: E402
 
 from flows.common import new_run_id  # noqa: E402
@@ -50,6 +52,10 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
         print(f"  {stage:<9} {entry['state']:<13} {seconds}  {entry.get('stage_uri', '')}{note}")
     if failed:
         print(f"error: {failed}")
+        cause = parse_headline(failed)  # pipeline_lib.doctor's category and first remedy, in the failure message
+        if cause:
+            print(f"cause: {cause['category']}" + (f": {cause['remedy']}" if cause.get("remedy") else ""))
+            print(f"details: llm-pipeline doctor --run-id {summary['run_id']} CONFIG")
         print(f"resume: llm-pipeline run ... --run-id {summary['run_id']}  (finished stages are skipped)")
     print(_ui_hint(embedded))
 
@@ -223,7 +229,8 @@ def nightly_main(argv: list[str]) -> int:
 
 
 COMMANDS = {"validate": validate_main, "plan": plan_main, "run": run_main, "status": status_main,
-            "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main, "dedup-index": dedup_index_main}
+            "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main, "dedup-index": dedup_index_main,
+            "doctor": doctor_main}
 
 
 def main(argv: list[str] | None = None) -> int:

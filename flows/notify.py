@@ -1,5 +1,5 @@
 """Notices to orchestration.failure_webhook_url (off by default): a failed run (the run, the failed
-stage, the error), and a nightly that found no new data (state NoNewData, with the counts)."""
+stage, the error, the doctor's category and first remedy), and a nightly that found no new data (state NoNewData, with the counts)."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,7 @@ import re
 import urllib.request
 
 from pipeline_lib.config import config_from_dict, load_config
+from pipeline_lib.doctor.retry import parse_headline
 
 
 def _webhook_url(parameters: dict) -> str | None:
@@ -23,9 +24,10 @@ def failure_payload(flow, flow_run, state) -> dict:
     message = state.message or ""
     found = re.search(r"stage '(\w+)' failed", message)
     stage = found.group(1) if found else None
+    doctor = parse_headline(message)  # the failure's category and first remedy (pipeline_lib.doctor)
     return {"flow": flow.name, "flow_run": flow_run.name, "flow_run_id": str(flow_run.id),
             "run_id": flow_run.parameters.get("run_id"), "stage": stage, "state": state.type.value,
-            "error": message}
+            "error": message, "category": doctor.get("category"), "remedy": doctor.get("remedy")}
 
 
 def notify_failure(flow, flow_run, state) -> None:

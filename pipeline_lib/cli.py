@@ -1,4 +1,4 @@
-"""Commands that need no orchestrator: `validate` and `plan`.
+"""Commands that need no orchestrator: `validate`, `plan`, `dedup-index` and `doctor`.
 
 `llm-pipeline` itself lives in flows/cli.py (it also runs flows); it delegates here so that
 pipeline_lib stays free of Prefect.
@@ -163,7 +163,13 @@ def plan_main(argv: list[str]) -> int:
     return _plan(argv)
 
 
-COMMANDS = {"validate": validate_main, "plan": plan_main, "dedup-index": dedup_index_main}
+def doctor_main(argv: list[str]) -> int:
+    from .doctor.cli import doctor_main as _doctor
+
+    return _doctor(argv)
+
+
+COMMANDS = {"validate": validate_main, "plan": plan_main, "dedup-index": dedup_index_main, "doctor": doctor_main}
 
 
 def main(argv: list[str] | None = None) -> int:

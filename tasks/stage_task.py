@@ -1,7 +1,9 @@
 """The Prefect task that runs one pipeline stage: a thin wrapper over pipeline_lib.stages.
 
-- Retries (exponential backoff + jitter) only on transient errors: storage/network failures and
-  lost workers. A config or data error fails at once: retrying cannot fix it.
+- Retries (exponential backoff + jitter) follow the failure's cause (pipeline_lib.doctor): a collective timeout or a
+  transient error (storage/network failure, lost worker) is retried; OOM (also a trainer SIGKILLed by the kernel OOM
+  killer), NaN, a full disk, config and data errors fail at once: retrying the same config cannot fix them. The
+  doctor's category and first remedy are appended to the failure message.
 - The stage manifest on the run store decides whether a stage is done (so a retry on another
   machine agrees); the Prefect cache (inputs + task source, persisted result) mirrors it so a
   "Retry" of a failed flow run in the UI shows finished stages as Cached. The cache is refreshed
@@ -20,6 +22,7 @@ from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
 from pipeline_lib.config import PipelineConfig, config_from_dict
+from pipeline_lib.doctor.retry import attach_diagnosis, should_retry
 from pipeline_lib.stages import SPECS, TransientError, run_stage, stage_done
 from pipeline_lib.storage import RunPaths
 
@@ -42,12 +45,15 @@ def is_transient(exc: BaseException | None) -> bool:
     return type(exc).__name__ in TRANSIENT_NAMES
 
 
-def retry_only_transient(task, task_run, state) -> bool:
+def retry_by_cause(task, task_run, state) -> bool:
     try:
         state.result()
     except BaseException as exc:  # the task's own exception is re-raised by result()
-        return is_transient(exc)
+        return should_retry(exc, is_transient(exc))
     return False
+
+
+retry_only_transient = retry_by_cause  # the name tasks/data_tasks.py imports
 
 
 def _run_paths(cfg: PipelineConfig, run_id: str) -> RunPaths:
@@ -56,7 +62,7 @@ def _run_paths(cfg: PipelineConfig, run_id: str) -> RunPaths:
 
 @task(name="stage", task_run_name="{stage}/{run_id}", retries=2,
       retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_jitter_factor=0.5,
-      retry_condition_fn=retry_only_transient, cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+      retry_condition_fn=retry_by_cause, cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
 def stage_task(config: dict, run_id: str, stage: str) -> dict:
     """Run `stage` for `run_id` unless its manifest is complete; returns the manifest as a dict."""
     logger = get_run_logger()
@@ -64,12 +70,18 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     paths = _run_paths(cfg, run_id)
     reporter = ProgressReporter(stage)
     started = time.time()
-    if SPECS[stage].multi_node:
-        # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
-        with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
+    try:
+        if SPECS[stage].multi_node:
+            # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
+            with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
+                manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
+        else:
             manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
-    else:
-        manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
+    except Exception as exc:
+        diagnosis = attach_diagnosis(exc, cfg, stage)  # category + first remedy into the message
+        if diagnosis is not None and diagnosis.category != "unknown":
+            logger.error(diagnosis.headline())
+        raise
     reporter.finish()
     result = {"stage": stage, "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
               "stage_uri": paths.stage_uri(stage), "manifest": manifest.__dict__}

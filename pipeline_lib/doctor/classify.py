@@ -1,0 +1,161 @@
+"""Classify a failure from log text: which category, the lines that show it, and (with a config) what to change.
+
+`classify(text, returncode=None, timed_out=False)` -> (category, evidence lines). `diagnose(text, cfg=None,
+stage=None, ...)` -> `Diagnosis` with remedies computed from our planner and config (remedies.py).
+Works on any mindformers / msrun / MindSpore / HCCL log, ours or not. Categories and their text: patterns.py.
+
+Device OOM is split by phase: a device OOM after a training step line was logged happened in a step
+(`device_oom_step`); before any step it happened while the graph was compiled and its memory laid out
+(`device_oom_compile`): in graph mode MindSpore allocates a graph's memory before the graph's first step.
+A trainer killed by SIGKILL (exit -9 / 137) that no timeout of ours killed is `host_oom`: on Linux that is what the
+kernel's OOM killer sends. No recognised text gives `unknown`, with no evidence: never a guess.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .patterns import CATEGORIES, COMPILE_HINT, CONTEXT, PATTERNS, STEP_LINE
+
+MAX_EVIDENCE = 6
+MAX_LINE = 400
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_STAGE_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)?(data|pretrain|sft|evaluate|export): ")
+_FAILED_STAGE = re.compile(r"stage '(\w+)' failed")
+SIGKILL_CODES = (-9, 137)
+
+# Retry policy by category: only infrastructure that comes back on its own is retried with the same config.
+RETRY_CATEGORIES = frozenset({"collective_timeout"})
+NO_RETRY_CATEGORIES = frozenset({"device_oom_compile", "device_oom_step", "host_oom", "nan_or_overflow",
+                                 "disk_full", "config_name_clash", "missing_kernel", "dataset_schema",
+                                 "checkpoint_shape_mismatch"})
+ALL_CATEGORIES = tuple(sorted(RETRY_CATEGORIES | NO_RETRY_CATEGORIES)) + ("unknown",)
+
+
+@dataclass
+class Diagnosis:
+    category: str
+    stage: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    remedies: list[dict] = field(default_factory=list)  # [{"why": str, "overrides": ["key=value", ...]}]
+
+    def as_dict(self) -> dict:
+        return {"category": self.category, "stage": self.stage, "evidence": self.evidence,
+                "remedies": self.remedies}
+
+    @property
+    def retry(self) -> bool | None:
+        """True: retry with the same config may help; False: it cannot; None: the category does not say."""
+        if self.category in RETRY_CATEGORIES:
+            return True
+        if self.category in NO_RETRY_CATEGORIES:
+            return False
+        return None
+
+    def headline(self) -> str:
+        """One line for a failure message / webhook: the category and the first remedy."""
+        where = f" in {self.stage}" if self.stage else ""
+        text = f"doctor: {self.category}{where}"
+        if self.remedies:
+            first = self.remedies[0]
+            text += f": {first['why']}"
+            if first["overrides"]:
+                text += f" (overrides: {' '.join(first['overrides'])})"
+        return text
+
+
+def _clip(line: str) -> str:
+    line = line.strip()
+    return line if len(line) <= MAX_LINE else line[:MAX_LINE] + " ..."
+
+
+def _lines(text: str) -> list[str]:
+    return _ANSI.sub("", text).splitlines()
+
+
+def classify(text: str, *, returncode: int | None = None, timed_out: bool = False) -> tuple[str, list[str]]:
+    """(category, evidence lines) of a log; ("unknown", []) when no known failure text is in it."""
+    lines = _lines(text)
+    hits: dict[str, list[tuple[int, str]]] = {}
+    for i, line in enumerate(lines):
+        for pat in PATTERNS:
+            if pat.regex.search(line):
+                hits.setdefault(pat.category, []).append((i, line))
+                break
+    category = next((c for c in CATEGORIES if c in hits), None)
+    if category is None:
+        if returncode in SIGKILL_CODES and not timed_out:
+            return "host_oom", [f"exit code {returncode}: killed by SIGKILL, not by a timeout of ours (the kernel "
+                                "OOM killer sends SIGKILL)"]
+        return "unknown", []
+    found = hits[category]
+    evidence = []
+    for _, line in found:
+        clipped = _clip(line)
+        if clipped not in evidence:
+            evidence.append(clipped)
+        if len(evidence) >= MAX_EVIDENCE:
+            break
+    context = CONTEXT.get(category)
+    if context is not None:
+        for line in lines:
+            if len(evidence) < MAX_EVIDENCE and context.search(line) and _clip(line) not in evidence:
+                evidence.append(_clip(line))
+    if category == "device_oom":
+        first = found[0][0]
+        steps = [ln for ln in lines[:first] if STEP_LINE.search(ln)]
+        if steps:
+            category = "device_oom_step"
+            evidence.insert(0, _clip(steps[-1]))  # the last step that finished before memory ran out
+        else:
+            category = "device_oom_compile"
+            hint = next((ln for ln in lines if COMPILE_HINT.search(ln)), None)
+            if hint is not None and _clip(hint) not in evidence:
+                evidence.append(_clip(hint))
+        evidence = evidence[:MAX_EVIDENCE]
+    return category, evidence
+
+
+def stage_from_text(text: str) -> str | None:
+    """The pipeline stage a log of ours names ("stage 'pretrain' failed", "pretrain: ..."), else None."""
+    found = _FAILED_STAGE.search(text)
+    if found:
+        return found.group(1)
+    for line in _lines(text):
+        m = _STAGE_LINE.match(line.strip())
+        if m:
+            return m.group(1)
+    return None
+
+
+def diagnose(text: str, cfg=None, *, stage: str | None = None, returncode: int | None = None,
+             timed_out: bool = False) -> Diagnosis:
+    """Classify `text` and compute remedies (with numbers when `cfg`, a PipelineConfig, is given)."""
+    from .remedies import remedies_for
+
+    category, evidence = classify(text, returncode=returncode, timed_out=timed_out)
+    stage = stage or stage_from_text(text)
+    diag = Diagnosis(category, stage, evidence)
+    diag.remedies = remedies_for(diag, cfg)
+    return diag
+
+
+def exception_text(exc: BaseException) -> str:
+    """Everything an exception of a stage carries that may hold failure text: its message (ours include the log
+    tail), the launcher's per-source tails, a worker's tail, and the chained causes."""
+    parts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        parts.append(f"{type(exc).__name__}: {exc}")
+        result = getattr(exc, "result", None)
+        for lines in (getattr(result, "tails", None) or {}).values():
+            parts.extend(lines)
+        parts.extend(getattr(exc, "tail", None) or [])
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(parts)
+
+
+def diagnose_exception(exc: BaseException, cfg=None, stage: str | None = None) -> Diagnosis:
+    result = getattr(exc, "result", None)
+    return diagnose(exception_text(exc), cfg, stage=stage, returncode=getattr(result, "returncode", None),
+                    timed_out=bool(getattr(result, "timed_out", False)))

@@ -1,0 +1,90 @@
+"""`llm-pipeline doctor`: classify a failed run and say what to change.
+
+    llm-pipeline doctor --log FILE [--log FILE2 ...] [CONFIG [key=value ...]] [--stage S] [--json]
+    llm-pipeline doctor --run-id ID CONFIG [key=value ...] [--stage S] [--json]
+
+--log reads any mindformers / msrun / MindSpore / HCCL log (ours or not); with CONFIG the remedies carry numbers
+from our planner and config. --run-id finds the failed stage of the run (the first whose manifest does not match)
+and reads its logs (logs.py). --json prints {"category", "stage", "evidence", "remedies"}.
+Exit codes: 0 a failure category was found, 1 unknown (no known failure text), 2 bad arguments or config.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .classify import diagnose
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="llm-pipeline doctor",
+                                 description="Why did the run fail, and what to change (category, the log lines "
+                                 "that show it, remedies with config overrides).")
+    ap.add_argument("config", nargs="?", help="pipeline config yaml (needed with --run-id; with --log it adds numbers)")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides the run used")
+    ap.add_argument("--log", action="append", default=[], metavar="FILE", help="a log file (repeatable)")
+    ap.add_argument("--run-id", help="a run of CONFIG: read the failed stage's logs from its folder")
+    ap.add_argument("--stage", help="the stage (default: read from the log, or the run's failed stage)")
+    ap.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    return ap
+
+
+def render(diag) -> str:
+    out = [f"category: {diag.category}" + (f" (stage {diag.stage})" if diag.stage else "")]
+    if diag.category == "unknown":
+        out.append("no known failure text found in the log (see docs/troubleshooting.md for what doctor knows)")
+    if diag.evidence:
+        out.append("evidence:")
+        out += [f"  > {line}" for line in diag.evidence]
+    if diag.remedies:
+        out.append("remedies:")
+        for i, rem in enumerate(diag.remedies, 1):
+            out.append(f"  {i}. {rem['why']}")
+            if rem["overrides"]:
+                out.append(f"     overrides: {' '.join(rem['overrides'])}")
+    if diag.retry is not None:
+        out.append("retry with the same config: " + ("may help (transient infrastructure)" if diag.retry
+                                                      else "will not help; change the config first"))
+    return "\n".join(out)
+
+
+def doctor_main(argv: list[str]) -> int:
+    ap = build_parser()
+    args = ap.parse_intermixed_args(argv)
+    if not args.log and not args.run_id:
+        ap.error("give --log FILE or --run-id ID with CONFIG")
+    if args.run_id and not args.config:
+        ap.error("--run-id needs the run's CONFIG")
+    cfg = None
+    if args.config:
+        from ..config import ConfigError, load_config
+
+        try:
+            cfg = load_config(args.config, args.overrides)
+        except ConfigError as err:
+            print(err, file=sys.stderr)
+            return 2
+    files = [Path(f) for f in args.log]
+    stage = args.stage
+    if args.run_id:
+        from .logs import run_logs
+
+        try:
+            stage, found = run_logs(cfg, args.run_id, args.stage)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            return 2
+        files += found
+        if not found:
+            print(f"note: no log files in the {stage} folder of run {args.run_id}", file=sys.stderr)
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        print(f"--log: no such file {', '.join(missing)}", file=sys.stderr)
+        return 2
+    from .logs import read_logs
+
+    diag = diagnose(read_logs(files), cfg, stage=stage)
+    print(json.dumps(diag.as_dict(), indent=2, ensure_ascii=False) if args.json else render(diag))
+    return 1 if diag.category == "unknown" else 0

@@ -1,0 +1,259 @@
+"""What to change for each failure category, with numbers from our planner and the run's config when we have it.
+
+`remedies_for(diagnosis, cfg)` -> [{"why": str, "overrides": ["section.key=value", ...]}], best first. Overrides are
+the dotted keys of our pipeline config (the ones `llm-pipeline run CONFIG key=value` takes), never mindformers yaml
+keys. Without a config the remedies name the knobs but give no numbers (pass the config for those).
+Device OOM: the planner's predicted peak of the config's layout against the usable memory (card minus headroom),
+then the best layouts that need less (planner.advisor.plan, ranked as `llm-pipeline plan` ranks them).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_SHAPE = re.compile(r"For 'load_param_into_net', (\S+) in the argument 'net' should have the same shape as .*?"
+                    r"its shape \(([^)]*)\) in the argument 'net' and shape \(([^)]*)\) in the argument "
+                    r"'parameter_dict'")
+_CLASH = re.compile(r"'([^']+)' is already used by a (\w+) (config|model)")
+_KERNEL = re.compile(r"The kernel (\w+) unregistered|Unsupported op \[(\w+)\]")
+MODEL_DIMS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "kv_heads", "seq_length")
+
+
+def _r(why: str, overrides: list[str] | None = None) -> dict:
+    return {"why": why, "overrides": overrides or []}
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _patch_overrides(patch: dict, cfg) -> list[str]:
+    """config_patch (planner.report) entries that differ from the config, as key=value overrides."""
+    out = []
+    for section, fields in patch.items():
+        current = getattr(cfg, section)
+        for key, value in fields.items():
+            if getattr(current, key) != value:
+                out.append(f"{section}.{key}={_fmt(value)}")
+    return out
+
+
+def _plan(cfg):
+    from ..planner.advisor import PlanRequest, plan
+
+    p = cfg.parallel
+    req = PlanRequest(devices=p.devices, devices_per_node=p.devices_per_node, device_memory_gb=p.device_memory_gb,
+                      headroom_gb=p.device_memory_headroom_gb)
+    return plan(cfg, req)
+
+
+def layout_remedies(cfg, *, limit: int = 3, what: str = "device memory") -> list[dict]:
+    """The config's predicted peak vs usable memory, then up to `limit` layouts that need less and fit."""
+    from dataclasses import replace
+
+    from ..planner.advisor import evaluate
+    from ..planner.memory import GB
+    from ..planner.report import best_per_family, config_patch, layout_text
+
+    result = _plan(cfg)
+    cur, usable = result.current, result.request.usable_gb
+    peak = cur.memory.total / GB
+    top = sorted(((k, v) for k, v in cur.memory.gb().items() if k != "total"), key=lambda kv: -kv[1])[:3]
+    terms = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in top)
+    verdict = ("more than" if peak > usable else
+               "within (the estimate leaves out fragmentation and some framework buffers; leave more headroom)")
+    out = [_r(f"predicted peak {peak:.1f} GB per device, {verdict} the {usable:g} GB usable of {what} "
+              f"(parallel.device_memory_gb={cfg.parallel.device_memory_gb:g} minus "
+              f"{cfg.parallel.headroom_gb:g} GB headroom); largest terms: {terms} GB; layout {layout_text(cur)}")]
+    smaller = [c for _, c in best_per_family(result.ranked) if c.memory.total < cur.memory.total]
+    if cur.layout.recompute != "full":  # the same layout with full recompute: the smallest change to the config
+        full = evaluate(result.config, replace(cur.layout, recompute="full"), result.request)
+        if full.ok and full.memory.total < cur.memory.total:
+            smaller = [full] + [c for c in smaller if c.layout != full.layout]
+    for c in smaller[:limit]:
+        overrides = _patch_overrides(config_patch(result, c), cfg)
+        if overrides:
+            out.append(_r(f"{c.layout.family_name()}, recompute {c.layout.recompute}, micro batch "
+                          f"{c.layout.micro_batch_size}: {c.memory.total / GB:.1f} GB of {usable:g} GB "
+                          f"(step time x{c.cost.relative:.2f})", overrides))
+    if len(out) == 1:
+        out.append(_r(f"the planner knows no layout of {cfg.parallel.devices} device(s) that needs less: use more "
+                      "devices (parallel.devices) or a shorter model.seq_length; `llm-pipeline plan --model CONFIG "
+                      "--devices N` lists what fits"))
+    return out
+
+
+def _device_oom(diag, cfg) -> list[dict]:
+    phase = ("while the graph was compiled and its memory laid out, before the first step"
+             if diag.category == "device_oom_compile" else "during a training step")
+    if cfg is None:
+        return [_r(f"device memory ran out {phase}; pass the run's config (--config) for the predicted peak and "
+                   "the layouts that fit", ["model.recompute=full"])]
+    remedies = layout_remedies(cfg)
+    remedies[0]["why"] = f"device memory ran out {phase}: " + remedies[0]["why"]
+    return remedies
+
+
+def _host_oom(diag, cfg) -> list[dict]:
+    if cfg is None:
+        return [_r("the host ran out of RAM (on a CPU device target the model's memory is host RAM); pass the "
+                   "run's config (--config) for the predicted memory", ["training.dataset_workers=1"])]
+    from ..config.platform import device_target
+    from ..planner.memory import GB
+    from ..planner.report import best_per_family, config_patch
+
+    out = []
+    if device_target(cfg) == "CPU":
+        result = _plan(cfg)
+        cur = result.current
+        workers = min(cfg.parallel.devices, cfg.parallel.devices_per_node)
+        out.append(_r(f"on CPU the trainer's memory is host RAM: predicted {cur.memory.total / GB:.2f} GB per "
+                      f"worker x {workers} worker(s) on this node, plus the dataset pipeline"))
+        for _, c in best_per_family(result.ranked):
+            if c.memory.total < cur.memory.total:
+                overrides = _patch_overrides(config_patch(result, c), cfg)
+                if overrides:
+                    out.append(_r(f"a layout that needs {c.memory.total / GB:.2f} GB per worker", overrides))
+                    break
+    else:
+        out.append(_r("the host ran out of RAM (not device memory): checkpoint loading/transform, the dataset "
+                      "pipeline and the workers of this node share it"))
+    t = cfg.training
+    workers = t.dataset_workers
+    out.append(_r(f"a smaller dataset pipeline (training.dataset_workers={workers if workers is not None else 'auto'}"
+                  f", training.prefetch_size={t.prefetch_size})",
+                  ["training.dataset_workers=1", "training.prefetch_size=1"]))
+    return out
+
+
+def _nan(diag, cfg) -> list[dict]:
+    if cfg is None:
+        return [_r("the loss became NaN/inf or spiked: lower the learning rate or the clipping norm, or skip the "
+                   "bad window", ["training.guard.on_failure=rollback"])]
+    sft = diag.stage == "sft"
+    lr_key = "sft.learning_rate" if sft else "training.learning_rate"
+    lr = cfg.sft.learning_rate if sft else cfg.training.learning_rate
+    out = [_r(f"the loss became NaN/inf or spiked: halve the peak learning rate ({lr_key}={lr:g})",
+              [f"{lr_key}={lr / 2:g}"]),
+           _r(f"clip gradients harder (training.grad_clip={cfg.training.grad_clip:g})",
+              [f"training.grad_clip={cfg.training.grad_clip / 2:g}"])]
+    if not sft and cfg.training.guard.on_failure != "rollback":
+        out.append(_r("or keep the config and let the guard roll back to the last good checkpoint, skipping the "
+                      "batches that blew up", ["training.guard.on_failure=rollback"]))
+    if cfg.training.precision == "fp16":
+        out.append(_r("fp16 overflows where bf16 does not (same exponent range as fp32)", ["training.precision=bf16"]))
+    return out
+
+
+def _disk(diag, cfg) -> list[dict]:
+    if cfg is None:
+        return [_r("the filesystem being written filled up (usually while saving a checkpoint): free space or "
+                   "keep fewer checkpoints", ["training.keep_checkpoint_max=1"])]
+    import shutil
+
+    from ..planner.disk import checkpoint_disk
+    from ..planner.memory import GB
+    from ..train.runner import local_ranks, node_rank
+
+    need = checkpoint_disk(cfg, local_ranks(cfg, node_rank(cfg)))
+    keep = cfg.training.keep_checkpoint_max
+    why = f"checkpoints on this node need {need.total / GB:.2f} GB: {need.explain()}"
+    probe = Path(cfg.run.output_root).resolve() if not cfg.run.output_root.startswith("s3://") else None
+    while probe is not None and not probe.exists():
+        probe = probe.parent
+    out = []
+    if probe is not None:
+        free = shutil.disk_usage(probe).free
+        why += f"; {free / GB:.2f} GB free now on the filesystem of {probe} (run.output_root)"
+        fits = int(free // max(1, need.per_checkpoint)) - 1  # kept copies + the one being written
+        out.append(_r(why))
+        if 1 <= fits < keep:
+            out.append(_r(f"keep {fits} checkpoint(s) instead of {keep}: what fits in the free space now",
+                          [f"training.keep_checkpoint_max={fits}"]))
+        elif fits < 1:
+            out.append(_r(f"not even one checkpoint of {need.per_checkpoint / GB:.2f} GB fits: free space first"))
+    else:
+        out.append(_r(why))
+    if keep > 1 and not any(r["overrides"] for r in out):
+        out.append(_r(f"keep fewer checkpoints than {keep}", ["training.keep_checkpoint_max=1"]))
+    out.append(_r("or write the run to a filesystem with room (run.output_root; s3:// runs train in "
+                  "$LLM_PIPELINE_WORK_DIR)"))
+    return out
+
+
+def _clash(diag, cfg) -> list[dict]:
+    # the last match: a traceback also quotes the raising source line, `'{key}' is already used ...`
+    found = next((m for m in map(_CLASH.search, reversed(diag.evidence)) if m), None)
+    name = f"'{found.group(1)}'" if found else "the name"
+    owner = found.group(2) if found else "transformers/mindformers"
+    return [_r(f"code in this process registers a model type {name} that {owner} already has (AutoConfig/AutoModel"
+               ".register): rename the custom model type. pipeline_lib and mindformers 1.9 register no transformers "
+               "config, and model.name is only a label and checkpoint prefix, so no override of ours causes it")]
+
+
+def _kernel(diag, cfg) -> list[dict]:
+    found = next((m for m in map(_KERNEL.search, diag.evidence) if m), None)
+    op = (found.group(1) or found.group(2)) if found else "an op"
+    target = ""
+    if cfg is not None:
+        from ..config.platform import device_target
+
+        target = f" ({device_target(cfg)})"
+    out = [_r(f"{op} has no kernel on this device target{target}: run the stage on Ascend (its work pool) or use a "
+              "code path without it (on CPU evaluation decodes from forward logits, not model.generate)")]
+    if cfg is not None and cfg.model.use_flash_attention:
+        out.append(_r("flash attention is an Ascend kernel", ["model.use_flash_attention=false"]))
+    return out
+
+
+def _schema(diag, cfg) -> list[dict]:
+    return [_r("the MindRecord files do not hold the columns the trainer reads: rebuild them with this pipeline's "
+               "data stage (`llm-pipeline run CONFIG --stages data`) rather than pointing the trainer at files "
+               "written by another tool or another version")]
+
+
+def _shape(diag, cfg) -> list[dict]:
+    found = next((m for m in map(_SHAPE.search, diag.evidence) if m), None)
+    if found is None:
+        return [_r("a checkpoint parameter's shape differs from the network the config builds: model.* must "
+                   "describe the checkpoint's model")]
+    name, net, ckpt = found.group(1), found.group(2), found.group(3)
+    out = [_r(f"parameter {name}: the network has shape ({net}), the checkpoint ({ckpt}); model.* must describe "
+              "the checkpoint's model (model.base_checkpoint / model.hf_checkpoint)")]
+    if cfg is not None:
+        net_dims = [int(x) for x in net.replace(",", " ").split()]
+        ckpt_dims = [int(x) for x in ckpt.replace(",", " ").split()]
+        overrides = []
+        for a, b in zip(net_dims, ckpt_dims):
+            if a == b:
+                continue
+            for key in MODEL_DIMS:
+                if getattr(cfg.model, key, None) == a:
+                    overrides.append(f"model.{key}={b}")
+                    break
+        if overrides:
+            out.insert(0, _r(f"parameter {name}: the network has ({net}) from the config, the checkpoint ({ckpt})",
+                             overrides))
+    return out
+
+
+def _collective(diag, cfg) -> list[dict]:
+    return [_r("a collective (HCCL) waited longer than its timeout: usually another rank failed or stalled first; "
+               "read every rank's log (msrun/worker_N.log) for the first error. A network hiccup is transient: "
+               "the stage is retried. Slow-starting ranks: raise HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT "
+               "(environment)")]
+
+
+_BY_CATEGORY = {"device_oom_compile": _device_oom, "device_oom_step": _device_oom, "host_oom": _host_oom,
+                "nan_or_overflow": _nan, "disk_full": _disk, "config_name_clash": _clash,
+                "missing_kernel": _kernel, "dataset_schema": _schema, "checkpoint_shape_mismatch": _shape,
+                "collective_timeout": _collective}
+
+
+def remedies_for(diag, cfg=None) -> list[dict]:
+    fn = _BY_CATEGORY.get(diag.category)
+    if fn is None:
+        return []
+    return fn(diag, cfg)

@@ -1,0 +1,123 @@
+"""The classifier on real failure text: each category from logs whose key lines are MindSpore/mindformers/HCCL/Linux
+text as printed (tests/doctor/logs/README.md says where each comes from), `unknown` for anything else."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline_lib.doctor.classify import classify, diagnose, exception_text, stage_from_text
+from pipeline_lib.doctor.patterns import PATTERNS
+
+from conftest import log_text
+
+EXPECTED = {
+    "checkpoint_shape_mismatch.log": "checkpoint_shape_mismatch",
+    "collective_timeout_hccl.log": "collective_timeout",
+    "collective_timeout_socket.log": "collective_timeout",
+    "config_name_clash.log": "config_name_clash",
+    "dataset_schema_columns.log": "dataset_schema",
+    "device_oom_compile_ascend.log": "device_oom_compile",
+    "device_oom_step_ascend.log": "device_oom_step",
+    "disk_full_save_checkpoint.log": "disk_full",
+    "host_oom_cpu_graph.log": "host_oom",
+    "host_oom_cpu_rlimit.log": "host_oom",
+    "missing_kernel_cpu.log": "missing_kernel",
+    "msrun_worker_sigkill.log": "host_oom",
+    "nan_mindformers_monitor.log": "nan_or_overflow",
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_each_category_from_its_log(name):
+    text = log_text(name)
+    category, evidence = classify(text)
+    assert category == EXPECTED[name]
+    assert evidence and all(line.strip() in text for line in evidence if not line.endswith(" ..."))
+
+
+def test_evidence_quotes_the_lines_that_show_it():
+    _, evidence = classify(log_text("device_oom_step_ascend.log"))
+    assert evidence[0].startswith("2024-06-03") and "step:[    2/  500]" in evidence[0]  # the last good step
+    assert any("Device(id:0) memory isn't enough and alloc failed" in line for line in evidence)
+    _, evidence = classify(log_text("dataset_schema_columns.log"))
+    assert evidence == ["[ERROR] Invalid data, column name: text can not found in schema. Please check the "
+                        "'column_list'."]
+
+
+def test_device_oom_before_any_step_is_compile_after_a_step_is_step():
+    oom = "Device(id:3) memory isn't enough and alloc failed, kernel name: MatMul-op1, alloc size: 1024B."
+    step = ("{ Epoch:[  1/  1], step:[    5/   10], loss: 3.100000, per_step_time: 10ms, overflow cond: False, "
+            "loss_scale: 1.0, global_norm: [1.0]")
+    assert classify(oom)[0] == "device_oom_compile"
+    assert classify(step + "\n" + oom)[0] == "device_oom_step"
+    assert classify(oom + "\n" + step)[0] == "device_oom_compile"  # a step after the OOM is another attempt's
+
+
+@pytest.mark.parametrize("text", [
+    "",
+    log_text("healthy_pretrain.log"),  # overflow cond: True on one step is loss scaling at work, not a failure
+    "pretrain: training 20 steps from random init\npretrain: 5.2 GB free for 4 checkpoints",
+    "Traceback (most recent call last):\nKeyError: 'learning_rate'",
+    "ValueError: the model is too small",
+])
+def test_text_without_known_failure_is_unknown(text):
+    assert classify(text) == ("unknown", [])
+
+
+def test_root_cause_outranks_its_echo():
+    # rank 1 times out in a collective because rank 0 ran out of device memory: the OOM is the answer
+    both = log_text("collective_timeout_hccl.log") + "\n" + log_text("device_oom_compile_ascend.log")
+    assert classify(both)[0] == "device_oom_compile"
+
+
+def test_sigkill_without_text_is_host_oom_but_our_timeout_is_not():
+    assert classify("", returncode=-9)[0] == "host_oom"
+    assert classify("", returncode=137)[0] == "host_oom"
+    assert classify("", returncode=-9, timed_out=True)[0] == "unknown"
+    assert classify("", returncode=1)[0] == "unknown"
+
+
+def test_every_pattern_names_its_source():
+    assert all(len(p.source) > 20 for p in PATTERNS)
+
+
+def test_stage_from_our_messages():
+    assert stage_from_text("stage 'sft' failed (run r1): TrainingLaunchError: ...") == "sft"
+    assert stage_from_text("pretrain: training 20 steps\nRuntimeError: x") == "pretrain"
+    assert stage_from_text(log_text("device_oom_step_ascend.log")) is None
+
+
+def test_exception_text_reads_the_launcher_tails_and_the_cause():
+    class Result:
+        tails = {"worker_0": ["OSError: [Errno 28] No space left on device"]}
+        returncode, timed_out = 1, False
+
+    class LaunchError(RuntimeError):
+        def __init__(self, msg):
+            super().__init__(msg)
+            self.result = Result()
+
+    try:
+        try:
+            raise ValueError("There is nan in loss with value nan, terminate training.")
+        except ValueError as inner:
+            raise LaunchError("trainer exited with code 1") from inner
+    except LaunchError as exc:
+        text = exception_text(exc)
+    assert "No space left on device" in text and "There is nan in loss" in text
+    assert classify(text)[0] == "disk_full"
+
+
+def test_diagnose_without_config_still_names_the_knobs():
+    d = diagnose(log_text("nan_mindformers_monitor.log"))
+    assert d.category == "nan_or_overflow" and d.remedies and d.retry is False
+    assert diagnose("nothing to see").remedies == []
+
+
+def test_context_lines_join_the_evidence_but_do_not_decide():
+    _, evidence = classify(log_text("disk_full_save_checkpoint.log"))
+    assert any("Failed to save the checkpoint file" in line for line in evidence)
+    assert classify("[CRITICAL] ME(1:2,MainProcess):2026 [mindspore/train/serialization.py:475] Failed to save the "
+                    "checkpoint file /x.ckpt. Maybe don't have the permission to write files, or the disk space is "
+                    "insufficient and so on.") == ("unknown", [])
+    _, evidence = classify(log_text("nan_mindformers_monitor.log"))
+    assert any("overflow cond: True" in line for line in evidence)

@@ -1,0 +1,83 @@
+"""`llm-pipeline doctor`: --log FILE and --run-id, human and --json output, exit codes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline_lib.cli import main
+
+from conftest import LOGS
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs/pipelines/tiny-cpu.yaml")
+
+
+def test_json_output_of_a_log_not_produced_by_us(capsys):
+    assert main(["doctor", "--log", str(LOGS / "collective_timeout_hccl.log"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"category", "stage", "evidence", "remedies"}
+    assert out["category"] == "collective_timeout" and out["stage"] is None
+    assert any("EI0006" in line for line in out["evidence"])
+    assert all(set(r) == {"why", "overrides"} for r in out["remedies"])
+
+
+def test_human_output_quotes_evidence_and_lists_overrides(capsys, tmp_path):
+    code = main(["doctor", "--log", str(LOGS / "disk_full_save_checkpoint.log"), TINY,
+                 f"run.output_root={tmp_path}", "training.keep_checkpoint_max=5"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "category: disk_full" in out
+    assert "  > OSError: [Errno 28] No space left on device" in out
+    assert "overrides: training.keep_checkpoint_max=" in out
+    assert "retry with the same config: will not help" in out
+
+
+def test_unknown_exits_1_and_bad_arguments_2(capsys, tmp_path):
+    assert main(["doctor", "--log", str(LOGS / "healthy_pretrain.log"), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == {"category": "unknown", "stage": None, "evidence": [],
+                                                   "remedies": []}
+    assert main(["doctor", "--log", str(tmp_path / "missing.log")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_run_id_reads_the_failed_stage_logs(capsys, tmp_path):
+    run = tmp_path / "r1"
+    (run / "pretrain" / "msrun").mkdir(parents=True)
+    shutil.copy(LOGS / "device_oom_step_ascend.log", run / "pretrain" / "msrun" / "worker_0.log")
+    (run / "pretrain" / "log" / "rank_0").mkdir(parents=True)
+    (run / "pretrain" / "log" / "rank_0" / "info.log").write_text("pretrain: training 20 steps\n")
+    assert main(["doctor", "--run-id", "r1", TINY, f"run.output_root={tmp_path}", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["category"] == "device_oom_step" and out["stage"] == "pretrain"
+    assert out["remedies"][0]["why"].startswith("device memory ran out during a training step: predicted peak")
+
+
+def test_run_id_without_a_run_folder_says_how_to_fix(capsys, tmp_path):
+    assert main(["doctor", "--run-id", "nope", TINY, f"run.output_root={tmp_path}"]) == 2
+    assert "Fix:" in capsys.readouterr().err
+
+
+def test_the_llm_pipeline_command_has_doctor():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "doctor", "--log",
+                           str(LOGS / "missing_kernel_cpu.log"), "--json"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["category"] == "missing_kernel"
+
+
+def test_troubleshooting_guide_covers_every_category():
+    from pipeline_lib.doctor.classify import ALL_CATEGORIES, RETRY_CATEGORIES
+
+    guide = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip().strip("`"): line.split("|")[-2].strip()
+            for line in guide.splitlines() if line.startswith("| `")}
+    assert set(rows) == set(ALL_CATEGORIES)
+    for category, retried in rows.items():
+        if category != "unknown":
+            assert retried == ("yes" if category in RETRY_CATEGORIES else "no"), category
+    assert "docs/troubleshooting.md" in (ROOT / "README.md").read_text(encoding="utf-8")
