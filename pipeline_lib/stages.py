@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from .config.load import config_hash
 from .config.platform import device_target
 from .config.schema import PipelineConfig
-from .runtime.contract import StageOutput, StageRun
+from .runtime.contract import StageOutput, StageRun, TransientError  # noqa: F401  (raised by stages)
 from .storage import Manifest, RunPaths, invalidate, manifest_matches, read_manifest, write_manifest
 
 
@@ -27,8 +27,6 @@ class StageUnavailable(RuntimeError):
     """The stage's engine is not part of this build (yet)."""
 
 
-class TransientError(RuntimeError):
-    """A failure worth retrying: storage/network hiccup, a lost worker. Config/data errors are not."""
 
 
 @dataclass(frozen=True)

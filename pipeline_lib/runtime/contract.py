@@ -19,6 +19,10 @@ Log = Callable[[str], None]
 Progress = Callable[[str, int, int], None]
 
 
+class TransientError(RuntimeError):
+    """A failure worth retrying: storage/network hiccup, a lost worker. Config/data errors are not."""
+
+
 @dataclass
 class StageRun:
     """What a stage is given."""

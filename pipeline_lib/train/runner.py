@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..stages import TransientError
+from ..runtime.contract import TransientError
 from ..storage import store_for
 from .checkpoints import CheckpointManager, list_checkpoints
 from .launch import ENTRY_MODULE, GuardTripped, LaunchResult, TrainingLaunchError, build_command, child_env, launch

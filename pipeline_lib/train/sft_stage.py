@@ -37,7 +37,7 @@ from ..config.load import config_hash
 from ..config.schema import sft_accumulation
 from ..config.validate import preflight_steps_issues
 from ..data.sft_records import prepare_sft_data, table_rows
-from ..data.tokenizer import TokenIds
+from ..model.token_ids import TokenIds
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import is_s3, join, sha256_file, store_for
 from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config

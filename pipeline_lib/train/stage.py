@@ -146,7 +146,7 @@ def _check_inputs(cfg) -> tuple[Path | None, dict]:
 
 def _data_inputs(run: StageRun, work: Path, log) -> tuple[Path, int, object]:
     """The local folder of the data stage's train shards, its row count and the tokenizer's special ids."""
-    from ..data.tokenizer import CONFIG_NAME, TokenIds
+    from ..model.token_ids import CONFIG_NAME, TokenIds
 
     uri, m = run.upstream_uri("data"), run.upstream.get("data")
     if m is None:
