@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..config.schema import STAGES
-from ..storage import RunPaths, is_s3
+from ..storage import RunPaths
 from ..train.metrics import GUARD_DIR
 
 LOG_GLOBS = ("**/*.log", "**/*.log.[0-9]*")
@@ -19,9 +18,9 @@ LOG_GLOBS = ("**/*.log", "**/*.log.[0-9]*")
 
 def failed_stage(cfg, paths: RunPaths) -> str | None:
     """The first stage, in pipeline order, whose folder exists but whose manifest does not match."""
-    from ..stages import stage_done
+    from ..stages import SPECS, stage_done
 
-    for stage in STAGES:
+    for stage in SPECS:
         folder = Path(paths.stage_uri(stage))
         if folder.is_dir() and not stage_done(cfg, paths, stage)[0]:
             return stage
@@ -54,7 +53,7 @@ def read_logs(files: list[Path], max_bytes: int = 4_000_000) -> str:
 def run_logs(cfg, run_id: str, stage: str | None = None) -> tuple[str, list[Path]]:
     """(stage, its log files) of run `run_id`; ValueError naming what to pass instead when there are none."""
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
-    if is_s3(paths.run_uri):
+    if paths.store().remote:
         raise ValueError(f"run.output_root={cfg.run.output_root} is on S3: the trainer's logs are in the local work "
                          "folder of the machine that ran it. Fix: run doctor there with --log FILE")
     if not Path(paths.run_uri).is_dir():

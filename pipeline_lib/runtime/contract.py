@@ -45,6 +45,17 @@ class StageRun:
     def endpoint(self) -> str | None:
         return self.paths.endpoint_url
 
+    @property
+    def store(self):
+        """The store the run lives in (local or S3)."""
+        return self.paths.store()
+
+    @property
+    def remote(self) -> bool:
+        """True when the run store is not this machine's disk: the stage works in a local folder and
+        uploads its outputs."""
+        return self.store.remote
+
     def upstream_uri(self, stage: str) -> str:
         return self.paths.stage_uri(stage)
 

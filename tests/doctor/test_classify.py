@@ -7,7 +7,7 @@ import pytest
 from pipeline_lib.doctor.classify import classify, diagnose, exception_text, stage_from_text
 from pipeline_lib.doctor.patterns import PATTERNS
 
-from conftest import log_text
+from doctor_cases import log_text
 
 EXPECTED = {
     "checkpoint_shape_mismatch.log": "checkpoint_shape_mismatch",

@@ -8,7 +8,7 @@ from pipeline_lib.config.load import apply_overrides
 from pipeline_lib.doctor.classify import diagnose
 from pipeline_lib.planner.memory import GB, estimate
 
-from conftest import LLAMA2_7B_DP4, log_text
+from doctor_cases import LLAMA2_7B_DP4, log_text
 
 
 def test_device_oom_names_the_predicted_peak_and_layouts_that_fit(oom_cfg):

@@ -16,7 +16,7 @@ from pipeline_lib.doctor.classify import ALL_CATEGORIES, NO_RETRY_CATEGORIES
 from pipeline_lib.doctor.retry import attach_diagnosis, parse_headline, should_retry
 from pipeline_lib.stages import TransientError
 
-from conftest import LOGS, log_text
+from doctor_cases import LOGS, log_text
 from test_classify import EXPECTED
 
 ROOT = Path(__file__).resolve().parents[2]

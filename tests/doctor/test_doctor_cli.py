@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline_lib.cli import main
 
-from conftest import LOGS
+from doctor_cases import LOGS
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/pipelines/tiny-cpu.yaml")
