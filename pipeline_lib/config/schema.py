@@ -111,7 +111,13 @@ class DataConfig(_Section):
     heldout_fraction: float = Field(
         0.05, ge=0, lt=1, description="Share of documents (chosen by hash) held out for perplexity."
     )
-    rows_per_mindrecord_shard: int = Field(1000, ge=1, description="Packed rows per MindRecord file.")
+    mindrecord_file_mb: float = Field(
+        256, gt=0, description="Target size of one MindRecord file, in MB of packed rows (4 bytes a token): the "
+        "rows per file are this // (4 * (model.seq_length + 1)). Size them as mindformers users do, in the hundreds "
+        "of MB: every file costs a header, an index database and a task, whatever its size.")
+    rows_per_mindrecord_shard: int | None = Field(
+        None, ge=1, description="Fixed packed rows per MindRecord file instead of mindrecord_file_mb (small "
+        "files for tests); null: sized by mindrecord_file_mb.")
     remainder: Literal["drop", "pad"] = Field(
         "pad", description="Last partial row: drop it, or pad it with pad tokens excluded from the loss."
     )

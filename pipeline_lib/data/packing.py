@@ -8,7 +8,7 @@
   id (remainder: pad; the tokenizer's pad, = unk for Llama-2). Pretraining rows have no labels column, so
   mindformers masks by id: every position whose *input* equals pad_token_id is out of the loss (the one
   position whose input is the last EOS still has a pad target). A row may start mid-document.
-- MindRecord: schema {input_ids: int32[-1]}, one file per `rows_per_mindrecord_shard` rows.
+- MindRecord: schema {input_ids: int32[-1]}, files of data.mindrecord_file_mb MB of rows (encode.rows_per_file).
   FileWriter writes <name> and <name>.db and records the name inside both, so a shard is written
   under its final name in a temporary folder and then moved into place, .db first: a
   .mindrecord file present means its shard is complete.
