@@ -153,7 +153,7 @@ def main() -> None:
     subprocess.run(["rm", "-rf", str(out)], check=False)
     cfg = config_from_dict({"run": {"output_root": str(out)},
                             "data": {"inputs": [str(corpus)], "docs_per_shard": 5000, "num_workers": args.workers},
-                            "tokenizer": {"vocab_size": 16000, "sample_docs": 30000},
+                            "tokenizer": {"vocab_size": 16000, "sample_lines": 30000},
                             "model": {"seq_length": args.seq_length, "vocab_size": 16384}})
     # 1. one process: CPU seconds per step (steady against other load on the machine)
     cpu, c0, w0 = {}, time.process_time(), time.perf_counter()

@@ -134,7 +134,10 @@ class TokenizerConfig(_Section):
                             "distinct characters (at character_coverage) + special and byte pieces.")
     byte_fallback: bool = Field(True, description="Unknown characters become byte tokens, never <unk>.")
     character_coverage: float = Field(0.9995, gt=0, le=1, description="sentencepiece character_coverage.")
-    sample_docs: int = Field(200_000, ge=1, description="Cleaned documents sampled to train on.")
+    sample_lines: int = Field(
+        1_000_000, ge=101, description="Lines (paragraphs, cut at 2000 characters) of the kept training documents "
+        "that sentencepiece trains on: its own uniform, reproducible sample (input_sentence_size with "
+        "shuffle_input_sentence; sentencepiece needs more than 100); the counts are in stats.json under tokenizer.sample.")
     special_tokens: list[str] = Field(
         default_factory=lambda: ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
         description="User-defined symbols of a trained tokenizer (never split); sft.template=chat_markers uses "

@@ -1,8 +1,8 @@
 """Steps 4-6 of the data stage: the tokenizer, tokenizing each shard, writing MindRecord shards.
 
-- `build_tokenizer`: load `tokenizer.path` (checked against the config) or train on a sample of
-  the kept training documents: every k-th kept document in input order, k chosen so that about
-  `tokenizer.sample_docs` are taken (deterministic, whatever the workers).
+- `build_tokenizer`: load `tokenizer.path` (checked against the config) or train on the kept
+  training documents, streamed in input order; sentencepiece keeps a uniform, reproducible
+  sample of `tokenizer.sample_lines` of their lines (deterministic, whatever the workers).
 - `tokenize_shard` (mapped over shards): kept documents -> cleaned/part-<k>.jsonl.gz and the
   token streams of its train and held-out documents (tokens + EOS each), with the documents'
   ids and token counts (shards/<k>/spans_<split>.jsonl).
@@ -60,19 +60,14 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
             raise DataStageError("data.inputs", list(cfg.data.inputs), "no document survived cleaning and dedup "
                                  "(see quarantine.jsonl and excluded.jsonl under shards/ of the stage folder)",
                                  "check data.text_field and data.filters")
-        step = max(1, math.ceil(kept / t.sample_docs))
 
-        def sample():
-            seen = 0
+        def training_docs():  # every kept training document, in input order; sentencepiece samples their lines
             for k in range(len(summary)):
                 kept = _kept(ws, k, ["text", "key"])
                 held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
-                for i in range(len(kept["text"])):
-                    if (seen + i) % step == 0 and not held[i]:
-                        yield kept["text"][i]
-                seen += len(kept["text"])
+                yield from (text for text, h in zip(kept["text"], held) if not h)
 
-        tok = train_tokenizer(sample(), t, out.parent)
+        tok = train_tokenizer(training_docs(), t, out.parent)
         if tok.vocab_size > cfg.model.vocab_size:
             raise DataStageError("model.vocab_size", cfg.model.vocab_size, f"the tokenizer has {tok.vocab_size} pieces",
                                  f"set model.vocab_size >= {tok.vocab_size} or lower tokenizer.vocab_size")

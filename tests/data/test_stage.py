@@ -124,6 +124,8 @@ def test_mindrecord_files_are_sized_by_megabytes(tmp_path):
     assert sizes[:-1] == [per_file] * (len(files) - 1) and sum(sizes) == m["rows_train"]
     stats = json.loads((stage_dir(cfg) / "stats.json").read_text())
     assert stats["mindrecord_files"]["train"] == len(files)
+    sample = stats["tokenizer"]["sample"]  # the tokenizer's training sample
+    assert 0 < sample["lines_trained"] == min(sample["lines"], cfg.tokenizer.sample_lines)
 
 
 def test_rerun_is_skipped_and_an_interrupted_run_redoes_only_unfinished_shards(tmp_path, monkeypatch):
