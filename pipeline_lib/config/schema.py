@@ -135,7 +135,7 @@ class TokenizerConfig(_Section):
     byte_fallback: bool = Field(True, description="Unknown characters become byte tokens, never <unk>.")
     character_coverage: float = Field(0.9995, gt=0, le=1, description="sentencepiece character_coverage.")
     sample_lines: int = Field(
-        1_000_000, ge=101, description="Lines (paragraphs, cut at 2000 characters) of the kept training documents "
+        300_000, ge=101, description="Lines (paragraphs, cut at 2000 characters) of the kept training documents "
         "that sentencepiece trains on: its own uniform, reproducible sample (input_sentence_size with "
         "shuffle_input_sentence; sentencepiece needs more than 100); the counts are in stats.json under tokenizer.sample.")
     special_tokens: list[str] = Field(

@@ -29,6 +29,7 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
+import threading
 from functools import partial
 
 from ..lifetime import exit_when_gone
@@ -177,6 +178,30 @@ def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["pipeline_lib.data._warm"])
     return cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=exit_when_gone, initargs=(os.getpid(),))
+
+
+_SHARED_POOLS: dict[int, cf.ProcessPoolExecutor] = {}
+_SHARED_POOLS_LOCK = threading.Lock()
+
+
+def in_worker(fn, *args, workers: int, **kwargs):
+    """fn(*args, **kwargs) in a process of a pool of `workers` that this process's callers share, for
+    Prefect task runs in threads: each shard stays one task run in the UI while the CPU work of
+    `workers` of them runs in parallel processes (threads alone hold the GIL). Inline when workers <= 1.
+    A pool whose worker died is dropped (the task's retry gets a new one)."""
+    if workers <= 1:
+        return fn(*args, **kwargs)
+    with _SHARED_POOLS_LOCK:
+        pool = _SHARED_POOLS.get(workers)
+        if pool is None:
+            pool = _SHARED_POOLS[workers] = _make_pool(workers)
+    try:
+        return pool.submit(fn, *args, **kwargs).result()
+    except cf.process.BrokenProcessPool:
+        with _SHARED_POOLS_LOCK:
+            if _SHARED_POOLS.get(workers) is pool:
+                del _SHARED_POOLS[workers]
+        raise
 
 
 def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
