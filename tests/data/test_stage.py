@@ -415,3 +415,15 @@ if __name__ == "__main__":
     time.sleep(300)
 """, within=10)
     assert len(fields) >= 3 and alive == []  # 2 workers + the fork server (+ the resource tracker)
+
+
+def test_in_worker_runs_in_a_shared_process_pool_and_inline_for_one_worker():
+    """Prefect-mapped shard tasks (threads) hand their work to processes: the CPU work of
+    data.num_workers shards runs in parallel, not under one GIL."""
+    import os
+
+    from pipeline_lib.data.stage import in_worker
+
+    assert in_worker(os.getpid, workers=1) == os.getpid()
+    pids = {in_worker(os.getpid, workers=2) for _ in range(4)}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2  # the same pool of two serves every call
