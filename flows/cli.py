@@ -60,33 +60,52 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
     print(_ui_hint(embedded))
 
 
-def _api_server_class():
-    """Prefect's SubprocessASGIServer (start: free port, health wait; stop: terminate), with a server process
-    that gets SIGTERM when this process dies: `llm-pipeline` killed with SIGKILL runs no atexit or finally, and
-    Prefect's server would otherwise keep its port and ~200 MB forever."""
-    import prefect
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import get_current_settings
+class _EmbeddedServer:
+    """Prefect's API server in a uvicorn subprocess, launched the way Prefect launches its ephemeral
+    one (same command and environment flags), but without importing Prefect here (~3 s), so the
+    CLI can go on while it boots. The process gets SIGTERM when the launching thread dies:
+    `llm-pipeline` killed with SIGKILL runs no atexit or finally, and the server would otherwise
+    keep its port and ~200 MB forever. It reads the same profile and environment as this process."""
 
-    from pipeline_lib.lifetime import die_with_parent
+    def __init__(self):
+        self.port = self._free_port()
+        self.server_process = self._run_uvicorn_command()
 
-    class DiesWithParentServer(SubprocessASGIServer):
-        _instances: dict = {}  # Prefect keeps one instance per port per class: never hand out Prefect's own
+    @staticmethod
+    def _free_port() -> int:
+        import random
+        import socket
 
-        def _run_uvicorn_command(self):
-            # the command and environment Prefect uses for its ephemeral server; only the preexec_fn is added
-            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                   "PREFECT__SERVER_FINAL": "1",
-                   **get_current_settings().to_environment_variables(exclude_unset=True)}
-            cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
-                   "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                   "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "5"]
-            return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
+        for port in random.sample(range(8000, 9000), 50):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                    return port
+                except OSError:
+                    continue
+        raise RuntimeError("no free port in 8000-8999 for the embedded Prefect API; set PREFECT_API_URL")
 
-    if not callable(getattr(SubprocessASGIServer, "_run_uvicorn_command", None)):
-        raise RuntimeError("prefect's SubprocessASGIServer no longer has _run_uvicorn_command: update "
-                           "flows/cli.py _api_server_class for the installed prefect version")
-    return DiesWithParentServer
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def _run_uvicorn_command(self):
+        import importlib.util
+        from pathlib import Path
+
+        from pipeline_lib.lifetime import die_with_parent
+
+        app_dir = Path(importlib.util.find_spec("prefect").origin).parents[1]  # as prefect.__module_path__.parent
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        env.pop("PREFECT_API_URL", None)
+        cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
+               "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+               "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "5"]
+        return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
+
+    def relaunch(self) -> None:
+        self.port = self._free_port()
+        self.server_process = self._run_uvicorn_command()
 
 
 class embedded_api:
@@ -95,23 +114,72 @@ class embedded_api:
     Prefect's own ephemeral mode starts a temporary server per process; the data stage's process
     pool and the trainer subprocesses would each start (and wait for) their own. One server whose
     URL is in the environment is shared by all of them and records into the usual local database.
-    The server process ends with this one, also when this one is killed with SIGKILL. Enter it in
-    the main thread: the server is tied to the thread that starts it.
+    The server process ends with this one, also when this one is killed with SIGKILL. Launch it in
+    the main thread (the server is tied to the thread that starts it): `launch()` as early as
+    possible, then work (load the config, import the flows) while it boots; entering waits only
+    for what is left of its start. Leaving stops it without waiting for its shutdown.
     """
 
+    def __init__(self):
+        self.server, self.launched = None, False
+
+    def launch(self) -> "embedded_api":
+        """Start the server process (not waiting for it); nothing when PREFECT_API_URL is set."""
+        if self.launched or os.environ.get("PREFECT_API_URL"):
+            self.launched = True
+            return self
+        self.launched = True
+        print("starting the embedded Prefect API (local database; set PREFECT_API_URL to use a server) ...")
+        self.server = _EmbeddedServer()
+        return self
+
+    def _wait_ready(self, timeout: float = 120) -> None:
+        import time
+
+        import httpx
+
+        server, deadline = self.server, time.monotonic() + timeout
+        with httpx.Client() as client:
+            while time.monotonic() < deadline:
+                code = server.server_process.poll()
+                if code == 3:  # the port was taken meanwhile: another one (as Prefect's start does)
+                    server.relaunch()
+                    continue
+                if code is not None:
+                    raise RuntimeError(f"the embedded Prefect API exited with code {code} while starting")
+                try:
+                    if client.get(f"{server.api_url}/health", timeout=5).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+        raise RuntimeError(f"the embedded Prefect API did not answer within {timeout:g} s; set PREFECT_API_URL "
+                           "to a running Prefect server instead")
+
     def __enter__(self):
-        self.server = None
-        if os.environ.get("PREFECT_API_URL"):
+        self.launch()
+        if self.server is None:
             return self
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        print("starting the embedded Prefect API (local database; set PREFECT_API_URL to use a server) ...")
-        self.server = _api_server_class()()
-        self.server.start(timeout=120)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
         os.environ["PREFECT_API_URL"] = self.server.api_url
         self.settings = temporary_settings({PREFECT_API_URL: self.server.api_url})
         self.settings.__enter__()
         return self
+
+    def stop(self) -> None:
+        """SIGTERM to the server, without waiting for its graceful shutdown (it ends on its own)."""
+        server, self.server = self.server, None
+        if server is None:
+            return
+        proc = server.server_process
+        if proc.poll() is None:
+            proc.terminate()
 
     def __exit__(self, *exc):
         if self.server is not None:
@@ -127,7 +195,7 @@ class embedded_api:
                 pass
             self.settings.__exit__(*exc)
             os.environ.pop("PREFECT_API_URL", None)
-            self.server.stop()
+            self.stop()
         return False
 
 
@@ -141,17 +209,22 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("--dispatch", action="store_true",
                     help="send each stage to its deployment on its work pool (needs a Prefect server)")
     args = ap.parse_intermixed_args(argv)
+    api = embedded_api().launch()  # boots while the config loads, the inputs are listed and the flows import
     try:
         cfg = validate(load_config(args.config, args.overrides))
         stages = parse_stages(args.stages)
         print_warnings(validate_inputs(cfg, stages), file=sys.stderr)
     except (ConfigError, ValueError) as err:
+        api.stop()
         print(err, file=sys.stderr)
         return 2
+    except BaseException:
+        api.stop()
+        raise
     from flows.pipeline import llm_pipeline, stage_states
 
     run_id = args.run_id or new_run_id()
-    with embedded_api() as api:
+    with api:
         state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
                              dispatch=args.dispatch, return_state=True)
         return _report(state, cfg, run_id, stages, embedded=api.server is not None)
@@ -219,9 +292,10 @@ def nightly_main(argv: list[str]) -> int:
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--run-date", help="the night's date, YYYY-MM-DD (default today); names the run nightly-<date>")
     args = ap.parse_intermixed_args(argv)
+    api = embedded_api().launch()
     from flows.nightly import nightly
 
-    with embedded_api():
+    with api:
         state = nightly(config=args.config, overrides=args.overrides, run_date=args.run_date, return_state=True)
     print(f"nightly {state.name}: {state.message}" if state.name in ("Skipped", "NoNewData") else
           state.result() if state.is_completed() else f"nightly failed: {state.message}")

@@ -1,10 +1,10 @@
 """The data stage flow: the steps of pipeline_lib.data.stage as tasks mapped over shards.
 
-Shard steps run as concurrent task runs (a thread pool of data.num_workers; the heavy parts,
-MinHash in numpy, sentencepiece encoding and MindRecord writing, run in native code). Task runs
-in a process pool are not recorded by Prefect 3.9's server in our tests, so every shard could
-not be watched in the UI; data.executor=local runs the stage in one task with its own process
-pool instead. Every step is idempotent: a retry or a resumed run redoes only unfinished shards.
+Shard steps run as concurrent task runs (a thread pool of data.num_workers) whose prep and
+tokenize work runs in a shared process pool of as many workers (pipeline_lib.data.stage.in_worker):
+task runs in a process pool are not recorded by Prefect 3.9's server in our tests, so the task
+runs stay in threads (one per shard in the UI) and only their work goes to processes.
+data.executor=local runs the stage in one task with its own process pool instead. Every step is idempotent: a retry or a resumed run redoes only unfinished shards.
 """
 from __future__ import annotations
 

@@ -32,9 +32,10 @@ def plan_task(config: dict, run_id: str) -> int:
 
 @task(name="data-prep", task_run_name="data/{run_id}/prep-{index:05d}", **_RETRY)
 def prep_task(config: dict, run_id: str, index: int) -> dict:
-    from pipeline_lib.data.stage import prep_shard
+    from pipeline_lib.data.stage import in_worker, prep_shard
 
-    return prep_shard(*_ctx(config, run_id), index)
+    cfg, paths = _ctx(config, run_id)  # the work runs in a process pool: data.num_workers shards at once
+    return in_worker(prep_shard, cfg, paths, index, workers=cfg.data.num_workers)
 
 
 @task(name="data-dedup", task_run_name="data/{run_id}/dedup", **_RETRY)
@@ -54,9 +55,10 @@ def tokenizer_task(config: dict, run_id: str) -> dict:
 
 @task(name="data-tokenize", task_run_name="data/{run_id}/tokenize-{index:05d}", **_RETRY)
 def tokenize_task(config: dict, run_id: str, index: int) -> dict:
-    from pipeline_lib.data.stage import tokenize_shard
+    from pipeline_lib.data.stage import in_worker, tokenize_shard
 
-    return tokenize_shard(*_ctx(config, run_id), index)
+    cfg, paths = _ctx(config, run_id)
+    return in_worker(tokenize_shard, cfg, paths, index, workers=cfg.data.num_workers)
 
 
 @task(name="data-mindrecord-plan", task_run_name="data/{run_id}/mindrecord-plan", **_RETRY)

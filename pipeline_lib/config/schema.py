@@ -132,7 +132,13 @@ class DataConfig(_Section):
     heldout_fraction: float = Field(
         0.05, ge=0, lt=1, description="Share of documents (chosen by hash) held out for perplexity."
     )
-    rows_per_mindrecord_shard: int = Field(1000, ge=1, description="Packed rows per MindRecord file.")
+    mindrecord_file_mb: float = Field(
+        256, gt=0, description="Target size of one MindRecord file, in MB of packed rows (4 bytes a token): the "
+        "rows per file are this // (4 * (model.seq_length + 1)). Size them as mindformers users do, in the hundreds "
+        "of MB: every file costs a header, an index database and a task, whatever its size.")
+    rows_per_mindrecord_shard: int | None = Field(
+        None, ge=1, description="Fixed packed rows per MindRecord file instead of mindrecord_file_mb (small "
+        "files for tests); null: sized by mindrecord_file_mb.")
     remainder: Literal["drop", "pad"] = Field(
         "pad", description="Last partial row: drop it, or pad it with pad tokens excluded from the loss."
     )
@@ -149,7 +155,10 @@ class TokenizerConfig(_Section):
                             "distinct characters (at character_coverage) + special and byte pieces.")
     byte_fallback: bool = Field(True, description="Unknown characters become byte tokens, never <unk>.")
     character_coverage: float = Field(0.9995, gt=0, le=1, description="sentencepiece character_coverage.")
-    sample_docs: int = Field(200_000, ge=1, description="Cleaned documents sampled to train on.")
+    sample_lines: int = Field(
+        300_000, ge=101, description="Lines (paragraphs, cut at 2000 characters) of the kept training documents "
+        "that sentencepiece trains on: its own uniform, reproducible sample (input_sentence_size with "
+        "shuffle_input_sentence; sentencepiece needs more than 100); the counts are in stats.json under tokenizer.sample.")
     special_tokens: list[str] = Field(
         default_factory=lambda: ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
         json_schema_extra=identity("data", "sft"),

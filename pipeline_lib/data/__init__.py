@@ -12,7 +12,7 @@ _WHERE = {
     "run_data_stage": "stage", "finalize_data_stage": "stage",
     "plan_data_stage": "prep", "prep_shard": "prep", "dedup_stage": "prep",
     "build_tokenizer": "encode", "tokenize_shard": "encode", "plan_mindrecord": "encode",
-    "write_mindrecord_shard": "encode", "Tokenizer": "tokenizer", "train_tokenizer": "tokenizer",
+    "write_mindrecord_shard": "encode", "write_mindrecord_files": "encode", "Tokenizer": "tokenizer", "train_tokenizer": "tokenizer",
     "table_rows": "stats", "FILTERS": "filters", "Doc": "filters", "build_filters": "filters",
     "DataStageError": "errors", "ConservationError": "errors",
 }

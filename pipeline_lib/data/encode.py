@@ -1,14 +1,16 @@
 """Steps 4-6 of the data stage: the tokenizer, tokenizing each shard, writing MindRecord shards.
 
-- `build_tokenizer`: load `tokenizer.path` (checked against the config) or train on a sample of
-  the kept training documents: every k-th kept document in input order, k chosen so that about
-  `tokenizer.sample_docs` are taken (deterministic, whatever the workers).
+- `build_tokenizer`: load `tokenizer.path` (checked against the config) or train on the kept
+  training documents, streamed in input order; sentencepiece keeps a uniform, reproducible
+  sample of `tokenizer.sample_lines` of their lines (deterministic, whatever the workers).
 - `tokenize_shard` (mapped over shards): kept documents -> cleaned/part-<k>.jsonl.gz and the
   token streams of its train and held-out documents (tokens + EOS each), with the documents'
   ids and token counts (shards/<k>/spans_<split>.jsonl).
-- `plan_mindrecord` then `write_mindrecord_shard` (mapped over (split, j)): MindRecord file j of a
-  split holds rows [j*R, (j+1)*R) of the split's packed stream, R = rows_per_mindrecord_shard,
-  and its sidecar shard-<j>.docs.jsonl names the documents packed in it (`doc_spans`).
+- `plan_mindrecord` then `write_mindrecord_shard` (mapped over (split, j)) or `write_mindrecord_files`
+  (a group of them in one task): MindRecord file j of a split holds rows [j*R, (j+1)*R) of the
+  split's packed stream, R = `rows_per_file` (data.mindrecord_file_mb of rows, or
+  data.rows_per_mindrecord_shard), and its sidecar shard-<j>.docs.jsonl names the documents packed
+  in it (`doc_spans`).
 All are idempotent through their completion markers.
 Raises: DataStageError when the kept data give no full training row.
 """
@@ -58,19 +60,14 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
             raise DataStageError("data.inputs", list(cfg.data.inputs), "no document survived cleaning and dedup "
                                  "(see quarantine.jsonl and excluded.jsonl under shards/ of the stage folder)",
                                  "check data.text_field and data.filters")
-        step = max(1, math.ceil(kept / t.sample_docs))
 
-        def sample():
-            seen = 0
+        def training_docs():  # every kept training document, in input order; sentencepiece samples their lines
             for k in range(len(summary)):
                 kept = _kept(ws, k, ["text", "key"])
                 held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
-                for i in range(len(kept["text"])):
-                    if (seen + i) % step == 0 and not held[i]:
-                        yield kept["text"][i]
-                seen += len(kept["text"])
+                yield from (text for text, h in zip(kept["text"], held) if not h)
 
-        tok = train_tokenizer(sample(), t, out.parent)
+        tok = train_tokenizer(training_docs(), t, out.parent)
         if tok.vocab_size > cfg.model.vocab_size:
             raise DataStageError("model.vocab_size", cfg.model.vocab_size, f"the tokenizer has {tok.vocab_size} pieces",
                                  f"set model.vocab_size >= {tok.vocab_size} or lower tokenizer.vocab_size")
@@ -121,12 +118,14 @@ def plan_mindrecord(cfg, paths, *, shared: bool = True) -> list[tuple[str, int]]
     n_shards = len(ws.read_json("shards/plan.json")["shards"])
     counts = [ws.read_json(f"{shard_dir(k)}/tokens.json") for k in range(n_shards)]
     row_len = cfg.model.seq_length + 1
+    per_file = rows_per_file(cfg)
     plan, items = {}, []
     for split in SPLITS:
         per_shard = [c[f"tokens_{split}"] for c in counts]
         rows = count_rows(sum(per_shard), row_len, d.remainder)
-        files = math.ceil(rows / d.rows_per_mindrecord_shard)
-        plan[split] = {"token_counts": per_shard, "rows": rows, "files": files, "row_len": row_len}
+        files = math.ceil(rows / per_file)
+        plan[split] = {"token_counts": per_shard, "rows": rows, "files": files, "row_len": row_len,
+                       "rows_per_file": per_file}
         items += [(split, j) for j in range(files)]
     if plan["train"]["rows"] == 0:
         total = sum(plan["train"]["token_counts"])
@@ -135,6 +134,23 @@ def plan_mindrecord(cfg, paths, *, shared: bool = True) -> list[tuple[str, int]]
                              "add input data, lower model.seq_length, or set data.remainder=pad")
     ws.write_json("shards/mindrecord.json", plan)
     return items
+
+
+def rows_per_file(cfg) -> int:
+    """Packed rows per MindRecord file: data.rows_per_mindrecord_shard when set, else as many
+    rows of 4-byte tokens as fit in data.mindrecord_file_mb (at least one)."""
+    d = cfg.data
+    if d.rows_per_mindrecord_shard:
+        return d.rows_per_mindrecord_shard
+    return max(1, int(d.mindrecord_file_mb * (1 << 20)) // (4 * (cfg.model.seq_length + 1)))
+
+
+def mindrecord_groups(items: list[tuple[str, int]], n_groups: int) -> list[list[tuple[str, int]]]:
+    """`items` in order, cut into at most n_groups contiguous groups of nearly equal length (one
+    task each: the MindSpore import and the task's scheduling are paid per group, not per file)."""
+    n = max(1, min(n_groups, len(items)))
+    bounds = [round(i * len(items) / n) for i in range(n + 1)]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
 def mindrecord_name(split: str, j: int) -> str:
@@ -174,7 +190,7 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
     if ws.is_marked(f"mr-{split}-{j:05d}"):
         return rel
     plan = ws.read_json("shards/mindrecord.json")[split]
-    row_len, per = plan["row_len"], d.rows_per_mindrecord_shard
+    row_len, per = plan["row_len"], plan["rows_per_file"]
     first_row, last_row = j * per, min((j + 1) * per, plan["rows"])
     start, stop = first_row * row_len, min(last_row * row_len, sum(plan["token_counts"]))
     parts, spans, offset = [], [], 0
@@ -198,3 +214,8 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
     ws.mark(f"mr-{split}-{j:05d}")
     return rel
 
+
+
+def write_mindrecord_files(cfg, paths, items: list[tuple[str, int]], *, shared: bool = True) -> list[str]:
+    """write_mindrecord_shard for each (split, j) of `items`, in one task (see mindrecord_groups)."""
+    return [write_mindrecord_shard(cfg, paths, split, j, shared=shared) for split, j in items]

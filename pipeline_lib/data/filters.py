@@ -20,6 +20,7 @@ import re
 import unicodedata
 
 from .errors import DataStageError
+from .text import nfkc
 from .tokenhash import top_ngram_shares
 
 FILTERS: dict[str, type] = {}
@@ -59,8 +60,7 @@ class NFKC(Filter):
     use it only when that is what you want."""
 
     def __call__(self, doc):
-        if not unicodedata.is_normalized("NFKC", doc.text):
-            doc.text = unicodedata.normalize("NFKC", doc.text)
+        doc.text = nfkc(doc.text)
         return True
 
 

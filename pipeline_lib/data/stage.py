@@ -11,6 +11,7 @@ whose completion marker exists, each reading and writing only the stage folder):
     build_tokenizer(cfg, paths)
     tokenize_shard(cfg, paths, k)    for k in range(len(shards))
     write_mindrecord_shard(cfg, paths, split, j)  for (split, j) in plan_mindrecord(cfg, paths)
+        (or write_mindrecord_files(cfg, paths, group) for each group of mindrecord_groups(items, n))
     output = finalize_data_stage(cfg, paths)              # -> StageOutput, recorded by the registry
 Step functions default to shared=True (work files and markers in the stage folder, so mapped
 tasks may run on other machines); run_data_stage passes shared=False (see workspace.py). A
@@ -35,8 +36,8 @@ from ..lifetime import exit_when_gone
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import sha256_file
 from .dedup_index import commit_segment, index_uri
-from .encode import (build_tokenizer, mindrecord_name, plan_mindrecord, sidecar_name, tokenize_shard,
-                     write_mindrecord_shard)
+from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
+                     tokenize_shard, write_mindrecord_files, write_mindrecord_shard)
 from .errors import ConservationError
 from .prep import dedup_stage, plan_data_stage, prep_shard, shard_dir
 from .stats import attribute_rows, build_stats
@@ -154,27 +155,18 @@ def _run_all(pool, fn, items: list[tuple], step: str, progress: _Progress) -> li
             f.cancel()
 
 
-def _mindrecord_pool(pool, cfg, paths, n_files: int, workers: int):
-    """The pool only when there are enough rows to pay for a MindSpore import (~3 s) per worker:
-    FileWriter does ~12k rows/s per process, whatever the row length."""
-    if pool is None or n_files < 2 * workers:
-        return None
+_POOL_MINDRECORD_BYTES = 1 << 30
+
+
+def _mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple:
+    """(pool or None, groups of (split, j)): the pool only when the rows pay for a MindSpore import
+    (~2-3 s) per worker: the shard writer takes ~100 MB/s of rows per process. Without it, one group
+    in this process: the import is paid once, here, in the only step that needs MindSpore."""
     plan = Workspace(cfg, paths, False).read_json("shards/mindrecord.json")
-    return pool if sum(p["rows"] for p in plan.values()) >= 50_000 else None
-
-
-def _preimport_mindspore() -> None:
-    """The MindRecord step imports MindSpore (~3 s). With a pool the main process idles while
-    the workers prepare shards: import it meanwhile, in a daemon thread (errors surface later,
-    at the real import)."""
-    def target():
-        try:
-            os.environ.setdefault("GLOG_v", "3")
-            import mindspore.mindrecord  # noqa: F401
-        except Exception:
-            pass
-
-    threading.Thread(target=target, name="preimport-mindspore", daemon=True).start()
+    size = sum(p["rows"] * p["row_len"] * 4 for p in plan.values())
+    if pool is not None and len(items) >= 2 and size >= _POOL_MINDRECORD_BYTES:
+        return pool, mindrecord_groups(items, workers)
+    return None, mindrecord_groups(items, 1)
 
 
 def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
@@ -188,6 +180,30 @@ def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
     return cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=exit_when_gone, initargs=(os.getpid(),))
 
 
+_SHARED_POOLS: dict[int, cf.ProcessPoolExecutor] = {}
+_SHARED_POOLS_LOCK = threading.Lock()
+
+
+def in_worker(fn, *args, workers: int, **kwargs):
+    """fn(*args, **kwargs) in a process of a pool of `workers` that this process's callers share, for
+    Prefect task runs in threads: each shard stays one task run in the UI while the CPU work of
+    `workers` of them runs in parallel processes (threads alone hold the GIL). Inline when workers <= 1.
+    A pool whose worker died is dropped (the task's retry gets a new one)."""
+    if workers <= 1:
+        return fn(*args, **kwargs)
+    with _SHARED_POOLS_LOCK:
+        pool = _SHARED_POOLS.get(workers)
+        if pool is None:
+            pool = _SHARED_POOLS[workers] = _make_pool(workers)
+    try:
+        return pool.submit(fn, *args, **kwargs).result()
+    except cf.process.BrokenProcessPool:
+        with _SHARED_POOLS_LOCK:
+            if _SHARED_POOLS.get(workers) is pool:
+                del _SHARED_POOLS[workers]
+        raise
+
+
 def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
     """Run every step of the data stage (see the module docstring).
 
@@ -197,8 +213,6 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
     workers = workers or cfg.data.num_workers
     report = _Progress(run.progress)
     pool = _make_pool(workers) if workers > 1 else None
-    if pool is not None:
-        _preimport_mindspore()
     shared = False  # one machine runs every step: on S3 only the deliverables are uploaded
     try:
         shards = plan_data_stage(cfg, paths, shared=shared)
@@ -213,9 +227,9 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
         log(f"data: tokenizer {build_tokenizer(cfg, paths, shared=shared)['vocab_size']} pieces")
         report("tokenizer", 1, 1)
         _run_all(pool, partial(tokenize_shard, shared=shared), each, "tokenize", report)
-        items = [(cfg, paths, s, j) for s, j in plan_mindrecord(cfg, paths, shared=shared)]
-        _run_all(_mindrecord_pool(pool, cfg, paths, len(items), workers), partial(write_mindrecord_shard, shared=shared),
-                 items, "mindrecord", report)
+        mr_pool, groups = _mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers)
+        _run_all(mr_pool, partial(write_mindrecord_files, shared=shared), [(cfg, paths, g) for g in groups],
+                 "mindrecord", report)
         report("finalize", 0, 1)
         output = finalize_data_stage(cfg, paths, shared=shared)
         report("finalize", 1, 1)

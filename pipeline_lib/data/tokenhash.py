@@ -96,13 +96,30 @@ def top_ngram_shares(texts: list[str], n: int, cjk_n: int, min_tokens: int) -> n
         win, doc = win[ok], doc[ok]
         if not len(win):
             continue
-        key = (doc.astype(np.uint64) << np.uint64(32)) | chain(toks, k)[win].astype(np.uint64)
-        _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
-        count, width = counts[inverse], cum[win + k] - cum[win]
-        starts = np.flatnonzero(np.append(True, doc[1:] != doc[:-1]))  # windows come grouped by document
-        best = np.maximum.reduceat(count, starts)
-        widest = np.maximum.reduceat(np.where(count == np.repeat(best, np.diff(np.append(starts, len(doc)))),
-                                              width, 0), starts)
-        docs = doc[starts]
+        hashes, width = chain(toks, k)[win], cum[win + k] - cum[win]
+        # An n-gram alone in its bucket of (doc, hash) occurs once: it can be neither a document's
+        # most frequent n-gram (that needs a count >= 2 to count) nor a tie of it, so drop it before
+        # sorting. Most windows of ordinary prose go here, in one bincount.
+        buckets = 1 << max(int(len(win) * 4 - 1).bit_length(), 4)
+        with np.errstate(over="ignore"):
+            bucket = (fmix32(hashes ^ fmix32(doc.astype(np.uint32) + np.uint32(1))) & np.uint32(buckets - 1))
+        repeated = np.bincount(bucket, minlength=buckets)[bucket] > 1
+        doc, hashes, width = doc[repeated], hashes[repeated], width[repeated]
+        if not len(doc):
+            continue
+        docs, best, widest = _top_per_document(doc, hashes, width)
         share[docs] = np.where(best >= 2, best * widest, 0) / np.maximum(chars[docs], 1)
     return share
+
+
+def _top_per_document(doc, hashes, width):
+    """Per document (grouped, in order): (doc, count of its most frequent n-gram hash, the widest
+    window among the n-grams with that count)."""
+    key = (doc.astype(np.uint64) << np.uint64(32)) | hashes.astype(np.uint64)
+    _, inverse, counts = np.unique(key, return_inverse=True, return_counts=True)
+    count = counts[inverse]
+    starts = np.flatnonzero(np.append(True, doc[1:] != doc[:-1]))  # windows come grouped by document
+    best = np.maximum.reduceat(count, starts)
+    widest = np.maximum.reduceat(np.where(count == np.repeat(best, np.diff(np.append(starts, len(doc)))),
+                                          width, 0), starts)
+    return doc[starts], best, widest

@@ -16,8 +16,9 @@ The special tokens of the SFT chat format are user-defined symbols: never split,
 `tokenizer_config.json` next to the model records the ids and the special tokens.
 
 Training (`train_tokenizer`) takes an iterable of documents, cuts them into lines of at most
-MAX_PIECE_CHARS characters (sentencepiece skips longer sentences), and uses the identity
-normalization and no dummy-prefix space (the cleaning filters already normalized the text;
+MAX_PIECE_CHARS characters (sentencepiece skips longer sentences), trains on sentencepiece's own
+reproducible uniform sample of `sample_lines` of them (counts in tokenizer_config.json under
+"sample", hence in stats.json), and uses the identity normalization and no dummy-prefix space (the cleaning filters already normalized the text;
 decode gives the text back exactly; a chat template starts with its special token).
 Loading an existing model (continued pretraining keeps the base model's tokenizer) checks that
 its unk/bos/eos ids are the configured ones, that pad is never emitted, and that the special
@@ -102,16 +103,19 @@ class Tokenizer:
                 "eos_id": self.eos_id, "special_tokens": self.special_ids()}
 
 
-def _lines(texts: Iterable[str]) -> Iterable[str]:
+def _lines(texts: Iterable[str], seen: dict) -> Iterable[str]:
+    """Non-blank lines of `texts`, cut at MAX_PIECE_CHARS; counts documents and lines into `seen`."""
     for text in texts:
+        seen["docs"] += 1
         for line in text.split("\n"):
             for i in range(0, len(line), MAX_PIECE_CHARS):
                 if line[i:i + MAX_PIECE_CHARS].strip():
+                    seen["lines"] += 1
                     yield line[i:i + MAX_PIECE_CHARS]
 
 
-def write_config(tok: Tokenizer, source: str) -> None:
-    meta = {**tok.describe(), "special_tokens": tok.special_tokens, "source": source}
+def write_config(tok: Tokenizer, source: str, **extra) -> None:
+    meta = {**tok.describe(), "special_tokens": tok.special_tokens, "source": source, **extra}
     Path(tok.model_file).with_name(CONFIG_NAME).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
 
 
@@ -126,10 +130,13 @@ def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer
     if len(set(ids.values())) != 4 or min(ids.values()) < 0:
         raise DataStageError("tokenizer.pad_id/unk_id/bos_id/eos_id", ids, "the four ids must be distinct and >= 0",
                              "use e.g. pad 0, unk 1, bos 2, eos 3")
-    model = io.BytesIO()
+    model, seen = io.BytesIO(), {"docs": 0, "lines": 0}
+    # sentencepiece keeps a uniform reservoir of input_sentence_size lines; its sampler's seed is fixed
+    # (spm.set_random_generator_seed does not reach it in 0.2.x), so the sample is the same on every run
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(_lines(texts)), model_writer=model,
+            sentence_iterator=iter(_lines(texts, seen)), model_writer=model,
+            input_sentence_size=cfg.sample_lines, shuffle_input_sentence=True,
             model_type=cfg.model_type, vocab_size=cfg.vocab_size, byte_fallback=cfg.byte_fallback,
             character_coverage=cfg.character_coverage, user_defined_symbols=list(cfg.special_tokens),
             pad_piece="<pad>", normalization_rule_name="identity", remove_extra_whitespaces=False,
@@ -140,7 +147,8 @@ def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer
         raise training_error(err, cfg) from None
     (out_dir / "tokenizer.model").write_bytes(model.getvalue())
     tok = Tokenizer(out_dir / "tokenizer.model", pad_id=ids["pad_id"], special_tokens=list(cfg.special_tokens))
-    write_config(tok, "trained")
+    write_config(tok, "trained", sample={"docs": seen["docs"], "lines": seen["lines"],
+                                         "lines_trained": min(seen["lines"], cfg.sample_lines)})
     return tok
 
 

@@ -104,10 +104,28 @@ def test_minddataset_reads_every_shard_and_rows_hold_the_cleaned_documents(tiny_
     assert len(list((folder / "mindrecord" / "train").glob("*.mindrecord"))) == 2  # 200 rows per file
 
 
-def test_output_does_not_depend_on_the_number_of_workers(tiny_run, tmp_path):
+def test_output_does_not_depend_on_the_number_of_workers(tiny_run, tmp_path, monkeypatch):
     cfg, manifest = tiny_run
     other = make_cfg(tmp_path, docs_per_shard=100)
+    import pipeline_lib.data.stage as stage
+
+    monkeypatch.setattr(stage, "_POOL_MINDRECORD_BYTES", 0)  # the MindRecord groups go to the pool too
     assert run(other, workers=2).outputs == manifest.outputs
+
+
+def test_mindrecord_files_are_sized_by_megabytes(tmp_path):
+    """Without rows_per_mindrecord_shard, a file holds mindrecord_file_mb of 4-byte tokens in whole rows."""
+    cfg = make_cfg(tmp_path, rows_per_mindrecord_shard=None, mindrecord_file_mb=0.02)
+    per_file = int(0.02 * (1 << 20)) // (4 * 65)
+    m = run(cfg, workers=1).metrics
+    files = sorted((stage_dir(cfg) / "mindrecord" / "train").glob("*.mindrecord"))
+    sizes = [len(read_mindrecord([f])) for f in files]
+    assert len(files) == -(-m["rows_train"] // per_file) >= 3
+    assert sizes[:-1] == [per_file] * (len(files) - 1) and sum(sizes) == m["rows_train"]
+    stats = json.loads((stage_dir(cfg) / "stats.json").read_text())
+    assert stats["mindrecord_files"]["train"] == len(files)
+    sample = stats["tokenizer"]["sample"]  # the tokenizer's training sample
+    assert 0 < sample["lines_trained"] == min(sample["lines"], cfg.tokenizer.sample_lines)
 
 
 def test_rerun_is_skipped_and_an_interrupted_run_redoes_only_unfinished_shards(tmp_path, monkeypatch):
@@ -397,3 +415,15 @@ if __name__ == "__main__":
     time.sleep(300)
 """, within=10)
     assert len(fields) >= 3 and alive == []  # 2 workers + the fork server (+ the resource tracker)
+
+
+def test_in_worker_runs_in_a_shared_process_pool_and_inline_for_one_worker():
+    """Prefect-mapped shard tasks (threads) hand their work to processes: the CPU work of
+    data.num_workers shards runs in parallel, not under one GIL."""
+    import os
+
+    from pipeline_lib.data.stage import in_worker
+
+    assert in_worker(os.getpid, workers=1) == os.getpid()
+    pids = {in_worker(os.getpid, workers=2) for _ in range(4)}
+    assert os.getpid() not in pids and 1 <= len(pids) <= 2  # the same pool of two serves every call

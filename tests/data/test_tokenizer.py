@@ -50,6 +50,20 @@ def test_training_is_deterministic(tok, tmp_path):
     assert open(again.model_file, "rb").read() == open(tok.model_file, "rb").read()
 
 
+def test_training_takes_a_bounded_reproducible_sample_of_lines(tmp_path):
+    """sentencepiece keeps sample_lines of the lines (its own reservoir: the same on every run), and says so."""
+    def train(sample_lines, name):
+        t = train_tokenizer(TEXTS, TokenizerConfig(vocab_size=1000, sample_lines=sample_lines), tmp_path / name)
+        return open(t.model_file, "rb").read(), json.loads((tmp_path / name / "tokenizer_config.json").read_text())
+
+    first, meta = train(150, "a")
+    lines = sum(1 for t in TEXTS for line in t.split("\n") if line.strip())
+    assert meta["sample"] == {"docs": len(TEXTS), "lines": lines, "lines_trained": 150} and lines > 150
+    assert train(150, "b")[0] == first  # the same sample, the same model
+    every, meta = train(10 ** 6, "all")
+    assert every != first and meta["sample"]["lines_trained"] == lines  # the bound did cut the input
+
+
 def test_unigram_and_too_large_vocab(tmp_path):
     uni = train_tokenizer(TEXTS, TokenizerConfig(model_type="unigram", vocab_size=800), tmp_path / "u")
     assert uni.vocab_size == 800 and uni.special_ids()["<|end|>"] == 7

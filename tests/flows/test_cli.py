@@ -25,3 +25,31 @@ with embedded_api() as api:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # check's connection may be in TIME_WAIT)
         s.bind(("127.0.0.1", port))
         s.listen()
+
+
+def test_embedded_api_boots_while_the_cli_works_and_stops_without_waiting(monkeypatch):
+    """launch() returns at once (the config loads while the server boots); entering waits for it;
+    leaving sends SIGTERM and returns without waiting for the server's shutdown."""
+    import time
+    import urllib.request
+
+    from flows.cli import embedded_api
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    t0 = time.monotonic()
+    api = embedded_api().launch()
+    launched, proc = time.monotonic() - t0, api.server.server_process
+    assert launched < 1.5 and proc.poll() is None
+    with api:
+        urllib.request.urlopen(api.server.api_url + "/health", timeout=10).read()
+        t0 = time.monotonic()
+    assert proc.wait(timeout=20) is not None  # it ends on its own
+    assert "PREFECT_API_URL" not in __import__("os").environ
+
+
+def test_embedded_api_is_not_started_when_prefect_api_url_is_set(monkeypatch):
+    from flows.cli import embedded_api
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    with embedded_api().launch() as api:
+        assert api.server is None
