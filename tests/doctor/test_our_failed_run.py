@@ -15,7 +15,7 @@ from pipeline_lib.cli import main  # noqa: E402
 from pipeline_lib.doctor.retry import attach_diagnosis, should_retry  # noqa: E402
 from pipeline_lib.train.callbacks import INJECT_NAN_ENV  # noqa: E402
 from pipeline_lib.train.launch import GuardTripped  # noqa: E402
-from pipeline_lib.train.stage import run_pretrain_stage  # noqa: E402
+from pipeline_lib.stages import run_stage  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_a_real_nan_stop_is_diagnosed_from_the_exception_and_the_run_folder(pretrain_data, capsys, tmp_path):
     cfg, paths = new_run(pretrain_data, "doctor-nan", training={"steps": 4, "save_steps": 100, "shuffle": False})
     with pytest.raises(GuardTripped) as info:
-        run_pretrain_stage(cfg, paths, log=lambda line: None, env={INJECT_NAN_ENV: "2"})
+        run_stage(cfg, paths, "pretrain", log=lambda line: None, env={INJECT_NAN_ENV: "2"})
     diag = attach_diagnosis(info.value, cfg, "pretrain")
     assert diag.category == "nan_or_overflow" and not should_retry(info.value, transient=False)
     assert any("loss guard stopped training at step 2" in line for line in diag.evidence)
@@ -43,7 +43,7 @@ def test_the_logs_of_a_healthy_run_are_not_a_failure(pretrain_data, capsys, tmp_
 
     cfg, paths = new_run(pretrain_data, "doctor-ok", training={"steps": 2, "save_steps": 2})
     lines: list[str] = []
-    run_pretrain_stage(cfg, paths, log=lines.append)
+    run_stage(cfg, paths, "pretrain", log=lines.append)
     files = stage_log_files(Path(paths.stage_uri("pretrain")))
     assert files  # mindformers' own logs are kept in the stage folder
     assert classify(read_logs(files) + "\n".join(lines)) == ("unknown", [])
