@@ -15,8 +15,8 @@ import datetime as dt
 import json
 
 from .config.schema import PipelineConfig
-from .data.sources import find_inputs
 from .storage import join, store_for
+from .storage.input_files import find_inputs
 
 
 def state_uri(cfg: PipelineConfig) -> str:
@@ -38,7 +38,7 @@ def save_state(cfg: PipelineConfig, state: dict) -> None:
 
 def list_raw_files(cfg: PipelineConfig) -> dict[str, int]:
     """Every raw input file of data.inputs with its size, listed exactly as the data stage lists
-    them (data.sources.find_inputs); an entry matching nothing yet is not an error here."""
+    them (storage.input_files.find_inputs); an entry matching nothing yet is not an error here."""
     found: dict[str, int] = {}
     for uris in find_inputs(cfg.data.inputs, cfg.run.s3_endpoint_url):
         for uri in uris:

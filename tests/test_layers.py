@@ -12,11 +12,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "pipeline_lib"
 STAGE_PACKAGES = ("data", "train", "evaluate", "export")
-# Edges still to be cut (named, so a new one fails the test and this list can only shrink):
-PENDING = {
-    ("evaluate", "data"): "the sentencepiece Tokenizer and the chat template (data.tokenizer, data.chat_template) "
-                          "are shared with the data stage and have no home below the stages yet",
-}
 
 
 def _package_of(module: str) -> str | None:
@@ -84,28 +79,15 @@ def test_no_import_cycle_between_packages():
 
 def _forbidden(stage: str) -> list[str]:
     return sorted(f"{where} imports pipeline_lib.{pkg}" for pkg, where in imports()[stage]
-                  if (pkg in STAGE_PACKAGES or pkg == "stages") and (stage, pkg) not in PENDING)
+                  if pkg in STAGE_PACKAGES or pkg == "stages")
 
 
-@pytest.mark.parametrize("stage", ["data", "evaluate", "export"])
+@pytest.mark.parametrize("stage", STAGE_PACKAGES)
 def test_stage_package_imports_no_other_stage_nor_the_registry(stage):
     assert _forbidden(stage) == []
-
-
-@pytest.mark.xfail(strict=False, reason="train/ still imports pipeline_lib.stages and data/ (sft records, "
-                                        "tokenizer ids); the train-runner change removes them")
-def test_train_package_imports_no_other_stage_nor_the_registry():
-    assert _forbidden("train") == []
 
 
 def test_evaluate_and_export_do_not_import_each_other():
     edges = imports()
     assert not [w for pkg, w in edges["evaluate"] if pkg == "export"]
     assert not [w for pkg, w in edges["export"] if pkg == "evaluate"]
-
-
-def test_the_pending_list_only_names_edges_that_exist():
-    """An edge cut elsewhere must leave PENDING too, so the list stays the true to-do list."""
-    edges = imports()
-    stale = [e for e in PENDING if e[1] not in {pkg for pkg, _ in edges[e[0]]}]
-    assert stale == []

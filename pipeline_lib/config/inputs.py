@@ -2,7 +2,7 @@
 
 `check_inputs(cfg)` returns (errors, warnings), both lists of ConfigIssue naming the field the user
 set (data.inputs[1], sft.inputs[0], evaluate.prompt_files[2] ...):
-- local inputs are listed with the data stage's own lister (`data.sources.list_inputs`), prompt sets
+- local inputs are listed with the lister the stages use (`storage.input_files.list_inputs`), prompt sets
   are parsed with the evaluate stage's reader, a tokenizer.path is loaded and checked as the data
   stage checks it, an hf_checkpoint folder is checked as the pretrain stage checks it (config.json and
   tensor headers), checkpoints must exist;
@@ -64,8 +64,7 @@ class _Checker:
                                          f"{err})", "check the S3 credentials (AWS_ACCESS_KEY_ID ...) and the bucket"))
 
     def listed(self, field: str, entries: list[str]) -> None:
-        from ..data.errors import DataStageError
-        from ..data.sources import list_inputs
+        from ..storage.input_files import NoInputFiles, list_inputs
 
         for i, entry in enumerate(entries):
             name = f"{field}[{i}]"
@@ -73,7 +72,7 @@ class _Checker:
                 continue
             try:
                 list_inputs([entry], self.endpoint, field=field)
-            except DataStageError as err:
+            except NoInputFiles as err:
                 self.errors.append(ConfigIssue(name, entry, err.problem, err.fix))
             except Exception as err:  # botocore: credentials, access denied, no such bucket
                 self.s3_failed(name, entry, err)
@@ -174,7 +173,7 @@ def required_chars(texts: list[str], coverage: float) -> int:
 
 def sample_texts(entries: list[str], text_field: str) -> list[str]:
     """Texts of the first records of the local input files (SAMPLE_BYTES / SAMPLE_RECORDS at most)."""
-    from ..data.sources import kind_of, list_inputs
+    from ..storage.input_files import kind_of, list_inputs
 
     texts, size = [], 0
     local = [e for e in entries if not e.startswith("s3://")]

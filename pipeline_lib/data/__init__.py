@@ -2,7 +2,7 @@
 
 Entry points (see stage.py for the step-by-step API a Prefect flow maps over shards):
     run_data_stage(run: StageRun, *, workers=None) -> StageOutput   (through pipeline_lib.stages.run_stage)
-    Tokenizer.load(uri).encode_batch(texts, threads) / decode(ids) / special_ids()
+    Tokenizer.load(uri).encode_batch(texts, threads) / decode(ids) / special_ids()   (pipeline_lib.model.tokenizer)
     table_rows(stats) -> rows for a table artifact (stats = json of <stage>/stats.json)
 Names are imported lazily, so `from pipeline_lib.data import Tokenizer` does not load the rest.
 """

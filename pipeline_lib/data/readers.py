@@ -16,6 +16,7 @@ import json
 from typing import Iterator
 
 from ..storage import iter_lines, store_for
+from ..storage.input_files import open_parquet
 from .errors import DataStageError
 
 Record = tuple  # (line_or_row, text | None, reason | None, raw bytes | str | None, fields dict)
@@ -24,12 +25,6 @@ Record = tuple  # (line_or_row, text | None, reason | None, raw bytes | str | No
 def open_range(uri: str, start: int, end: int | None, endpoint_url: str | None = None):
     """A binary stream of bytes [start, end) of a file (end None: to the end)."""
     return store_for(uri, endpoint_url).open_range(uri, start, end)
-
-
-def open_parquet(uri: str, endpoint_url: str | None = None):
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(store_for(uri, endpoint_url).open_seekable(uri))
 
 
 def parse_record(raw: bytes, text_field: str, fields: tuple[str, ...] = ()) -> tuple[str | None, str | None, dict]:

@@ -1,13 +1,7 @@
 """Find the input files of `data.inputs` and split them into shards (the unit of parallel work).
 
-- Inputs: files, folders, s3:// prefixes (read as folders) and globs, local or s3:// (`*`, `?`,
-  `[...]` within one path segment, `**` any depth), all listed by storage.list_matching (the one
-  lister, shared with the nightly job); kept are files ending .jsonl, .json (one JSON object per
-  line), .jsonl.gz, .json.gz or .parquet, in config order and sorted within each entry. Relative local paths start at
-  the working directory (the config resolves its paths to absolute ones when it is built:
-  config/paths.py).
-- File labels, used in document origins (`<label>:<line>`), are the basenames, or the shortest
-  unique path suffix when two inputs share a basename.
+- Inputs: listed by storage.input_files.list_inputs (files, folders, s3:// prefixes and globs, kept by
+  suffix, with their labels; the one lister, shared with SFT, config validation and the nightly job).
 - Shards: plain jsonl is split into byte ranges of `docs_per_shard` lines (one streaming pass
   counts lines); parquet into runs of whole row groups of about `docs_per_shard` rows (from the
   footer only); a gzip file is one shard (it cannot be entered in the middle: split big gzip
@@ -21,20 +15,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..storage import list_matching, store_for
+from ..storage import store_for
+from ..storage.input_files import NoInputFiles, kind_of, open_parquet
+from ..storage.input_files import list_inputs as _list_inputs
 from .errors import DataStageError
-from .readers import open_parquet
-
-SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl.gz", ".json.gz": "jsonl.gz",
-            ".parquet": "parquet"}
-
-
-def kind_of(uri: str) -> str | None:
-    name = uri.rsplit("/", 1)[-1].lower()
-    for suffix in sorted(SUFFIXES, key=len, reverse=True):
-        if name.endswith(suffix):
-            return SUFFIXES[suffix]
-    return None
 
 
 @dataclass(frozen=True)
@@ -55,39 +39,13 @@ class ShardSpec:
         return asdict(self)
 
 
-def _expand(entry: str, endpoint_url: str | None) -> list[str]:
-    return [u for u in list_matching(entry, endpoint_url) if kind_of(u)]
-
-
-def find_inputs(inputs: list[str], endpoint_url: str | None = None) -> list[list[str]]:
-    """Per entry of `inputs`, the supported files it matches (possibly none)."""
-    return [_expand(entry, endpoint_url) for entry in inputs]
-
-
-def _labels(uris: list[str]) -> list[str]:
-    parts = [u.replace("s3://", "").replace("\\", "/").split("/") for u in uris]
-    depth = [1] * len(uris)
-    while True:
-        labels = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
-        clash = {lab for lab in labels if labels.count(lab) > 1}
-        if not clash:
-            return labels
-        depth = [d + 1 if lab in clash and d < len(p) else d for p, d, lab in zip(parts, depth, labels)]
-        if all(lab not in clash or d >= len(p) for p, d, lab in zip(parts, depth, labels)):
-            return ["/".join(p) for p in parts]
-
-
 def list_inputs(inputs: list[str], endpoint_url: str | None = None,
                 field: str = "data.inputs") -> list[tuple[str, str]]:
-    """[(uri, label)] of every input file, in config order, without repeats; errors name `field`[i]."""
-    uris: list[str] = []
-    for i, (entry, found) in enumerate(zip(inputs, find_inputs(inputs, endpoint_url))):
-        if not found:
-            raise DataStageError(f"{field}[{i}]", entry, "matches no .jsonl, .jsonl.gz or .parquet file",
-                                 "check the path or glob (relative paths start at the working directory) "
-                                 "or the s3:// prefix or glob (s3://bucket/prefix/, s3://bucket/prefix/*.jsonl.gz)")
-        uris += [u for u in found if u not in uris]
-    return list(zip(uris, _labels(uris)))
+    """[(uri, label)] of every input file (storage.input_files.list_inputs); a DataStageError names `field`[i]."""
+    try:
+        return _list_inputs(inputs, endpoint_url, field=field)
+    except NoInputFiles as err:
+        raise DataStageError(err.field, err.value, err.problem, err.fix) from None
 
 
 def _jsonl_ranges(uri: str, docs_per_shard: int, endpoint_url) -> list[tuple[int, int, int]]:

@@ -1,4 +1,7 @@
-"""The pipeline's tokenizer: a sentencepiece model plus its id conventions (reused by SFT and eval).
+"""The pipeline's tokenizer, data-stage side: training one, and checking a base model's (tokenizer.path).
+
+The loaded model (`Tokenizer`: encode, decode, special ids) is pipeline_lib.model.tokenizer, what SFT,
+evaluate and export use; it is importable from here too.
 
 Ids (the tokenizer contract): the ids are the tokenizer's own. A trained model gets our layout
 (`TRAINED_IDS`: pad 0, unk 1, bos 2, eos 3, or the tokenizer.*_id fields set), pad as a *control*
@@ -35,72 +38,15 @@ from typing import Iterable
 
 import sentencepiece as spm
 
-# the id conventions live with the model; also importable from here, where the data stage and its tests look
+# the id conventions and the loaded Tokenizer live with the model; also importable from here, where the
+# data stage and its tests look
 from ..model.token_ids import (CONFIG_NAME, ID_FIELDS, TRAINED_IDS, TokenIds, configured_ids,  # noqa: F401
                                id_mismatches, model_ids, trained_ids)
+from ..model.tokenizer import Tokenizer
 from .errors import DataStageError
 
 MAX_PIECE_CHARS = 2000
 TRAIN_THREADS = 4  # fixed: unigram training results depend on the thread count
-class Tokenizer:
-    """A loaded sentencepiece model. `encode_batch` encodes many texts on `threads` threads."""
-
-    def __init__(self, model_file: str | Path, pad_id: int | None = None, special_tokens: list[str] | None = None):
-        self.model_file = str(model_file)
-        self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
-        meta_file = Path(self.model_file).with_name(CONFIG_NAME)
-        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
-        self.pad_id = pad_id if pad_id is not None else meta.get("pad_id", model_ids(self.sp)["pad_id"])
-        self.special_tokens = list(special_tokens if special_tokens is not None else meta.get("special_tokens", []))
-
-    @classmethod
-    def load(cls, uri: str, endpoint_url: str | None = None, **kwargs) -> "Tokenizer":
-        """Load from a local path or s3:// URI (downloaded next to a temp copy with its config)."""
-        from ..storage import store_for
-
-        store = store_for(uri, endpoint_url)
-        if not store.remote:
-            return cls(str(store.local_path(uri)), **kwargs)
-        import tempfile
-
-        local = Path(tempfile.mkdtemp(prefix="tokenizer-"))
-        store.get_file(uri, local / "tokenizer.model")
-        cfg_uri = uri.rsplit("/", 1)[0] + "/" + CONFIG_NAME
-        if store.exists(cfg_uri):
-            store.get_file(cfg_uri, local / CONFIG_NAME)
-        return cls(local / "tokenizer.model", **kwargs)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.sp.get_piece_size()
-
-    unk_id = property(lambda self: self.sp.unk_id())
-    bos_id = property(lambda self: self.sp.bos_id())
-    eos_id = property(lambda self: self.sp.eos_id())
-
-    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        return self.sp.encode(text, out_type=int, add_bos=add_bos, add_eos=add_eos)
-
-    def encode_batch(self, texts: list[str], threads: int = 2, add_bos: bool = False,
-                     add_eos: bool = False) -> list[list[int]]:
-        return self.sp.encode(list(texts), out_type=int, num_threads=threads, add_bos=add_bos, add_eos=add_eos)
-
-    def decode(self, ids) -> str:
-        return self.sp.decode([int(i) for i in ids if int(i) != self.pad_id and 0 <= int(i) < self.vocab_size])
-
-    def piece_id(self, piece: str) -> int:
-        """Id of a piece (e.g. a special token); KeyError if the model does not have it."""
-        i = self.sp.piece_to_id(piece)
-        if i == self.sp.unk_id() and piece != self.sp.id_to_piece(i):
-            raise KeyError(f"piece {piece!r} is not in {self.model_file}")
-        return i
-
-    def special_ids(self) -> dict[str, int]:
-        return {t: self.piece_id(t) for t in self.special_tokens}
-
-    def describe(self) -> dict:
-        return {"vocab_size": self.vocab_size, "pad_id": self.pad_id, "unk_id": self.unk_id, "bos_id": self.bos_id,
-                "eos_id": self.eos_id, "special_tokens": self.special_ids()}
 
 
 def _lines(texts: Iterable[str], seen: dict) -> Iterable[str]:

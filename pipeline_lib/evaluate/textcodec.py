@@ -1,10 +1,10 @@
 """Text <-> token ids for evaluation: the run's sentencepiece tokenizer, its ids, and the chat format.
 
 What: `TextCodec.load(path, tokenizer_cfg)` opens the tokenizer.model the data stage trained (or
-tokenizer.path) through pipeline_lib.data.tokenizer.Tokenizer, checks that its special ids are the
+tokenizer.path) through pipeline_lib.model.tokenizer.Tokenizer, checks that its special ids are the
 ones the config (and so the model) uses, and encodes prompts in one of two formats:
 - "raw": BOS + the prompt's tokens, as pretraining text is encoded (the model continues the text);
-- "chat": the SFT chat template of pipeline_lib.data.chat_template (BOS, optional system turn,
+- "chat": the SFT chat template of pipeline_lib.model.chat_template (BOS, optional system turn,
   `<|user|> prompt <|end|>`, then the `<|assistant|>` marker the answer follows), exactly what the
   SFT stage trained on.
 `decode(ids)` drops pad/BOS/EOS and ids past the tokenizer (model.vocab_size may be larger).
@@ -23,7 +23,7 @@ FORMATS = ("raw", "chat")
 
 @dataclass
 class TextCodec:
-    tok: object            # pipeline_lib.data.tokenizer.Tokenizer
+    tok: object            # pipeline_lib.model.tokenizer.Tokenizer
     bos_id: int
     eos_id: int
     pad_id: int
@@ -33,7 +33,7 @@ class TextCodec:
 
     @classmethod
     def load(cls, path: str | Path, tokenizer_cfg, template: str = "chat_markers") -> "TextCodec":
-        from ..data.tokenizer import Tokenizer
+        from ..model.tokenizer import Tokenizer
         from ..model.token_ids import TokenIds, id_mismatches
 
         p = Path(path)
@@ -64,8 +64,7 @@ class TextCodec:
         if fmt == "raw":
             return [[self.bos_id] + list(row) for row in self.tok.encode_batch(list(texts))]
         if fmt == "chat":
-            from ..data.chat_template import template_for
-            from ..data.instructions import Turn
+            from ..model.chat_template import Turn, template_for
 
             template = template_for(self.template, self.tok, self.special_tokens)
             head = [Turn("system", system_prompt)] if system_prompt else []

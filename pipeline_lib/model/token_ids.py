@@ -5,8 +5,8 @@
 (`model_config()`). `trained_ids(cfg)`: the layout a tokenizer the data stage trains gets
 (TRAINED_IDS: pad 0, unk 1, bos 2, eos 3, or the tokenizer.*_id fields set). `configured_ids(cfg)`:
 the ids implied by TokenizerConfig alone, for callers without a data stage. `id_mismatches`: the
-tokenizer.*_id fields a loaded model contradicts, each with its fix. The tokenizer itself (training,
-encoding) is pipeline_lib.data.tokenizer.
+tokenizer.*_id fields a loaded model contradicts, each with its fix. The loaded tokenizer (encoding)
+is pipeline_lib.model.tokenizer; training one is pipeline_lib.data.tokenizer.
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from ..config.load import config_hash
 from ..config.schema import sft_accumulation
 from ..config.validate import preflight_steps_issues
-from ..data.sft_records import prepare_sft_data, table_rows
+from .sft_data import prepare_sft_data, table_rows
 from ..model.token_ids import TokenIds
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import is_s3, join, sha256_file, store_for

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline_lib.data import packing
 from pipeline_lib.data.packing import (count_rows, gather_tokens, heldout_mask, join_with_eos, read_mindrecord,
                                        rows_from_tokens, write_mindrecord)
 
@@ -37,24 +36,3 @@ def test_mindrecord_written_atomically_and_read_back(tmp_path):
     write_mindrecord(path, rows)
     assert sorted(p.name for p in path.parent.iterdir()) == ["shard-00000.mindrecord", "shard-00000.mindrecord.db"]
     assert (read_mindrecord([path]) == rows).all()
-
-
-def test_fast_row_path_writes_the_same_bytes_as_filewriter(tmp_path, monkeypatch):
-    """Rows after the first batch bypass FileWriter's per-row schema checks: the file and what
-    MindDataset reads back must equal FileWriter's own output, for one column and for several."""
-    rng = np.random.RandomState(3)
-    cols = {"input_ids": rng.randint(0, 30000, (37, 65)).astype(np.int32),
-            "labels": rng.randint(-100, 30000, (37, 65)).astype(np.int32)}
-    monkeypatch.setattr(packing, "_BATCH_ROWS", 8)  # 5 batches: 1 public, 4 fast
-    for name, columns in (("one", {"input_ids": cols["input_ids"]}), ("two", cols)):
-        fast = packing.write_mindrecord_columns(tmp_path / "fast" / name / "f.mindrecord", columns, "t")
-        with monkeypatch.context() as m:
-            m.setattr(packing, "_BATCH_ROWS", 10 ** 9)
-            ref = packing.write_mindrecord_columns(tmp_path / "ref" / name / "f.mindrecord", columns, "t")
-        assert fast.read_bytes() == ref.read_bytes(), name
-        import mindspore.dataset as ds
-
-        data = ds.MindDataset([str(fast)], columns_list=list(columns), shuffle=False)
-        got = list(data.create_dict_iterator(output_numpy=True, num_epochs=1))
-        for c in columns:
-            assert (np.stack([g[c] for g in got]) == columns[c]).all(), (name, c)

@@ -73,7 +73,7 @@ class SFTBase:
 
 
 def _texts() -> list[str]:
-    from pipeline_lib.data.instructions import iter_instruction_records, to_turns
+    from pipeline_lib.train.instructions import iter_instruction_records, to_turns
 
     texts = []
     for rec in iter_instruction_records([str(SFT_DATA)]):

@@ -84,7 +84,7 @@ def inspect_checkpoints(adapter: Path, sft_ckpt: Path, base: Path, mindrecord: P
     code = textwrap.dedent("""
         import json, sys
         import numpy as np, mindspore as ms
-        from pipeline_lib.data.sft_records import read_sft_mindrecord
+        from pipeline_lib.train.sft_data import read_sft_mindrecord
         adapter, sft, base = (ms.load_checkpoint(p) for p in sys.argv[1:4])
         ids, labels = read_sft_mindrecord(sys.argv[4])
         weights = [n for n in base if "." in n and not n.startswith(("adam_m.", "adam_v."))]

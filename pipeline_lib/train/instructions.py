@@ -1,7 +1,7 @@
 """Instruction data for SFT: read jsonl / parquet records and turn each into a checked conversation.
 
 What: `iter_instruction_records(inputs)` streams every record of `sft.inputs` (local globs, folders,
-s3:// prefixes; .jsonl, .jsonl.gz, .parquet; file listing as in the data stage, `sources.list_inputs`)
+s3:// prefixes; .jsonl, .jsonl.gz, .parquet; file listing as in the data stage, `storage.input_files.list_inputs`)
 as `RawRecord(id, uri, line, obj, reason, raw)`. `to_turns(obj, ...)` recognises three shapes and
 returns a list of `Turn(role, content)` or a quarantine reason:
 
@@ -17,7 +17,7 @@ added when a sample has no system turn.
 Limits: shapes are detected by non-null keys (messages, then instruction/output, then prompt/response);
 other keys are ignored. Text holding a special token of the chat template (e.g. "<|user|>") is refused,
 because the tokenizer would read it as a turn boundary.
-Raises DataStageError only for an input entry that matches no file; malformed records come back
+Raises SftDataError only for an input entry that matches no file; malformed records come back
 with one of `REASONS` for the quarantine file.
 """
 from __future__ import annotations
@@ -25,11 +25,11 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator
 
+from ..model.chat_template import Turn
 from ..storage import iter_lines, store_for
-from .readers import open_parquet
-from .sources import kind_of, list_inputs
+from ..storage.input_files import NoInputFiles, kind_of, list_inputs, open_parquet
 
 ROLES = ("system", "user", "assistant")
 REASONS = ("empty_line", "bad_utf8", "bad_json", "not_an_object", "unknown_shape", "field_not_string",
@@ -37,9 +37,13 @@ REASONS = ("empty_line", "bad_utf8", "bad_json", "not_an_object", "unknown_shape
            "system_not_first", "roles_out_of_order", "ends_without_response", "special_token_in_text")
 
 
-class Turn(NamedTuple):
-    role: str
-    content: str
+class SftDataError(ValueError):
+    """SFT data a user must fix (sft.inputs, model.seq_length ...): names the field, the value and the fix;
+    a ValueError, so the stage fails at once instead of retrying."""
+
+    def __init__(self, field: str, value: object, problem: str, fix: str):
+        self.field, self.value, self.problem, self.fix = field, value, problem, fix
+        super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
 
 
 @dataclass
@@ -90,7 +94,11 @@ def iter_instruction_records(inputs: list[str], endpoint_url: str | None = None,
                              field: str = "sft.inputs") -> Iterator[RawRecord]:
     """Every record of every input file, in config order (see the module docstring); a missing
     input is reported as `field`[i]."""
-    for uri, label in list_inputs(inputs, endpoint_url, field=field):
+    try:
+        files = list_inputs(inputs, endpoint_url, field=field)
+    except NoInputFiles as err:
+        raise SftDataError(err.field, err.value, err.problem, err.fix) from None
+    for uri, label in files:
         yield from _iter_file(uri, label, endpoint_url)
 
 

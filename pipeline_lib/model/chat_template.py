@@ -3,7 +3,8 @@
 `chat_markers` (ChatTemplate, below) uses special-token markers a tokenizer trained by the data stage
 has; `llama2` (Llama2Template, at the end) writes its markers as plain text, so a base model's own
 tokenizer (tokenizer.path, e.g. Llama-2's) works as it is. Both train exactly the answer tokens and
-their EOS; `template_for(name, tok, special_tokens)` picks one.
+their EOS; `template_for(name, tok, special_tokens)` picks one. A conversation is a list of
+`Turn(role, content)`. Used by SFT (training rows) and evaluate (chat prompts).
 
 chat_markers:
 
@@ -15,13 +16,13 @@ Layout of an encoded conversation (ids; `enc(x)` is the tokenizer's encoding of 
          <|user|> ... <|end|>  <|assistant|> ... EOS     (further turns)
 
 Role markers and `<|end|>` are user-defined symbols of the tokenizer (one id each, never split, never
-produced from ordinary text: `instructions.to_turns` refuses text holding them), BOS/EOS are its
+produced from ordinary text: SFT's `train.instructions.to_turns` refuses text holding them), BOS/EOS are its
 control ids, so every turn boundary is unambiguous. Each content is encoded on its own, exactly as a
 pretraining document is, so the encoding of an answer does not depend on what precedes it.
 
 Config: the markers are the first four `tokenizer.special_tokens`, in the order system, user,
 assistant, end (default `<|system|> <|user|> <|assistant|> <|end|>`); BOS/EOS/pad ids come from the
-tokenizer; `sft.system_prompt` is applied by `instructions.to_turns`.
+tokenizer; `sft.system_prompt` is applied by `train.instructions.to_turns`.
 
 `prompt_ids(...)` gives what a model must see to answer (ends with the `<|assistant|>` marker); decode
 until EOS. `prompt_text(...)` is the same prompt as text for string-based callers (e.g. an evaluate
@@ -43,18 +44,26 @@ naming sft.truncation for an unknown policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
-
-from .errors import DataStageError
-from .instructions import Turn
+from typing import NamedTuple, Protocol, Sequence
 
 MARKER_ROLES = ("system", "user", "assistant", "end")
 IGNORE = -100
 POLICIES = ("drop", "truncate_prompt", "truncate_end")
 
 
-class ChatTemplateError(DataStageError):
-    """The tokenizer cannot express the chat template."""
+class Turn(NamedTuple):
+    """One turn of a conversation: role (system, user or assistant) and its text."""
+
+    role: str
+    content: str
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer cannot express the chat template: a config problem (no retry), naming the field."""
+
+    def __init__(self, field: str, value: object, problem: str, fix: str):
+        self.field, self.value, self.problem, self.fix = field, value, problem, fix
+        super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
 
 
 class _Tokenizer(Protocol):

@@ -4,7 +4,7 @@ Row format (what mindformers 1.9 `LlamaForCausalLM.construct` consumes in traini
 `labels`, both int32 and exactly `seq_length + 1` long. The model shifts by itself: it feeds
 `input_ids[:, :-1]`, scores `labels[:, 1:]`, and masks a position whose input token is pad or whose
 label is -100. So `labels[i] = input_ids[i]` where token i is trained (answer tokens and the EOS ending
-each answer, see chat_template.py) and -100 elsewhere (BOS, markers, system/user text, pad).
+each answer, see model/chat_template.py) and -100 elsewhere (BOS, markers, system/user text, pad).
 
 Packing (sft.packing): samples are placed in input order, each whole, into the current row while they
 fit, else a new row starts; rows are right-padded (pad id, label -100). Labels stay per sample (the
@@ -18,15 +18,15 @@ sample is one row.
 sft.truncation: id, file, line, reason, tokens) and `sft_stats.json` (per file and in total: read,
 rejected and dropped by reason, kept, shapes, tokens, trained tokens, rows; `balanced` is
 read = rejected + dropped + kept). The MindRecord file is written by a MindSpore subprocess
-(`python -m pipeline_lib.data.sft_records ROWS.npz OUT.mindrecord`); the rest is numpy only.
-Raises DataStageError naming sft.inputs / model.seq_length / sft.micro_batch_size when too little
+(`python -m pipeline_lib.storage.mindrecord ROWS.npz OUT.mindrecord sft`); the rest is numpy only.
+Instruction records come from instructions.py, the chat template and the tokenizer from model/.
+Raises SftDataError naming sft.inputs / model.seq_length / sft.micro_batch_size when too little
 data is left to train on; RuntimeError when the accounting does not add up (a bug).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from collections import Counter
@@ -36,10 +36,12 @@ from typing import IO, Iterable
 
 import numpy as np
 
+from ..model.chat_template import IGNORE, fit_to_row, labels_for, template_for
+from ..model.token_ids import TokenIds
+from ..model.tokenizer import Tokenizer
 from ..runtime.env import subprocess_env
-from .chat_template import IGNORE, ChatTemplate, fit_to_row, labels_for, template_for
-from .errors import DataStageError
-from .instructions import iter_instruction_records, shape_of, to_turns
+from ..storage.mindrecord import read_mindrecord_columns, write_mindrecord_columns
+from .instructions import SftDataError, iter_instruction_records, shape_of, to_turns
 
 DATA_FILE = "data/sft.mindrecord"
 STATS_FILE = "sft_stats.json"
@@ -166,8 +168,6 @@ def summarize(files: dict[str, dict], rows: PackedRows) -> dict:
 def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpoint_url: str | None = None,
                      log=None) -> dict:
     """Write the SFT data files into out_dir (see the module docstring); returns the stats dict."""
-    from .tokenizer import TokenIds, Tokenizer
-
     out = Path(out_dir)
     (out / DATA_FILE).parent.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(tokenizer_path)
@@ -188,7 +188,7 @@ def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpo
     if not stats["balanced"]:
         raise RuntimeError(f"SFT accounting does not add up (read != rejected + dropped + kept); see {out / STATS_FILE}")
     if t["rows"] < cfg.sft.micro_batch_size * cfg.parallel.data_parallel:
-        raise DataStageError("sft.inputs", list(cfg.sft.inputs),
+        raise SftDataError("sft.inputs", list(cfg.sft.inputs),
                              f"{t['kept']} usable samples in {t['rows']} rows (read {t['read']}, rejected "
                              f"{t['rejected']}, dropped {t['dropped']}), fewer than one batch of "
                              f"sft.micro_batch_size x data_parallel = {cfg.sft.micro_batch_size * cfg.parallel.data_parallel}",
@@ -200,7 +200,8 @@ def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpo
         npz = out / "data" / ".rows.npz"
         np.savez(npz, input_ids=rows.input_ids, labels=rows.labels)
         env = subprocess_env()
-        proc = subprocess.run([sys.executable, "-m", "pipeline_lib.data.sft_records", str(npz), str(out / DATA_FILE)],
+        proc = subprocess.run([sys.executable, "-m", "pipeline_lib.storage.mindrecord", str(npz), str(out / DATA_FILE),
+                               "sft"],
                               capture_output=True, text=True, env=env, timeout=600)
         npz.unlink(missing_ok=True)
         if proc.returncode:
@@ -220,27 +221,7 @@ def table_rows(stats: dict) -> list[dict]:
     return [row(Path(uri).name, c) for uri, c in stats["files"].items()] + [row("TOTAL", stats["total"])]
 
 
-def write_sft_mindrecord(path: str | Path, input_ids: np.ndarray, labels: np.ndarray) -> Path:
-    """One MindRecord file (+ .db) with both columns, written in a temp folder then moved into place."""
-    if input_ids.shape != labels.shape or input_ids.ndim != 2 or not len(input_ids):
-        raise ValueError(f"rows: input_ids {input_ids.shape} and labels {labels.shape} must be equal, 2-D, non-empty")
-    from .packing import write_mindrecord_columns
-
-    return write_mindrecord_columns(path, {"input_ids": input_ids, "labels": labels}, "sft")
-
-
 def read_sft_mindrecord(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids, labels) of a file written above, read back through mindspore.dataset (for checks)."""
-    os.environ.setdefault("GLOG_v", "3")
-    import mindspore.dataset as ds
-
-    data = ds.MindDataset([str(path)], columns_list=["input_ids", "labels"], shuffle=False)
-    rows = list(data.create_tuple_iterator(output_numpy=True, num_epochs=1))
-    return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m pipeline_lib.data.sft_records ROWS.npz OUT.mindrecord")
-    with np.load(sys.argv[1]) as z:
-        write_sft_mindrecord(sys.argv[2], z["input_ids"], z["labels"])
+    """(input_ids, labels) of the SFT rows file, read back through mindspore.dataset (for checks)."""
+    cols = read_mindrecord_columns([path], ["input_ids", "labels"])
+    return cols["input_ids"], cols["labels"]
