@@ -4,7 +4,7 @@
 1. inputs (`_resolve_inputs`, `_fetch_inputs`): the tokenizer (tokenizer.path, else the data manifest's) and the
    base checkpoint (the argument, else the pretrain manifest's `metrics.latest_checkpoint`, else
    model.base_checkpoint), copied locally from an s3:// store; sha256 of the base.
-2. data (data/sft_records.py): sft.inputs -> chat template -> labels -> rows -> `data/sft.mindrecord` (input_ids
+2. data (train/sft_data.py): sft.inputs -> chat template -> labels -> rows -> `data/sft.mindrecord` (input_ids
    + labels), `quarantine.jsonl`, `excluded.jsonl`, `sft_stats.json` (read = rejected + dropped + kept).
 3. train on the runner the pretrain stage uses (session.TrainingSession, output_dir `train/`): resume when
    `train/identity.json` is this run's (`run.identity`, the training knobs SFT reuses, the base's sha256, the rows)
