@@ -246,6 +246,12 @@ class CheckpointManager:
                         store.put_file(local, uri)
                 self._uploaded.add(c.path)
                 self.log(f"[checkpoints] uploaded {c.path.name} to {self._uri(c)}")
+        # the strategy files of a parallel run (<output_dir>/strategy/) go next to the checkpoint folder: without
+        # them the rank files cannot be merged or resharded
+        for local in sorted((self.output_dir / "strategy").glob("*.ckpt")):
+            uri = join(self.upload_uri.rstrip("/").rsplit("/", 1)[0], "strategy", local.name)
+            if not (store.exists(uri) and store.size(uri) == local.stat().st_size):
+                store.put_file(local, uri)
 
     def _reject(self, ckpt: CheckpointFile, res: VerifyResult) -> None:
         # Moved out of checkpoint/ so neither we nor mindformers' resume ever pick it up again.

@@ -257,6 +257,7 @@ def _publish(run: StageRun, out: Path, latest: dict) -> list[dict]:
     rels = [RUN_YAML, IDENTITY_FILE, LATEST_FILE]
     rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE) if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
+    rels += strategy_files(out)  # needed to merge or reshard the rank files: lost with an s3 run's work folder
     store = store_for(run.uri, run.endpoint)
     outputs = []
     for rel in sorted(set(rels)):
@@ -285,6 +286,7 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
              for r in records[-TABLE_STEPS:]]
     return {
         "latest_checkpoint": latest_ref,
+        "checkpoint_layout": checkpoint_layout(cfg, latest, out, ref),
         "latest_checkpoint_step": latest["step"], "latest_checkpoint_sha256": latest["sha256"],
         "checkpoints": {r: ref(i["path"]) for r, i in latest["ranks"].items()},
         "steps": latest.get("global_step"), "total_steps": steps, "data_steps": latest["step"],
@@ -302,6 +304,26 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
         "markdown": {"summary": _summary_markdown(steps, latest, records, summary, trained.resumed_from_step,
                                                   trained.rollbacks, latest_ref)},
     }
+
+
+def strategy_files(out: Path) -> list[str]:
+    """The strategy files mindformers wrote for a parallel run (<output_dir>/strategy/, see
+    config/mindformers_yaml.py strategy_ckpt_save_file), relative to `out`."""
+    return sorted(p.relative_to(out).as_posix() for p in (out / "strategy").glob("*.ckpt"))
+
+
+def checkpoint_layout(cfg, latest: dict, out: Path, ref) -> dict:
+    """What a consumer needs to use the latest checkpoint (model.checkpoints.CheckpointRef.from_manifest): the
+    parallel layout, every rank's file (absolute path or s3 URI, size, sha256) and the strategy files."""
+    p = cfg.parallel
+    world = p.data_parallel * p.model_parallel * p.pipeline_stage
+    strategy = [{"path": ref(str(out / rel)), "size": (out / rel).stat().st_size, "sha256": sha256_file(out / rel)}
+                for rel in strategy_files(out)]
+    return {"data_parallel": p.data_parallel, "model_parallel": p.model_parallel, "pipeline_stage": p.pipeline_stage,
+            "optimizer_shard": bool(p.optimizer_shard), "world_size": world, "step": latest["step"],
+            "ranks": {r: {"path": ref(i["path"]), "size": i["size"], "sha256": i["sha256"]}
+                      for r, i in sorted(latest["ranks"].items(), key=lambda kv: int(kv[0]))},
+            "strategy": strategy}
 
 
 def _summary_markdown(steps, latest, records, summary, resumed_from, rollbacks, latest_ref) -> str:
