@@ -87,7 +87,21 @@ def find_heldout(paths: RunPaths, upstream: dict[str, Manifest] | None = None) -
     return _lookup(paths, upstream, "data", ("heldout_dir",), match)
 
 
-def find_pretrain_checkpoint(paths: RunPaths, upstream: dict[str, Manifest] | None = None) -> str | None:
+def find_pretrain_checkpoint(paths: RunPaths, upstream: dict[str, Manifest] | None = None, log=None) -> str | None:
+    """The pretrain stage's latest checkpoint as one full .ckpt: its file, or for a tensor/pipeline-parallel run the
+    merged copy of every rank's file (checkpoint_cache.full_checkpoint: merged once, cached next to the shards)."""
+    m = _manifest(paths, upstream, "pretrain")
+    if m is not None and (m.metrics or {}).get("checkpoint_layout"):
+        import tempfile
+
+        from ..model.checkpoints import CheckpointRef
+        from .checkpoint_cache import full_checkpoint
+
+        ref = CheckpointRef.from_manifest(m)
+        if ref.sharded:
+            with tempfile.TemporaryDirectory(prefix="ckpt-merge-") as tmp:
+                return full_checkpoint(ref, Path(tmp), paths.endpoint_url, log)
+        return _resolve(paths.stage_uri("pretrain"), ref.ckpt)
     return _lookup(paths, upstream, "pretrain", ("latest_checkpoint", "checkpoint"), lambda rels: _last_ckpt(rels, False))
 
 
