@@ -38,7 +38,7 @@ from ..config.schema import GuardConfig
 from ..storage import is_s3, join, store_for
 from .checkpoints import LATEST_FILE, CheckpointManager
 from .launch import GuardTripped, TrainingLaunchError
-from .metrics import METRICS_FILE, plot_loss, read_metrics, training_callbacks
+from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight
 from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, node_rank, resume_fields, \
     rollback_checkpoint
@@ -115,10 +115,15 @@ def write_training_yaml(cfg, path: Path, *, stage: str, batch: Batch, out: Path,
     write_run_yaml(cfg, path, stage=stage, dataset_dir=str(data_dir), output_dir=str(out),
                    load_checkpoint=str(load) if load else None, resume=bool(resume), train_rows=rows,
                    steps=steps, extra_callbacks=callbacks, token_ids=token_ids)
-    if resume or extra_epochs or save_steps:
-        text = path.read_text(encoding="utf-8")
-        header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
-        run = yaml.safe_load(text)
+    text = path.read_text(encoding="utf-8")
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    run = yaml.safe_load(text)
+    # the loss rank and normalisation come from the values mindformers reads in this yaml (metrics.LossRule)
+    rule = LossRule.from_run_yaml(run).to_json()
+    if resume or extra_epochs or save_steps or rule != LossRule().to_json():
+        for cb in run["callbacks"]:
+            if cb["type"] in ("PipelineMetrics", "LossGuard"):
+                cb["loss_rule"] = rule
         if resume:
             run["resume_training"] = resume["resume_training"]
         run["runner_config"]["epochs"] += extra_epochs
