@@ -36,7 +36,7 @@ from ..config.mindformers_yaml import write_run_yaml
 from ..config.platform import device_target
 from ..config.schema import GuardConfig
 from ..storage import is_s3, join, store_for
-from .checkpoints import LATEST_FILE, CheckpointManager
+from .checkpoints import CheckpointManager
 from .launch import GuardTripped, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight
@@ -161,7 +161,8 @@ class TrainingSession:
         # on a local run store the checkpoints already live in the stage folder: nothing to upload
         self.upload = join(remote, "checkpoint") if remote and cfg.training.upload_checkpoints else None
         self.manager = CheckpointManager(self.out, ranks=self.ranks, keep=cfg.training.keep_checkpoint_max,
-                                         upload_uri=self.upload, endpoint_url=endpoint, log=log)
+                                         upload_uri=self.upload, endpoint_url=endpoint, log=log,
+                                         node_rank=self.node_rank)
 
     # ------------------------------------------------------------ resume
 
@@ -187,14 +188,19 @@ class TrainingSession:
         return latest
 
     def _restore_uploaded(self, identity: str) -> None:
-        """Download the uploaded latest checkpoint (and its sidecars) of the same run into `out`."""
+        """Download the uploaded latest checkpoint of this node (every one of its ranks' own file, with sidecars) of
+        the same run into `out`: rank N's file goes back to checkpoint/rank_N/, where mindformers 1.9 resumes it."""
         store = store_for(self.upload, self.endpoint)
-        ident_uri, latest_uri = join(self.remote, IDENTITY_FILE), join(self.upload, LATEST_FILE)
+        ident_uri, latest_uri = join(self.remote, IDENTITY_FILE), join(self.upload, self.manager.remote_latest)
         if not (store.exists(ident_uri) and store.exists(latest_uri)):
             return
         if json.loads(store.get_bytes(ident_uri))["identity"] != identity:
             return
         latest = json.loads(store.get_bytes(latest_uri))
+        if sorted(int(r) for r in latest["ranks"]) != self.ranks:
+            self.log(f"{self.stage}: the uploaded checkpoint holds ranks {sorted(latest['ranks'], key=int)}, this node "
+                     f"runs {self.ranks}: not resumed from it")
+            return
         for rank, info in latest["ranks"].items():
             if not info.get("uri"):
                 return

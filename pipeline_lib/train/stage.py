@@ -38,11 +38,14 @@ stage URI, so a rerun on the same machine resumes; removed before the stage retu
 training.upload_checkpoints the checkpoints (with `checkpoint/latest_checkpoint.json` and metrics.jsonl) are uploaded
 as they are verified, and a rerun on another machine downloads the latest one to resume.
 
-Limits: a resume launches every rank on its own file of the verified step (mindformers picks
+Limits: a resume launches every rank on its own file of the verified step (mindformers 1.9 picks
 `checkpoint/rank_N/<name>` with N = its rank); parallel.* is part of the stage identity, so those files always come
-from the same data/tensor/pipeline layout (auto_trans_ckpt is off: nothing is resharded). Only the data-parallel
-case (identical weights in every rank's file) is exercised by the tests; tensor/pipeline-parallel resume is not
-checked against per-rank shards beyond each file's own verification. Every node returns the outputs of its own ranks.
+from the same data/tensor/pipeline layout (auto_trans_ckpt is off: nothing is resharded). With
+training.upload_checkpoints each node uploads its own ranks' files and its own pointer (checkpoint/
+latest_checkpoint.json for node 0, latest_checkpoint_node_N.json for node N), and a rerun restores every rank of
+its node (tests/train/test_session.py, with per-rank files of distinct bytes); a real TP/PP resume needs Ascend.
+The manifest's `checkpoint_layout` (dp/mp/pp, optimizer shard, every rank's file, the strategy files) is what
+consumers read (model.checkpoints.CheckpointRef.from_manifest, docs/checkpoints.md). Every node returns the outputs of its own ranks.
 Raises PretrainStageError (inputs, naming the field and fix), PreflightFailed, HFImportError,
 InsufficientDiskError, GuardTripped, TrainingTimeout, TrainerKilled (killed by a signal: transient, a retry
 resumes) and TrainingLaunchError.
