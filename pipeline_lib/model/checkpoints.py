@@ -33,7 +33,7 @@ class CheckpointRef:
     """One full checkpoint (`ckpt` a .ckpt file), or a sharded set: `shards` rank -> {path, size, sha256} plus the
     strategy files (`strategy_files`, each {path, size, sha256}) and the parallel `layout` (dp, mp, pp,
     optimizer_shard); `ckpt` is then the run's checkpoint/ folder. Built from a pretrain manifest by
-    `from_manifest`; a consumer that needs one full model asks runtime.checkpoint_cache.full_checkpoint."""
+    `from_manifest`; a consumer that needs one full model asks model.checkpoint_cache.full_checkpoint."""
 
     ckpt: str
     adapter: str | None = None

@@ -156,7 +156,7 @@ def merge_sharded_checkpoint(ckpt_dir: str | Path, out_file: str | Path, strateg
     return out_file
 
 
-if __name__ == "__main__":  # run by runtime.checkpoint_cache: MindSpore stays out of the orchestrating process
+if __name__ == "__main__":  # run by model.checkpoint_cache: MindSpore stays out of the orchestrating process
     import argparse
 
     ap = argparse.ArgumentParser(description="merge a parallel run's rank checkpoints into one .ckpt")

@@ -12,8 +12,8 @@ import pytest
 from sharding_helpers import llama_tp_layouts, write_sharded
 
 from pipeline_lib.model.checkpoints import CheckpointRef
-from pipeline_lib.runtime.checkpoint_cache import cache_uri, full_checkpoint
-from pipeline_lib.runtime.upstream import find_pretrain_checkpoint
+from pipeline_lib.model.checkpoint_cache import cache_uri, full_checkpoint, pretrain_checkpoint
+from pipeline_lib.runtime.upstream import default_checkpoints, find_sft
 from pipeline_lib.storage import Manifest, RunPaths, join, sha256_file, store_for
 from pipeline_lib.train.stage import checkpoint_layout
 
@@ -87,9 +87,13 @@ def test_manifest_to_merged_full_checkpoint(tmp_path, name):
     assert uri == cache_uri(ref) and Path(uri).parent == stage / "checkpoint" / "merged"
     _assert_equal(uri, params)
     # every consumer's default goes through the same lookup: one merge, then the verified cache
-    again = find_pretrain_checkpoint(RunPaths(str(tmp_path), "run"), {"pretrain": _manifest(layout, str(stage))},
-                                     logs.append)
+    paths, upstream = RunPaths(str(tmp_path), "run"), {"pretrain": _manifest(layout, str(stage))}
+    again = pretrain_checkpoint(paths, upstream, logs.append)
     assert again == uri and "sha256 verified" in logs[-1]
+    cfg = SimpleNamespace(model=SimpleNamespace(base_checkpoint=None),
+                          evaluate=SimpleNamespace(compare_checkpoints={}))
+    assert default_checkpoints(cfg, paths, upstream, pretrain_checkpoint) == {"pretrained": uri}  # evaluate
+    assert find_sft(paths, upstream, pretrain_checkpoint) == (None, uri)  # export's default base
 
 
 def test_cache_is_verified_and_rebuilt(tmp_path):

@@ -20,9 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..model.checkpoints import CheckpointRef
+from ..runtime.env import subprocess_env
 from ..storage import join, sha256_file, store_for
-from .env import subprocess_env
+from .checkpoints import CheckpointRef
 
 MERGED_DIR = "merged"
 
@@ -98,3 +98,21 @@ def full_checkpoint(ref: CheckpointRef, scratch: Path, endpoint_url: str | None 
     store.put_bytes(uri[:-len(".ckpt")] + ".json", json.dumps(meta, indent=2).encode())
     log(f"checkpoint: merged copy stored at {uri}")
     return uri
+
+
+def pretrain_checkpoint(paths, upstream=None, log=None) -> str | None:
+    """The pretrain stage's latest checkpoint as one full .ckpt, what every consumer's default reads: its file, or
+    for a tensor/pipeline-parallel run the merged copy of every rank's file (`full_checkpoint`: merged once, cached
+    next to the shards). Manifests without a checkpoint_layout fall back to runtime.upstream's lookup."""
+    import tempfile
+
+    from ..runtime.upstream import _manifest, _resolve, find_pretrain_checkpoint
+
+    m = _manifest(paths, upstream, "pretrain")
+    if m is None or not (m.metrics or {}).get("checkpoint_layout"):
+        return find_pretrain_checkpoint(paths, upstream)
+    ref = CheckpointRef.from_manifest(m)
+    if not ref.sharded:
+        return _resolve(paths.stage_uri("pretrain"), ref.ckpt)
+    with tempfile.TemporaryDirectory(prefix="ckpt-merge-") as tmp:
+        return full_checkpoint(ref, Path(tmp), paths.endpoint_url, log)
