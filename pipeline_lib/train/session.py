@@ -6,7 +6,8 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   $LLM_PIPELINE_WORK_DIR (else the temp dir), so a rerun on the same machine resumes there.
 - `session.resume_or_start(identity)`: the verified latest checkpoint of the same run (same `identity.json`),
   else an emptied `out`; with training.upload_checkpoints on an s3:// store, a rerun on another machine downloads
-  the uploaded latest checkpoint of the same run first.
+  the uploaded latest checkpoint of the same run first: every rank of this node gets its own file back into
+  checkpoint/rank_N/ (a tensor/pipeline shard each), from this node's own pointer (checkpoints.remote_latest_name).
 - `session.preflight(write_yaml, folder, fresh=...)`: on a fresh start, training.preflight_steps steps in
   `<folder>/preflight`; a crash or a NaN is a verdict; `<folder>/preflight.json`; a bad verdict raises the
   stage's preflight error.
