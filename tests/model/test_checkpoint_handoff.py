@@ -94,6 +94,10 @@ def test_manifest_to_merged_full_checkpoint(tmp_path, name):
                           evaluate=SimpleNamespace(compare_checkpoints={}))
     assert default_checkpoints(cfg, paths, upstream, pretrain_checkpoint) == {"pretrained": uri}  # evaluate
     assert find_sft(paths, upstream, pretrain_checkpoint) == (None, uri)  # export's default base
+    from pipeline_lib.train.sft_stage import find_base_checkpoint
+
+    run = SimpleNamespace(paths=paths, upstream=upstream, log=logs.append, cfg=cfg)
+    assert find_base_checkpoint(run) == uri  # SFT's base
 
 
 def test_cache_is_verified_and_rebuilt(tmp_path):
