@@ -14,9 +14,8 @@ from prefect.states import Completed
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.nightly import (commit_night, consume_without_training, deep_update, load_state, new_files,
-                                  nightly_overrides, no_new_documents)
+                                  next_base_checkpoint, nightly_overrides, no_new_documents)
 from pipeline_lib.stages import SPECS, available
-from pipeline_lib.storage import RunPaths, read_manifest
 
 from flows.common import resolve_config
 from flows.notify import notify_failure, notify_no_new_data
@@ -51,9 +50,7 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: st
             run.result()  # raises the night's real failure: this flow fails and notifies
         return _no_new_data(cfg, state, files, run_id, found)
     summary = run.result()
-    pretrain = read_manifest(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("pretrain"),
-                             cfg.run.s3_endpoint_url)
-    checkpoint = (pretrain.metrics or {}).get("latest_checkpoint") if pretrain else None
+    checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     commit_night(cfg, state, files, run_id, checkpoint)
     return {"run_id": run_id, "new_files": len(files), "checkpoint": checkpoint, "summary": summary}
 

@@ -62,6 +62,15 @@ def nightly_overrides(state: dict, files: dict[str, int]) -> dict:
     return changes
 
 
+def next_base_checkpoint(cfg: PipelineConfig, run_id: str, log=None) -> str | None:
+    """Tonight's pretrain checkpoint as one full .ckpt for tomorrow's model.base_checkpoint: the merged copy of
+    every rank's file for a tensor/pipeline-parallel run (model.checkpoint_cache.pretrain_checkpoint), else the file."""
+    from .model.checkpoint_cache import pretrain_checkpoint
+    from .storage import RunPaths
+
+    return pretrain_checkpoint(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url), None, log)
+
+
 def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
                  checkpoint: str | None) -> dict:
     """Advance the watermark and the `latest` pointer; call only after every stage succeeded."""

@@ -37,6 +37,7 @@ from pathlib import Path
 from ..config.platform import device_target
 from ..runtime.contract import StageOutput, StageRun
 from ..runtime.stage_folder import StageFolder, files_under
+from ..model.checkpoint_cache import pretrain_checkpoint
 from ..runtime.upstream import InputNotFound, default_checkpoints, find_heldout, find_tokenizer, localize, localize_ref
 from ..runtime.worker import as_log, run_worker
 from . import report as rep
@@ -72,7 +73,7 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
         if fmt not in ("chat", "raw"):
             raise ValueError(f"prompt_formats[{label!r}]={fmt!r}: use 'chat' (SFT chat template) or 'raw'")
     prompts = load_prompt_sets(cfg.evaluate.prompt_files)
-    checkpoints = dict(checkpoints) if checkpoints is not None else default_checkpoints(cfg, paths, upstream)
+    checkpoints = dict(checkpoints) if checkpoints is not None else default_checkpoints(cfg, paths, upstream, pretrain_checkpoint)
     if not checkpoints:
         raise InputNotFound("no checkpoint to evaluate: pass checkpoints={label: path} or run the pretrain/sft "
                             "stages (or set model.base_checkpoint / evaluate.compare_checkpoints)")

@@ -34,7 +34,8 @@ from ..config.platform import device_target
 from ..config.schema import PipelineConfig
 from ..runtime.contract import StageOutput, StageRun
 from ..runtime.stage_folder import StageFolder, files_under
-from ..runtime.upstream import InputNotFound, find_pretrain_checkpoint, find_sft, find_tokenizer, localize
+from ..model.checkpoint_cache import pretrain_checkpoint
+from ..runtime.upstream import InputNotFound, find_sft, find_tokenizer, localize
 from ..runtime.worker import as_log, run_worker
 from ..storage import Manifest, RunPaths
 
@@ -43,8 +44,9 @@ STAGE = "export"
 
 def _default_inputs(cfg: PipelineConfig, paths: RunPaths, upstream: dict[str, Manifest]
                     ) -> tuple[str | None, str | None]:
-    adapter, base = find_sft(paths, upstream)
-    base = base or find_pretrain_checkpoint(paths, upstream) or cfg.model.base_checkpoint
+    # a tensor/pipeline-parallel pretrain is merged once and cached (docs/checkpoints.md)
+    adapter, base = find_sft(paths, upstream, pretrain_checkpoint)
+    base = base or cfg.model.base_checkpoint
     return base, adapter
 
 

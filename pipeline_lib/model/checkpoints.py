@@ -16,8 +16,9 @@ and sft.lora_alpha. Raises FileNotFoundError / ShardMergeError / LoraMergeError 
 """
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.schema import PipelineConfig
@@ -29,10 +30,55 @@ from .shard_merge import (RANK_RE, STEP_RE, find_strategy, is_sharded_dir, merge
 
 @dataclass
 class CheckpointRef:
+    """One full checkpoint (`ckpt` a .ckpt file), or a sharded set: `shards` rank -> {path, size, sha256} plus the
+    strategy files (`strategy_files`, each {path, size, sha256}) and the parallel `layout` (dp, mp, pp,
+    optimizer_shard); `ckpt` is then the run's checkpoint/ folder. Built from a pretrain manifest by
+    `from_manifest`; a consumer that needs one full model asks model.checkpoint_cache.full_checkpoint."""
+
     ckpt: str
     adapter: str | None = None
     strategy: str | None = None
     adapter_strategy: str | None = None
+    shards: dict | None = None
+    strategy_files: list = field(default_factory=list)
+    layout: dict | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self.shards) and len(self.shards) > 1
+
+    def shard_key(self) -> str:
+        """sha256 over the rank files' and strategy files' sha256s: names one merge of exactly these bytes."""
+        parts = [f"{r}:{i['sha256']}" for r, i in sorted(self.shards.items(), key=lambda kv: int(kv[0]))]
+        parts += sorted(f"strategy:{f['sha256']}" for f in self.strategy_files)
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+    @classmethod
+    def from_manifest(cls, manifest) -> "CheckpointRef | None":
+        """The pretrain stage's latest checkpoint as its manifest describes it (metrics.checkpoint_layout): a full
+        checkpoint when one file holds the model (one rank, or pure data parallel without optimizer sharding:
+        every rank a full copy), else the sharded set. None when the manifest names no checkpoint."""
+        metrics = manifest.metrics or {}
+        layout, latest = metrics.get("checkpoint_layout"), metrics.get("latest_checkpoint")
+        if not layout:
+            return cls(ckpt=str(latest)) if latest else None
+        ranks = layout["ranks"]
+        whole = layout["model_parallel"] == 1 and layout["pipeline_stage"] == 1 and not layout["optimizer_shard"]
+        if len(ranks) == 1 or whole:
+            return cls(ckpt=ranks[str(min(int(r) for r in ranks))]["path"])
+        if len(ranks) != layout["world_size"]:
+            raise ValueError(f"the pretrain manifest lists ranks {sorted(ranks, key=int)} of a world of "
+                             f"{layout['world_size']} (dp {layout['data_parallel']} x mp {layout['model_parallel']} x "
+                             f"pp {layout['pipeline_stage']}): every node's rank files are needed to merge; rerun "
+                             "pretrain with training.upload_checkpoints on a shared s3:// run store")
+        if not layout["strategy"]:
+            raise ValueError("the pretrain manifest lists sharded rank files but no strategy file: the run's "
+                             "output/strategy/ folder is missing; rerun pretrain (it publishes them now)")
+        first = ranks[str(min(int(r) for r in ranks))]["path"]
+        folder = first.rsplit("/", 2)[0]  # .../checkpoint/rank_0/<name>.ckpt -> .../checkpoint
+        return cls(ckpt=folder, shards=dict(ranks), strategy_files=list(layout["strategy"]),
+                   layout={k: layout[k] for k in ("data_parallel", "model_parallel", "pipeline_stage",
+                                                  "optimizer_shard", "step")})
 
     @classmethod
     def parse(cls, value) -> "CheckpointRef":
@@ -47,7 +93,8 @@ class CheckpointRef:
                 raise ValueError(f"checkpoint spec {value!r} needs 'ckpt' (or 'base'); e.g. "
                                  "{'base': 'pretrain.ckpt', 'adapter': 'lora.ckpt'}")
             return cls(ckpt=str(ckpt), adapter=value.get("adapter"), strategy=value.get("strategy"),
-                       adapter_strategy=value.get("adapter_strategy"))
+                       adapter_strategy=value.get("adapter_strategy"), shards=value.get("shards"),
+                       strategy_files=list(value.get("strategy_files") or []), layout=value.get("layout"))
         raise ValueError(f"checkpoint spec {value!r}: pass a path or a dict with 'ckpt' and optional 'adapter'")
 
     def to_json(self) -> dict:
@@ -82,11 +129,11 @@ def check_adapter_config(adapter_path: str, cfg: PipelineConfig) -> None:
     if not Path(adapter_path).is_file() or not meta_file.is_file():
         return
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    for field in ("lora_rank", "lora_alpha"):
-        have, want = meta.get(field), getattr(cfg.sft, field)
+    for key in ("lora_rank", "lora_alpha"):
+        have, want = meta.get(key), getattr(cfg.sft, key)
         if have is not None and float(have) != float(want):
-            raise LoraMergeError(f"sft.{field}={want} but {meta_file} records {have} for this adapter; set "
-                                 f"sft.{field}={have} (the value it was trained with)")
+            raise LoraMergeError(f"sft.{key}={want} but {meta_file} records {have} for this adapter; set "
+                                 f"sft.{key}={have} (the value it was trained with)")
 
 
 @dataclass

@@ -154,3 +154,15 @@ def merge_sharded_checkpoint(ckpt_dir: str | Path, out_file: str | Path, strateg
             raise ShardMergeError(f"transform_checkpoints produced {len(produced)} files, expected 1")
         os.replace(produced[0], out_file)
     return out_file
+
+
+if __name__ == "__main__":  # run by model.checkpoint_cache: MindSpore stays out of the orchestrating process
+    import argparse
+
+    ap = argparse.ArgumentParser(description="merge a parallel run's rank checkpoints into one .ckpt")
+    ap.add_argument("ckpt_dir")
+    ap.add_argument("out_file")
+    ap.add_argument("--strategy")
+    ap.add_argument("--step", type=int)
+    a = ap.parse_args()
+    print(merge_sharded_checkpoint(a.ckpt_dir, a.out_file, a.strategy, a.step))

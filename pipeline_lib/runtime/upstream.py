@@ -88,28 +88,36 @@ def find_heldout(paths: RunPaths, upstream: dict[str, Manifest] | None = None) -
 
 
 def find_pretrain_checkpoint(paths: RunPaths, upstream: dict[str, Manifest] | None = None) -> str | None:
+    """The file the pretrain manifest names (rank 0's for a parallel run): consumers that need the whole model
+    call model.checkpoint_cache.pretrain_checkpoint, passed in as `find_pretrain` below."""
     return _lookup(paths, upstream, "pretrain", ("latest_checkpoint", "checkpoint"), lambda rels: _last_ckpt(rels, False))
 
 
-def find_sft(paths: RunPaths, upstream: dict[str, Manifest] | None = None) -> tuple[str | None, str | None]:
-    """(adapter checkpoint, base checkpoint) of the SFT stage."""
+def find_sft(paths: RunPaths, upstream: dict[str, Manifest] | None = None, find_pretrain=None
+             ) -> tuple[str | None, str | None]:
+    """(adapter checkpoint, base checkpoint) of the SFT stage; `find_pretrain(paths, upstream)` finds the
+    pretrain checkpoint when the SFT manifest names no base (default find_pretrain_checkpoint)."""
     adapter = _lookup(paths, upstream, "sft", ("adapter_checkpoint",),
                       lambda rels: next((r for r in rels if r.endswith("adapter/adapter.ckpt")), None)
                       or _last_ckpt(rels, True))
     base = _lookup(paths, upstream, "sft", ("base_checkpoint",), lambda rels: None) \
-        or find_pretrain_checkpoint(paths, upstream)
+        or (find_pretrain or find_pretrain_checkpoint)(paths, upstream)
     return adapter, base
 
 
-def default_checkpoints(cfg, paths: RunPaths, upstream: dict[str, Manifest] | None = None) -> dict[str, object]:
-    """label -> checkpoint ref: base (model.base_checkpoint), pretrained, sft, then evaluate.compare_checkpoints."""
+def default_checkpoints(cfg, paths: RunPaths, upstream: dict[str, Manifest] | None = None, find_pretrain=None
+                        ) -> dict[str, object]:
+    """label -> checkpoint ref: base (model.base_checkpoint), pretrained, sft, then evaluate.compare_checkpoints.
+    `find_pretrain(paths, upstream)`: the pretrain lookup (model.checkpoint_cache.pretrain_checkpoint merges a
+    sharded run); default find_pretrain_checkpoint."""
+    find_pretrain = find_pretrain or find_pretrain_checkpoint
     out: dict[str, object] = {}
     if cfg.model.base_checkpoint:
         out["base"] = cfg.model.base_checkpoint
-    pre = find_pretrain_checkpoint(paths, upstream)
+    pre = find_pretrain(paths, upstream)
     if pre:
         out["pretrained"] = pre
-    adapter, base = find_sft(paths, upstream)
+    adapter, base = find_sft(paths, upstream, find_pretrain)
     if adapter and base:
         out["sft"] = {"base": base, "adapter": adapter}
     out.update(cfg.evaluate.compare_checkpoints)

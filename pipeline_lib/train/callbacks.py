@@ -24,6 +24,10 @@ the first trainable float parameter with NaN at the start of step k, so the real
 and every part after it (wrapper overflow check, guard, launcher) runs as in a real divergence. Never set it
 in production: it corrupts the weights.
 
+Loss under pipeline parallel: metrics.jsonl is written by the first rank of the last stage and both callbacks
+record the loss normalised as mindformers' MFLossMonitor does (metrics.LossRule, passed from the run yaml as
+`loss_rule`; the raw value stays as `loss_raw`); the guard runs only on last-stage ranks.
+
 Limits: the loss is the rank-local loss (data parallel ranks see different batches; every rank runs the
 guard). In sink mode one "step" is a sink of several steps. Raises ValueError for bad arguments.
 """
@@ -41,7 +45,7 @@ from mindspore.train.callback import Callback, ModelCheckpoint
 
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 
-from .metrics import MetricsFile, batch_rows, guard_diagnosis_path, metrics_path
+from .metrics import LossRule, MetricsFile, batch_rows, guard_diagnosis_path, metrics_path
 
 INJECT_NAN_ENV = "LLM_PIPELINE_INJECT_NAN_STEP"
 INJECT_NAN_RANK_ENV = "LLM_PIPELINE_INJECT_NAN_RANK"
@@ -140,8 +144,9 @@ class PipelineMetrics(_BeforeCheckpoint):
     priority = 0
 
     def __init__(self, output_dir: str, tokens_per_step: int | None = None, all_ranks: bool = False,
-                 initial_step: int | None = None, **kwargs):
+                 initial_step: int | None = None, loss_rule: dict | None = None, **kwargs):
         super().__init__(initial_step)
+        self.rule = LossRule(**(loss_rule or {}))
         if tokens_per_step is not None and tokens_per_step <= 0:
             raise ValueError(f"tokens_per_step={tokens_per_step!r}: must be > 0 or None")
         self.output_dir, self.tokens_per_step, self.all_ranks = output_dir, tokens_per_step, all_ranks
@@ -150,9 +155,11 @@ class PipelineMetrics(_BeforeCheckpoint):
 
     def on_train_begin(self, run_context):
         super().on_train_begin(run_context)
-        rank, _ = rank_and_size()
-        if rank == 0 or self.all_ranks:
-            self.file = MetricsFile(metrics_path(self.output_dir, rank))
+        rank, world = rank_and_size()
+        # metrics.jsonl is the loss rank's (a last-stage rank under pipeline parallel: LossRule)
+        loss_rank = self.rule.loss_rank(world)
+        if rank == loss_rank or self.all_ranks:
+            self.file = MetricsFile(metrics_path(self.output_dir, 0 if rank == loss_rank else rank))
 
     def on_train_step_begin(self, run_context):
         self._t0 = time.perf_counter()
@@ -172,6 +179,7 @@ class PipelineMetrics(_BeforeCheckpoint):
         cb = run_context.original_args()
         out = step_outputs(cb.net_outputs)  # reading the loss waits for the step: time after it
         ms = (time.perf_counter() - self._t0) * 1000
+        out["loss_raw"], out["loss"] = out["loss"], self.rule.normalise(out["loss"])
         tokens = self._tokens(cb)
         self.file.write({"step": self.data_step(cb), "epoch": int(cb.cur_epoch_num),
                          "step_in_epoch": (self.data_step(cb) - 1) % int(cb.batch_num) + 1, **out,
@@ -191,8 +199,9 @@ class LossGuard(_BeforeCheckpoint):
 
     def __init__(self, output_dir: str, spike_factor: float = 5.0, window: int = 20, batch_size: int | None = None,
                  data_parallel: int | None = None, num_rows: int | None = None, initial_step: int | None = None,
-                 shuffle_seed: int | None = None, **kwargs):
+                 shuffle_seed: int | None = None, loss_rule: dict | None = None, **kwargs):
         super().__init__(initial_step)
+        self.rule = LossRule(**(loss_rule or {}))
         self.shuffle_seed = shuffle_seed  # set when the dataset is shuffled: file rows cannot be named then
         if spike_factor <= 1:
             raise ValueError(f"spike_factor={spike_factor!r}: must be > 1 (training.guard.spike_factor)")
@@ -219,7 +228,11 @@ class LossGuard(_BeforeCheckpoint):
 
     def step_end_once(self, run_context):
         cb = run_context.original_args()
+        rank, world = rank_and_size()
+        if self.rule.pipeline_stages > 1 and rank < self.rule.loss_rank(world):
+            return  # an earlier pipeline stage holds no valid loss: the last stage's ranks judge it
         out = step_outputs(cb.net_outputs)
+        out["loss_raw"], out["loss"] = out["loss"], self.rule.normalise(out["loss"])
         loss = out["loss"]
         mean = sum(self.losses) / len(self.losses) if self.losses else None
         if loss is not None and math.isfinite(loss):

@@ -41,6 +41,11 @@ REJECTED_DIR = "checkpoint_rejected"
 _MARK = "CKPT_VERIFY "
 
 
+def remote_latest_name(node_rank: int) -> str:
+    """The uploaded latest-checkpoint pointer of node `node_rank` (node 0 keeps the historical name)."""
+    return LATEST_FILE if node_rank == 0 else f"latest_checkpoint_node_{node_rank}.json"
+
+
 class InsufficientDiskError(RuntimeError):
     """Not enough free disk for the checkpoints a run will write."""
 
@@ -190,12 +195,14 @@ class CheckpointManager:
 
     def __init__(self, output_dir: str | Path, *, ranks: Iterable[int] = (0,), keep: int | None = None,
                  upload_uri: str | None = None, endpoint_url: str | None = None, subdir: str = "checkpoint",
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, node_rank: int = 0):
         if keep is not None and keep < 1:
             raise ValueError(f"keep={keep!r}: must be >= 1 (training.keep_checkpoint_max) or None")
         self.output_dir, self.ranks, self.keep = Path(output_dir), sorted(set(ranks)), keep
         self.upload_uri, self.endpoint_url, self.subdir, self.log = upload_uri, endpoint_url, subdir, log
         self.latest_path = self.output_dir / LATEST_FILE
+        # each node uploads the pointer to its own ranks' files: several nodes never overwrite each other's
+        self.remote_latest = remote_latest_name(node_rank)
         self._uploaded: set[Path] = set()  # checked or put this session; a new manager re-checks once
 
     def latest(self) -> dict | None:
@@ -246,6 +253,12 @@ class CheckpointManager:
                         store.put_file(local, uri)
                 self._uploaded.add(c.path)
                 self.log(f"[checkpoints] uploaded {c.path.name} to {self._uri(c)}")
+        # the strategy files of a parallel run (<output_dir>/strategy/) go next to the checkpoint folder: without
+        # them the rank files cannot be merged or resharded
+        for local in sorted((self.output_dir / "strategy").glob("*.ckpt")):
+            uri = join(self.upload_uri.rstrip("/").rsplit("/", 1)[0], "strategy", local.name)
+            if not (store.exists(uri) and store.size(uri) == local.stat().st_size):
+                store.put_file(local, uri)
 
     def _reject(self, ckpt: CheckpointFile, res: VerifyResult) -> None:
         # Moved out of checkpoint/ so neither we nor mindformers' resume ever pick it up again.
@@ -284,7 +297,7 @@ class CheckpointManager:
                   "updated_at": time.time()}
         text = json.dumps(record, indent=2)
         if self.upload_uri:  # the remote pointer only after its files are there
-            store_for(self.upload_uri, self.endpoint_url).put_bytes(join(self.upload_uri, LATEST_FILE),
+            store_for(self.upload_uri, self.endpoint_url).put_bytes(join(self.upload_uri, self.remote_latest),
                                                                    text.encode())
         _write_atomic(self.latest_path, text)
         self.log(f"[checkpoints] latest -> step {step} ({Path(first['path']).name})")

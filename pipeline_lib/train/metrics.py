@@ -29,11 +29,58 @@ import math
 import os
 import re
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Iterable
 
 METRICS_FILE = "metrics.jsonl"
 GUARD_DIR = "guard"
+
+
+@dataclass(frozen=True)
+class LossRule:
+    """Which rank's loss is valid and how mindformers 1.9 normalises it (MFLossMonitor._fix_loss_for_parallel in
+    core/callback/callback.py): under pipeline parallel only the last stage's ranks hold the loss ("the loss on
+    the last card is valid"), and it is the sum over the micro batches, so it is divided by micro_batch_num
+    (unless calculate_per_token_loss); then by micro_batch_interleave_num when > 1, and by
+    gradient_accumulation_steps when > 1 (unless calculate_per_token_loss). Read from the run yaml
+    (`from_run_yaml`), i.e. the same values mindformers uses."""
+
+    pipeline_stages: int = 1
+    micro_batch_num: int = 1
+    micro_batch_interleave_num: int = 1
+    gradient_accumulation_steps: int = 1
+    calculate_per_token_loss: bool = False
+
+    @classmethod
+    def from_run_yaml(cls, run: dict) -> "LossRule":
+        pc, rc = run.get("parallel_config") or {}, run.get("runner_config") or {}
+        return cls(int(pc.get("pipeline_stage") or 1), int(pc.get("micro_batch_num") or 1),
+                   int(run.get("micro_batch_interleave_num") or 1), int(rc.get("gradient_accumulation_steps") or 1),
+                   bool(run.get("calculate_per_token_loss", False)))
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def loss_rank(self, world_size: int) -> int:
+        """The rank whose loss is recorded: rank 0, or under pipeline parallel the first rank of the last stage
+        (stage s holds ranks s*world/pp .. (s+1)*world/pp - 1)."""
+        if self.pipeline_stages <= 1:
+            return 0
+        if world_size % self.pipeline_stages:
+            raise ValueError(f"world size {world_size} is not a multiple of pipeline_stage={self.pipeline_stages}")
+        return world_size - world_size // self.pipeline_stages
+
+    def normalise(self, loss: float | None) -> float | None:
+        if loss is None:
+            return None
+        if self.pipeline_stages > 1 and not self.calculate_per_token_loss:
+            loss = loss / self.micro_batch_num
+        if self.micro_batch_interleave_num > 1:
+            loss = loss / self.micro_batch_interleave_num
+        if self.gradient_accumulation_steps > 1 and not self.calculate_per_token_loss:
+            loss = loss / self.gradient_accumulation_steps
+        return loss
 
 
 def metrics_path(output_dir: str | Path, rank: int = 0) -> Path:
@@ -158,16 +205,18 @@ class LogMetricsCollector:
     """Feed it every log line (`launch(log=...)`); it appends each parsed loss line to a metrics.jsonl.
 
     Only use it when the run has no metrics callback, or the file gets each step twice. In msrun runs
-    only rank 0's lines (`[worker_0] ...`) are taken.
+    only the loss rank's lines (`[worker_<loss_rank>] ...`: rank 0, or a last-stage rank under pipeline parallel,
+    LossRule.loss_rank) are taken; MFLossMonitor has already normalised that loss.
     """
 
-    def __init__(self, path: str | Path, tokens_per_step: int | None = None):
+    def __init__(self, path: str | Path, tokens_per_step: int | None = None, loss_rank: int = 0):
         self.file = MetricsFile(path)
         self.tokens_per_step = tokens_per_step
         self.records: list[dict] = []
+        self.worker = f"[worker_{loss_rank}]"
 
     def feed(self, line: str) -> dict | None:
-        if line.startswith("[worker_") and not line.startswith("[worker_0]"):
+        if line.startswith("[worker_") and not line.startswith(self.worker):
             return None
         record = parse_loss_line(line, self.tokens_per_step)
         if record is not None:

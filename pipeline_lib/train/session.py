@@ -6,7 +6,8 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   $LLM_PIPELINE_WORK_DIR (else the temp dir), so a rerun on the same machine resumes there.
 - `session.resume_or_start(identity)`: the verified latest checkpoint of the same run (same `identity.json`),
   else an emptied `out`; with training.upload_checkpoints on an s3:// store, a rerun on another machine downloads
-  the uploaded latest checkpoint of the same run first.
+  the uploaded latest checkpoint of the same run first: every rank of this node gets its own file back into
+  checkpoint/rank_N/ (a tensor/pipeline shard each), from this node's own pointer (checkpoints.remote_latest_name).
 - `session.preflight(write_yaml, folder, fresh=...)`: on a fresh start, training.preflight_steps steps in
   `<folder>/preflight`; a crash or a NaN is a verdict; `<folder>/preflight.json`; a bad verdict raises the
   stage's preflight error.
@@ -36,9 +37,9 @@ from ..config.mindformers_yaml import write_run_yaml
 from ..config.platform import device_target
 from ..config.schema import GuardConfig
 from ..storage import is_s3, join, store_for
-from .checkpoints import LATEST_FILE, CheckpointManager
+from .checkpoints import CheckpointManager
 from .launch import GuardTripped, TrainingLaunchError
-from .metrics import METRICS_FILE, plot_loss, read_metrics, training_callbacks
+from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight
 from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, node_rank, resume_fields, \
     rollback_checkpoint
@@ -115,10 +116,15 @@ def write_training_yaml(cfg, path: Path, *, stage: str, batch: Batch, out: Path,
     write_run_yaml(cfg, path, stage=stage, dataset_dir=str(data_dir), output_dir=str(out),
                    load_checkpoint=str(load) if load else None, resume=bool(resume), train_rows=rows,
                    steps=steps, extra_callbacks=callbacks, token_ids=token_ids)
-    if resume or extra_epochs or save_steps:
-        text = path.read_text(encoding="utf-8")
-        header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
-        run = yaml.safe_load(text)
+    text = path.read_text(encoding="utf-8")
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    run = yaml.safe_load(text)
+    # the loss rank and normalisation come from the values mindformers reads in this yaml (metrics.LossRule)
+    rule = LossRule.from_run_yaml(run).to_json()
+    if resume or extra_epochs or save_steps or rule != LossRule().to_json():
+        for cb in run["callbacks"]:
+            if cb["type"] in ("PipelineMetrics", "LossGuard"):
+                cb["loss_rule"] = rule
         if resume:
             run["resume_training"] = resume["resume_training"]
         run["runner_config"]["epochs"] += extra_epochs
@@ -156,7 +162,8 @@ class TrainingSession:
         # on a local run store the checkpoints already live in the stage folder: nothing to upload
         self.upload = join(remote, "checkpoint") if remote and cfg.training.upload_checkpoints else None
         self.manager = CheckpointManager(self.out, ranks=self.ranks, keep=cfg.training.keep_checkpoint_max,
-                                         upload_uri=self.upload, endpoint_url=endpoint, log=log)
+                                         upload_uri=self.upload, endpoint_url=endpoint, log=log,
+                                         node_rank=self.node_rank)
 
     # ------------------------------------------------------------ resume
 
@@ -182,14 +189,19 @@ class TrainingSession:
         return latest
 
     def _restore_uploaded(self, identity: str) -> None:
-        """Download the uploaded latest checkpoint (and its sidecars) of the same run into `out`."""
+        """Download the uploaded latest checkpoint of this node (every one of its ranks' own file, with sidecars) of
+        the same run into `out`: rank N's file goes back to checkpoint/rank_N/, where mindformers 1.9 resumes it."""
         store = store_for(self.upload, self.endpoint)
-        ident_uri, latest_uri = join(self.remote, IDENTITY_FILE), join(self.upload, LATEST_FILE)
+        ident_uri, latest_uri = join(self.remote, IDENTITY_FILE), join(self.upload, self.manager.remote_latest)
         if not (store.exists(ident_uri) and store.exists(latest_uri)):
             return
         if json.loads(store.get_bytes(ident_uri))["identity"] != identity:
             return
         latest = json.loads(store.get_bytes(latest_uri))
+        if sorted(int(r) for r in latest["ranks"]) != self.ranks:
+            self.log(f"{self.stage}: the uploaded checkpoint holds ranks {sorted(latest['ranks'], key=int)}, this node "
+                     f"runs {self.ranks}: not resumed from it")
+            return
         for rank, info in latest["ranks"].items():
             if not info.get("uri"):
                 return

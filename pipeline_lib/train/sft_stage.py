@@ -107,8 +107,10 @@ def _upstream_file(run: StageRun, stage: str, keys: tuple[str, ...], suffix: str
 
 def find_base_checkpoint(run: StageRun, explicit: str | None = None) -> str | None:
     """The base .ckpt: `explicit`, else the pretrain stage's latest checkpoint, else model.base_checkpoint."""
-    return explicit or _upstream_file(run, "pretrain", ("latest_checkpoint", "checkpoint"), ".ckpt") \
-        or run.cfg.model.base_checkpoint
+    from ..model.checkpoint_cache import pretrain_checkpoint
+
+    # a tensor/pipeline-parallel pretrain hands over the merged copy of its rank files (docs/checkpoints.md)
+    return explicit or pretrain_checkpoint(run.paths, run.upstream, run.log) or run.cfg.model.base_checkpoint
 
 
 def find_tokenizer(run: StageRun) -> str | None:

@@ -38,11 +38,14 @@ stage URI, so a rerun on the same machine resumes; removed before the stage retu
 training.upload_checkpoints the checkpoints (with `checkpoint/latest_checkpoint.json` and metrics.jsonl) are uploaded
 as they are verified, and a rerun on another machine downloads the latest one to resume.
 
-Limits: a resume launches every rank on its own file of the verified step (mindformers picks
+Limits: a resume launches every rank on its own file of the verified step (mindformers 1.9 picks
 `checkpoint/rank_N/<name>` with N = its rank); parallel.* is part of the stage identity, so those files always come
-from the same data/tensor/pipeline layout (auto_trans_ckpt is off: nothing is resharded). Only the data-parallel
-case (identical weights in every rank's file) is exercised by the tests; tensor/pipeline-parallel resume is not
-checked against per-rank shards beyond each file's own verification. Every node returns the outputs of its own ranks.
+from the same data/tensor/pipeline layout (auto_trans_ckpt is off: nothing is resharded). With
+training.upload_checkpoints each node uploads its own ranks' files and its own pointer (checkpoint/
+latest_checkpoint.json for node 0, latest_checkpoint_node_N.json for node N), and a rerun restores every rank of
+its node (tests/train/test_session.py, with per-rank files of distinct bytes); a real TP/PP resume needs Ascend.
+The manifest's `checkpoint_layout` (dp/mp/pp, optimizer shard, every rank's file, the strategy files) is what
+consumers read (model.checkpoints.CheckpointRef.from_manifest, docs/checkpoints.md). Every node returns the outputs of its own ranks.
 Raises PretrainStageError (inputs, naming the field and fix), PreflightFailed, HFImportError,
 InsufficientDiskError, GuardTripped, TrainingTimeout, TrainerKilled (killed by a signal: transient, a retry
 resumes) and TrainingLaunchError.
@@ -257,6 +260,7 @@ def _publish(run: StageRun, out: Path, latest: dict) -> list[dict]:
     rels = [RUN_YAML, IDENTITY_FILE, LATEST_FILE]
     rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE) if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
+    rels += strategy_files(out)  # needed to merge or reshard the rank files: lost with an s3 run's work folder
     store = store_for(run.uri, run.endpoint)
     outputs = []
     for rel in sorted(set(rels)):
@@ -285,6 +289,7 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
              for r in records[-TABLE_STEPS:]]
     return {
         "latest_checkpoint": latest_ref,
+        "checkpoint_layout": checkpoint_layout(cfg, latest, out, ref),
         "latest_checkpoint_step": latest["step"], "latest_checkpoint_sha256": latest["sha256"],
         "checkpoints": {r: ref(i["path"]) for r, i in latest["ranks"].items()},
         "steps": latest.get("global_step"), "total_steps": steps, "data_steps": latest["step"],
@@ -302,6 +307,26 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
         "markdown": {"summary": _summary_markdown(steps, latest, records, summary, trained.resumed_from_step,
                                                   trained.rollbacks, latest_ref)},
     }
+
+
+def strategy_files(out: Path) -> list[str]:
+    """The strategy files mindformers wrote for a parallel run (<output_dir>/strategy/, see
+    config/mindformers_yaml.py strategy_ckpt_save_file), relative to `out`."""
+    return sorted(p.relative_to(out).as_posix() for p in (out / "strategy").glob("*.ckpt"))
+
+
+def checkpoint_layout(cfg, latest: dict, out: Path, ref) -> dict:
+    """What a consumer needs to use the latest checkpoint (model.checkpoints.CheckpointRef.from_manifest): the
+    parallel layout, every rank's file (absolute path or s3 URI, size, sha256) and the strategy files."""
+    p = cfg.parallel
+    world = p.data_parallel * p.model_parallel * p.pipeline_stage
+    strategy = [{"path": ref(str(out / rel)), "size": (out / rel).stat().st_size, "sha256": sha256_file(out / rel)}
+                for rel in strategy_files(out)]
+    return {"data_parallel": p.data_parallel, "model_parallel": p.model_parallel, "pipeline_stage": p.pipeline_stage,
+            "optimizer_shard": bool(p.optimizer_shard), "world_size": world, "step": latest["step"],
+            "ranks": {r: {"path": ref(i["path"]), "size": i["size"], "sha256": i["sha256"]}
+                      for r, i in sorted(latest["ranks"].items(), key=lambda kv: int(kv[0]))},
+            "strategy": strategy}
 
 
 def _summary_markdown(steps, latest, records, summary, resumed_from, rollbacks, latest_ref) -> str:

@@ -241,6 +241,9 @@ def test_reference_loss_falls_and_manifest(outcomes):
     latest = Path(m["latest_checkpoint"])
     assert latest.is_absolute() and latest.name == "tiny_llama_rank_0-1_16.ckpt" and latest.exists()
     assert m["latest_checkpoint_step"] == 16
+    layout = m["checkpoint_layout"]  # what CheckpointRef.from_manifest reads (docs/checkpoints.md)
+    assert (layout["world_size"], layout["model_parallel"], layout["pipeline_stage"], layout["step"]) == (1, 1, 1, 16)
+    assert layout["ranks"]["0"]["path"] == str(latest) and layout["ranks"]["0"]["sha256"] == m["latest_checkpoint_sha256"]
     # keep_checkpoint_max=2: only the two newest checkpoints stay
     assert sorted(p.name for p in (o.out / "checkpoint" / "rank_0").glob("*.ckpt")) == \
         ["tiny_llama_rank_0-1_12.ckpt", "tiny_llama_rank_0-1_16.ckpt"]

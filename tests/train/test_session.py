@@ -108,3 +108,47 @@ def test_one_yaml_writer_for_both_stages(tmp_path):
     assert (guard["spike_factor"], guard["window"]) == (9.0, 7)
     metrics = next(c for c in run["callbacks"] if c["type"] == "PipelineMetrics")
     assert metrics["tokens_per_step"] == 2 * sft_accumulation(cfg) * cfg.model.seq_length
+
+
+def _rank_file(out, rank: int, step: int):
+    """checkpoint/rank_N/<name>.ckpt with bytes of its own (a tensor/pipeline shard) and its verification sidecar."""
+    path = out / "checkpoint" / f"rank_{rank}" / f"m_rank_{rank}-1_{step}.ckpt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes([rank * 16 + step]) * (64 + rank))
+    sidecar = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "size": path.stat().st_size,
+               "step": step, "global_step": step, "epoch": 1, "params": 1, "verified_at": 0}
+    path.with_name(path.name + ".verified.json").write_text(json.dumps(sidecar))
+    return path
+
+
+def test_tensor_pipeline_resume_restores_every_rank_of_this_node_from_s3(tmp_path, s3_bucket, monkeypatch):
+    """mp2 x pp2 on 2 nodes x 2 devices: each node uploads its own ranks and its own latest pointer; a rerun of
+    node 1 on another machine gets rank 2's and rank 3's own files back into checkpoint/rank_N/."""
+    from pipeline_lib.storage import join, store_for
+
+    bucket, endpoint = s3_bucket
+    cfg = _cfg(tmp_path, parallel={"devices": 4, "devices_per_node": 2, "model_parallel": 2, "pipeline_stage": 2},
+               training={"keep_checkpoint_max": 2, "upload_checkpoints": True})
+    remote = join(bucket, "runs", "r1", "pretrain")
+    store = store_for(remote, endpoint)
+    sessions, originals = {}, {}
+    for node in (0, 1):
+        monkeypatch.setenv("LLM_PIPELINE_NODE_RANK", str(node))
+        s = TrainingSession(cfg, stage="pretrain", out=tmp_path / f"node{node}", remote=remote, endpoint=endpoint,
+                            steps=8, log=[].append, error=Refused)
+        assert s.resume_or_start("run-1") is None
+        for rank in s.ranks:
+            originals[rank] = _rank_file(s.out, rank, 4).read_bytes()
+        s.manager.sync()
+        sessions[node] = s
+    pointers = sorted(u.rsplit("/", 1)[-1] for u in store.list(join(remote, "checkpoint") + "/") if u.endswith(".json")
+                      and "latest" in u)
+    assert pointers == ["latest_checkpoint.json", "latest_checkpoint_node_1.json"]  # no node overwrote the other
+    monkeypatch.setenv("LLM_PIPELINE_NODE_RANK", "1")
+    again = TrainingSession(cfg, stage="pretrain", out=tmp_path / "other-machine", remote=remote, endpoint=endpoint,
+                            steps=8, log=[].append, error=Refused)
+    latest = again.resume_or_start("run-1")
+    assert latest is not None and sorted(latest["ranks"], key=int) == ["2", "3"]
+    for rank in (2, 3):
+        restored = tmp_path / "other-machine" / "checkpoint" / f"rank_{rank}" / f"m_rank_{rank}-1_4.ckpt"
+        assert restored.read_bytes() == originals[rank]  # its own shard, not rank 0's
