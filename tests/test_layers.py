@@ -91,3 +91,21 @@ def test_evaluate_and_export_do_not_import_each_other():
     edges = imports()
     assert not [w for pkg, w in edges["evaluate"] if pkg == "export"]
     assert not [w for pkg, w in edges["export"] if pkg == "evaluate"]
+
+
+def test_only_storage_branches_on_the_uri_scheme_or_talks_to_boto3():
+    """Callers ask the store (store.remote, open_range, glob, storage.is_absolute), not the URI."""
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        if path.relative_to(ROOT).parts[0] == "storage":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+            if any(n.split(".")[0] in ("boto3", "botocore") or n in ("is_s3", "split_s3") for n in names):
+                offenders.append(str(path.relative_to(ROOT.parent)))
+    assert offenders == []

@@ -16,14 +16,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..storage import RunPaths, describe_local, is_s3, join, store_for
+from ..storage import RunPaths, describe_local, join, store_for
 
 
 class StageFolder:
     def __init__(self, paths: RunPaths, stage: str):
         self.paths, self.stage = paths, stage
         self.uri = paths.stage_uri(stage)
-        self.remote = is_s3(self.uri)
+        self.remote = paths.store().remote
         if self.remote:
             self.local = Path(tempfile.mkdtemp(prefix=f"{self.stage}-"))
         else:  # a redo starts from an empty folder: no stale file of an earlier run is listed as output

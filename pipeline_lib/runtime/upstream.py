@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..storage import Manifest, RunPaths, is_s3, join, read_manifest, store_for
+from ..storage import Manifest, RunPaths, is_absolute, join, read_manifest, store_for
 
 _STEP = re.compile(r"-(\d+)_(\d+)\.ckpt$")
 
@@ -36,7 +36,7 @@ class InputNotFound(FileNotFoundError):
 
 
 def _resolve(stage_uri: str, value: str) -> str:
-    if is_s3(value) or Path(value).is_absolute():
+    if is_absolute(value):
         return value
     return join(stage_uri, value)
 
@@ -126,9 +126,11 @@ def default_checkpoints(cfg, paths: RunPaths, upstream: dict[str, Manifest] | No
 
 def localize(uri: str | None, cache_dir: Path, endpoint_url: str | None = None) -> str | None:
     """A local path for `uri`: downloads an s3:// object, or every object under an s3:// prefix."""
-    if uri is None or not is_s3(uri):
+    if uri is None:
         return uri
     store = store_for(uri, endpoint_url)
+    if not store.remote:
+        return uri
     rel = uri[len("s3://"):].replace("/", "_")[-120:]
     if store.exists(uri) and not store.list(uri.rstrip("/") + "/"):
         return str(store.get_file(uri, cache_dir / rel))

@@ -36,7 +36,7 @@ import yaml
 from ..config.mindformers_yaml import write_run_yaml
 from ..config.platform import device_target
 from ..config.schema import GuardConfig
-from ..storage import is_s3, join, store_for
+from ..storage import join, store_for
 from .checkpoints import CheckpointManager
 from .launch import GuardTripped, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
@@ -51,8 +51,9 @@ PREFLIGHT_FILE = "preflight.json"
 
 def work_dir(stage_uri: str) -> Path:
     """The folder a stage trains in (see the module docstring)."""
-    if not is_s3(stage_uri):
-        return Path(stage_uri).resolve()
+    store = store_for(stage_uri)
+    if not store.remote:
+        return store.local_path(stage_uri).resolve()
     root = Path(os.environ.get(WORK_DIR_ENV) or Path(tempfile.gettempdir()) / "llm-pipeline-work")
     return (root / hashlib.sha256(stage_uri.encode()).hexdigest()[:16]).resolve()
 

@@ -40,7 +40,7 @@ from ..model.chat_template import IGNORE, fit_to_row, labels_for, template_for
 from ..model.token_ids import TokenIds
 from ..model.tokenizer import Tokenizer
 from ..runtime.env import subprocess_env
-from ..storage.mindrecord import read_mindrecord_columns, write_mindrecord_columns
+from ..storage.mindrecord import read_mindrecord_columns
 from .instructions import SftDataError, iter_instruction_records, shape_of, to_turns
 
 DATA_FILE = "data/sft.mindrecord"

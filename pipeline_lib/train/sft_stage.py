@@ -39,7 +39,7 @@ from ..config.validate import preflight_steps_issues
 from .sft_data import prepare_sft_data, table_rows
 from ..model.token_ids import TokenIds
 from ..runtime.contract import StageOutput, StageRun
-from ..storage import is_s3, join, sha256_file, store_for
+from ..storage import is_absolute, join, sha256_file, store_for
 from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
 from .checkpoints import check_free_disk
 from .session import Batch, TrainingSession, loss_history, work_dir, write_training_yaml
@@ -81,7 +81,7 @@ def run_sft_stage(run: StageRun, *, base_checkpoint: str | None = None) -> Stage
     outputs = _publish(run, out)
     metrics = _metrics(run, out, train, adapter, stats, base_ref=base_ref, base_sha=base_sha, tok_ref=tok_ref,
                        started=started)
-    if is_s3(run.uri):  # everything is in the run store now
+    if run.remote:  # everything is in the run store now
         shutil.rmtree(out, ignore_errors=True)
     log(f"sft: done in {metrics['seconds']} s, loss {train['loss_first']:.4f} -> {train['loss_last']:.4f}, "
         f"{adapter['lora_numel']:,} LoRA parameters -> {join(run.uri, 'adapter')}")
@@ -102,7 +102,7 @@ def _upstream_file(run: StageRun, stage: str, keys: tuple[str, ...], suffix: str
         found, key=lambda p: [int(x) for x in _NUMBERS.findall(p)], default=None)
     if value is None:
         return None
-    return value if is_s3(value) or Path(value).is_absolute() else join(run.upstream_uri(stage), value)
+    return value if is_absolute(value) else join(run.upstream_uri(stage), value)
 
 
 def find_base_checkpoint(run: StageRun, explicit: str | None = None) -> str | None:
@@ -128,9 +128,9 @@ def _resolve_inputs(run: StageRun, base_checkpoint: str | None) -> tuple[str, st
 
 def _local(uri: str, cache: Path, endpoint_url: str | None, sidecar: str | None = None) -> Path:
     """An absolute local path for a local or s3:// file (downloaded into `cache`, with `sidecar` beside it)."""
-    if not is_s3(uri):
-        return Path(uri).expanduser().resolve()
     store, folder = store_for(uri, endpoint_url), uri.rsplit("/", 1)[0]
+    if not store.remote:
+        return store.local_path(uri).expanduser().resolve()
     if sidecar and store.exists(f"{folder}/{sidecar}"):
         store.get_file(f"{folder}/{sidecar}", cache / sidecar)
     return Path(store.get_file(uri, cache / uri.rsplit("/", 1)[-1])).resolve()
@@ -153,7 +153,7 @@ def _fetch_inputs(run: StageRun, base_ref: str, tok_ref: str, cache: Path) -> tu
 def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> dict:
     """Preflight, then train or resume in out/train; returns the final checkpoint, losses and resume facts."""
     cfg, rows, train_dir = run.cfg, stats["total"]["rows"], out / "train"
-    remote = join(run.uri, "train") if is_s3(run.uri) else None
+    remote = join(run.uri, "train") if run.remote else None
     session = TrainingSession(cfg, stage=STAGE, out=train_dir, remote=remote, endpoint=run.endpoint, steps=cfg.sft.steps,
                               log=run.log, progress=run.progress, error=SFTStageError, preflight_error=SFTPreflightFailed)
     reused = {k: v for k, v in cfg.training.model_dump(mode="json").items()
@@ -205,7 +205,7 @@ def _publish(run: StageRun, out: Path) -> list[dict]:
     rels = [p.relative_to(out).as_posix() for d in (out, out / "adapter", out / "data") for p in sorted(d.iterdir())
             if p.is_file() and p.name != "manifest.json"]
     rels += [r for r in ("train/metrics.jsonl", "train/latest_checkpoint.json") if (out / r).exists()]
-    for rel in rels if is_s3(run.uri) else ():
+    for rel in rels if run.remote else ():
         store_for(run.uri, run.endpoint).put_file(out / rel, join(run.uri, rel))
     return [{"path": r, "size": (out / r).stat().st_size, "sha256": sha256_file(out / r)} for r in rels]
 

@@ -61,7 +61,7 @@ from pathlib import Path
 from ..config.load import config_hash
 from ..config.validate import base_weights_issues, preflight_steps_issues
 from ..runtime.contract import StageOutput, StageRun
-from ..storage import is_s3, join, sha256_file, store_for
+from ..storage import join, sha256_file, store_for
 from .checkpoints import LATEST_FILE, check_disk
 from .metrics import METRICS_FILE
 from .preflight import GB, summarize_steps
@@ -95,7 +95,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     # 1. inputs (fast failures first: nothing is launched or deleted before they pass)
     base, base_info = _check_inputs(cfg)
     out = work_dir(run.uri)
-    remote = run.uri if is_s3(run.uri) else None
+    remote = run.uri if run.remote else None
     out.mkdir(parents=True, exist_ok=True)
     data_dir, rows, token_ids = _data_inputs(run, out, log)
     steps, steps_per_epoch = _schedule(cfg, rows)
@@ -159,7 +159,7 @@ def _data_inputs(run: StageRun, work: Path, log) -> tuple[Path, int, object]:
     if not rels:
         raise PretrainStageError(f"the data manifest at {uri} lists no mindrecord/train/ shards: rerun the data stage")
     store = store_for(uri, run.endpoint)
-    if is_s3(uri):
+    if store.remote:
         local = work / "_data" / "train"
         for rel in rels:
             dest = local / Path(rel).name
@@ -185,7 +185,7 @@ def _base_inputs(cfg) -> tuple[Path | None, dict]:
     for issue in base_weights_issues(cfg):  # the rule `validate` applies
         raise PretrainStageError(str(issue))
     if m.base_checkpoint:
-        if is_s3(m.base_checkpoint):
+        if store_for(m.base_checkpoint, cfg.run.s3_endpoint_url).remote:
             return None, {"base_checkpoint": m.base_checkpoint, "remote": True}
         path = Path(m.base_checkpoint).expanduser().resolve()
         if not path.is_file():
@@ -256,7 +256,7 @@ def _check_disk(cfg, session: TrainingSession, checkpoint_bytes: int | None) -> 
 
 def _publish(run: StageRun, out: Path, latest: dict) -> list[dict]:
     """Describe (size, sha256) the stage's files and upload them to an s3:// stage folder."""
-    remote = is_s3(run.uri)
+    remote = run.remote
     rels = [RUN_YAML, IDENTITY_FILE, LATEST_FILE]
     rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE) if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
@@ -279,7 +279,7 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
     cfg, latest, t = run.cfg, trained.latest, run.cfg.training
 
     def ref(path: str) -> str:  # a checkpoint's absolute path, or its URI on an s3:// store
-        return join(run.uri, Path(path).resolve().relative_to(out).as_posix()) if is_s3(run.uri) \
+        return join(run.uri, Path(path).resolve().relative_to(out).as_posix()) if run.remote \
             else str(Path(path).resolve())
 
     latest_ref = ref(latest["ranks"][str(min(int(r) for r in latest["ranks"]))]["path"])
