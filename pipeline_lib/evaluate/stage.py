@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -101,12 +100,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
         if progress:
             progress("evaluate", 0, len(items))
         started = time.time()
-        try:
-            result = run_worker("pipeline_lib.evaluate.worker", request, work,
-                                timeout_s=timeout_s or cfg.training.timeout_seconds, log=emit)
-        finally:
-            if (work / "worker.log").exists():
-                shutil.copyfile(work / "worker.log", folder.local / "worker.log")
+        result = run_worker("pipeline_lib.evaluate.worker", request, work, timeout_s=timeout_s or
+                            cfg.training.timeout_seconds, log=emit, keep_log=folder.local / "worker.log")
         summary = {"run_id": paths.run_id, "device": result["device"], "decode_path": result["decode_path"],
                    "generate_error": result.get("generate_error"), "generate_match": result.get("generate_match"),
                    "decoding": cfg.evaluate.decoding, "max_new_tokens": cfg.evaluate.max_new_tokens,

@@ -25,7 +25,6 @@ LoraMergeError, ShardMergeError, CheckpointMismatch) or WorkerTimeout.
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -86,12 +85,8 @@ def run_export_stage(run: StageRun, base_ckpt: str | None = None, adapter_ckpt: 
         emit(f"export: {base_ckpt}" + (f" + adapter {adapter_ckpt}" if adapter_ckpt else "") + f" on {target}")
         if progress:
             progress("export", 0, 1)
-        try:
-            result = run_worker("pipeline_lib.export.worker", request, work,
-                                timeout_s=timeout_s or cfg.training.timeout_seconds, log=emit)
-        finally:
-            if (work / "worker.log").exists():
-                shutil.copyfile(work / "worker.log", folder.local / "worker.log")
+        result = run_worker("pipeline_lib.export.worker", request, work, timeout_s=timeout_s or
+                            cfg.training.timeout_seconds, log=emit, keep_log=folder.local / "worker.log")
         checks = result["checks"]
         checks["seconds"] = round(time.time() - started, 2)
         (folder.local / "checks.json").write_text(json.dumps(checks, indent=1), encoding="utf-8")

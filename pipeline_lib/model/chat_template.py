@@ -44,6 +44,7 @@ naming sft.truncation for an unknown policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple, Protocol, Sequence
 
 MARKER_ROLES = ("system", "user", "assistant", "end")
@@ -134,13 +135,8 @@ class ChatTemplate:
     def encode(self, tok: _Tokenizer, conversations: Sequence[Sequence[Turn]],
                threads: int = 2) -> list[tuple[list[int], list[bool]]]:
         """`assemble` for many conversations, encoding all their contents in one batch."""
-        texts = [t.content for conv in conversations for t in conv]
-        flat = tok.encode_batch(texts, threads=threads) if texts else []
-        out, pos = [], 0
-        for conv in conversations:
-            out.append(self.assemble(conv, flat[pos:pos + len(conv)]))
-            pos += len(conv)
-        return out
+        return encode_grouped(tok, [[t.content for t in conv] for conv in conversations],
+                              [partial(self.assemble, conv) for conv in conversations], threads)
 
     def prompt_ids(self, tok: _Tokenizer, history: Sequence[Turn]) -> list[int]:
         """Ids a model continues to answer: `history` (ending with a user turn) + `<|assistant|>`."""
@@ -160,6 +156,17 @@ class ChatTemplate:
         m = self.markers
         return "".join(f"{m[t.role]}{t.content}" + ("</s>" if t.role == "assistant" else m["end"])
                        for t in turns)
+
+
+def encode_grouped(tok: _Tokenizer, groups: list[list[str]], assemble: list, threads: int) -> list:
+    """assemble[i](ids of groups[i]) for every group, encoding every text of every group in one batch."""
+    texts = [text for group in groups for text in group]
+    flat = tok.encode_batch(texts, threads=threads) if texts else []
+    out, pos = [], 0
+    for group, build in zip(groups, assemble):
+        out.append(build(flat[pos:pos + len(group)]))
+        pos += len(group)
+    return out
 
 
 def labels_for(ids: list[int], trained: list[bool]) -> list[int]:
@@ -250,13 +257,8 @@ class Llama2Template:
     def encode(self, tok: _Tokenizer, conversations: Sequence[Sequence[Turn]],
                threads: int = 2) -> list[tuple[list[int], list[bool]]]:
         segs = [self.segments(conv) for conv in conversations]
-        texts = [text for conv in segs for text, _ in conv]
-        flat = tok.encode_batch(texts, threads=threads) if texts else []
-        out, pos = [], 0
-        for conv in segs:
-            out.append(self.assemble_segments(conv, flat[pos:pos + len(conv)]))
-            pos += len(conv)
-        return out
+        return encode_grouped(tok, [[text for text, _ in conv] for conv in segs],
+                              [partial(self.assemble_segments, conv) for conv in segs], threads)
 
     def prompt_ids(self, tok: _Tokenizer, history: Sequence[Turn]) -> list[int]:
         """Ids a model continues to answer: `history` (ending with a user turn), ending with "[/INST]"."""

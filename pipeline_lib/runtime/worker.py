@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,8 +66,19 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             continue
 
 
-def run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: float, log=None) -> dict:
-    """Run the worker; returns its result dict (with "ok": True)."""
+def run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: float, log=None,
+               keep_log: str | Path | None = None) -> dict:
+    """Run the worker; returns its result dict (with "ok": True). keep_log: where the worker's full log is
+    copied when it ends, however it ends (the work folder is scratch)."""
+    try:
+        return _run_worker(module, request, workdir, timeout_s=timeout_s, log=log)
+    finally:
+        full = Path(workdir) / "worker.log"
+        if keep_log is not None and full.exists():
+            shutil.copyfile(full, keep_log)
+
+
+def _run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: float, log=None) -> dict:
     emit = as_log(log)
     workdir = Path(workdir).resolve()  # the worker runs in workdir/cwd: its arguments and env must be absolute
     cwd = workdir / "cwd"
