@@ -64,8 +64,8 @@ def test_mapped_data_stage_matches_local_pool_and_skips_on_rerun(tmp_path):
 
 
 def test_dask_executor_matches_local_and_records_shard_task_runs(tmp_path):
-    """data.executor=dask on an existing scheduler (2 worker processes): the same outputs as the local
-    executor, and every shard step is a task run on the server, sent by the Dask workers."""
+    """data.executor=dask on an existing scheduler (2 worker processes) and on its own local cluster: the
+    same outputs as the local executor, and every shard step is a task run on the server, sent by the Dask workers."""
     from distributed import Client, LocalCluster
 
     base = ["data.docs_per_shard=150"]
@@ -94,6 +94,13 @@ def test_dask_executor_matches_local_and_records_shard_task_runs(tmp_path):
     stats_dask, stats_local = (json.loads((d / "stats.json").read_text()) for d in (d_dask, d_local))
     assert stats_dask.pop("run_id") == "dask" and stats_local.pop("run_id") == "local"
     assert stats_dask == stats_local
+
+    # data.dask_address null: the stage starts (and closes) its own local cluster of data.num_workers processes.
+    own = load_config("configs/pipelines/tiny-cpu.yaml", base + [
+        f"run.output_root={tmp_path}/own", "data.executor=dask", "data.num_workers=2"])
+    assert llm_pipeline(config=own.model_dump(mode="json"), run_id="own", stages=["data"],
+                        return_state=True).is_completed()
+    assert outputs(json.loads((tmp_path / "own" / "own" / "data" / "manifest.json").read_text())) == outputs(m_local)
 
     # Every shard's prep and tokenize step is its own task run on the server (events: poll briefly).
     shards = stats_dask["shards"] if isinstance(stats_dask["shards"], int) else len(stats_dask["shards"])
