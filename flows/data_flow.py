@@ -1,10 +1,15 @@
 """The data stage flow: the steps of pipeline_lib.data.stage as tasks mapped over shards.
 
-Shard steps run as concurrent task runs (a thread pool of data.num_workers) whose prep and
-tokenize work runs in a shared process pool of as many workers (pipeline_lib.data.stage.in_worker):
-task runs in a process pool are not recorded by Prefect 3.9's server in our tests, so the task
-runs stay in threads (one per shard in the UI) and only their work goes to processes.
-data.executor=local runs the stage in one task with its own process pool instead. Every step is idempotent: a retry or a resumed run redoes only unfinished shards.
+data.executor=prefect: shard steps run as concurrent task runs (a thread pool of data.num_workers)
+whose prep and tokenize work runs in a shared process pool of as many workers
+(pipeline_lib.data.stage.in_worker): task runs in a process pool are not recorded by Prefect 3.9's
+server in our tests, so the task runs stay in threads (one per shard in the UI) and only their work
+goes to processes.
+data.executor=dask: the same task runs go to Dask workers through prefect-dask's DaskTaskRunner
+(data.dask_address, or a local cluster of data.num_workers processes); each worker runs its
+Prefect task engine and reports the task run to the server itself, and does the work inline.
+data.executor=local runs the stage in one task with its own process pool instead.
+Every step is idempotent: a retry or a resumed run redoes only unfinished shards.
 """
 from __future__ import annotations
 
@@ -43,6 +48,19 @@ def _shard_steps(config: dict, run_id: str) -> dict:
     return manifest
 
 
+def _task_runner(cfg):
+    """Where the shard task runs go: Dask workers (data.executor=dask) or a thread pool."""
+    if cfg.data.executor != "dask":
+        return ThreadPoolTaskRunner(max_workers=cfg.data.num_workers)
+    from prefect_dask import DaskTaskRunner
+
+    if cfg.data.dask_address:
+        return DaskTaskRunner(address=cfg.data.dask_address)
+    # One thread per worker process: a shard's work is CPU-bound Python (the GIL), one at a time.
+    return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.data.num_workers, "threads_per_worker": 1,
+                                          "processes": True, "dashboard_address": ":0"})
+
+
 def run_mapped_data(cfg, run_id: str) -> dict:
     """Run (or skip) the data stage with shard mapping; returns the stage-task-shaped result."""
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
@@ -55,8 +73,7 @@ def run_mapped_data(cfg, run_id: str) -> dict:
         return Completed(message="data: manifest complete, not redone", name="Skipped", data=result)
     get_run_logger().info(f"data: running ({why})")
     invalidate(uri, paths.endpoint_url)
-    runner = ThreadPoolTaskRunner(max_workers=cfg.data.num_workers)
-    raw = _shard_steps.with_options(task_runner=runner)(config=cfg.model_dump(mode="json"), run_id=run_id)
+    raw = _shard_steps.with_options(task_runner=_task_runner(cfg))(config=cfg.model_dump(mode="json"), run_id=run_id)
     manifest = record_stage(cfg, paths, "data", StageOutput(**raw))
     publish_stage_artifacts(cfg, paths, "data", manifest)
     return {"stage": "data", "run_id": run_id, "skipped": False, "seconds": round(time.time() - started, 2),

@@ -22,7 +22,7 @@ def _make_stage_flow(stage: str):
         cfg = resolve_config(config, overrides)
         # The launcher reads the node rank of a multi-node job from the environment (msrun --node_rank).
         os.environ["LLM_PIPELINE_NODE_RANK"] = str(node_rank)
-        if stage == "data" and cfg.data.executor == "prefect":
+        if stage == "data" and cfg.data.executor in ("prefect", "dask"):
             from flows.data_flow import run_mapped_data
 
             return run_mapped_data(cfg, run_id)

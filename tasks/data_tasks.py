@@ -23,6 +23,12 @@ def _ctx(config: dict, run_id: str):
     return cfg, RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
 
 
+def _shard_processes(cfg) -> int:
+    """Processes for a shard's CPU work: on Dask the task already runs in a worker process (one task
+    at a time per worker), so it works inline; in the thread-pool runner a shared process pool."""
+    return 1 if cfg.data.executor == "dask" else cfg.data.num_workers
+
+
 @task(name="data-plan", task_run_name="data/{run_id}/plan", **_RETRY)
 def plan_task(config: dict, run_id: str) -> int:
     from pipeline_lib.data.stage import plan_data_stage
@@ -35,7 +41,7 @@ def prep_task(config: dict, run_id: str, index: int) -> dict:
     from pipeline_lib.data.stage import in_worker, prep_shard
 
     cfg, paths = _ctx(config, run_id)  # the work runs in a process pool: data.num_workers shards at once
-    return in_worker(prep_shard, cfg, paths, index, workers=cfg.data.num_workers)
+    return in_worker(prep_shard, cfg, paths, index, workers=_shard_processes(cfg))
 
 
 @task(name="data-dedup", task_run_name="data/{run_id}/dedup", **_RETRY)
@@ -58,7 +64,7 @@ def tokenize_task(config: dict, run_id: str, index: int) -> dict:
     from pipeline_lib.data.stage import in_worker, tokenize_shard
 
     cfg, paths = _ctx(config, run_id)
-    return in_worker(tokenize_shard, cfg, paths, index, workers=cfg.data.num_workers)
+    return in_worker(tokenize_shard, cfg, paths, index, workers=_shard_processes(cfg))
 
 
 @task(name="data-mindrecord-plan", task_run_name="data/{run_id}/mindrecord-plan", **_RETRY)

@@ -122,11 +122,17 @@ class DataConfig(_Section):
     docs_per_shard: int = Field(2000, ge=1, description="Documents per processing shard (unit of work).")
     num_workers: int = Field(2, json_schema_extra=NO_OUTPUT_EFFECT,
                              ge=1, description="Parallel shard workers (output does not depend on it).")
-    executor: Literal["prefect", "local"] = Field(
+    executor: Literal["prefect", "local", "dask"] = Field(
         "prefect", json_schema_extra=NO_OUTPUT_EFFECT,
         description="prefect: shard steps are Prefect tasks mapped over shards (a task run per "
         "shard in the UI, run concurrently in threads); local: one task runs the stage with its own process pool "
-        "(fastest for large CPU-bound corpora).")
+        "(fastest for large CPU-bound corpora); dask: the shard tasks run on Dask workers (prefect-dask's "
+        "DaskTaskRunner), a task run per shard in the UI, on data.dask_address or a local cluster.")
+    dask_address: str | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="With data.executor=dask: address of an existing Dask scheduler (tcp://host:8786); its "
+        "workers need this package installed and run.output_root reachable (s3:// across machines). null: a "
+        "local cluster of data.num_workers worker processes, started for the stage and closed after it.")
     filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     heldout_fraction: float = Field(

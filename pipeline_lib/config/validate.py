@@ -367,6 +367,10 @@ def warnings(cfg: PipelineConfig) -> list[str]:
         out.append("parallel.optimizer_shard=true has no effect with parallel.data_parallel=1: mindformers shards "
                    "optimizer states across the data-parallel group, which is one device here (the planner "
                    "counts no saving). Fix: set optimizer_shard=false, or use data_parallel > 1")
+    d = cfg.data
+    if d.dask_address and d.executor != "dask":
+        out.append(f"data.dask_address={d.dask_address} has no effect with data.executor={d.executor}: only the dask "
+                   "executor sends work to a Dask scheduler. Fix: set data.executor=dask, or remove data.dask_address")
     return out
 
 

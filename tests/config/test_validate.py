@@ -262,3 +262,12 @@ def test_filters_are_built_as_the_data_stage_builds_them():
 
 def test_trained_tokenizer_needs_four_distinct_special_ids():
     assert "tokenizer.pad_id/unk_id/bos_id/eos_id" in issues(tokenizer={"bos_id": 3, "eos_id": 3})
+
+
+def test_dask_address_without_dask_executor_is_a_warning():
+    from pipeline_lib.config.validate import warnings
+
+    address = "tcp://10.0.0.5:8786"
+    assert warnings(config_from_dict({"data": {"executor": "dask", "dask_address": address}})) == []
+    (warning,) = warnings(config_from_dict({"data": {"executor": "local", "dask_address": address}}))
+    assert "data.dask_address" in warning and "data.executor=local" in warning and "Fix: set data.executor=dask" in warning

@@ -61,3 +61,57 @@ def test_mapped_data_stage_matches_local_pool_and_skips_on_rerun(tmp_path):
 
     again = llm_pipeline(config=mapped.model_dump(mode="json"), run_id="mapped", stages=["data"], return_state=True)
     assert again.result()["stages"]["data"]["state"] == "skipped"
+
+
+def test_dask_executor_matches_local_and_records_shard_task_runs(tmp_path):
+    """data.executor=dask on an existing scheduler (2 worker processes) and on its own local cluster: the
+    same outputs as the local executor, and every shard step is a task run on the server, sent by the Dask workers."""
+    from distributed import Client, LocalCluster
+
+    base = ["data.docs_per_shard=150"]
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+        on_dask = load_config("configs/pipelines/tiny-cpu.yaml", base + [
+            f"run.output_root={tmp_path}/dask", "data.executor=dask", f"data.dask_address={cluster.scheduler_address}"])
+        state = llm_pipeline(config=on_dask.model_dump(mode="json"), run_id="dask", stages=["data"],
+                             return_state=True)
+        assert state.is_completed(), state.message
+        with Client(cluster) as client:  # the scheduler keeps a prefix (the task function's name) per kind it ran
+            ran = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    assert {"prep_task", "tokenize_task", "mindrecord_task"} <= set(ran), ran
+
+    # A separate output root: the persistent dedup index under the first one has seen every document.
+    local = load_config("configs/pipelines/tiny-cpu.yaml", base + [
+        f"run.output_root={tmp_path}/local", "data.executor=local", "data.num_workers=1"])
+    assert llm_pipeline(config=local.model_dump(mode="json"), run_id="local", stages=["data"],
+                        return_state=True).is_completed()
+    d_dask, d_local = tmp_path / "dask" / "dask" / "data", tmp_path / "local" / "local" / "data"
+    m_dask, m_local = (json.loads((d / "manifest.json").read_text()) for d in (d_dask, d_local))
+    # MindRecord .db index files embed their own path; stats.json names the run (compared below).
+    outputs = lambda m: {o["path"]: o["sha256"] for o in m["outputs"]  # noqa: E731
+                         if not o["path"].endswith(".db") and o["path"] != "stats.json"}
+    assert outputs(m_dask) == outputs(m_local)
+    assert any(p.startswith("mindrecord/") or ".mindrecord" in p for p in outputs(m_dask))
+    stats_dask, stats_local = (json.loads((d / "stats.json").read_text()) for d in (d_dask, d_local))
+    assert stats_dask.pop("run_id") == "dask" and stats_local.pop("run_id") == "local"
+    assert stats_dask == stats_local
+
+    # data.dask_address null: the stage starts (and closes) its own local cluster of data.num_workers processes.
+    own = load_config("configs/pipelines/tiny-cpu.yaml", base + [
+        f"run.output_root={tmp_path}/own", "data.executor=dask", "data.num_workers=2"])
+    assert llm_pipeline(config=own.model_dump(mode="json"), run_id="own", stages=["data"],
+                        return_state=True).is_completed()
+    assert outputs(json.loads((tmp_path / "own" / "own" / "data" / "manifest.json").read_text())) == outputs(m_local)
+
+    # Every shard's prep and tokenize step is its own task run on the server (events: poll briefly).
+    shards = stats_dask["shards"] if isinstance(stats_dask["shards"], int) else len(stats_dask["shards"])
+    deadline = time.time() + 60
+    while True:
+        with get_client(sync_client=True) as client:
+            names = {tr.name for tr in client.read_task_runs(
+                task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_="data/dask/")))}
+        wanted = {f"data/dask/{step}-{k:05d}" for step in ("prep", "tokenize") for k in range(shards)}
+        if wanted <= names or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert shards >= 2 and wanted <= names, sorted(names)
+    assert any(n.startswith("data/dask/mindrecord-train-") for n in names), sorted(names)
