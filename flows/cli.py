@@ -9,7 +9,7 @@
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
-needs to be started by hand. Rerun with the same --run-id to resume: finished stages are skipped.
+needs to be started by hand. Rerun with the same --run-id to resume: finished stages are Cached (not redone).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
         print(f"  {stage:<9} {entry['state']:<13} {seconds}  {entry.get('stage_uri', '')}{note}")
     if failed:
         print(f"error: {failed}")
-        print(f"resume: llm-pipeline run ... --run-id {summary['run_id']}  (finished stages are skipped)")
+        print(f"resume: llm-pipeline run ... --run-id {summary['run_id']}  (finished stages are cached, not redone)")
     print(_ui_hint(embedded))
 
 

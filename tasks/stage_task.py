@@ -6,7 +6,8 @@
   machine agrees); the Prefect cache (inputs + task source, persisted result) mirrors it so a
   "Retry" of a failed flow run in the UI shows finished stages as Cached. The cache is refreshed
   whenever the manifest does not match, so a stale cache can never skip real work.
-- Skipped stages finish in a Completed state named "Skipped", visible in the UI and the API.
+- A stage not redone finishes in a Completed state named "Cached", the same word Prefect uses for a
+  cache hit after a UI Retry, the CLI summary and the logs use: one word for "finished earlier, not redone".
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     result = {"stage": stage, "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
               "stage_uri": paths.stage_uri(stage), "manifest": manifest.__dict__}
     if skipped:
-        return Completed(message=f"{stage}: manifest complete, not redone", name="Skipped", data=result)
+        return Completed(message=f"{stage}: manifest complete, not redone", name="Cached", data=result)
     publish_stage_artifacts(cfg, paths, stage, manifest)
     return result
 
