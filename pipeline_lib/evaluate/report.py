@@ -98,9 +98,17 @@ def _round(value, digits: int = 4):
     return float(f"{value:.{digits}g}") if isinstance(value, float) else value
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~])")
+_LONG_WORD = re.compile(r"\S{60,}")
+
+
 def _md_quote(text: str) -> str:
-    """Model output as a one-paragraph quote: HTML escaped (the UI renders raw HTML), newlines kept."""
-    return "> " + (html.escape(text or "").replace("\r", "").replace("\n", "<br>") or " ")
+    """Model output as a one-paragraph quote a markdown renderer shows as written: markdown and HTML
+    characters backslash-escaped (the Prefect UI renders raw HTML tags), newlines as <br>, and a
+    zero-width space every 40 characters of a very long word so the page can wrap it."""
+    text = _LONG_WORD.sub(lambda m: "\u200b".join(m.group(0)[i:i + 40] for i in range(0, len(m.group(0)), 40)),
+                          (text or "").replace("\r", ""))
+    return "> " + (_MD_SPECIAL.sub(r"\\\1", text).replace("\n", "<br>") or " ")
 
 
 def render_markdown(summary: dict, generations: dict, title: str = "Evaluation") -> str:

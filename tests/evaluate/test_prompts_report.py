@@ -82,7 +82,9 @@ def test_comparison_and_summary_rows():
 def test_markdown_and_html_are_escaped(tmp_path):
     summary, gens = _summary()
     md = rep.render_markdown(summary, gens, "T")
-    assert "> Say | hi" in md and "> 答<br>案" in md and "> HI &lt;b&gt; mark" in md  # model output never HTML
+    assert "> Say \\| hi" in md and "> 答<br>案" in md and "> HI \\<b\\> mark" in md  # shown as written, not HTML
+    long = rep.render_markdown({**summary, "prompts": [{**summary["prompts"][0], "prompt": "x" * 130}]}, gens, "T")
+    assert "> " + "\u200b".join(["x" * 40] * 3 + ["x" * 10]) in long  # a long word can wrap
     page = rep.render_html(summary, gens, "T")
     assert "<mark>HI</mark> &lt;b&gt; <mark>mark</mark>" in page  # keywords highlighted, answer escaped
     assert "<b>" not in page.replace("<b>p1</b>", "").replace("<b>p2</b>", "")
