@@ -97,6 +97,8 @@ def publish_stage_artifacts(cfg, paths, stage: str, manifest) -> None:
     lines += [f"| `{o['path']}` | {o['size']:,} |" for o in manifest.outputs[:200]]
     create_markdown_artifact(f"**{stage}** outputs in `{stage_uri}`\n\n" + "\n".join(lines),
                              key=_key(stage, "outputs"), description=f"{stage}: outputs")
-    if stage_uri.startswith("s3://") or stage_uri.startswith("/"):
-        create_link_artifact(stage_uri if stage_uri.startswith("s3://") else f"file://{stage_uri}",
-                             link_text=f"{stage} folder", key=_key(stage, "folder"))
+    # A link only where a browser can open it (a presigned URL of an S3 store); browsers refuse file://
+    # links from a page, so a local folder is the path text in the outputs artifact above.
+    url = store.share_url(join(stage_uri, "manifest.json"))
+    if url:
+        create_link_artifact(url, link_text=f"{stage} manifest ({stage_uri})", key=_key(stage, "folder"))

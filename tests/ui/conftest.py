@@ -55,13 +55,18 @@ def ui_url(prefect_server) -> str:
 
 @pytest.fixture
 def screenshot(tmp_path):
-    """screenshot(page, name) -> path of a full-page PNG under this test's tmp folder (screens/)."""
+    """screenshot(page, name) -> path of a full-page PNG under this test's tmp folder (screens/).
+    LLM_PIPELINE_SCREENSHOTS=<folder> also copies each one there (docs/img holds the README's)."""
     folder = tmp_path / "screens"
+    keep = os.environ.get("LLM_PIPELINE_SCREENSHOTS")
 
     def take(page, name: str) -> Path:
         folder.mkdir(exist_ok=True)
         path = folder / f"{name}.png"
         page.screenshot(path=str(path), full_page=True)
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, Path(keep) / path.name)
         return path
 
     return take

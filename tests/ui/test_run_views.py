@@ -86,6 +86,8 @@ def test_parent_overview_shows_every_stage_and_the_evaluation_fits_the_window(ti
     screenshot(page, "evaluation-view")
     assert widths["scroll"] <= widths["client"] and widths["page"] <= WINDOW, widths
     assert shot.exists()
+    with get_client(sync_client=True) as client:  # browsers refuse file:// links from a page: none anywhere
+        assert not [a.key for a in client.read_artifacts() if "file://" in str(a.data)]
 
 
 def test_failing_stage_shows_its_error_in_the_overview_and_a_rerun_shows_cached(tiny_cfg, page, ui_url,
