@@ -25,6 +25,7 @@ from pipeline_lib.stages import TransientError, run_stage, stage_done
 from pipeline_lib.storage import RunPaths
 
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
+from tasks.live_training import LiveTraining
 
 TRAINING_STAGES = ("pretrain", "sft")
 
@@ -69,9 +70,15 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     reporter = ProgressReporter(stage)
     started = time.time()
     if stage in TRAINING_STAGES:
-        # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
-        with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
-            manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
+        live = LiveTraining(stage, paths, reporter)  # loss curve + last steps while training, kept on failure
+        try:
+            # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
+            with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
+                manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=live)
+        except BaseException:
+            live.finish(failed=True)
+            raise
+        live.finish(failed=False)
     else:
         manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
     reporter.finish()

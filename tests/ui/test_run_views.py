@@ -111,3 +111,46 @@ def test_failing_stage_shows_its_error_in_the_overview_and_a_rerun_shows_cached(
     text = page.locator(CONTENT).inner_text()
     assert text.count("Cached") >= 3 and "Failed" not in text  # the legend, data and pretrain (not redone)
     screenshot(page, "run-overview-resumed")
+
+
+def test_live_loss_curve_exists_before_training_ends_and_is_kept_on_failure(tiny_cfg, monkeypatch, page, ui_url,
+                                                                             screenshot):
+    import contextvars
+    import threading
+    import time
+
+    import tasks.live_training
+
+    monkeypatch.setattr(tasks.live_training, "LIVE_EVERY_S", 0.0)  # every tick (the default is 30 s)
+    monkeypatch.setitem(stages.SPECS, "pretrain",
+                        dataclasses.replace(stages.SPECS["pretrain"], runner="live_double:pretrain"))
+    result = {}
+    context = contextvars.copy_context()  # the session's Prefect settings (this server) in the worker thread too
+    worker = threading.Thread(target=lambda: context.run(lambda: result.update(state=llm_pipeline(
+        config=tiny_cfg.model_dump(mode="json"), run_id="ui-live", stages=["data", "pretrain"], return_state=True))))
+    worker.start()
+    release = Path(tiny_cfg.run.output_root) / "ui-live" / "release-pretrain"
+    try:
+        deadline, live = time.time() + 120, None
+        while time.time() < deadline and live is None:  # the double holds at step 6 of 12 until released
+            with get_client(sync_client=True) as client:
+                found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pretrain-live"])))
+            live = next((a for a in found if "step 6 of 12" in str(a.data)), None)
+            time.sleep(0.5)
+        assert live is not None, "no live artifact while training"
+        page.goto(f"{ui_url}/artifacts/artifact/{live.id}")
+        img = page.locator(f"{CONTENT} img").first
+        img.wait_for()
+        assert page.evaluate("(el) => el.naturalWidth", img.element_handle()) > 100  # the PNG decodes
+        assert "training, step 6 of 12" in page.locator(CONTENT).inner_text()
+        screenshot(page, "live-training")
+    finally:
+        release.parent.mkdir(parents=True, exist_ok=True)
+        release.write_text("go")
+        worker.join(180)
+    assert result["state"].is_failed()
+    page.reload()
+    page.locator(f"{CONTENT} img").first.wait_for()
+    text = page.locator(CONTENT).inner_text()
+    assert "failed, step 12 of 12" in text  # the curve up to the failure stays
+    screenshot(page, "live-training-failed")
