@@ -26,6 +26,7 @@ from pipeline_lib.storage import RunPaths
 
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
 from tasks.live_training import LiveTraining
+from tasks.stage_log import StageLog
 
 TRAINING_STAGES = ("pretrain", "sft")
 
@@ -68,19 +69,23 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     cfg = config_from_dict(config)
     paths = _run_paths(cfg, run_id)
     reporter = ProgressReporter(stage)
+    log = StageLog(stage, paths, logger)  # trainer lines at their level, step lines rate-limited, full log file
     started = time.time()
-    if stage in TRAINING_STAGES:
-        live = LiveTraining(stage, paths, reporter)  # loss curve + last steps while training, kept on failure
-        try:
-            # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
-            with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
-                manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=live)
-        except BaseException:
-            live.finish(failed=True)
-            raise
-        live.finish(failed=False)
-    else:
-        manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
+    try:
+        if stage in TRAINING_STAGES:
+            live = LiveTraining(stage, paths, reporter)  # loss curve + last steps while training, kept on failure
+            try:
+                # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
+                with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
+                    manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=live)
+            except BaseException:
+                live.finish(failed=True)
+                raise
+            live.finish(failed=False)
+        else:
+            manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=reporter)
+    finally:
+        log.close()
     reporter.finish()
     result = {"stage": stage, "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
               "stage_uri": paths.stage_uri(stage), "manifest": manifest.__dict__}

@@ -31,8 +31,10 @@ def _doubles_importable(monkeypatch):
     monkeypatch.syspath_prepend(_FLOWS_DIR)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Per test module, not per session: Playwright's sync API keeps an event loop on this thread while it
+    runs, and Prefect's sync/async calls (State.result) then return coroutines in later tests."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
