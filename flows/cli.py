@@ -2,7 +2,7 @@
 
   llm-pipeline validate CONFIG [key=value ...]        check a config (exit 2 with the errors)
   llm-pipeline plan --model CONFIG --devices N ...     memory plan and layout advice
-  llm-pipeline run CONFIG [--run-id ID] [--stages a,b] [--dispatch] [key=value ...]
+  llm-pipeline run CONFIG [--run-id ID] [--stages a,b] [--dispatch] [--submit] [key=value ...]
   llm-pipeline status CONFIG --run-id ID               which stages of a run are complete
   llm-pipeline pools [--ascend-hosts node0,node1]     create work pools and per-node limits (idempotent)
   llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
@@ -132,6 +132,9 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("--stages", help="comma-separated subset, e.g. data,pretrain")
     ap.add_argument("--dispatch", action="store_true",
                     help="send each stage to its deployment on its work pool (needs a Prefect server)")
+    ap.add_argument("--submit", action="store_true",
+                    help="create a run of the llm-pipeline/default deployment for a worker to run (retryable "
+                         "in the UI) and return; needs a Prefect server, `llm-pipeline deploy` and a worker")
     args = ap.parse_intermixed_args(argv)
     try:
         cfg = validate(load_config(args.config, args.overrides))
@@ -143,6 +146,17 @@ def run_main(argv: list[str]) -> int:
     from flows.pipeline import llm_pipeline, stage_states
 
     run_id = args.run_id or new_run_id()
+    if args.submit:
+        from flows.submit import SubmitError, submit_run
+
+        try:
+            _, url = submit_run(args.config, args.overrides, run_id, stages, args.dispatch)
+        except SubmitError as err:
+            print(err, file=sys.stderr)
+            return 2
+        print(f"submitted run {run_id}: {url}")
+        print(f"resume: llm-pipeline run ... --run-id {run_id} --submit, or Retry in the UI")
+        return 0
     with embedded_api() as api:
         state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
                              dispatch=args.dispatch, return_state=True)

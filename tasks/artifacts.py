@@ -58,6 +58,12 @@ class ProgressReporter:
                 pass
 
 
+def readable_row(row: dict, digits: int = 4) -> dict:
+    """Floats to `digits` significant digits for the UI tables (the manifest keeps the exact values)."""
+    return {k: float(f"{v:.{digits}g}") if isinstance(v, float) and v == v and abs(v) != float("inf") else v
+            for k, v in row.items()}
+
+
 def _image_markdown(stage_uri: str, rel: str, store) -> str:
     uri = join(stage_uri, rel)
     data = store.get_bytes(uri)
@@ -87,7 +93,8 @@ def publish_stage_artifacts(cfg, paths, stage: str, manifest) -> None:
         if table:
             metrics["tables"] = {**(metrics.get("tables") or {}), "stats": table}
     for name, table in (metrics.get("tables") or {}).items():
-        create_table_artifact(table["rows"], key=_key(stage, name), description=table.get("description", name))
+        create_table_artifact([readable_row(r) for r in table["rows"]], key=_key(stage, name),
+                              description=table.get("description", name))
     for name, rel in (metrics.get("images") or {}).items():
         create_markdown_artifact(_image_markdown(stage_uri, rel, store), key=_key(stage, name),
                                  description=f"{stage}: {name}")
