@@ -1,4 +1,5 @@
-# make setup : create .venv and install the pinned stack (idempotent; a second run is a no-op)
+# make setup : create .venv and install the pinned stack, plus Debian's chromium for the browser tests
+#              (idempotent; a second run is a no-op)
 # make demo  : setup + run the whole pipeline on the bundled tiny CPU default
 # make test  : setup + the test suite
 PY ?= $(shell command -v python3.11 || command -v python3)
@@ -7,9 +8,21 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup demo test bench clean
+.PHONY: setup browser demo test bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) browser
+
+# The UI tests (tests/ui) drive Debian's chromium through Playwright (Playwright's own browser download
+# cannot reach its CDN here). Installed with apt-get when missing and we are root (CI on a fresh machine);
+# elsewhere the tests skip and say why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing chromium (browser tests)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "note: no chromium and no root apt-get: the browser tests (tests/ui) will be skipped"; \
+	  fi; }
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)

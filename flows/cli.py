@@ -2,7 +2,7 @@
 
   llm-pipeline validate CONFIG [key=value ...]        check a config (exit 2 with the errors)
   llm-pipeline plan --model CONFIG --devices N ...     memory plan and layout advice
-  llm-pipeline run CONFIG [--run-id ID] [--stages a,b] [--dispatch] [key=value ...]
+  llm-pipeline run CONFIG [--run-id ID] [--stages a,b] [--dispatch] [--submit] [key=value ...]
   llm-pipeline status CONFIG --run-id ID               which stages of a run are complete
   llm-pipeline pools [--ascend-hosts node0,node1]     create work pools and per-node limits (idempotent)
   llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
@@ -10,7 +10,7 @@
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
-needs to be started by hand. Rerun with the same --run-id to resume: finished stages are skipped.
+needs to be started by hand. Rerun with the same --run-id to resume: finished stages are Cached (not redone).
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
         if cause:
             print(f"cause: {cause['category']}" + (f": {cause['remedy']}" if cause.get("remedy") else ""))
             print(f"details: llm-pipeline doctor --run-id {summary['run_id']} CONFIG")
-        print(f"resume: llm-pipeline run ... --run-id {summary['run_id']}  (finished stages are skipped)")
+        print(f"resume: llm-pipeline run ... --run-id {summary['run_id']}  (finished stages are cached, not redone)")
     print(_ui_hint(embedded))
 
 
@@ -208,8 +208,12 @@ def run_main(argv: list[str]) -> int:
                     "e.g. data,pretrain")
     ap.add_argument("--dispatch", action="store_true",
                     help="send each stage to its deployment on its work pool (needs a Prefect server)")
+    ap.add_argument("--submit", action="store_true",
+                    help="create a run of the llm-pipeline/default deployment for a worker to run (retryable "
+                         "in the UI) and return; needs a Prefect server, `llm-pipeline deploy` and a worker")
     args = ap.parse_intermixed_args(argv)
-    api = embedded_api().launch()  # boots while the config loads, the inputs are listed and the flows import
+    # boots while the config loads, the inputs are listed and the flows import (--submit talks to a real server)
+    api = embedded_api() if args.submit else embedded_api().launch()
     try:
         cfg = validate(load_config(args.config, args.overrides))
         stages = parse_stages(args.stages)
@@ -224,6 +228,17 @@ def run_main(argv: list[str]) -> int:
     from flows.pipeline import llm_pipeline, stage_states
 
     run_id = args.run_id or new_run_id()
+    if args.submit:
+        from flows.submit import SubmitError, submit_run
+
+        try:
+            _, url = submit_run(args.config, args.overrides, run_id, stages, args.dispatch)
+        except SubmitError as err:
+            print(err, file=sys.stderr)
+            return 2
+        print(f"submitted run {run_id}: {url}")
+        print(f"resume: llm-pipeline run ... --run-id {run_id} --submit, or Retry in the UI")
+        return 0
     with api:
         state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
                              dispatch=args.dispatch, return_state=True)

@@ -70,7 +70,7 @@ def run_mapped_data(cfg, run_id: str) -> dict:
     if done:
         result = {"stage": "data", "run_id": run_id, "skipped": True, "seconds": 0.0, "stage_uri": uri,
                   "manifest": read_manifest(uri, paths.endpoint_url).__dict__}
-        return Completed(message="data: manifest complete, not redone", name="Skipped", data=result)
+        return Completed(message="data: manifest complete, not redone", name="Cached", data=result)
     get_run_logger().info(f"data: running ({why})")
     invalidate(uri, paths.endpoint_url)
     raw = _shard_steps.with_options(task_runner=_task_runner(cfg))(config=cfg.model_dump(mode="json"), run_id=run_id)

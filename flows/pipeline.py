@@ -7,7 +7,8 @@ Two modes:
 - dispatch: each stage is sent to its deployment on its work pool with `run_deployment`; the
   child's final state is checked (run_deployment does not raise), a failed child fails this flow
   with the child's message, and outputs are read back from the stage manifest on the run store.
-Rerunning with the same run_id skips every stage whose manifest matches (resume).
+Rerunning with the same run_id does not redo a stage whose manifest matches: it is Cached (resume).
+The parent run carries the run overview artifact (tasks/overview.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from flows.common import resolve_config
 from flows.dispatch import dispatch_stage
 from flows.notify import notify_failure
 from flows.stage_flows import stage_flow
+from tasks.overview import RunOverview
 
 
 class StageFailed(RuntimeError):
@@ -31,7 +33,7 @@ class StageFailed(RuntimeError):
 def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
     missing = []
     for up in SPECS[stage].upstream:
-        if states.get(up, {}).get("state") in ("completed", "skipped"):
+        if states.get(up, {}).get("state") in ("completed", "cached"):
             continue
         if read_manifest(paths.stage_uri(up), paths.endpoint_url) is None:
             missing.append(up)
@@ -51,27 +53,34 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
     wanted = stages or parse_stages(None)
     summary = {"run_id": run_id, "run_uri": paths.run_uri, "stages": {}}
+    overview = RunOverview(paths, list(wanted))  # the parent run's artifact, updated as each stage ends
     for stage in wanted:
         entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
         if not available(stage):
             entry.update(state="missing", note="not implemented in this build")
-            logger.warning(f"{stage}: not implemented in this build, skipped")
+            logger.warning(f"{stage}: not implemented in this build, not run")
+            overview.not_run(stage, entry["note"])
             continue
         missing = _upstream_missing(stage, summary["stages"], paths)
         if missing:
             entry.update(state="missing", note=f"needs {missing} first")
             logger.warning(f"{stage}: not run, needs {missing}")
+            overview.not_run(stage, entry["note"])
             continue
         started = time.time()
+        overview.running(stage)
         try:
             if dispatch:
                 result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
             else:
                 result = stage_flow(stage)(config=resolved, run_id=run_id)
         except Exception as err:
+            overview.failed(stage, round(time.time() - started, 1), f"{type(err).__name__}: {err}")
             raise StageFailed(f"stage '{stage}' failed (run {run_id}): {type(err).__name__}: {err}") from err
-        skipped = bool(result.get("skipped")) if isinstance(result, dict) else False
-        entry.update(state="skipped" if skipped else "completed", seconds=round(time.time() - started, 1))
+        cached = bool(result.get("skipped")) if isinstance(result, dict) else False
+        entry.update(state="cached" if cached else "completed", seconds=round(time.time() - started, 1))
+        overview.finished(stage, entry["state"], entry["seconds"], result.get("manifest") if isinstance(result, dict)
+                          else None)
         logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}")
     return summary
 

@@ -202,7 +202,7 @@ def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, pr
     options go to the stage function as keyword arguments (e.g. data's workers=1)."""
     done, why = stage_done(cfg, paths, stage)
     if done and not force:
-        log(f"{stage}: skipped, manifest complete ({paths.stage_uri(stage)})")
+        log(f"{stage}: cached, manifest complete, not redone ({paths.stage_uri(stage)})")
         return read_manifest(paths.stage_uri(stage), paths.endpoint_url), True
     missing = [u for u, fp in stage_inputs(paths, stage).items() if fp is None]
     if missing:

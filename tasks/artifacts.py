@@ -58,6 +58,12 @@ class ProgressReporter:
                 pass
 
 
+def readable_row(row: dict, digits: int = 4) -> dict:
+    """Floats to `digits` significant digits for the UI tables (the manifest keeps the exact values)."""
+    return {k: float(f"{v:.{digits}g}") if isinstance(v, float) and v == v and abs(v) != float("inf") else v
+            for k, v in row.items()}
+
+
 def _image_markdown(stage_uri: str, rel: str, store) -> str:
     uri = join(stage_uri, rel)
     data = store.get_bytes(uri)
@@ -87,7 +93,8 @@ def publish_stage_artifacts(cfg, paths, stage: str, manifest) -> None:
         if table:
             metrics["tables"] = {**(metrics.get("tables") or {}), "stats": table}
     for name, table in (metrics.get("tables") or {}).items():
-        create_table_artifact(table["rows"], key=_key(stage, name), description=table.get("description", name))
+        create_table_artifact([readable_row(r) for r in table["rows"]], key=_key(stage, name),
+                              description=table.get("description", name))
     for name, rel in (metrics.get("images") or {}).items():
         create_markdown_artifact(_image_markdown(stage_uri, rel, store), key=_key(stage, name),
                                  description=f"{stage}: {name}")
@@ -97,6 +104,8 @@ def publish_stage_artifacts(cfg, paths, stage: str, manifest) -> None:
     lines += [f"| `{o['path']}` | {o['size']:,} |" for o in manifest.outputs[:200]]
     create_markdown_artifact(f"**{stage}** outputs in `{stage_uri}`\n\n" + "\n".join(lines),
                              key=_key(stage, "outputs"), description=f"{stage}: outputs")
-    if stage_uri.startswith("s3://") or stage_uri.startswith("/"):
-        create_link_artifact(stage_uri if stage_uri.startswith("s3://") else f"file://{stage_uri}",
-                             link_text=f"{stage} folder", key=_key(stage, "folder"))
+    # A link only where a browser can open it (a presigned URL of an S3 store); browsers refuse file://
+    # links from a page, so a local folder is the path text in the outputs artifact above.
+    url = store.share_url(join(stage_uri, "manifest.json"))
+    if url:
+        create_link_artifact(url, link_text=f"{stage} manifest ({stage_uri})", key=_key(stage, "folder"))

@@ -8,7 +8,8 @@
   machine agrees); the Prefect cache (inputs + task source, persisted result) mirrors it so a
   "Retry" of a failed flow run in the UI shows finished stages as Cached. The cache is refreshed
   whenever the manifest does not match, so a stale cache can never skip real work.
-- Skipped stages finish in a Completed state named "Skipped", visible in the UI and the API.
+- A stage not redone finishes in a Completed state named "Cached", the same word Prefect uses for a
+  cache hit after a UI Retry, the CLI summary and the logs use: one word for "finished earlier, not redone".
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from pipeline_lib.stages import SPECS, TransientError, run_stage, stage_done
 from pipeline_lib.storage import RunPaths
 
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
+from tasks.live_training import LiveTraining
+from tasks.stage_log import StageLog
 
 def node_limit_name(host: str | None = None) -> str:
     """Global concurrency limit (1 slot, made by `llm-pipeline pools`) that keeps a node to one training."""
@@ -69,24 +72,33 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     cfg = config_from_dict(config)
     paths = _run_paths(cfg, run_id)
     reporter = ProgressReporter(stage)
+    log = StageLog(stage, paths, logger)  # trainer lines at their level, step lines rate-limited, full log file
     started = time.time()
     try:
         if SPECS[stage].multi_node:
-            # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
-            with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
-                manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
+            live = LiveTraining(stage, paths, reporter)  # loss curve + last steps while training, kept on failure
+            try:
+                # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
+                with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
+                    manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=live)
+            except BaseException:
+                live.finish(failed=True)
+                raise
+            live.finish(failed=False)
         else:
-            manifest, skipped = run_stage(cfg, paths, stage, log=logger.info, progress=reporter)
+            manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=reporter)
     except Exception as exc:
         diagnosis = attach_diagnosis(exc, cfg, stage)  # category + first remedy into the message
         if diagnosis is not None and diagnosis.category != "unknown":
             logger.error(diagnosis.headline())
         raise
+    finally:
+        log.close()
     reporter.finish()
     result = {"stage": stage, "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
               "stage_uri": paths.stage_uri(stage), "manifest": manifest.__dict__}
     if skipped:
-        return Completed(message=f"{stage}: manifest complete, not redone", name="Skipped", data=result)
+        return Completed(message=f"{stage}: manifest complete, not redone", name="Cached", data=result)
     publish_stage_artifacts(cfg, paths, stage, manifest)
     return result
 

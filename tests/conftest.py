@@ -77,7 +77,7 @@ def s3_bucket(s3_endpoint):
 
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
-    """A real `prefect server start` (SQLite, analytics off) on a free loopback port.
+    """A real `prefect server start` (SQLite, analytics off, UI on) on a free loopback port.
 
     Yields the API URL; this process and every subprocess the tests start talk to it.
     """
@@ -85,7 +85,7 @@ def prefect_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect_home")
     env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_API_PORT=str(port),
                PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_ENABLED="false",
+               PREFECT_UI_ENABLED="true",  # the browser tests (tests/ui) open the UI; starts no slower
                PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home}/prefect.db")
     env.pop("PREFECT_API_URL", None)
     log = home / "server.log"

@@ -5,8 +5,9 @@ generations (label -> prompt id -> generations.jsonl record). Output:
 - `summary_rows`: one row per checkpoint (perplexity, keyword hits, tokens, speed);
 - `comparison_rows`: one row per prompt with one answer column per checkpoint, in the order the
   checkpoints were given (base, pretrained, SFT, last night's, ...), plus keyword hits per checkpoint;
-- `render_markdown` / `render_html`: both tables as documents (HTML is self-contained, keywords
-  found in an answer are highlighted).
+- `render_markdown` / `render_html`: the reading view: perplexity per checkpoint on top, then per
+  prompt the answers of every checkpoint stacked (a page as wide as a screen whatever the number of
+  checkpoints; HTML is self-contained, keywords found in an answer are highlighted).
 Pure Python, no Prefect import: the orchestration layer renders the rows as an artifact.
 """
 from __future__ import annotations
@@ -86,14 +87,54 @@ def _md_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _reading_rows(summary: dict) -> list[dict]:
+    """The checkpoint table of the reading view: narrow columns (sources are listed under it)."""
+    return [{"checkpoint": r["checkpoint"], "perplexity": r["perplexity"], "keyword hits": r["keyword_hits"],
+             "generated tokens": r["generated_tokens"], "tokens/s": _round(r["tokens_per_s"])}
+            for r in summary_rows(summary)]
+
+
+def _round(value, digits: int = 4):
+    return float(f"{value:.{digits}g}") if isinstance(value, float) else value
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~])")
+_LONG_WORD = re.compile(r"\S{60,}")
+
+
+def _md_quote(text: str) -> str:
+    """Model output as a one-paragraph quote a markdown renderer shows as written: markdown and HTML
+    characters backslash-escaped (the Prefect UI renders raw HTML tags), newlines as <br>, and a
+    zero-width space every 40 characters of a very long word so the page can wrap it."""
+    text = _LONG_WORD.sub(lambda m: "\u200b".join(m.group(0)[i:i + 40] for i in range(0, len(m.group(0)), 40)),
+                          (text or "").replace("\r", ""))
+    return "> " + (_MD_SPECIAL.sub(r"\\\1", text).replace("\n", "<br>") or " ")
+
+
 def render_markdown(summary: dict, generations: dict, title: str = "Evaluation") -> str:
+    """The reading view: perplexity per checkpoint on top, then per prompt the answers of every
+    checkpoint stacked one under the other (never a table as wide as the number of checkpoints)."""
     labels = [ck["label"] for ck in summary["checkpoints"]]
     parts = [f"# {title}\n",
              f"Checkpoints: {', '.join(labels)}. Decoding: {summary.get('decoding', '')}, "
              f"max {summary.get('max_new_tokens', '')} new tokens, device {summary.get('device', '')} "
              f"({summary.get('decode_path', '')} path). Keyword hits: expected keywords found in the answer.\n",
-             "## Checkpoints\n", _md_table(summary_rows(summary)), "\n## Answers side by side\n",
-             _md_table(comparison_rows(summary, generations))]
+             "## Checkpoints\n", _md_table(_reading_rows(summary)),
+             "\n".join(f"- {_md_cell(ck['label'])}: `{_source(ck['ref'])}`" for ck in summary["checkpoints"]) + "\n",
+             "## Answers per prompt\n"]
+    for p in summary["prompts"]:
+        kws = p.get("keywords", [])
+        parts.append(f"### {p['id']} ({p['set']})\n\n{_md_quote(p['prompt'])}\n")
+        if kws:
+            parts.append(f"Expected keywords: {', '.join(kws)}\n")
+        for label in labels:
+            rec = generations.get(label, {}).get(p["id"])
+            if rec is None:
+                parts.append(f"**{label}**: _missing_\n")
+                continue
+            hits = f"{len(rec['keyword_hits'])}/{len(rec['keywords'])} hits, " if rec.get("keywords") else ""
+            parts.append(f"**{label}** ({hits}{rec.get('num_tokens', '?')} tokens, {rec.get('stop_reason', '')})\n\n"
+                         f"{_md_quote(rec['text'])}\n")
     return "\n".join(parts)
 
 
@@ -112,31 +153,37 @@ def _html_table(header: list[str], body: list[list[str]]) -> str:
 
 
 def render_html(summary: dict, generations: dict, title: str = "Evaluation") -> str:
-    srows = summary_rows(summary)
+    """The same reading view as render_markdown, self-contained HTML with the keywords highlighted."""
+    srows = _reading_rows(summary)
     s_cols = list(srows[0]) if srows else []
     s_table = _html_table(s_cols, [[html.escape("" if r[c] is None else str(r[c])) for c in s_cols] for r in srows])
+    sources = "".join(f"<li>{html.escape(ck['label'])}: <code>{html.escape(_source(ck['ref']))}</code></li>"
+                      for ck in summary["checkpoints"])
     labels = [ck["label"] for ck in summary["checkpoints"]]
     body = []
     for p in summary["prompts"]:
         kws = p.get("keywords", [])
-        expected = f"<br><small>keywords: {html.escape(', '.join(kws))}</small>" if kws else ""
-        cells = [f"<b>{html.escape(p['id'])}</b><br><small>{html.escape(p['set'])}</small>",
-                 html.escape(p["prompt"]).replace("\n", "<br>") + expected]
+        expected = f"<p class=\"kw\">Expected keywords: {html.escape(', '.join(kws))}</p>" if kws else ""
+        answers = []
         for label in labels:
             rec = generations.get(label, {}).get(p["id"])
             if rec is None:
-                cells.append("<i>missing</i>")
+                answers.append(f"<div class=\"answer\"><h4>{html.escape(label)}</h4><i>missing</i></div>")
                 continue
-            cells.append(_highlight(rec["text"], kws) +
-                         f"<br><small>{len(rec['keyword_hits'])}/{len(kws)} hits, {rec['num_tokens']} tokens, "
-                         f"{rec['stop_reason']}</small>")
-        body.append(cells)
+            answers.append(f"<div class=\"answer\"><h4>{html.escape(label)} <small>{len(rec['keyword_hits'])}/"
+                           f"{len(kws)} hits, {rec['num_tokens']} tokens, {html.escape(str(rec['stop_reason']))}"
+                           f"</small></h4><div class=\"text\">{_highlight(rec['text'], kws)}</div></div>")
+        body.append(f"<section class=\"prompt\"><h3>{html.escape(p['id'])} <small>{html.escape(p['set'])}</small>"
+                    f"</h3><blockquote>{html.escape(p['prompt']).replace(chr(10), '<br>')}</blockquote>{expected}"
+                    + "".join(answers) + "</section>")
     esc = lambda key: html.escape(str(summary.get(key, "")))  # noqa: E731
-    style = ("body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:2em}"
-             "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;max-width:32em}"
-             "th{background:#f3f3f3}mark{background:#ffe58a}")
+    style = ("body{font-family:sans-serif;margin:1.5em;max-width:70em}table{border-collapse:collapse;margin-bottom:1em}"
+             "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top}th{background:#f3f3f3}"
+             "mark{background:#ffe58a}blockquote{margin:0 0 .5em;padding:.3em .8em;border-left:4px solid #ccc}"
+             ".answer{margin:.4em 0 .8em 1em}.answer h4{margin:.2em 0}.text{overflow-wrap:anywhere}"
+             "section.prompt{border-top:1px solid #ddd;padding-top:.5em}")
     return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
             f"<p>Decoding: {esc('decoding')}, device {esc('device')} ({esc('decode_path')} path)</p>"
-            f"<h2>Checkpoints</h2>{s_table}<h2>Answers side by side</h2>"
-            f"{_html_table(['prompt', 'text', *labels], body)}</body></html>")
+            f"<h2>Checkpoints</h2>{s_table}<ul>{sources}</ul><h2>Answers per prompt</h2>"
+            + "".join(body) + "</body></html>")

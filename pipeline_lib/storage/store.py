@@ -150,6 +150,10 @@ class LocalStore:
     def local_path(self, uri: str) -> Path | None:
         return self._path(uri)
 
+    def share_url(self, uri: str, expires_s: int = 7 * 24 * 3600) -> None:
+        """No URL a browser may open: pages refuse file:// links, so callers show the path as text."""
+        return None
+
     def fingerprint(self, uri: str) -> str:
         """sha256 of the content (one streaming read)."""
         digest = hashlib.sha256()
@@ -274,6 +278,13 @@ class S3Store:
 
     def local_path(self, uri: str) -> None:
         return None
+
+    def share_url(self, uri: str, expires_s: int = 7 * 24 * 3600) -> str:
+        """A presigned HTTPS (or the endpoint's scheme) GET URL for one object, valid expires_s seconds
+        (7 days, the SigV4 maximum): a link in the Prefect UI that opens without credentials."""
+        bucket, key = split_s3(uri)
+        return self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
+                                                  ExpiresIn=min(int(expires_s), 7 * 24 * 3600))
 
     def fingerprint(self, uri: str) -> str:
         """The object's ETag: a content hash kept by the server (no download)."""

@@ -64,7 +64,8 @@ def test_evaluate_stage_side_by_side(tiny, forward_path_run):  # forward_path_ru
     assert [r["prompt_id"] for r in side] == ["t-en", "t-zh", "t-long"] and all(lbl in side[0] for lbl in labels)
     assert [r["checkpoint"] for r in manifest.metrics["tables"]["checkpoints"]["rows"]] == labels
     html = open(f"{stage}/report.html", encoding="utf-8").read()
-    assert html.count("<tr>") == 1 + len(labels) + 1 + 3  # header + checkpoints, header + prompts
+    assert html.count("<tr>") == 1 + len(labels)  # header + checkpoints; the answers are stacked per prompt
+    assert html.count('class="prompt"') == 3 and html.count('class="answer"') == 3 * len(labels)
     assert manifest.metrics["inputs"]["checkpoints"]["sft"] == {"adapter": str(tiny.adapter), "base": str(tiny.base)}
     assert progress[-1] == ("evaluate", 4, 4) and any("perplexity" in x for x in lines)
     again, skipped = run_stage(cfg, paths, "evaluate", log=lines.append)

@@ -82,7 +82,24 @@ def test_comparison_and_summary_rows():
 def test_markdown_and_html_are_escaped(tmp_path):
     summary, gens = _summary()
     md = rep.render_markdown(summary, gens, "T")
-    assert "Say \\| hi" in md and "答<br>案" in md
+    assert "> Say \\| hi" in md and "> 答<br>案" in md and "> HI \\<b\\> mark" in md  # shown as written, not HTML
+    long = rep.render_markdown({**summary, "prompts": [{**summary["prompts"][0], "prompt": "x" * 130}]}, gens, "T")
+    assert "> " + "\u200b".join(["x" * 40] * 3 + ["x" * 10]) in long  # a long word can wrap
     page = rep.render_html(summary, gens, "T")
     assert "<mark>HI</mark> &lt;b&gt; <mark>mark</mark>" in page  # keywords highlighted, answer escaped
     assert "<b>" not in page.replace("<b>p1</b>", "").replace("<b>p2</b>", "")
+
+
+def test_answers_are_stacked_per_prompt_not_one_column_per_checkpoint():
+    summary, gens = _summary()
+    more = dict(summary, checkpoints=[dict(ck, label=f"{ck['label']}{i}") for i in range(3) for ck in summary["checkpoints"]])
+    more_gens = {f"{label}{i}": g for i in range(3) for label, g in gens.items()}
+    widest = lambda md: max(line.count(" | ") for line in md.splitlines())  # noqa: E731
+    md2, md6 = rep.render_markdown(summary, gens, "T"), rep.render_markdown(more, more_gens, "T")
+    assert widest(md2) == widest(md6)  # a page as wide with 6 checkpoints as with 2
+    p1 = md6.split("### p1", 1)[1].split("### p2", 1)[0]
+    order = [p1.index(f"**{ck['label']}**") for ck in more["checkpoints"]]
+    assert order == sorted(order)  # every checkpoint's answer under the prompt, in the given order
+    assert md6.index("## Checkpoints") < md6.index("12.346") < md6.index("### p1")  # perplexity on top
+    page = rep.render_html(more, more_gens, "T")
+    assert page.count('class="prompt"') == 2 and page.count('class="answer"') == 12

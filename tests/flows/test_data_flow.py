@@ -60,7 +60,7 @@ def test_mapped_data_stage_matches_local_pool_and_skips_on_rerun(tmp_path):
     assert local_stats["total"] == stats["total"]
 
     again = llm_pipeline(config=mapped.model_dump(mode="json"), run_id="mapped", stages=["data"], return_state=True)
-    assert again.result()["stages"]["data"]["state"] == "skipped"
+    assert again.result()["stages"]["data"]["state"] == "cached"
 
 
 def test_dask_executor_matches_local_and_records_shard_task_runs(tmp_path):

@@ -139,3 +139,20 @@ def test_is_absolute(uri, absolute):
     from pipeline_lib.storage import is_absolute
 
     assert is_absolute(uri) is absolute
+
+
+def test_s3_share_url_opens_without_credentials(s3_bucket):
+    import urllib.request
+
+    root, endpoint = s3_bucket
+    store = store_for(root, endpoint)
+    store.put_bytes(join(root, "r/eval/report.html"), b"<h1>report</h1>")
+    url = store.share_url(join(root, "r/eval/report.html"))
+    assert url.startswith(endpoint + "/") and "Signature" in url  # moto serves plain http; real S3 https
+    with urllib.request.urlopen(url) as resp:  # a browser's GET: no AWS credentials, only the URL
+        assert resp.read() == b"<h1>report</h1>"
+
+
+def test_local_share_url_is_none_so_the_path_is_shown_as_text(tmp_path):
+    # browsers refuse file:// links from a page: a local store has no URL to share
+    assert LocalStore().share_url(str(tmp_path / "x")) is None

@@ -1,0 +1,113 @@
+"""Live training view: the loss/lr curve and the last steps, updated while a training stage runs.
+
+A progress callback in front of the stage's ProgressReporter: on the stage's "train" progress ticks
+(which the trainer's on_tick sends as metrics.jsonl grows) it re-renders one markdown artifact
+`<stage>-live` at most every `every_s` seconds, in place, and once more when the stage ends, also
+when it fails: the curve up to the failure stays on the task run. The stage's own loss curve and
+metrics table are still published when it succeeds (tasks/artifacts.py).
+"""
+from __future__ import annotations
+
+import base64
+import tempfile
+import time
+from pathlib import Path
+
+from tasks.overview import fmt
+
+LIVE_EVERY_S = 30.0
+TABLE_STEPS = 10
+COLUMNS = ("step", "loss", "lr", "global_norm", "step_time_ms", "tokens_per_s")
+
+
+def live_metrics_file(paths, stage: str) -> Path | None:
+    """The metrics.jsonl a training stage is writing now (the newest under its local work folder)."""
+    stage_uri = paths.stage_uri(stage)
+    try:  # where a training stage trains: the stage folder, or a local folder per s3:// stage
+        from pipeline_lib.train.stage import _work_dir
+
+        work = _work_dir(stage_uri)
+    except Exception:
+        work = None if paths.store().remote else Path(stage_uri)
+    if work is None or not Path(work).exists():
+        return None
+    found = [p for p in Path(work).rglob("metrics.jsonl") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def render(stage: str, records: list[dict], total: int | None, png: bytes | None, state: str) -> str:
+    last = records[-1] if records else {}
+    head = (f"**{stage}**: {state}, step {fmt(last.get('step'))} of {fmt(total)}, loss {fmt(last.get('loss'))}"
+            f" (updated {time.strftime('%H:%M:%S %Z')})\n")
+    parts = [head]
+    if png:
+        parts.append(f"![{stage} loss](data:image/png;base64,{base64.b64encode(png).decode()})\n")
+    rows = records[-TABLE_STEPS:]
+    if rows:
+        cols = [c for c in COLUMNS if any(r.get(c) is not None for r in rows)]
+        parts.append("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+        parts += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(parts) + "\n"
+
+
+class LiveTraining:
+    """progress(step, done, total) -> the next reporter, plus the live artifact on "train" ticks."""
+
+    def __init__(self, stage: str, paths, next_reporter=None, every_s: float | None = None, publish=None):
+        self.stage, self.paths, self.next = stage, paths, next_reporter
+        self.every_s = LIVE_EVERY_S if every_s is None else every_s
+        self.last = 0.0
+        self.total = None
+        self.artifact_id = None
+        self.seen_steps = 0
+        self._publish = publish or _publish_artifact
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        if self.next is not None:
+            self.next(step, done, total)
+        if step != "train":
+            return
+        self.total = total
+        if time.time() - self.last >= self.every_s:
+            self.update("training")
+
+    def update(self, state: str) -> None:
+        try:
+            path = live_metrics_file(self.paths, self.stage)
+            if path is None:
+                return
+            from pipeline_lib.train.metrics import plot_loss, read_metrics
+
+            records = [r for r in read_metrics(path) if r.get("step") is not None]
+            if not records or (len(records) == self.seen_steps and state == "training"):
+                return
+            with tempfile.TemporaryDirectory() as tmp:
+                png = Path(tmp) / "loss.png"
+                plot_loss(records, png, title=f"{self.stage} loss ({state})")
+                data = png.read_bytes()
+            self.artifact_id = self._publish(self.artifact_id, render(self.stage, records, self.total, data, state),
+                                             self.stage)
+            self.seen_steps = len(records)
+            self.last = time.time()
+        except Exception:  # the UI is a view; never fail training because an artifact could not be written
+            pass
+
+    def finish(self, failed: bool) -> None:
+        """The last picture: kept on the task run whether the stage succeeded or failed (nothing when
+        no training step was reported, e.g. a Cached stage)."""
+        if self.total is not None:
+            self.update("failed" if failed else "finished")
+
+
+def _publish_artifact(artifact_id, markdown: str, stage: str):
+    from prefect.artifacts import create_markdown_artifact
+
+    if artifact_id is None:
+        return create_markdown_artifact(markdown, key=f"{stage}-live",
+                                        description=f"{stage}: loss curve and last steps, updated while training")
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactUpdate
+
+    with get_client(sync_client=True) as client:
+        client.update_artifact(artifact_id, ArtifactUpdate(data=markdown))
+    return artifact_id

@@ -1,0 +1,171 @@
+"""The run overview: one markdown artifact on the parent flow run (`llm-pipeline/<run_id>`).
+
+Every requested stage with its state, duration, key figures (tokens, final loss, perplexity per
+checkpoint) and where its outputs are; rewritten in place as each stage ends, and on failure with
+the failed stage and its error. The words for states are the ones the CLI summary and the task
+state names use: Completed, Cached (finished earlier, not redone), Failed, Not run, Running, Pending.
+
+Links must open from a browser: for S3 run stores they are presigned HTTPS URLs (Store.share_url);
+a local store has none, so its paths are shown as text to copy (never file:// links).
+"""
+from __future__ import annotations
+
+import re
+import time
+
+STATE_WORDS = {"completed": "Completed", "cached": "Cached", "failed": "Failed", "missing": "Not run",
+               "running": "Running", "pending": "Pending"}
+ERROR_CHARS = 2000
+# files worth a direct link per stage (relative to the stage folder), besides manifest.json
+KEY_FILES = {"evaluate": ("report.html", "report.md"), "pretrain": ("loss_curve.png",), "sft": ("loss.png",),
+             "export": ("serving/serving.json",)}
+
+
+def fmt(value, digits: int = 4) -> str:
+    """Numbers a person reads: floats to `digits` significant digits, ints with thousands separators."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def key_figures(stage: str, metrics: dict) -> list[str]:
+    """The few numbers that say how a stage went, from its manifest's metrics."""
+    m = metrics or {}
+    out = []
+    if stage == "data":
+        for k, label in (("tokens", "tokens"), ("kept", "documents kept"), ("rows_train", "train rows")):
+            if m.get(k) is not None:
+                out.append(f"{label} {fmt(m[k])}")
+    elif stage in ("pretrain", "sft"):
+        if m.get("steps") is not None:
+            out.append(f"steps {fmt(m['steps'])}")
+        final = m.get("final_loss", m.get("loss_last"))
+        if final is not None:
+            first = m.get("loss_first")
+            out.append(f"loss {fmt(first)} → {fmt(final)}" if first is not None else f"final loss {fmt(final)}")
+    elif stage == "evaluate":
+        for row in m.get("checkpoints") or []:
+            out.append(f"perplexity {row.get('checkpoint')} {fmt(row.get('perplexity'))}")
+    elif stage == "export":
+        rows = ((m.get("tables") or {}).get("checks") or {}).get("rows") or []
+        if rows:
+            out.append(f"logits checks ok {sum(bool(r.get('ok')) for r in rows)}/{len(rows)}")
+            diffs = [r["max_abs_diff"] for r in rows if isinstance(r.get("max_abs_diff"), (int, float))]
+            if diffs:
+                out.append(f"max logits diff {fmt(max(diffs), 3)}")
+    return out
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: str) -> str:
+    return f"`{str(text).replace('`', '')}`"
+
+
+class RunOverview:
+    """Collects what happened to each stage and publishes it as one artifact, updated in place."""
+
+    def __init__(self, paths, stages: list[str], publish=None):
+        self.paths = paths
+        self.rows = {s: {"state": "pending"} for s in stages}
+        self.failure: tuple[str, str] | None = None
+        self.started = time.time()
+        self.artifact_id = None
+        self._publish = publish or _publish_artifact
+
+    # -- what happened -------------------------------------------------------------------------
+    def running(self, stage: str) -> None:
+        self.rows[stage] = {"state": "running"}
+        self.publish()
+
+    def finished(self, stage: str, state: str, seconds: float | None, manifest: dict | None) -> None:
+        self.rows[stage] = {"state": state, "seconds": seconds, "metrics": (manifest or {}).get("metrics") or {},
+                            "outputs": [o.get("path") for o in (manifest or {}).get("outputs") or []]}
+        self.publish()
+
+    def not_run(self, stage: str, note: str) -> None:
+        self.rows[stage] = {"state": "missing", "note": note}
+        self.publish()
+
+    def failed(self, stage: str, seconds: float | None, error: str) -> None:
+        self.rows[stage] = {"state": "failed", "seconds": seconds}
+        self.failure = (stage, error)
+        for later, row in self.rows.items():
+            if row["state"] == "pending":
+                row.update(state="missing", note=f"after the failure of {stage}")
+        self.publish()
+
+    # -- what it looks like --------------------------------------------------------------------
+    def _where(self, stage: str, row: dict) -> str:
+        from pipeline_lib.storage import join
+
+        uri = self.paths.stage_uri(stage)
+        parts = [_code(uri)]
+        if row["state"] not in ("completed", "cached"):
+            return parts[0]
+        store = self.paths.store()
+        links = []
+        for rel in ("manifest.json", *KEY_FILES.get(stage, ())):
+            if rel != "manifest.json" and rel not in row.get("outputs", []):
+                continue
+            try:
+                url = store.share_url(join(uri, rel))
+            except Exception:  # a view: never fail the run over a link
+                url = None
+            if url:
+                links.append(f"[{rel}]({url})")
+        return " ".join(parts + links)
+
+    def render(self) -> str:
+        done = sum(r["state"] in ("completed", "cached") for r in self.rows.values())
+        head = (f"# Run {_code(self.paths.run_id)}\n\n"
+                f"{done} of {len(self.rows)} stages done, {fmt(round(time.time() - self.started, 1))} s so far. "
+                f"Run folder: {_code(self.paths.run_uri)}\n\n"
+                "Cached: finished in an earlier attempt of this run with the same config and inputs, not redone.\n")
+        lines = ["| stage | state | time | key figures | outputs |", "|---|---|---|---|---|"]
+        for stage, row in self.rows.items():
+            secs = f"{fmt(row['seconds'], 3)} s" if row.get("seconds") is not None else ""
+            figures = "<br>".join(_md(f) for f in key_figures(stage, row.get("metrics"))) or _md(row.get("note", ""))
+            lines.append(f"| **{stage}** | {STATE_WORDS.get(row['state'], row['state'])} | {secs} | "
+                         f"{figures or ' '} | {self._where(stage, row)} |")
+        parts = [head, "\n".join(lines)]
+        if self.failure:
+            stage, error = self.failure
+            text = (error if len(error) <= ERROR_CHARS else error[:ERROR_CHARS] + " ...").replace("```", "'''")
+            parts.append(f"## Failed: {stage}\n\n```\n{text}\n```\n\n"
+                         f"Resume: `llm-pipeline run <config> --run-id {self.paths.run_id}` "
+                         "(finished stages are Cached), or Retry this flow run.")
+        return "\n\n".join(parts) + "\n"
+
+    def publish(self) -> None:
+        try:
+            self.artifact_id = self._publish(self.artifact_id, self.render(), self.paths.run_id)
+        except Exception:  # the UI is a view; never fail the run because an artifact could not be written
+            pass
+
+
+def overview_key(run_id: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", f"run-overview-{run_id}".lower()).strip("-")[:100]
+
+
+def _publish_artifact(artifact_id, markdown: str, run_id: str):
+    """Create the artifact once (linked to the current flow run), then update its content in place."""
+    from prefect.artifacts import create_markdown_artifact
+
+    if artifact_id is None:
+        return create_markdown_artifact(markdown, key=overview_key(run_id),
+                                        description=f"Run overview: stages, states, key figures, outputs")
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactUpdate
+
+    with get_client(sync_client=True) as client:
+        client.update_artifact(artifact_id, ArtifactUpdate(data=markdown))
+    return artifact_id

@@ -1,0 +1,41 @@
+"""The live training view: re-rendered from the growing metrics.jsonl, rate-limited, kept on failure."""
+import json
+
+from pipeline_lib.storage import RunPaths
+
+from tasks.live_training import LiveTraining
+
+
+def write_steps(path, first, last):
+    with open(path, "a") as fh:
+        for s in range(first, last + 1):
+            fh.write(json.dumps({"step": s, "loss": 5.0 / s, "lr": 1e-3}) + "\n")
+
+
+def test_updates_while_training_at_most_every_interval_and_once_more_on_failure(tmp_path):
+    paths = RunPaths(str(tmp_path / "runs"), "r1")
+    folder = tmp_path / "runs" / "r1" / "pretrain"
+    folder.mkdir(parents=True)
+    published, seen = [], []
+    live = LiveTraining("pretrain", paths, lambda *a: seen.append(a), every_s=3600,
+                        publish=lambda aid, md, stage: published.append(md) or "a1")
+    write_steps(folder / "metrics.jsonl", 1, 2)
+    live("train", 2, 10)
+    assert len(published) == 1 and "step 2 of 10" in published[0] and "data:image/png;base64," in published[0]
+    write_steps(folder / "metrics.jsonl", 3, 4)
+    live("train", 4, 10)
+    assert len(published) == 1  # within the interval: no new render
+    assert seen == [("train", 2, 10), ("train", 4, 10)]  # the progress bar still sees every tick
+    live.finish(failed=True)
+    assert len(published) == 2 and "failed, step 4 of 10" in published[-1] and "| 4 | 1.25 |" in published[-1]
+
+
+def test_a_cached_stage_publishes_nothing(tmp_path):
+    paths = RunPaths(str(tmp_path / "runs"), "r2")
+    folder = tmp_path / "runs" / "r2" / "pretrain"
+    folder.mkdir(parents=True)
+    write_steps(folder / "metrics.jsonl", 1, 3)  # from the earlier, finished attempt
+    published = []
+    live = LiveTraining("pretrain", paths, None, publish=lambda aid, md, stage: published.append(md) or "a1")
+    live.finish(failed=False)
+    assert published == []

@@ -1,0 +1,66 @@
+"""The run overview's content: every stage, one state vocabulary, rounded figures, links that open."""
+import urllib.request
+
+from pipeline_lib.storage import RunPaths
+
+from tasks.overview import RunOverview, fmt
+
+PRETRAIN = {"outputs": [{"path": "loss_curve.png"}],
+            "metrics": {"steps": 60, "loss_first": 7.631234567, "final_loss": 3.7412345678}}
+EVALUATE = {"outputs": [{"path": "report.html"}],
+            "metrics": {"checkpoints": [{"checkpoint": "pretrained", "perplexity": 41.23456789},
+                                        {"checkpoint": "sft", "perplexity": 38.1}]}}
+
+
+def overview(paths, stages):
+    published = []
+    ov = RunOverview(paths, stages, publish=lambda aid, md, run_id: published.append(md) or "id-1")
+    return ov, published
+
+
+def test_every_stage_listed_with_state_time_figures_and_local_paths_as_text(tmp_path):
+    paths = RunPaths(str(tmp_path / "runs"), "r1")
+    ov, published = overview(paths, ["data", "pretrain", "sft", "evaluate", "export"])
+    ov.finished("data", "cached", 0.0, {"metrics": {"tokens": 22345, "kept": 420}, "outputs": []})
+    ov.finished("pretrain", "completed", 21.456, PRETRAIN)
+    ov.finished("evaluate", "completed", 6.0, EVALUATE)
+    md = published[-1]
+    assert len(published) == 3 and ov.artifact_id == "id-1"  # rewritten after each stage
+    for stage in ("data", "pretrain", "sft", "evaluate", "export"):
+        assert f"| **{stage}** |" in md
+    assert "| **data** | Cached |" in md and "| **sft** | Pending |" in md
+    assert "tokens 22,345" in md and "loss 7.631 → 3.741" in md and "21.5 s" in md
+    assert "perplexity pretrained 41.23" in md and "perplexity sft 38.1" in md
+    assert "file://" not in md and f"`{paths.stage_uri('pretrain')}`" in md
+
+
+def test_failure_shows_the_stage_its_error_and_what_was_not_run(tmp_path):
+    paths = RunPaths(str(tmp_path / "runs"), "r2")
+    ov, published = overview(paths, ["data", "pretrain", "sft"])
+    ov.finished("data", "completed", 3.0, {"metrics": {}, "outputs": []})
+    ov.running("pretrain")
+    assert "| **pretrain** | Running |" in published[-1]
+    ov.failed("pretrain", 1.5, "ValueError: training.lr=-1 must be > 0. Fix: set training.lr=3e-4")
+    md = published[-1]
+    assert "| **pretrain** | Failed |" in md and "## Failed: pretrain" in md
+    assert "ValueError: training.lr=-1 must be > 0. Fix: set training.lr=3e-4" in md
+    assert "| **sft** | Not run |" in md and "after the failure of pretrain" in md
+
+
+def test_s3_outputs_get_presigned_links_that_open(s3_bucket):
+    root, endpoint = s3_bucket
+    paths = RunPaths(root + "/runs", "r3", endpoint)
+    store = paths.store()
+    store.put_bytes(paths.stage_uri("evaluate") + "/manifest.json", b"{}")
+    store.put_bytes(paths.stage_uri("evaluate") + "/report.html", b"<h1>eval</h1>")
+    ov, published = overview(paths, ["evaluate"])
+    ov.finished("evaluate", "completed", 6.0, EVALUATE)
+    md = published[-1]
+    link = md.split("[report.html](", 1)[1].split(")", 1)[0]
+    assert link.startswith(endpoint) and "s3://" not in link
+    with urllib.request.urlopen(link) as resp:
+        assert resp.read() == b"<h1>eval</h1>"
+
+
+def test_numbers_are_rounded_for_reading():
+    assert fmt(3.741234567) == "3.741" and fmt(1234567) == "1,234,567" and fmt(None) == "-"

@@ -1,0 +1,156 @@
+"""What a user sees in the Prefect UI (real server, Debian chromium at 1,600 x 1,000).
+
+The pipeline's orchestration is real; the stages are the doubles of tests/flows (and an evaluate
+double that renders the real report), because how the UI shows a run is the point here, not training.
+"""
+import dataclasses
+from pathlib import Path
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterName
+
+from flows.pipeline import llm_pipeline
+from pipeline_lib import stages
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server", "stage_doubles")]
+
+STAGES = ("data", "pretrain", "sft", "evaluate", "export")
+WINDOW = 1600
+# what the UI puts around an artifact: the left navigation and the details column
+CONTENT = ".artifact-data-markdown"
+
+
+@pytest.fixture
+def eval_double(monkeypatch):
+    monkeypatch.setitem(stages.SPECS, "evaluate",
+                        dataclasses.replace(stages.SPECS["evaluate"], runner="eval_double:evaluate"))
+
+
+def run_pipeline(cfg, run_id: str, fail: str | None = None):
+    if fail:
+        run_dir = Path(cfg.run.output_root) / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / f"fail-{fail}").write_text("ValueError 1")
+    return llm_pipeline(config=cfg.model_dump(mode="json"), run_id=run_id, return_state=True)
+
+
+def flow_run_id(name: str):
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+    assert len(runs) == 1, [r.name for r in runs]
+    return runs[0].id
+
+
+def artifact_id(key: str):
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert found, key
+    return found[-1].id
+
+
+def open_overview(page, ui_url: str, run_id: str) -> str:
+    """As a user does: the parent run's page, its Artifacts tab, the overview card. Returns the text."""
+    page.goto(f"{ui_url}/runs/flow-run/{flow_run_id(f'llm-pipeline/{run_id}')}")
+    page.get_by_text("Artifacts", exact=True).first.click()
+    page.get_by_text(f"run-overview-{run_id}", exact=True).first.click()
+    page.locator(CONTENT).wait_for()
+    return page.locator(CONTENT).inner_text()
+
+
+def overflow(page) -> dict:
+    """Widths of the artifact content: scrollWidth > clientWidth means a part is off-screen."""
+    return page.evaluate(f"""() => {{ const el = document.querySelector('{CONTENT}');
+        return {{scroll: el.scrollWidth, client: el.clientWidth, page: document.documentElement.scrollWidth}}; }}""")
+
+
+def test_parent_overview_shows_every_stage_and_the_evaluation_fits_the_window(tiny_cfg, eval_double, page,
+                                                                               ui_url, screenshot):
+    state = run_pipeline(tiny_cfg, "ui-ok")
+    assert state.is_completed(), state.message
+    text = open_overview(page, ui_url, "ui-ok")
+    for stage in STAGES:
+        assert stage in text
+    assert text.count("Completed") == len(STAGES) and "file://" not in page.content()
+    assert "perplexity base 80.12" in text  # key figures straight from the stages' manifests
+    shot = screenshot(page, "run-overview")
+    widths = overflow(page)
+    assert widths["scroll"] <= widths["client"] and widths["page"] <= WINDOW, widths
+
+    page.goto(f"{ui_url}/artifacts/artifact/{artifact_id('evaluate-report')}")
+    page.locator(CONTENT).wait_for()
+    report = page.locator(CONTENT).inner_text()
+    assert report.index("Checkpoints") < report.index("80.123") < report.index("p-resume")  # perplexity on top
+    assert report.index("p-resume") < report.index("p-ckpt")
+    widths = overflow(page)
+    screenshot(page, "evaluation-view")
+    assert widths["scroll"] <= widths["client"] and widths["page"] <= WINDOW, widths
+    assert shot.exists()
+    with get_client(sync_client=True) as client:  # browsers refuse file:// links from a page: none anywhere
+        assert not [a.key for a in client.read_artifacts() if "file://" in str(a.data)]
+
+
+def test_failing_stage_shows_its_error_in_the_overview_and_a_rerun_shows_cached(tiny_cfg, page, ui_url,
+                                                                                 screenshot):
+    state = run_pipeline(tiny_cfg, "ui-fail", fail="sft")
+    assert state.is_failed()
+    text = open_overview(page, ui_url, "ui-fail")
+    assert "Failed: sft" in text and "ValueError: sft: planned ValueError" in text
+    assert "Not run" in text and "after the failure of sft" in text  # evaluate, export
+    screenshot(page, "run-overview-failed")
+
+    again = llm_pipeline(config=tiny_cfg.model_dump(mode="json"), run_id="ui-fail", return_state=True)
+    assert again.is_completed(), again.message
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["llm-pipeline/ui-fail"])))
+    latest = max(runs, key=lambda r: r.created)
+    page.goto(f"{ui_url}/runs/flow-run/{latest.id}")
+    page.get_by_text("Artifacts", exact=True).first.click()
+    page.get_by_text("run-overview-ui-fail", exact=True).first.click()
+    page.locator(CONTENT).wait_for()
+    text = page.locator(CONTENT).inner_text()
+    assert text.count("Cached") >= 3 and "Failed" not in text  # the legend, data and pretrain (not redone)
+    screenshot(page, "run-overview-resumed")
+
+
+def test_live_loss_curve_exists_before_training_ends_and_is_kept_on_failure(tiny_cfg, monkeypatch, page, ui_url,
+                                                                             screenshot):
+    import contextvars
+    import threading
+    import time
+
+    import tasks.live_training
+
+    monkeypatch.setattr(tasks.live_training, "LIVE_EVERY_S", 0.0)  # every tick (the default is 30 s)
+    monkeypatch.setitem(stages.SPECS, "pretrain",
+                        dataclasses.replace(stages.SPECS["pretrain"], runner="live_double:pretrain"))
+    result = {}
+    context = contextvars.copy_context()  # the session's Prefect settings (this server) in the worker thread too
+    worker = threading.Thread(target=lambda: context.run(lambda: result.update(state=llm_pipeline(
+        config=tiny_cfg.model_dump(mode="json"), run_id="ui-live", stages=["data", "pretrain"], return_state=True))))
+    worker.start()
+    release = Path(tiny_cfg.run.output_root) / "ui-live" / "release-pretrain"
+    try:
+        deadline, live = time.time() + 120, None
+        while time.time() < deadline and live is None:  # the double holds at step 6 of 12 until released
+            with get_client(sync_client=True) as client:
+                found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pretrain-live"])))
+            live = next((a for a in found if "step 6 of 12" in str(a.data)), None)
+            time.sleep(0.5)
+        assert live is not None, "no live artifact while training"
+        page.goto(f"{ui_url}/artifacts/artifact/{live.id}")
+        img = page.locator(f"{CONTENT} img").first
+        img.wait_for()
+        assert page.evaluate("(el) => el.naturalWidth", img.element_handle()) > 100  # the PNG decodes
+        assert "training, step 6 of 12" in page.locator(CONTENT).inner_text()
+        screenshot(page, "live-training")
+    finally:
+        release.parent.mkdir(parents=True, exist_ok=True)
+        release.write_text("go")
+        worker.join(180)
+    assert result["state"].is_failed()
+    page.reload()
+    page.locator(f"{CONTENT} img").first.wait_for()
+    text = page.locator(CONTENT).inner_text()
+    assert "failed, step 12 of 12" in text  # the curve up to the failure stays
+    screenshot(page, "live-training-failed")
