@@ -23,13 +23,10 @@ COLUMNS = ("step", "loss", "lr", "global_norm", "step_time_ms", "tokens_per_s")
 def live_metrics_file(paths, stage: str) -> Path | None:
     """The metrics.jsonl a training stage is writing now (the newest under its local work folder)."""
     stage_uri = paths.stage_uri(stage)
-    try:  # where a training stage trains: the stage folder, or a local folder per s3:// stage
-        from pipeline_lib.train.stage import _work_dir
+    from pipeline_lib.train.session import work_dir  # the stage folder, or a local folder per s3:// stage
 
-        work = _work_dir(stage_uri)
-    except Exception:
-        work = None if paths.store().remote else Path(stage_uri)
-    if work is None or not Path(work).exists():
+    work = work_dir(stage_uri)
+    if not Path(work).exists():
         return None
     found = [p for p in Path(work).rglob("metrics.jsonl") if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
