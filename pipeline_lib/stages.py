@@ -167,7 +167,7 @@ def parse_stages(text: str | None) -> list[str]:
     return [s for s in SPECS if s in wanted]
 
 
-def runner(stage: str) -> Callable[..., Manifest]:
+def runner(stage: str) -> Callable[..., StageOutput]:
     module, _, func = SPECS[stage].runner.partition(":")
     try:
         mod = importlib.import_module(module)
@@ -211,19 +211,9 @@ def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, pr
     log(f"{stage}: running ({why})")
     fn = runner(stage)
     invalidate(paths.stage_uri(stage), paths.endpoint_url)  # a stage being redone is never seen as done
-    if _takes_stage_run(fn):
-        run = StageRun(stage, cfg, paths, upstream_manifests(paths, stage), log=log, progress=progress,
-                       identity=config_hash({"stage": stage_hash(cfg, stage), "inputs": stage_inputs(paths, stage)}))
-        return record_stage(cfg, paths, stage, fn(run, **options)), False
-    manifest = fn(cfg, paths, log=log, progress=progress)
-    return record_stage(cfg, paths, stage, StageOutput(manifest.outputs, manifest.metrics)), False
-
-
-def _takes_stage_run(fn) -> bool:
-    # transition: stages move one by one from (cfg, paths, log=, progress=) -> Manifest to the contract
-    import inspect
-
-    return next(iter(inspect.signature(fn).parameters)) == "run"
+    run = StageRun(stage, cfg, paths, upstream_manifests(paths, stage), log=log, progress=progress,
+                   identity=config_hash({"stage": stage_hash(cfg, stage), "inputs": stage_inputs(paths, stage)}))
+    return record_stage(cfg, paths, stage, fn(run, **options)), False
 
 
 def record_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, output: StageOutput) -> Manifest:
