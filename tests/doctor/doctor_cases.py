@@ -2,24 +2,21 @@
 clash with other folders' conftest modules in one pytest session)."""
 from __future__ import annotations
 
+import copy
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "planner"))
+from llama2_configs import LLAMA2_7B_4X64GB  # noqa: E402
 
 LOGS = Path(__file__).parent / "logs"
 
 # A 7B layout that does not fit 4 x 64 GB (pure data parallel, no recompute): device OOM remedies have numbers.
-LLAMA2_7B_DP4 = {
-    "run": {"name": "llama2-7b", "device_target": "Ascend"},
-    "tokenizer": {"vocab_size": 32000},
-    "model": {"name": "llama2_7b_cpt", "seq_length": 4096, "vocab_size": 32000, "hidden_size": 4096,
-              "num_layers": 32, "num_heads": 32, "intermediate_size": 11008, "compute_dtype": "bfloat16",
-              "use_flash_attention": True, "recompute": "none"},
-    "parallel": {"devices": 4, "data_parallel": 4, "model_parallel": 1, "pipeline_stage": 1,
-                 "micro_batch_num": 1, "devices_per_node": 4, "device_memory_gb": 64},
-    "training": {"micro_batch_size": 1, "gradient_accumulation_steps": 1, "global_batch_size": 4,
-                 "precision": "bf16", "loss_scale": {"type": "none"}},
-    "sft": {"inputs": ["s3://llm-raw/sft/*.jsonl"]},
-}
+LLAMA2_7B_DP4 = copy.deepcopy(LLAMA2_7B_4X64GB)
+LLAMA2_7B_DP4["model"]["recompute"] = "none"
+LLAMA2_7B_DP4["parallel"] = {"devices": 4, "data_parallel": 4, "model_parallel": 1, "pipeline_stage": 1,
+                             "micro_batch_num": 1, "devices_per_node": 4, "device_memory_gb": 64}
+LLAMA2_7B_DP4["training"]["gradient_accumulation_steps"] = 1
 
 
 def log_text(name: str) -> str:
