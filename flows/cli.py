@@ -225,7 +225,7 @@ def run_main(argv: list[str]) -> int:
     except BaseException:
         api.stop()
         raise
-    from flows.pipeline import llm_pipeline, stage_states
+    from flows.pipeline import llm_pipeline
 
     run_id = args.run_id or new_run_id()
     if args.submit:

@@ -100,7 +100,7 @@ def publish_stage_artifacts(cfg, paths, stage: str, manifest) -> None:
                                  description=f"{stage}: {name}")
     for name, text in (metrics.get("markdown") or {}).items():
         create_markdown_artifact(text, key=_key(stage, name), description=f"{stage}: {name}")
-    lines = [f"| output | size |", "|---|---|"]
+    lines = ["| output | size |", "|---|---|"]
     lines += [f"| `{o['path']}` | {o['size']:,} |" for o in manifest.outputs[:200]]
     create_markdown_artifact(f"**{stage}** outputs in `{stage_uri}`\n\n" + "\n".join(lines),
                              key=_key(stage, "outputs"), description=f"{stage}: outputs")

@@ -162,7 +162,7 @@ def _publish_artifact(artifact_id, markdown: str, run_id: str):
 
     if artifact_id is None:
         return create_markdown_artifact(markdown, key=overview_key(run_id),
-                                        description=f"Run overview: stages, states, key figures, outputs")
+                                        description="Run overview: stages, states, key figures, outputs")
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactUpdate
 
