@@ -17,7 +17,7 @@ from tasks.overview import fmt
 
 LIVE_EVERY_S = 30.0
 TABLE_STEPS = 10
-COLUMNS = ("step", "loss", "lr", "global_norm", "step_time_ms", "tokens_per_s")
+COLUMNS = ("step", "loss", "lr", "global_norm", "step_time_ms", "data_wait_ms", "tokens_per_s")
 
 
 def live_metrics_file(paths, stage: str) -> Path | None:

@@ -265,8 +265,25 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         "train_dataset_task": {"type": "CausalLanguageModelDataset"},
         "do_eval": False,
         "callbacks": callbacks,
-        "profile": bool(t.profile),
+        # the profiler runs in the pretrain stage's training launches only (not the preflight, not SFT)
+        **profile_keys(cfg, str(output_dir), enabled=stage == "pretrain" and steps is None),
     }
+
+
+def profile_keys(cfg: PipelineConfig, output_dir: str, *, enabled: bool = True) -> dict:
+    """training.profile as the top-level keys mindformers 1.9 reads (trainer.Trainer._build_profile_cb ->
+    core.callback.ProfileMonitor; facts in docs/mindformers-facts.md). The profiler writes
+    `<output_dir>/profile/rank_N/`; mindformers counts the window's steps from 1 in each launch."""
+    p = cfg.training.profile
+    if not (enabled and p.enabled):
+        return {"profile": False}
+    return {"profile": True, "profile_start_step": p.start_step, "profile_stop_step": p.stop_step,
+            "init_start_profile": False, "profile_memory": "memory" in p.record,
+            "profile_communication": "communication" in p.record, "with_stack": "stack" in p.record,
+            # communication needs level >= 1 (ProfileMonitor raises 0 to 1 itself, with a warning)
+            "profiler_level": max(p.level, 1) if "communication" in p.record else p.level,
+            "profile_output": output_dir, "profile_rank_ids": None, "profile_pipeline": False,
+            "data_simplification": True, "mstx": False}
 
 
 def _header(cfg: PipelineConfig, run: dict, stage: Stage) -> str:

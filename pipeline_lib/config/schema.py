@@ -304,6 +304,39 @@ class GuardConfig(_Section):
     max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed before stopping.")
 
 
+ProfileRecord = Literal["memory", "communication", "stack"]
+
+
+class ProfileConfig(_Section):
+    """training.profile: which steps the MindSpore profiler records and what (mindformers' profile_* keys)."""
+
+    enabled: bool = Field(False, description="Run the profiler over steps start_step..stop_step and summarise "
+                          "them (step time split into compute / data wait / communication) in the stage report.")
+    start_step: int = Field(2, ge=1, description="First profiled step (counted from 1 in each trainer launch; step 1 "
+                            "includes graph compilation).")
+    stop_step: int = Field(6, ge=1, description="Last profiled step; start_step < stop_step <= training.steps.")
+    record: list[ProfileRecord] = Field(
+        default_factory=lambda: ["memory"],
+        description="What the profiler records besides op times: memory (tensor memory), communication "
+        "(collective ops; multi-device), stack (Python call stacks).")
+    level: Literal[0, 1, 2] = Field(
+        1, description="mindformers profiler_level: 0 op times only, 1 + AscendCL/AICORE and small "
+        "communication ops, 2 + graph-compile and runtime detail (Ascend). communication needs >= 1.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bool_shorthand(cls, value):
+        # `training.profile: true` (the old bare switch) = enabled with the default window
+        return {"enabled": value} if isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.enabled and self.start_step >= self.stop_step:
+            raise ValueError(f"training.profile.start_step={self.start_step} must be < training.profile.stop_step="
+                             f"{self.stop_step}; Fix: e.g. start_step=2, stop_step=6")
+        return self
+
+
 class TrainingConfig(_Section):
     micro_batch_size: int = Field(4, ge=1, description="Samples per device per micro step.")
     gradient_accumulation_steps: int = Field(1, ge=1, description="Micro steps accumulated per optimizer step.")
@@ -336,8 +369,17 @@ class TrainingConfig(_Section):
         "configs), 2 on CPU.")
     prefetch_size: int = Field(1, json_schema_extra=NO_OUTPUT_EFFECT,
                                ge=1, description="Batches the dataset pipeline prefetches per worker queue.")
-    profile: bool = Field(False, json_schema_extra=NO_OUTPUT_EFFECT,
-                          description="mindformers profiler over the run (writes under output_dir; slow).")
+    profile: ProfileConfig = Field(
+        default_factory=ProfileConfig, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Profile a window of steps (`true`/`false` is shorthand for enabled with the default window).")
+    planner_alert_factor: float = Field(
+        2.0, json_schema_extra=NO_OUTPUT_EFFECT, gt=1,
+        description="Warn (stage log, report) when the measured median step time or peak memory per device is more "
+        "than this factor above or below the planner's prediction.")
+    planner_tflops: float | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT, gt=0,
+        description="Achieved TFLOP/s per device behind the planner's absolute step-time prediction; None = the "
+        "platform's figure (Ascend: the planner's 150, CPU: calibrated on the tiny run, config/platform.py).")
     save_steps: int = Field(20, json_schema_extra=identity("pretrain", "sft"),
                             ge=1, description="Checkpoint every N steps.")
     keep_checkpoint_max: int = Field(3, json_schema_extra=identity("pretrain", "sft"),
@@ -358,6 +400,10 @@ class TrainingConfig(_Section):
                 f"training.warmup_steps={self.warmup_steps} exceeds training.steps={self.steps}; "
                 "lower warmup_steps or raise steps"
             )
+        if self.profile.enabled and self.steps is not None and self.profile.stop_step > self.steps:
+            raise ValueError(f"training.profile.stop_step={self.profile.stop_step} exceeds training.steps="
+                             f"{self.steps}; Fix: lower training.profile.stop_step to <= {self.steps} or raise "
+                             "training.steps")
         return self
 
 

@@ -4,7 +4,11 @@ What:
 - `PipelineMetrics` appends one record per step to `<output_dir>/metrics.jsonl` (layout and keys in
   `pipeline_lib.train.metrics`): loss, overflow, loss scale, learning rate and global norm come straight
   from the train wrapper's outputs (`MFTrainOneStepCell` / `CPUTrainOneStepCell` return
-  `(loss, overflow, loss_scale, lr, global_norm)`), step time from this process's clock. A resumed
+  `(loss, overflow, loss_scale, lr, global_norm)`), step time from this process's clock: `step_time_ms` from the
+  step's begin to its loss being ready (the step's compute, and its collectives where there are any) and
+  `data_wait_ms` from the previous step's end to this step's begin (the dataset fetch plus the callbacks after
+  this one, e.g. a checkpoint save; None for an attempt's first step). The MindSpore 2.9 profiler on CPU records
+  op times and memory but no step boundaries or dataset waits, so this split is measured here. A resumed
   trainer's first record supersedes the earlier attempt's rows from its step on (`metrics.MetricsFile`).
 - `LossGuard` stops training at the first step whose loss is not finite, or exceeds `spike_factor` x the
   mean of the previous `window` finite losses. It writes `<output_dir>/guard/rank_N.json` (step, loss, the
@@ -152,6 +156,8 @@ class PipelineMetrics(_BeforeCheckpoint):
         self.output_dir, self.tokens_per_step, self.all_ranks = output_dir, tokens_per_step, all_ranks
         self.file: MetricsFile | None = None
         self._t0 = time.perf_counter()
+        self._last_end: float | None = None  # when the previous step's record was taken (None: first step)
+        self._wait_ms: float | None = None
 
     def on_train_begin(self, run_context):
         super().on_train_begin(run_context)
@@ -163,6 +169,9 @@ class PipelineMetrics(_BeforeCheckpoint):
 
     def on_train_step_begin(self, run_context):
         self._t0 = time.perf_counter()
+        # between the previous step's end and this begin: the next batch from the dataset pipeline, plus the
+        # callbacks that run after this one (checkpoint saving on save steps, the loss monitor's log line)
+        self._wait_ms = None if self._last_end is None else (self._t0 - self._last_end) * 1000
 
     def _tokens(self, cb) -> int | None:
         if self.tokens_per_step:
@@ -184,7 +193,9 @@ class PipelineMetrics(_BeforeCheckpoint):
         self.file.write({"step": self.data_step(cb), "epoch": int(cb.cur_epoch_num),
                          "step_in_epoch": (self.data_step(cb) - 1) % int(cb.batch_num) + 1, **out,
                          "step_time_ms": round(ms, 3), "tokens_per_s": tokens / (ms / 1000) if tokens else None,
+                         "data_wait_ms": None if self._wait_ms is None else round(self._wait_ms, 3),
                          "rank": rank_and_size()[0], "time": time.time(), "source": "callback"})
+        self._last_end = time.perf_counter()
 
     def on_train_end(self, run_context):
         if self.file is not None:

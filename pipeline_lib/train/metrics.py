@@ -5,7 +5,8 @@ Layout under a run's output_dir (written by `pipeline_lib.train.callbacks` insid
     metrics_rank_N.jsonl     other ranks, only when the writer is told `all_ranks=True`
     guard/rank_N.json        the loss guard's diagnosis when it stopped training on rank N
 Each record: step (batches consumed, counted across resumes = mindformers' checkpoint `step_num`), epoch,
-step_in_epoch, loss, lr, global_norm, loss_scale, overflow, step_time_ms, tokens_per_s, rank, time, source
+step_in_epoch, loss, lr, global_norm, loss_scale, overflow, step_time_ms (step begin -> loss ready),
+data_wait_ms (previous step end -> this begin; callback rows only), tokens_per_s, rank, time, source
 ("callback" or "log"), attempt (1 for the first trainer that wrote the file, +1 for each later one). Missing
 values are null; NaN/inf loss is written as the JSON tokens NaN/Infinity (Python's json reads them back).
 Each step is in the file once: a resumed trainer repeats the steps between its checkpoint and the crash, and

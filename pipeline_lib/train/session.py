@@ -144,6 +144,7 @@ class Trained:
     resumed_from_step: int | None
     attempts: int = 0
     rollbacks: list[dict] = field(default_factory=list)
+    peak_rss_bytes: int = 0             # the highest peak RSS of the trainer's process tree over the attempts
 
 
 class TrainingSession:
@@ -300,7 +301,8 @@ class TrainingSession:
                          f"{latest.get('data_step', latest['step'])} (optimizer step {latest.get('global_step')}) "
                          f"of {steps}")
             try:
-                launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env)
+                result = launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env)
+                done.peak_rss_bytes = max(done.peak_rss_bytes, result.peak_rss_bytes or 0)
             except GuardTripped as err:
                 latest = self._after_guard(err, done, rollback, steps_per_epoch)
                 skipped += int(latest["data_step"]) - int(latest["step"])

@@ -67,12 +67,14 @@ from .metrics import METRICS_FILE
 from .preflight import GB, summarize_steps
 from .runner import TrainerKilled  # noqa: F401  (re-exported: raised by this stage)
 from .session import IDENTITY_FILE, PREFLIGHT_FILE, Batch, TrainingSession, finite, loss_history, work_dir, \
-    write_training_yaml
+    write_json, write_training_yaml
 
 STAGE = "pretrain"
 RUN_YAML = "run.yaml"
 RESUME_YAML = "run_resume.yaml"
 LOSS_PNG = "loss_curve.png"
+PROFILE_FILE = "profile_summary.json"
+PLANNER_CHECK_FILE = "planner_check.json"
 TABLE_STEPS = 10
 
 
@@ -128,6 +130,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
 
     # 6. publish, 7. summarise (the registry writes the manifest)
     records = loss_history(out, out / LOSS_PNG, title=f"pretraining loss ({cfg.model.name})")
+    _measured_reports(cfg, out, records, trained, session)
     outputs = _publish(run, out, trained.latest)
     metrics = _metrics(run, out, trained, records, steps=steps, rows=rows, base_info=base_info, preflight=preflight,
                        session=session, started=started)
@@ -252,13 +255,43 @@ def _check_disk(cfg, session: TrainingSession, checkpoint_bytes: int | None) -> 
     session.log(f"pretrain: {free / GB:.1f} GB free for {need.explain()} = {need.total / GB:.1f} GB")
 
 
+# ---------------------------------------------------------------- 5b. measured: profile summary, planner check
+
+def _measured_reports(cfg, out: Path, records: list[dict], trained, session: TrainingSession) -> None:
+    """`profile_summary.json` (training.profile.enabled) and `planner_check.json` (measured step time and memory
+    against the planner's prediction; each figure off by more than training.planner_alert_factor is logged as a
+    warning). Both are advice: they never fail the stage."""
+    from ..planner.check import planner_check
+    from .profile import ProfileWindow, profile_summary
+
+    step_ms = summarize_steps(records).step_time_ms if records else None  # median, compile step left out
+    if cfg.training.profile.enabled:
+        window = ProfileWindow.from_config(cfg.training.profile)
+        summary = profile_summary(records, window, out / "profile")
+        write_json(out / PROFILE_FILE, summary)
+        session.log(f"pretrain: profile of steps {summary['start_step']}..{summary['stop_step']}: step "
+                    f"{summary['step_ms']} ms = compute {summary['compute_ms']} ms + data wait "
+                    f"{summary['data_wait_ms']} ms; communication: {summary['communication_ms']} ms "
+                    f"({summary['communication']}); unprofiled steps: compute {summary['unprofiled_compute_ms']} ms")
+        # profiled steps are slower (the profiler records every op): compare the others when there are any
+        step_ms = summary["unprofiled_compute_ms"] or step_ms
+    else:
+        (out / PROFILE_FILE).unlink(missing_ok=True)  # an earlier attempt's, when profiling was on then
+    check = planner_check(cfg, step_time_ms=step_ms, peak_rss_bytes=trained.peak_rss_bytes or None,
+                          ranks=len(session.ranks))
+    write_json(out / PLANNER_CHECK_FILE, check)
+    for warning in check["warnings"]:
+        session.log(f"pretrain: WARNING {warning}")
+
+
 # ---------------------------------------------------------------- 6. publish
 
 def _publish(run: StageRun, out: Path, latest: dict) -> list[dict]:
     """Describe (size, sha256) the stage's files and upload them to an s3:// stage folder."""
     remote = run.remote
     rels = [RUN_YAML, IDENTITY_FILE, LATEST_FILE]
-    rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE) if (out / r).exists()]
+    rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE, PROFILE_FILE, PLANNER_CHECK_FILE)
+             if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
     rels += strategy_files(out)  # needed to merge or reshard the rank files: lost with an s3 run's work folder
     store = store_for(run.uri, run.endpoint)
@@ -283,6 +316,17 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
             else str(Path(path).resolve())
 
     latest_ref = ref(latest["ranks"][str(min(int(r) for r in latest["ranks"]))]["path"])
+    from ..planner.check import planner_markdown
+    from .profile import profile_markdown
+
+    profile = json.loads((out / PROFILE_FILE).read_text(encoding="utf-8")) if (out / PROFILE_FILE).exists() else None
+    check = (json.loads((out / PLANNER_CHECK_FILE).read_text(encoding="utf-8"))
+             if (out / PLANNER_CHECK_FILE).exists() else None)
+    measured_markdown = {}
+    if profile:
+        measured_markdown["profile"] = profile_markdown(profile)
+    if check:
+        measured_markdown["planner"] = planner_markdown(check)
     summary = summarize_steps(records) if records else None
     keys = ("step", "loss", "lr", "global_norm", "loss_scale", "overflow", "step_time_ms", "tokens_per_s")
     table = [{k: (finite(r.get(k)) if k not in ("step", "overflow") else r.get(k)) for k in keys}
@@ -305,7 +349,9 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
         "images": {"loss_curve": LOSS_PNG} if (out / LOSS_PNG).exists() else {},
         "tables": {"metrics": {"description": f"last {len(table)} training steps (metrics.jsonl)", "rows": table}},
         "markdown": {"summary": _summary_markdown(steps, latest, records, summary, trained.resumed_from_step,
-                                                  trained.rollbacks, latest_ref)},
+                                                  trained.rollbacks, latest_ref), **measured_markdown},
+        "profile": profile, "planner_check": check, "warnings": check["warnings"] if check else [],
+        "peak_rss_bytes": trained.peak_rss_bytes or None,
     }
 
 

@@ -1,0 +1,89 @@
+"""Measured against predicted: a training run's step time and memory next to the planner's numbers.
+
+`planner_check(cfg, step_time_ms=..., peak_rss_bytes=..., ranks=...)` returns both numbers, their ratio and an
+alert per figure that strays by more than training.planner_alert_factor (either way).
+- Step time: the planner's cost model (cost.step_cost: ideal step = training FLOPs / (devices x achieved TFLOP/s),
+  times its overheads) with the achieved TFLOP/s of config.platform.achieved_tflops (training.planner_tflops, else
+  150 on Ascend, else the CPU figure calibrated on the tiny run). Measured: the median `step_time_ms` of
+  metrics.jsonl (a step's begin to its loss being ready; the data wait is not in the planner's model).
+- Memory: the planner's per-device peak (memory.estimate: model states, activations, framework reserve). Measured,
+  on CPU only: the peak RSS of the trainer's process tree (the launcher samples it) divided by the ranks on this
+  node, i.e. host memory per trainer process, which on CPU is where the "device" memory lives (it includes the
+  Python/MindSpore runtime, which the planner's 2 GB framework reserve stands for). On Ascend host RSS says nothing
+  about device memory: not compared (the profiler's memory record, training.profile.record=[memory], has it).
+Pure Python (no MindSpore); never raises for a missing figure (the comparison is advice).
+"""
+from __future__ import annotations
+
+from ..config.platform import achieved_tflops, device_target
+from ..config.schema import PipelineConfig
+from .cost import Hardware, step_cost
+from .memory import GB, estimate
+from .params import ModelShape
+
+
+def predicted_step_ms(cfg: PipelineConfig) -> tuple[float, float, str]:
+    """(predicted step ms of the config's layout, achieved TFLOP/s used, where that figure comes from)."""
+    tflops, source = achieved_tflops(cfg)
+    p, t, m = cfg.parallel, cfg.training, cfg.model
+    mem = estimate(cfg)
+    cost = step_cost(ModelShape.from_config(m), seq_length=m.seq_length, global_batch=t.global_batch_size,
+                     micro_batch_size=t.micro_batch_size, data_parallel=p.data_parallel,
+                     model_parallel=p.model_parallel, pipeline_stage=p.pipeline_stage,
+                     micro_batch_num=p.micro_batch_num, recompute=m.recompute, flash_attention=m.use_flash_attention,
+                     gradient_bytes=mem.gradients, devices_per_node=p.devices_per_node,
+                     hw=Hardware(tflops=tflops))
+    return cost.step_s * 1000, tflops, source
+
+
+def _compare(name: str, predicted: float | None, measured: float | None, factor: float, unit: str,
+             fix: str) -> dict:
+    ratio = measured / predicted if predicted and measured else None
+    off = ratio is not None and (ratio > factor or ratio < 1 / factor)
+    row = {"figure": name, "predicted": predicted, "measured": measured, "unit": unit,
+           "ratio": None if ratio is None else round(ratio, 3), "alert": off, "warning": None}
+    if off:
+        row["warning"] = (f"{name}: measured {measured:,.3g} {unit} is {ratio:.2f}x the planner's prediction "
+                          f"{predicted:,.3g} {unit} (more than training.planner_alert_factor={factor:g} off). {fix}")
+    return row
+
+
+def planner_check(cfg: PipelineConfig, *, step_time_ms: float | None, peak_rss_bytes: int | None,
+                  ranks: int = 1) -> dict:
+    """Predicted vs measured step time and memory (see the module docstring)."""
+    factor = cfg.training.planner_alert_factor
+    try:
+        step_ms, tflops, source = predicted_step_ms(cfg)
+        peak_gb = estimate(cfg).total / GB
+    except Exception as err:  # the planner is advice: an unsupported layout must not fail the stage
+        return {"factor": factor, "rows": [], "warnings": [], "error": f"planner prediction unavailable: {err}"}
+    rows = [_compare("step time", step_ms, step_time_ms, factor, "ms",
+                     f"The prediction assumes {tflops:g} TFLOP/s per device ({source}): if that figure is wrong for "
+                     "this hardware set training.planner_tflops; if not, look at the profile summary "
+                     "(training.profile.enabled=true) for data wait or communication.")]
+    on_cpu = device_target(cfg) == "CPU"
+    measured_gb = peak_rss_bytes / GB / max(1, ranks) if on_cpu and peak_rss_bytes else None
+    mem = _compare("memory per device", peak_gb, measured_gb, factor, "GB",
+                   "Measured is the trainer process's peak RSS (CPU); check model.* / training.micro_batch_size "
+                   "against `llm-pipeline plan` (docs/planner.md).")
+    if not on_cpu:
+        mem["measured_by"] = "not measured on Ascend (host RSS is not device memory: see the profiler's memory record)"
+    rows.append(mem)
+    return {"factor": factor, "tflops": tflops, "tflops_source": source, "rows": rows,
+            "warnings": [r["warning"] for r in rows if r["warning"]]}
+
+
+def planner_markdown(check: dict) -> str:
+    """Both numbers per figure, for the stage report and the Prefect artifact."""
+    if check.get("error"):
+        return f"**Measured vs planner**: {check['error']}"
+    lines = [f"**Measured vs planner** (alert beyond x{check['factor']:g} either way; step-time prediction at "
+             f"{check['tflops']:g} TFLOP/s per device, {check['tflops_source']})", "",
+             "| figure | predicted | measured | measured/predicted | |", "|---|---|---|---|---|"]
+    for r in check["rows"]:
+        def num(v, unit=r["unit"]):
+            return "-" if v is None else f"{v:,.3g} {unit}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        flag = "**off**" if r["alert"] else ("" if r["ratio"] is not None else r.get("measured_by", "not measured"))
+        lines.append(f"| {r['figure']} | {num(r['predicted'])} | {num(r['measured'])} | {ratio} | {flag} |")
+    return "\n".join(lines)
