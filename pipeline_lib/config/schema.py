@@ -328,13 +328,7 @@ class ProfileConfig(_Section):
     def _bool_shorthand(cls, value):
         # `training.profile: true` (the old bare switch) = enabled with the default window
         return {"enabled": value} if isinstance(value, bool) else value
-
-    @model_validator(mode="after")
-    def _window(self):
-        if self.enabled and self.start_step >= self.stop_step:
-            raise ValueError(f"training.profile.start_step={self.start_step} must be < training.profile.stop_step="
-                             f"{self.stop_step}; Fix: e.g. start_step=2, stop_step=6")
-        return self
+    # start_step < stop_step <= training.steps: config/validate.py profile_issues (the stage checks it too)
 
 
 class TrainingConfig(_Section):
@@ -400,10 +394,6 @@ class TrainingConfig(_Section):
                 f"training.warmup_steps={self.warmup_steps} exceeds training.steps={self.steps}; "
                 "lower warmup_steps or raise steps"
             )
-        if self.profile.enabled and self.steps is not None and self.profile.stop_step > self.steps:
-            raise ValueError(f"training.profile.stop_step={self.profile.stop_step} exceeds training.steps="
-                             f"{self.steps}; Fix: lower training.profile.stop_step to <= {self.steps} or raise "
-                             "training.steps")
         return self
 
 

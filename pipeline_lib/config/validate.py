@@ -4,7 +4,7 @@ Each rule returns ConfigIssues naming the field, its value, the broken relation 
 `validate(cfg)` raises ConfigError with all of them; `check(cfg)` returns them. These rules are
 pure (no file or network access); the checks of the input files are in inputs.py. A rule a stage
 also enforces at run time lives here and the stage calls it (one source of truth), e.g.
-`preflight_steps_issues`, `base_weights_issues`, `special_id_issues`.
+`preflight_steps_issues`, `profile_issues`, `base_weights_issues`, `special_id_issues`.
 """
 from __future__ import annotations
 
@@ -309,6 +309,24 @@ def preflight_steps_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
     return []
 
 
+def profile_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
+    """training.profile's window: start_step < stop_step <= training.steps (mindformers' ProfileMonitor silently
+    resets a reversed window to 1..10, and a window past the last step never finishes its analysis)."""
+    p, steps = cfg.training.profile, cfg.training.steps
+    if not p.enabled:
+        return []
+    if p.start_step >= p.stop_step:
+        fix = (f"set training.profile.start_step below {p.stop_step} (e.g. {max(1, p.stop_step - 4)}) or raise "
+               "training.profile.stop_step" if p.stop_step > 1 else "raise training.profile.stop_step (e.g. 6)")
+        return [ConfigIssue("training.profile.start_step", p.start_step,
+                            f"must be < training.profile.stop_step={p.stop_step}", fix)]
+    if steps is not None and p.stop_step > steps:
+        return [ConfigIssue("training.profile.stop_step", p.stop_step, f"exceeds training.steps={steps}",
+                            f"set training.profile.stop_step <= {steps} (and start_step below it), or raise "
+                            "training.steps")]
+    return []
+
+
 def base_weights_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
     m = cfg.model
     if m.base_checkpoint and m.hf_checkpoint:
@@ -355,7 +373,7 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 
 RULES = (_batch, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _tokens, _lora, _sft,
-         preflight_steps_issues, base_weights_issues, _filters)
+         preflight_steps_issues, profile_issues, base_weights_issues, _filters)
 
 
 def warnings(cfg: PipelineConfig) -> list[str]:

@@ -59,7 +59,7 @@ from functools import partial
 from pathlib import Path
 
 from ..config.load import config_hash
-from ..config.validate import base_weights_issues, preflight_steps_issues
+from ..config.validate import base_weights_issues, preflight_steps_issues, profile_issues
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
 from .checkpoints import LATEST_FILE, check_disk
@@ -145,7 +145,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
 
 def _check_inputs(cfg) -> tuple[Path | None, dict]:
     """The config rules `validate` applies to this stage, then the base weights (see _base_inputs)."""
-    for issue in preflight_steps_issues(cfg):
+    for issue in [*preflight_steps_issues(cfg), *profile_issues(cfg)]:
         raise PretrainStageError(str(issue))
     return _base_inputs(cfg)
 

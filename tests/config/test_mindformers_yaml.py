@@ -286,3 +286,28 @@ def test_special_ids_come_from_the_tokenizer_not_the_config_defaults(llama2_toke
     mc = build_run_config(cpu_cfg(), stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path),
                           train_rows=64)["model"]["model_config"]
     assert (mc["bos_token_id"], mc["eos_token_id"], mc["pad_token_id"]) == (2, 3, 0)  # a trained tokenizer's
+
+
+def test_profile_section_maps_to_the_keys_mindformers_reads(tmp_path):
+    import inspect
+
+    from mindformers.trainer.trainer import Trainer
+
+    kw = dict(dataset_dir=str(tmp_path), output_dir=str(tmp_path / "out"), train_rows=64)
+    cfg = cpu_cfg(training={"steps": 10, "warmup_steps": 2, "profile": {
+        "enabled": True, "start_step": 3, "stop_step": 7, "record": ["memory", "communication"], "level": 0}})
+    run = build_run_config(cfg, stage="pretrain", **kw)
+    keys = {k: v for k, v in run.items() if k.startswith("profile") or k in (
+        "init_start_profile", "profiler_level", "with_stack", "data_simplification", "mstx")}
+    assert keys["profile"] is True and (keys["profile_start_step"], keys["profile_stop_step"]) == (3, 7)
+    assert keys["profile_memory"] is True and keys["profile_communication"] is True and keys["with_stack"] is False
+    assert keys["profiler_level"] == 1  # communication needs level >= 1
+    assert keys["profile_output"] == str(tmp_path / "out")
+    # every key we write is one mindformers 1.9 reads when it builds its ProfileMonitor (from its own source)
+    source = inspect.getsource(Trainer._build_profile_cb)
+    assert {k for k in keys if f"self.config.{k}" not in source} == set()
+    # the preflight (a step override), SFT and a run with profiling off get no profiler
+    assert build_run_config(cfg, stage="pretrain", steps=5, **kw)["profile"] is False
+    assert build_run_config(cfg, stage="sft", load_checkpoint="/base.ckpt", **kw)["profile"] is False
+    off = build_run_config(cpu_cfg(), stage="pretrain", **kw)
+    assert off["profile"] is False and "profile_start_step" not in off

@@ -2,8 +2,10 @@
 classified, so a new field cannot silently stay out of (or wrongly in) every stage's identity."""
 from __future__ import annotations
 
+import pytest
 from pydantic import Field
 
+from pipeline_lib.config import ConfigError
 from pipeline_lib.config.schema import NO_OUTPUT_EFFECT, PipelineConfig, _Section, identity
 from pipeline_lib.stages import SPECS, schema_fields
 
@@ -39,5 +41,19 @@ def test_fields_that_only_change_how_the_work_runs_are_in_no_identity():
     markers = dict(schema_fields(PipelineConfig))
     for name in ("data.num_workers", "data.executor", "data.read_batch_size", "tokenizer.encode_threads",
                  "training.timeout_seconds", "training.upload_checkpoints", "training.preflight_steps",
-                 "training.dataset_workers", "training.prefetch_size", "training.profile", "run.output_root"):
+                 "training.dataset_workers", "training.prefetch_size", "training.profile.enabled",
+                 "training.profile.record", "training.planner_alert_factor", "training.planner_tflops",
+                 "run.output_root"):
         assert markers[name]["stages"] == [], name
+
+
+def test_profile_is_a_section_and_a_bool_is_its_shorthand():
+    from pipeline_lib.config import config_from_dict
+
+    assert config_from_dict({"training": {"profile": True}}).training.profile.enabled is True
+    assert config_from_dict({"training": {"profile": False}}).training.profile.enabled is False
+    full = config_from_dict({"training": {"profile": {"enabled": True, "start_step": 3, "stop_step": 5,
+                                                      "record": ["memory", "communication"]}}}).training.profile
+    assert (full.start_step, full.stop_step, full.record) == (3, 5, ["memory", "communication"])
+    with pytest.raises(ConfigError, match=r"training\.profile\.record"):
+        config_from_dict({"training": {"profile": {"record": ["flops"]}}})

@@ -271,3 +271,16 @@ def test_dask_address_without_dask_executor_is_a_warning():
     assert warnings(config_from_dict({"data": {"executor": "dask", "dask_address": address}})) == []
     (warning,) = warnings(config_from_dict({"data": {"executor": "local", "dask_address": address}}))
     assert "data.dask_address" in warning and "data.executor=local" in warning and "Fix: set data.executor=dask" in warning
+
+
+def test_profile_window_inside_the_run_and_ordered():
+    on = {"enabled": True}
+    issue = issues(training={"steps": 20, "profile": {**on, "start_step": 6, "stop_step": 6}})
+    assert list(issue) == ["training.profile.start_step"] and issue["training.profile.start_step"].value == 6
+    assert "stop_step=6" in issue["training.profile.start_step"].problem
+    past = issues(training={"steps": 8, "warmup_steps": 2, "profile": {**on, "start_step": 2, "stop_step": 9}})
+    assert list(past) == ["training.profile.stop_step"] and "training.steps=8" in past["training.profile.stop_step"].problem
+    assert "<= 8" in past["training.profile.stop_step"].fix
+    assert issues(training={"steps": 8, "warmup_steps": 2, "profile": {**on, "start_step": 2, "stop_step": 8}}) == {}
+    # off: the window is not checked (the default window 2..6 vs a 4-step run)
+    assert issues(training={"steps": 4, "warmup_steps": 2, "profile": {"enabled": False}}) == {}
