@@ -48,7 +48,18 @@ opt = nn.AdamWeightDecay(net.trainable_params(), learning_rate=0.05)
 wrapper = CPUTrainOneStepCell(net, opt, scale_sense=Tensor(1.0), use_clip_grad=True, max_grad_norm=1.0)
 initial = [(p, p.asnumpy().copy()) for p in wrapper.get_parameters()]
 
-def run(name, spike_step=None, nan_step=None, resumed_from=None):
+class SlowRows:
+    """A dataset source that takes `delay` seconds per row: the trainer waits for data."""
+    def __init__(self, data, delay):
+        self.data, self.delay = data, delay
+    def __getitem__(self, i):
+        import time
+        time.sleep(self.delay)
+        return (self.data[i],)
+    def __len__(self):
+        return len(self.data)
+
+def run(name, spike_step=None, nan_step=None, resumed_from=None, row_delay=None):
     # one compiled graph for every scenario: put weights, moments and step counters back instead
     for p, value in initial:
         p.set_data(Tensor(value))
@@ -59,7 +70,12 @@ def run(name, spike_step=None, nan_step=None, resumed_from=None):
     if spike_step:
         data[(spike_step - 1) * B: spike_step * B] = np.random.default_rng(0).integers(12, V, (B, S + 1))
     data[:, 0] = np.arange(ROWS)  # row marker (token 0 is never a target)
-    dataset = ds.NumpySlicesDataset({"input_ids": data}, shuffle=False).batch(B, drop_remainder=True)
+    if row_delay:
+        dataset = ds.GeneratorDataset(SlowRows(data, row_delay), ["input_ids"], shuffle=False,
+                                      num_parallel_workers=1, python_multiprocessing=False)
+    else:
+        dataset = ds.NumpySlicesDataset({"input_ids": data}, shuffle=False)
+    dataset = dataset.batch(B, drop_remainder=True)
     out = os.path.join(root, name)
     append = [{"step_num": resumed_from}] if resumed_from else None
     ckpt = ModelCheckpoint(prefix="tiny", directory=os.path.join(out, "checkpoint", "rank_0"),
@@ -88,7 +104,8 @@ def shards(dp, batch):
     return out
 
 result = {"normal": run("normal"), "spike": run("spike", spike_step=7), "nan": run("nan", nan_step=7),
-          "resumed": run("resumed", resumed_from=12), "shards": shards(3, 2),
+          "resumed": run("resumed", resumed_from=12), "slow_data": run("slow_data", row_delay=0.05),
+          "shards": shards(3, 2),
           "registered": [MindFormerRegister.is_exist(MindFormerModuleType.CALLBACK, n)
                          for n in ("PipelineMetrics", "LossGuard")]}
 print("RESULT " + json.dumps(result))
@@ -127,6 +144,19 @@ def test_metrics_hold_exact_values_for_every_step(trained):
         assert r["source"] == "callback" and r["rank"] == 0 and r["epoch"] == 1 and r["step_in_epoch"] == r["step"]
     assert rows[-1]["loss"] < rows[0]["loss"] / 3  # it learns the repeated pattern
     assert _ckpt_steps(root / "normal") == list(range(1, 13))
+
+
+def test_data_wait_is_the_time_between_steps_and_compute_the_step_itself(trained):
+    root, result, _ = trained
+    assert result["slow_data"] == "finished"
+    fast, slow = read_metrics(metrics_path(root / "normal")), read_metrics(metrics_path(root / "slow_data"))
+    assert fast[0]["data_wait_ms"] is None and slow[0]["data_wait_ms"] is None  # nothing before an attempt's first step
+    # 2 rows x 50 ms per batch from a source the pipeline can only read one row at a time: the wait is the data's,
+    # while the step itself (the same tiny model) stays as fast as with in-memory data
+    waits = sorted(r["data_wait_ms"] for r in slow[1:])
+    assert waits[len(waits) // 2] > 60
+    assert sorted(r["data_wait_ms"] for r in fast[1:])[len(fast) // 2] < 30
+    assert sorted(r["step_time_ms"] for r in slow[1:])[len(slow) // 2] < waits[len(waits) // 2] / 2
 
 
 @pytest.mark.parametrize("case,reason", [("spike", "spike"), ("nan", "nonfinite")])
