@@ -49,6 +49,10 @@ def key_figures(stage: str, metrics: dict) -> list[str]:
         if final is not None:
             first = m.get("loss_first")
             out.append(f"loss {fmt(first)} → {fmt(final)}" if first is not None else f"final loss {fmt(final)}")
+        for row in (m.get("planner_check") or {}).get("rows") or []:  # only what strays from the planner
+            if row.get("alert"):
+                out.append(f"{row['figure']} {fmt(row['measured'])} {row['unit']} vs planner "
+                           f"{fmt(row['predicted'])} {row['unit']} (off)")
     elif stage == "evaluate":
         for row in m.get("checkpoints") or []:
             out.append(f"perplexity {row.get('checkpoint')} {fmt(row.get('perplexity'))}")

@@ -64,3 +64,14 @@ def test_s3_outputs_get_presigned_links_that_open(s3_bucket):
 
 def test_numbers_are_rounded_for_reading():
     assert fmt(3.741234567) == "3.741" and fmt(1234567) == "1,234,567" and fmt(None) == "-"
+
+
+def test_pretrain_figures_name_what_strays_from_the_planner_only():
+    from tasks.overview import key_figures
+
+    rows = [{"figure": "step time", "predicted": 46.0, "measured": 251.3, "unit": "ms", "alert": True},
+            {"figure": "memory per device", "predicted": 2.01, "measured": 2.55, "unit": "GB", "alert": False}]
+    figures = key_figures("pretrain", {**PRETRAIN["metrics"], "planner_check": {"rows": rows}})
+    assert "step time 251.3 ms vs planner 46 ms (off)" in figures
+    assert not any("memory" in f for f in figures)
+    assert not any("planner" in f for f in key_figures("pretrain", PRETRAIN["metrics"]))
