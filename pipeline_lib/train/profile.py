@@ -140,7 +140,7 @@ def profile_summary(records: list[dict], window: ProfileWindow, profile_dir: Pat
     if session is None:
         out["profiler_output"] = "none found (the profiler wrote nothing under the stage's profile/ folder)"
         return out
-    out["profiler_output"] = str(session)
+    out["profiler_output"] = session.relative_to(profile_dir.parent).as_posix()  # relative to the stage folder
     table = _cpu_op_table(session)
     if table and rows:
         ops_ms = sum(float(r.get("total_compute_time") or 0) for r in table)

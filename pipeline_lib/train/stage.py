@@ -294,6 +294,8 @@ def _publish(run: StageRun, out: Path, latest: dict) -> list[dict]:
              if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
     rels += strategy_files(out)  # needed to merge or reshard the rank files: lost with an s3 run's work folder
+    # the profiler's own output (training.profile), for MindStudio Insight: also lost with an s3 run's work folder
+    rels += [p.relative_to(out).as_posix() for p in sorted((out / "profile").rglob("*")) if p.is_file()]
     store = store_for(run.uri, run.endpoint)
     outputs = []
     for rel in sorted(set(rels)):
