@@ -28,10 +28,16 @@ bottom, as its steps:
    message names step, loss, lr, loss scale, global norm and the batch's dataset rows. With
    training.guard.on_failure=rollback it instead resumes from the last good checkpoint with the data position moved
    past the bad step (the window last checkpoint+1 .. bad step is skipped), at most guard.max_rollbacks times.
+   Measured (`_measured_reports`, advice that never fails the stage): with training.profile.enabled the profiler runs
+   over its window and `profile_summary.json` splits a step into compute / data wait / communication (train/profile.py);
+   `planner_check.json` sets the median step time and the peak RSS per rank against the planner (planner/check.py)
+   and logs a warning per figure off by more than training.planner_alert_factor.
 6. publish (`_publish`): `loss_curve.png`, run.yaml, metrics.jsonl, identity.json, latest_checkpoint.json, the latest
-   checkpoint file of each rank, preflight.json, described (size, sha256) and uploaded on an s3:// store.
+   checkpoint file of each rank, preflight.json, profile_summary.json + profile/, planner_check.json, described (size,
+   sha256) and uploaded on an s3:// store.
 7. summarise (`_metrics`): `latest_checkpoint` (absolute path, or URI on s3://), final loss, steps, tokens/s, a table
-   of the last steps and the loss-curve image. The registry writes the manifest from the returned StageOutput.
+   of the last steps, the loss-curve image, `profile` / `planner_check` / `warnings` and their markdown (the Prefect
+   artifacts `pretrain-profile`, `pretrain-planner`). The registry writes the manifest from the returned StageOutput.
 
 An s3:// run store trains in a local work folder (session.work_dir: $LLM_PIPELINE_WORK_DIR or the temp dir, one per
 stage URI, so a rerun on the same machine resumes; removed before the stage returns) and uploads the outputs; with
