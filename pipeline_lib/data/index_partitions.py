@@ -48,10 +48,11 @@ def _read_exact(fh, n: int) -> bytes:
     return b"".join(parts)
 
 
-def iter_blocks(store, uri: str | None, block: int = BLOCK) -> Iterator[np.ndarray]:
+def iter_blocks(store, uri: str | None, block: int | None = None) -> Iterator[np.ndarray]:
     """The records of a partition file, BLOCK at a time (nothing when uri is None)."""
     if uri is None:
         return
+    block = block or BLOCK
     with store.open_range(uri, 0) as fh:
         while data := _read_exact(fh, block * ENTRY.itemsize):
             yield np.frombuffer(data, ENTRY)
