@@ -6,7 +6,7 @@ live in `exact/p<prefix>`; LSH band entries live in `near-<bands>x<rows>/p<prefi
 prefix is the key's top `prefix_bits` bits (keys are hashes, so partitions fill evenly). `run` is
 run_tag(run_id), `row` the document's row in that run's segment.
 
-Reading (`lookup`) and merging (`merge`) go through a file one block (BLOCK records, ~5 MB) at a
+Reading (`lookup`) and merging (`merge`) go through a file one block (BLOCK records, ~1.4 MB) at a
 time, so memory depends on the block and on this run's own keys, never on the partition's size.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Iterator
 import numpy as np
 
 ENTRY = np.dtype([("key", "<u8"), ("band", "u1"), ("run", "<u8"), ("row", "<u4")])
-BLOCK = 1 << 18
+BLOCK = 1 << 16  # 1.4 MB of records: the per-block temporaries are what memory the lookups add
 
 
 def run_tag(run_id: str) -> np.uint64:
