@@ -220,9 +220,14 @@ def commit_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoi
         prefixes = prefix_of(adds["key"], bits)
         for p in np.unique(prefixes):
             mine = adds[prefixes == p]
-            generations.update(store, _partition_folder(uri, kind, int(p)),
-                               lambda cur, out, mine=mine: merge(store, cur, mine, out, tag), suffix=".bin",
-                               after_read=after_read)
+            try:
+                generations.update(store, _partition_folder(uri, kind, int(p)),
+                                   lambda cur, out, mine=mine: merge(store, cur, mine, out, tag), suffix=".bin",
+                                   after_read=after_read)
+            except generations.CommitConflict as err:
+                raise DataStageError("data.dedup.index_uri", uri, f"run {run_id}'s documents could not be added "
+                                     f"to the index: {err}", "run the stage again once the other run has "
+                                     "committed: the commit is idempotent and nothing else is redone") from err
     store.put_file(Path(folder) / "meta.json", join(target, "meta.json"))
     return target
 
@@ -295,7 +300,8 @@ def load_prior_in_memory(cfg, exclude_run: str, bands: int, rows: int, endpoint_
         run_ids = store.get_bytes(join(base, "ids.txt")).decode("utf-8").splitlines()
         ids += [f"{meta['run_id']}/{i}" for i in run_ids]
         if store.exists(join(base, "source_ids.jsonl")):
-            sources += [json.loads(x) for x in store.get_bytes(join(base, "source_ids.jsonl")).decode("utf-8").splitlines()]
+            text = store.get_bytes(join(base, "source_ids.jsonl")).decode("utf-8")
+            sources += [json.loads(x) for x in text.splitlines()]
         else:  # a segment from before source ids were kept
             sources += run_ids
         runs.append(meta["run_id"])

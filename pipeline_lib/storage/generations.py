@@ -52,10 +52,11 @@ def latest(store, folder: str) -> tuple[int, str | None]:
 
 
 def update(store, folder: str, write_next: Callable[[str | None, Path], None], *, suffix: str = "",
-           attempts: int = ATTEMPTS, after_read: Callable[[], None] | None = None) -> int:
+           attempts: int | None = None, after_read: Callable[[], None] | None = None) -> int:
     """Write the next generation of the value in `folder`: `write_next(current uri or None, path)`
     writes the new value to the local `path` from the current one. Returns the generation written.
     after_read: called between reading and writing (tests use it to make two writers collide)."""
+    attempts = attempts or ATTEMPTS
     for attempt in range(attempts):
         gen, current = latest(store, folder)
         with tempfile.TemporaryDirectory(prefix="gen-") as tmp:

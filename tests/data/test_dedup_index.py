@@ -138,7 +138,8 @@ def test_a_threshold_with_another_band_layout_is_refused_naming_it(tmp_path):
     commit_runs(cfg, synthetic_runs(rng, n_runs=1, docs=20), tmp_path)
     other = make_cfg(tmp_path, dedup={"threshold": 0.5})
     dd = Deduplicator(other.data.dedup)
-    with pytest.raises(DataStageError, match=r"data.dedup.threshold=0.5: .*14 bands x 9 rows.*Fix: set data.dedup.threshold=0.8"):
+    with pytest.raises(DataStageError,
+                       match=r"data.dedup.threshold=0.5: .*14 bands x 9 rows.*Fix: set data.dedup.threshold=0.8"):
         load_prior(other, "x", dd.bands, dd.rows, keys=np.zeros(1, np.uint64),
                    band_keys_=np.zeros((1, dd.bands), np.uint64))
 
@@ -225,3 +226,23 @@ def test_two_processes_committing_at_once_lose_nothing_s3(s3_bucket, tmp_path):
     dd = Deduplicator(cfg.data.dedup)
     prior = load_prior(cfg, "x", dd.bands, dd.rows, endpoint, keys=rng_keys[[3, 250]])
     assert len(prior) == 400 and sorted(prior.ids) == ["a/a:3", "b/b:50"]
+
+
+def test_a_commit_that_keeps_losing_says_what_happened_and_a_retry_lands(tmp_path, monkeypatch):
+    rng = np.random.default_rng(8)
+    cfg = make_cfg(tmp_path)
+    (keys, sigs), = synthetic_runs(rng, n_runs=1, docs=30)
+    folder = tmp_path / "seg"
+    names = write_segment(folder, segment_meta(cfg, "r1", 30, True), [f"f:{j}" for j in range(30)], keys, sigs)
+    store = store_for(index_uri(cfg))
+    with monkeypatch.context() as m:
+        m.setattr(generations, "ATTEMPTS", 2)
+        m.setattr(type(store), "put_new", lambda self, uri, data: uri.endswith("index.json") and
+                  store.put_bytes(uri, data) is None)  # every partition write loses
+        with pytest.raises(DataStageError, match="data.dedup.index_uri=.*run r1's documents could not be added.*"
+                           ": 2 attempts.*Fix: run the stage again"):
+            commit_segment(folder, names, index_uri(cfg), "r1")
+    assert load_prior_in_memory(cfg, "x", 14, 9).runs == []  # no meta.json: the run is not in the index
+    commit_segment(folder, names, index_uri(cfg), "r1")
+    dd = Deduplicator(cfg.data.dedup)
+    assert len(load_prior(cfg, "x", dd.bands, dd.rows, keys=keys[:1]).ids) == 1
