@@ -167,7 +167,7 @@ def main() -> None:
         print(f"| {r['mode']} | {r['prior_docs']:,} | {r['index_mb']:.0f} MB | {r['peak_rss_mb']:.0f} MB | "
               f"{r['peak_rss_mb'] / first['peak_rss_mb']:.2f} | {r['seconds']:.1f} s | "
               f"{r['seconds'] / first['seconds']:.2f} | {r['exact']} | {r['near']} |")
-    for s in {r["scale"] for r in rows}:
+    for s in sorted({r["scale"] for r in rows}) if len(args.modes.split(",")) > 1 else ():
         same = {(r["exact"], r["near"], r["records_digest"]) for r in rows if r["scale"] == s}
         print(f"scale {s}: decisions of both modes {'equal' if len(same) == 1 else 'DIFFER'}")
 

@@ -407,6 +407,8 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
     store = store_for(uri, endpoint_url)
     runs, reruns, metas = [], [], {}
     for meta in list_segments_at(store, uri):
+        if meta.get("format") != FORMAT:  # refused here, not at the commit after the whole stage ran
+            raise _old_format_error(uri, meta)
         if meta["run_id"] == exclude_run:
             continue
         if is_rerun_of(meta, inputs):
@@ -416,6 +418,10 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
         runs.append(meta["run_id"])
         metas[meta["run_id"]] = meta
     params = _read_index_json(store, uri) if runs else None
+    if runs and params is None:
+        raise DataStageError("data.dedup.index_uri", uri, "the index has runs but no index.json (its metadata was "
+                             "deleted or not copied)", "copy the whole index folder, or clear it "
+                             "(llm-pipeline dedup-index clear CONFIG)")
     hits = []
     if params and keys is not None and len(keys):
         q = entries(np.asarray(keys, np.uint64), np.zeros(len(keys), np.uint8), 0, np.zeros(len(keys), np.uint32))
