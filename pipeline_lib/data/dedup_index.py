@@ -377,15 +377,19 @@ def _first_per_group(hits: np.ndarray, order: np.ndarray, cap: int) -> np.ndarra
     return h[np.arange(len(h)) - starts < cap]
 
 
-def _lookup_partitions(store, uri: str, kind: str, queries: np.ndarray, bits: int, tags: np.ndarray) -> np.ndarray:
-    """Matching entries of every partition of `kind`, one partition file streamed at a time."""
+def _lookup_partitions(store, uri: str, kind: str, qkeys: np.ndarray, qbands: np.ndarray, bits: int,
+                       tags: np.ndarray) -> np.ndarray:
+    """Matching entries of every partition of `kind`, one partition file streamed at a time
+    (the queries of a partition are built as records only while it is read)."""
     found = []
-    prefixes = prefix_of(queries["key"], bits)
+    prefixes = prefix_of(qkeys, bits).astype(np.int32)
     for p in np.unique(prefixes):
+        mine = prefixes == p
+        queries = entries(qkeys[mine], qbands[mine], 0, np.zeros(int(mine.sum()), np.uint32))
         folder = _partition_folder(uri, kind, int(p))
         for attempt in range(3):  # the generation read can be pruned by a committer meanwhile
             try:
-                found.append(lookup(store, generations.latest(store, folder)[1], queries[prefixes == p], tags))
+                found.append(lookup(store, generations.latest(store, folder)[1], queries, tags))
                 break
             except Exception as err:
                 if attempt == 2 or not (isinstance(err, FileNotFoundError) or "NoSuchKey" in str(err)):
@@ -424,16 +428,14 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
                              "(llm-pipeline dedup-index clear CONFIG)")
     hits = []
     if params and keys is not None and len(keys):
-        q = entries(np.asarray(keys, np.uint64), np.zeros(len(keys), np.uint8), 0, np.zeros(len(keys), np.uint32))
-        hits.append((1, _lookup_partitions(store, uri, "exact", q, params["prefix_bits"],
+        hits.append((1, _lookup_partitions(store, uri, "exact", np.asarray(keys, np.uint64),
+                                           np.zeros(len(keys), np.uint8), params["prefix_bits"],
                                            np.array([run_tag(r) for r in runs], np.uint64))))
     if params and band_keys_ is not None and len(band_keys_):
         if (params["bands"], params["rows"]) != (bands, rows):
             raise _layout_error(uri, params, d.threshold, bands, rows)
-        n = len(band_keys_)
-        q = entries(np.asarray(band_keys_, np.uint64).ravel(), np.tile(np.arange(bands, dtype=np.uint8), n), 0,
-                    np.zeros(n * bands, np.uint32))
-        near = _lookup_partitions(store, uri, f"near-{bands}x{rows}", q, params["prefix_bits"],
+        near = _lookup_partitions(store, uri, f"near-{bands}x{rows}", np.asarray(band_keys_, np.uint64).ravel(),
+                                  np.tile(np.arange(bands, dtype=np.uint8), len(band_keys_)), params["prefix_bits"],
                                   np.array([run_tag(r) for r in runs if metas[r]["has_sigs"]], np.uint64))
         hits.append((CAP, near))
     order_of = {run_tag(r): i for i, r in enumerate(runs)}
