@@ -65,3 +65,14 @@ def test_migrate_converts_an_earlier_format_index_in_place(tmp_path):
     assert res.returncode == 0 and "migrated 1 run(s) to the partitioned format: old1" in res.stdout, res.stderr
     assert "earlier format" not in cli("list", TINY, f"run.output_root={tmp_path / 'runs'}").stdout
     assert list_segments(cfg)[0]["format"] == 2 and (Path(index_uri(cfg)) / "parts" / "exact").is_dir()
+
+
+def test_repartition_grows_the_partition_count_and_refuses_to_shrink(tmp_path):
+    root = f"run.output_root={tmp_path / 'runs'}"
+    cfg = load_config(TINY, [root])
+    add_segment(cfg, "r1", 40, tmp_path)
+    res = cli("repartition", TINY, root, "--bits", "5")
+    assert res.returncode == 0 and "repartitioned: 16 -> 32 partitions per kind" in res.stdout, res.stderr
+    shrink = cli("repartition", TINY, root, "--bits", "3")
+    assert shrink.returncode == 2 and "prefix_bits=5; it can only grow" in shrink.stderr and "Fix:" in shrink.stderr
+    assert "2^N" in cli("repartition", TINY, root).stderr

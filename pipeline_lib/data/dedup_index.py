@@ -29,8 +29,8 @@ twice gives the same dataset twice, while new files are checked against everythi
 Limits: the band keys of one LSH layout (threshold -> bands x rows) are stored; a run whose
 threshold gives another layout is refused (naming data.dedup.threshold). Indexes written by earlier
 versions (segments only) are refused with the fix: `llm-pipeline dedup-index migrate` converts them
-in place. prefix_bits is fixed when the index is created (files are streamed, so their size costs
-commit time, not memory). A segment written with another num_perm, shingle size or shingle version
+in place. prefix_bits is set when the index is created and grows with `llm-pipeline dedup-index
+repartition --bits N` (files are streamed, so their size costs commit time, not lookup memory). A segment written with another num_perm, shingle size or shingle version
 cannot be compared and is refused.
 Raises: DataStageError naming data.dedup.* when parameters differ; CommitConflict when a commit
 keeps losing to concurrent writers.
@@ -46,7 +46,7 @@ import numpy as np
 
 from ..storage import generations, join, store_for
 from .errors import DataStageError
-from .index_partitions import ENTRY, entries, lookup, merge, prefix_of, run_tag
+from .index_partitions import ENTRY, entries, iter_blocks, lookup, merge, prefix_of, run_tag
 from .minhash import EMPTY, SCHEME, SEED, SHINGLE_VERSION, band_keys, lsh_params
 
 FORMAT = 2               # 1: segments only, loaded whole (earlier versions); 2: + partitions
@@ -174,8 +174,8 @@ def _old_format_error(uri: str, meta: dict) -> DataStageError:
                           "(or start over: llm-pipeline dedup-index clear CONFIG)")
 
 
-def _partition_folder(uri: str, kind: str, prefix: int) -> str:
-    return join(uri, "parts", kind, f"p{prefix:04x}")
+def _partition_folder(uri: str, kind: str, bits: int, prefix: int) -> str:
+    return join(uri, "parts", kind, f"b{bits:02d}", f"p{prefix:04x}")
 
 
 def _run_entries(keys: np.ndarray, sigs: np.ndarray | None, bands: int, rows: int, tag: np.uint64):
@@ -215,21 +215,72 @@ def commit_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoi
     tag = run_tag(run_id)
     sigs = np.load(Path(folder) / "sigs.npy", mmap_mode="r") if "sigs.npy" in names else None
     exact, near = _run_entries(np.load(Path(folder) / "keys.npy"), sigs, params["bands"], params["rows"], tag)
-    bits = params["prefix_bits"]
-    for kind, adds in (("exact", exact), (f"near-{params['bands']}x{params['rows']}", near)):
-        prefixes = prefix_of(adds["key"], bits)
-        for p in np.unique(prefixes):
-            mine = adds[prefixes == p]
-            try:
-                generations.update(store, _partition_folder(uri, kind, int(p)),
-                                   lambda cur, out, mine=mine: merge(store, cur, mine, out, tag), suffix=".bin",
-                                   after_read=after_read)
-            except generations.CommitConflict as err:
-                raise DataStageError("data.dedup.index_uri", uri, f"run {run_id}'s documents could not be added "
-                                     f"to the index: {err}", "run the stage again once the other run has "
-                                     "committed: the commit is idempotent and nothing else is redone") from err
+    while True:  # until the partition count did not change (repartition_index) while we wrote
+        bits = params["prefix_bits"]
+        for kind, adds in (("exact", exact), (f"near-{params['bands']}x{params['rows']}", near)):
+            _merge_into_partitions(store, uri, kind, bits, adds, tag, run_id, after_read)
+        params = _read_index_json(store, uri)
+        if params["prefix_bits"] == bits:
+            break
     store.put_file(Path(folder) / "meta.json", join(target, "meta.json"))
     return target
+
+
+def _merge_into_partitions(store, uri: str, kind: str, bits: int, adds: np.ndarray, drop, run_id: str,
+                           after_read=None) -> None:
+    """One conditional write per partition that `adds` touches (drop: the run tags replaced)."""
+    prefixes = prefix_of(adds["key"], bits)
+    for p in np.unique(prefixes):
+        mine = adds[prefixes == p]
+        try:
+            generations.update(store, _partition_folder(uri, kind, bits, int(p)),
+                               lambda cur, out, mine=mine: merge(store, cur, mine, out, drop), suffix=".bin",
+                               after_read=after_read)
+        except generations.CommitConflict as err:
+            raise DataStageError("data.dedup.index_uri", uri, f"run {run_id}'s documents could not be added "
+                                 f"to the index: {err}", "run the stage again once the other run has "
+                                 "committed: the commit is idempotent and nothing else is redone") from err
+
+
+def repartition_index(cfg, bits: int, endpoint_url: str | None = None) -> int:
+    """Grow the index to 2^bits partitions per kind (more, smaller files: cheaper commits and
+    retries; lookups stream either way). Copies every partition into its children (a sorted file
+    splits into contiguous key ranges), switches index.json, then copies again the partitions a
+    commit changed meanwhile (a commit that wrote the old layout after the switch redoes its
+    merges in the new one itself). A dedup step running during the switch may miss the runs
+    committed during it; run it between nights. The old layout's files stay (`clear` removes
+    them with the index). Returns the previous prefix_bits."""
+    uri = index_uri(cfg)
+    store = store_for(uri, endpoint_url)
+    params = _read_index_json(store, uri)
+    if params is None:
+        raise DataStageError("data.dedup.index_uri", uri, "there is no index to repartition", "nothing to do")
+    old = params["prefix_bits"]
+    if not old < bits <= 16:
+        raise DataStageError("dedup-index repartition --bits", bits, f"the index has prefix_bits={old}; it can only "
+                             "grow, to at most 16", f"pass --bits between {old + 1} and 16")
+    kinds = ["exact", f"near-{params['bands']}x{params['rows']}"]
+    copied = {(k, p): _split_partition(store, uri, k, old, bits, p) for k in kinds for p in range(2 ** old)}
+    store.put_bytes(join(uri, "index.json"), json.dumps(params | {"prefix_bits": bits}, indent=1).encode())
+    for (kind, p), gen in copied.items():  # commits that landed in the old layout before the switch
+        while generations.latest(store, _partition_folder(uri, kind, old, p))[0] != gen:
+            gen = _split_partition(store, uri, kind, old, bits, p)
+    return old
+
+
+def _split_partition(store, uri: str, kind: str, old: int, bits: int, p: int) -> int:
+    """Copy partition p of the `old` layout into its children of the `bits` layout (each child's
+    entries of the partition's runs are replaced, so copying again is harmless); returns the
+    generation copied. Holds one old partition in memory (a maintenance step, not the dedup step)."""
+    gen, current = generations.latest(store, _partition_folder(uri, kind, old, p))
+    whole = np.concatenate(list(iter_blocks(store, current)) or [np.zeros(0, ENTRY)])
+    child = prefix_of(whole["key"], bits)
+    for c in np.unique(child):
+        data = whole[child == c]
+        generations.update(store, _partition_folder(uri, kind, bits, int(c)),
+                           lambda cur, out, data=data: merge(store, cur, data, out, np.unique(data["run"])),
+                           suffix=".bin")
+    return gen
 
 
 class PriorIndex:
@@ -386,7 +437,7 @@ def _lookup_partitions(store, uri: str, kind: str, qkeys: np.ndarray, qbands: np
     for p in np.unique(prefixes):
         mine = prefixes == p
         queries = entries(qkeys[mine], qbands[mine], 0, np.zeros(int(mine.sum()), np.uint32))
-        folder = _partition_folder(uri, kind, int(p))
+        folder = _partition_folder(uri, kind, bits, int(p))
         for attempt in range(3):  # the generation read can be pruned by a committer meanwhile
             try:
                 found.append(lookup(store, generations.latest(store, folder)[1], queries, tags))

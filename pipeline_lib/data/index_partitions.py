@@ -2,8 +2,8 @@
 
 A partition file is raw little-endian ENTRY records (21 bytes each: key u64, band u8, run u64,
 row u32) sorted by key, no header (the count is size / 21). Exact-key entries have band 0 and
-live in `exact/p<prefix>`; LSH band entries live in `near-<bands>x<rows>/p<prefix>`, where the
-prefix is the key's top `prefix_bits` bits (keys are hashes, so partitions fill evenly). `run` is
+live in `exact/b<bits>/p<prefix>`; LSH band entries live in `near-<bands>x<rows>/b<bits>/p<prefix>`,
+where the prefix is the key's top `bits` bits (keys are hashes, so partitions fill evenly). `run` is
 run_tag(run_id), `row` the document's row in that run's segment.
 
 Reading (`lookup`) and merging (`merge`) go through a file one block (BLOCK records, ~1.4 MB) at a
@@ -58,15 +58,17 @@ def iter_blocks(store, uri: str | None, block: int | None = None) -> Iterator[np
             yield np.frombuffer(data, ENTRY)
 
 
-def merge(store, current: str | None, additions: np.ndarray, out: Path, drop_run: np.uint64) -> int:
-    """Write the current partition file plus `additions` (sorted by key) to `out`, sorted by key,
-    streaming; entries of run `drop_run` already there are dropped first (a commit that is
-    retried replaces its own entries instead of doubling them). Returns the record count."""
+def merge(store, current: str | None, additions: np.ndarray, out: Path, drop_run) -> int:
+    """Write the current partition file plus `additions` to `out`, sorted by key, streaming;
+    entries of the run(s) `drop_run` (a tag or an array of tags) already there are dropped first
+    (a commit that is retried replaces its own entries instead of doubling them). Returns the
+    record count."""
+    drop = np.atleast_1d(np.asarray(drop_run, np.uint64))
     additions = additions[np.argsort(additions["key"], kind="stable")]
     n, taken = 0, 0
     with open(out, "wb") as fh:
         for blk in iter_blocks(store, current):
-            blk = blk[blk["run"] != drop_run]
+            blk = blk[~np.isin(blk["run"], drop)]
             if not len(blk):
                 continue
             upto = int(np.searchsorted(additions["key"], blk["key"][-1], "right"))

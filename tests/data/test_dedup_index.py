@@ -11,7 +11,7 @@ from datagen import make_cfg
 from pipeline_lib.data import index_partitions
 from pipeline_lib.data.dedup import Deduplicator
 from pipeline_lib.data.dedup_index import (commit_segment, index_uri, load_prior, load_prior_in_memory,
-                                           migrate_index, segment_meta, write_segment)
+                                           migrate_index, repartition_index, segment_meta, write_segment)
 from pipeline_lib.data.errors import DataStageError
 from pipeline_lib.data.minhash import EMPTY, band_keys
 from pipeline_lib.storage import generations, join, store_for
@@ -180,7 +180,7 @@ def entries_by_run(cfg) -> dict[str, int]:
     counts: dict[str, int] = {}
     tags = {index_partitions.run_tag(r): r for r in ("a", "b")}
     for p in range(16):
-        current = generations.latest(store, join(uri, "parts", "exact", f"p{p:04x}"))[1]
+        current = generations.latest(store, join(uri, "parts", "exact", "b04", f"p{p:04x}"))[1]
         for blk in index_partitions.iter_blocks(store, current):
             for t in blk["run"]:
                 counts[tags[t]] = counts.get(tags[t], 0) + 1
@@ -246,3 +246,28 @@ def test_a_commit_that_keeps_losing_says_what_happened_and_a_retry_lands(tmp_pat
     commit_segment(folder, names, index_uri(cfg), "r1")
     dd = Deduplicator(cfg.data.dedup)
     assert len(load_prior(cfg, "x", dd.bands, dd.rows, keys=keys[:1]).ids) == 1
+
+
+def test_repartition_grows_the_index_even_with_a_commit_landing_in_the_old_layout(tmp_path):
+    rng = np.random.default_rng(9)
+    cfg = make_cfg(tmp_path)
+    runs = synthetic_runs(rng, n_runs=3, docs=200)
+    commit_runs(cfg, runs[:2], tmp_path)
+    (keys, sigs), switched = runs[2], []
+
+    def repartition_mid_commit():  # night3 has read the 4-bit layout and is about to write it
+        if not switched:
+            switched.append(repartition_index(cfg, 6))
+    folder = tmp_path / "segs" / "night3"
+    names = write_segment(folder, segment_meta(cfg, "night3", 200, True), [f"day2.jsonl:{j}" for j in range(200)],
+                          keys, sigs, [f"src-2-{j}" for j in range(200)])
+    commit_segment(folder, names, index_uri(cfg), "night3", after_read=repartition_mid_commit)
+    assert switched == [4] and json.loads((Path(index_uri(cfg)) / "index.json").read_text())["prefix_bits"] == 6
+    assert len(list((Path(index_uri(cfg)) / "parts" / "exact" / "b06").iterdir())) == 64
+    new_keys, new_sigs = new_batch(rng, runs)
+    memory, parted = both_priors(cfg, new_keys, new_sigs)
+    d_mem, r_mem = decide(cfg, memory, new_keys, new_sigs)
+    assert {r["kept_run"] for r in r_mem} == {"night1", "night2", "night3"}
+    assert decide(cfg, parted, new_keys, new_sigs)[1] == r_mem
+    with pytest.raises(DataStageError, match="prefix_bits=6; it can only grow"):
+        repartition_index(cfg, 5)
