@@ -11,8 +11,8 @@ data.dedup.lineage or run.name):
                                (data.id_field values), *.idx (byte offset of each line), and
                                meta.json, written last (a run without it is ignored everywhere):
                                the run's input files (uri, size, content fingerprint)
-  parts/exact/p<prefix>/g<generation>.bin        exact-key entries, sorted (index_partitions)
-  parts/near-<b>x<r>/p<prefix>/g<generation>.bin LSH band-key entries for b bands x r rows
+  parts/exact/b<bits>/p<prefix>/g<generation>.bin         exact-key entries, sorted (index_partitions)
+  parts/near-<b>x<r>/b<bits>/p<prefix>/g<generation>.bin  LSH band-key entries for b bands x r rows
 About 8 + 4 x num_perm bytes per document in the row store plus 21 x (1 + bands) in partitions.
 
 The dedup step (`load_prior`) groups this run's keys by partition, streams each partition file
@@ -29,11 +29,13 @@ twice gives the same dataset twice, while new files are checked against everythi
 Limits: the band keys of one LSH layout (threshold -> bands x rows) are stored; a run whose
 threshold gives another layout is refused (naming data.dedup.threshold). Indexes written by earlier
 versions (segments only) are refused with the fix: `llm-pipeline dedup-index migrate` converts them
-in place. prefix_bits is set when the index is created and grows with `llm-pipeline dedup-index
-repartition --bits N` (files are streamed, so their size costs commit time, not lookup memory). A segment written with another num_perm, shingle size or shingle version
-cannot be compared and is refused.
-Raises: DataStageError naming data.dedup.* when parameters differ; CommitConflict when a commit
-keeps losing to concurrent writers.
+in place. prefix_bits is set when the index is created (16 partitions per kind) and grows with
+`llm-pipeline dedup-index repartition --bits N` (files are streamed, so their size costs commit
+time, not lookup memory). Every commit rewrites each partition it touches (a night touches all):
+commit I/O grows with the index. A segment written with another num_perm, shingle size or
+shingle version cannot be compared and is refused.
+Raises: DataStageError naming data.dedup.* when parameters differ, or data.dedup.index_uri when a
+commit keeps losing to concurrent writers (storage.generations.CommitConflict).
 """
 from __future__ import annotations
 
