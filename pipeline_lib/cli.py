@@ -82,13 +82,18 @@ def explain_lines() -> list[str]:
 
 
 def dedup_index_main(argv: list[str]) -> int:
-    """`dedup-index list|clear CONFIG [--lineage X] [key=value ...]`: a lineage's incremental dedup index."""
-    from .data.dedup_index import clear_index, index_uri, lineage, list_segments
+    """`dedup-index list|clear|migrate|repartition CONFIG [--lineage X] [--bits N] [key=value ...]`:
+    a lineage's incremental dedup index."""
+    from .data.dedup_index import (FORMAT, clear_index, index_uri, lineage, list_segments, migrate_index,
+                                   repartition_index)
 
     ap = argparse.ArgumentParser(prog="llm-pipeline dedup-index",
-                                 description="List or clear the dedup index of a lineage (data.dedup.lineage, "
-                                 "default run.name): the documents later runs are deduplicated against.")
-    ap.add_argument("action", choices=["list", "clear"])
+                                 description="List, clear or migrate the dedup index of a lineage (data.dedup.lineage, "
+                                 "default run.name): the documents later runs are deduplicated against. migrate "
+                                 "converts an index written by an earlier version in place; repartition --bits N "
+                                 "grows it to 2^N partition files per kind (run it between nights).")
+    ap.add_argument("action", choices=["list", "clear", "migrate", "repartition"])
+    ap.add_argument("--bits", type=int, help="repartition: the new prefix bits (partitions per kind = 2^bits)")
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     ap.add_argument("--lineage", help="the lineage (default: the config's data.dedup.lineage or run.name)")
@@ -105,8 +110,26 @@ def dedup_index_main(argv: list[str]) -> int:
     if args.action == "list":
         for m in segments:
             files = ", ".join(f["uri"] for f in m.get("inputs", [])) or "(inputs not recorded)"
-            print(f"  {m['run_id']:<32} {m['docs']:>9} docs  {files}")
+            old = "" if m.get("format") == FORMAT else "  [earlier format: run `dedup-index migrate`]"
+            print(f"  {m['run_id']:<32} {m['docs']:>9} docs  {files}{old}")
         print(f"{len(segments)} run(s), {sum(m['docs'] for m in segments)} documents")
+        return 0
+    if args.action == "repartition":
+        if args.bits is None:
+            print("dedup-index repartition needs --bits N (the index's partitions per kind become 2^N). "
+                  "Fix: add --bits, e.g. --bits 6", file=sys.stderr)
+            return 2
+        try:
+            old = repartition_index(cfg, args.bits, endpoint)
+        except ValueError as err:  # DataStageError: no index, or not a growth
+            print(err, file=sys.stderr)
+            return 2
+        print(f"repartitioned: {2 ** old} -> {2 ** args.bits} partitions per kind")
+        return 0
+    if args.action == "migrate":
+        done = migrate_index(cfg, endpoint)
+        print(f"migrated {len(done)} run(s) to the partitioned format" + (f": {', '.join(done)}" if done else
+                                                                          " (nothing to do)"))
         return 0
     n = clear_index(cfg, endpoint)
     print(f"cleared: {n} run(s), {sum(m['docs'] for m in segments)} documents; the next run of this lineage "

@@ -1,10 +1,14 @@
 """Nightly continued pretraining bookkeeping: what arrived since the last good night.
 
-State lives in the run store at <output_root>/_nightly/state.json:
+State lives in the run store under <output_root>/_nightly/state/ as numbered generations
+(storage.generations; <output_root>/_nightly/state.json is a readable copy of the newest one, and
+what earlier versions wrote):
   consumed: {input URI: size} of every raw file a successful night has trained on
   latest:   {run_id, checkpoint, finished_at} of the last night where EVERY stage succeeded
-It is rewritten (atomically) only after a night succeeds, so a failed night leaves the
-watermark and the `latest` pointer where they were and its data is picked up again tomorrow.
+It is updated only after a night succeeds, so a failed night leaves the watermark and the
+`latest` pointer where they were and its data is picked up again tomorrow. An update applies the
+night's change to the newest state in one conditional write, so two nights finishing at once
+both land (neither overwrites the other's consumed files).
 A night whose new files hold no new document (all seen by earlier runs of the dedup lineage)
 is not a failure: its files are consumed (the watermark moves past them), nothing is trained and
 `latest` stays (`consume_without_training`).
@@ -15,7 +19,7 @@ import datetime as dt
 import json
 
 from .config.schema import PipelineConfig
-from .storage import join, store_for
+from .storage import generations, join, store_for
 from .storage.input_files import find_inputs
 
 
@@ -23,17 +27,35 @@ def state_uri(cfg: PipelineConfig) -> str:
     return join(cfg.run.output_root, "_nightly", "state.json")
 
 
+def state_folder(cfg: PipelineConfig) -> str:
+    return join(cfg.run.output_root, "_nightly", "state")
+
+
 def load_state(cfg: PipelineConfig) -> dict:
     store = store_for(cfg.run.output_root, cfg.run.s3_endpoint_url)
-    uri = state_uri(cfg)
-    if not store.exists(uri):
-        return {"consumed": {}, "latest": None, "history": []}
-    return json.loads(store.get_bytes(uri))
+    data = generations.read_bytes(store, state_folder(cfg))
+    if data is None:  # no generation yet: the state.json of an earlier version, if any
+        uri = state_uri(cfg)
+        if not store.exists(uri):
+            return {"consumed": {}, "latest": None, "history": []}
+        data = store.get_bytes(uri)
+    return json.loads(data)
 
 
-def save_state(cfg: PipelineConfig, state: dict) -> None:
+def update_state(cfg: PipelineConfig, change) -> dict:
+    """Apply `change(state) -> state` to the newest state as one conditional write (re-read and
+    applied again when another night wrote first); returns the state written."""
     store = store_for(cfg.run.output_root, cfg.run.s3_endpoint_url)
-    store.put_bytes(state_uri(cfg), json.dumps(state, indent=2, sort_keys=True).encode())
+    written: dict = {}
+
+    def write_next(current, out):
+        state = json.loads(store.get_bytes(current)) if current else load_state(cfg)
+        written["state"] = change(state)
+        out.write_text(json.dumps(written["state"], indent=2, sort_keys=True))
+
+    generations.update(store, state_folder(cfg), write_next, suffix=".json")
+    store.put_bytes(state_uri(cfg), json.dumps(load_state(cfg), indent=2, sort_keys=True).encode())
+    return written["state"]
 
 
 def list_raw_files(cfg: PipelineConfig) -> dict[str, int]:
@@ -73,14 +95,15 @@ def next_base_checkpoint(cfg: PipelineConfig, run_id: str, log=None) -> str | No
 
 def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
                  checkpoint: str | None) -> dict:
-    """Advance the watermark and the `latest` pointer; call only after every stage succeeded."""
-    state = json.loads(json.dumps(state))
-    state.setdefault("consumed", {}).update(files)
-    state["latest"] = {"run_id": run_id, "checkpoint": checkpoint,
-                       "finished_at": dt.datetime.now(dt.timezone.utc).isoformat()}
-    state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint})
-    save_state(cfg, state)
-    return state
+    """Advance the watermark and the `latest` pointer; call only after every stage succeeded.
+    `state` is what the night read at its start; the change is applied to the newest state."""
+    def change(state: dict) -> dict:
+        state.setdefault("consumed", {}).update(files)
+        state["latest"] = {"run_id": run_id, "checkpoint": checkpoint,
+                           "finished_at": dt.datetime.now(dt.timezone.utc).isoformat()}
+        state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint})
+        return state
+    return update_state(cfg, change)
 
 
 def no_new_documents(cfg: PipelineConfig, run_id: str) -> dict | None:
@@ -96,12 +119,12 @@ def no_new_documents(cfg: PipelineConfig, run_id: str) -> dict | None:
 def consume_without_training(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
                              found: dict) -> dict:
     """Move the watermark past files that held only already-seen documents; `latest` stays."""
-    state = json.loads(json.dumps(state))
-    state.setdefault("consumed", {}).update(files)
-    state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": None,
-                                            "no_new_data": found})
-    save_state(cfg, state)
-    return state
+    def change(state: dict) -> dict:
+        state.setdefault("consumed", {}).update(files)
+        state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": None,
+                                                "no_new_data": found})
+        return state
+    return update_state(cfg, change)
 
 
 def deep_update(base: dict, changes: dict) -> dict:

@@ -47,3 +47,32 @@ def test_list_and_clear_one_lineage_only(tmp_path):
 def test_bad_lineage_name_exits_2():
     res = cli("list", TINY, "--lineage", "../up")
     assert res.returncode == 2 and "data.dedup.lineage" in res.stderr
+
+
+def test_migrate_converts_an_earlier_format_index_in_place(tmp_path):
+    import json
+
+    cfg = load_config(TINY, [f"run.output_root={tmp_path / 'runs'}"])
+    old = Path(index_uri(cfg)) / "segments" / "old1"  # as earlier versions wrote a segment
+    old.mkdir(parents=True)
+    np.save(old / "keys.npy", np.arange(3, dtype=np.uint64))
+    (old / "ids.txt").write_text("a:1\na:2\na:3\n")
+    meta = {k: v for k, v in segment_meta(cfg, "old1", 3, False).items() if k not in ("format", "bands", "rows")}
+    (old / "meta.json").write_text(json.dumps(meta))
+    listed = cli("list", TINY, f"run.output_root={tmp_path / 'runs'}")
+    assert "earlier format: run `dedup-index migrate`" in listed.stdout
+    res = cli("migrate", TINY, f"run.output_root={tmp_path / 'runs'}")
+    assert res.returncode == 0 and "migrated 1 run(s) to the partitioned format: old1" in res.stdout, res.stderr
+    assert "earlier format" not in cli("list", TINY, f"run.output_root={tmp_path / 'runs'}").stdout
+    assert list_segments(cfg)[0]["format"] == 2 and (Path(index_uri(cfg)) / "parts" / "exact").is_dir()
+
+
+def test_repartition_grows_the_partition_count_and_refuses_to_shrink(tmp_path):
+    root = f"run.output_root={tmp_path / 'runs'}"
+    cfg = load_config(TINY, [root])
+    add_segment(cfg, "r1", 40, tmp_path)
+    res = cli("repartition", TINY, root, "--bits", "5")
+    assert res.returncode == 0 and "repartitioned: 16 -> 32 partitions per kind" in res.stdout, res.stderr
+    shrink = cli("repartition", TINY, root, "--bits", "3")
+    assert shrink.returncode == 2 and "prefix_bits=5; it can only grow" in shrink.stderr and "Fix:" in shrink.stderr
+    assert "2^N" in cli("repartition", TINY, root).stderr

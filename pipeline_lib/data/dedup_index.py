@@ -1,27 +1,41 @@
 """The persistent dedup index of a lineage: what its earlier runs kept, so tonight's data is
-deduplicated against it.
+deduplicated against it, without loading it into memory.
 
 Layout at `data.dedup.index_uri` (default <output_root>/_dedup_index/<lineage>, the lineage being
-data.dedup.lineage or run.name), one segment per run:
-  segments/<run_id>/keys.npy   uint64 exact keys of the kept documents (text.exact_key)
-  segments/<run_id>/sigs.npy   uint32 (n, num_perm) MinHash signatures (absent when near dedup was off)
-  segments/<run_id>/ids.txt    the kept documents' origins (`<file>:<line>`), one per line
-  segments/<run_id>/source_ids.jsonl  their source ids (data.id_field), one JSON value per line
-                               (segments written before it existed: the origins stand in)
-  segments/<run_id>/meta.json  written last: a segment without it is ignored; holds the run's input
-                               files (uri, size, content fingerprint)
-About 8 + 4 x num_perm bytes per document (520 B at 128 permutations). Band keys are not stored:
-they are recomputed from the signatures, so a changed threshold still works with an old index.
-A run commits its segment only when the whole stage succeeded (a failed run leaves no trace),
-and a run never loads its own segment (a resumed run is not deduplicated against itself).
-The rerun rule: a run does not load a segment whose input files (uri, size, fingerprint) are all
-among its own inputs: that run read the same data, it is a rerun, not data seen before (so running
-a config twice gives the same dataset twice, while new files are checked against everything).
+data.dedup.lineage or run.name):
+  index.json                   the index's own metadata: format, prefix_bits (partitions per kind
+                               = 2^prefix_bits), num_perm, ngram, threshold and its LSH bands x rows
+  segments/<run_id>/           one run's row store: keys.npy (uint64 exact keys of the kept documents),
+                               sigs.npy (uint32 (n, num_perm) MinHash signatures; absent when near
+                               dedup was off), ids.txt (origins `<file>:<line>`), source_ids.jsonl
+                               (data.id_field values), *.idx (byte offset of each line), and
+                               meta.json, written last (a run without it is ignored everywhere):
+                               the run's input files (uri, size, content fingerprint)
+  parts/exact/b<bits>/p<prefix>/g<generation>.bin         exact-key entries, sorted (index_partitions)
+  parts/near-<b>x<r>/b<bits>/p<prefix>/g<generation>.bin  LSH band-key entries for b bands x r rows
+About 8 + 4 x num_perm bytes per document in the row store plus 21 x (1 + bands) in partitions.
 
-Limits: every segment is loaded into memory (numpy arrays, sorted for binary search); two runs
-committing to one index at the same time are not coordinated. A segment written with another
-num_perm, shingle size or shingle version cannot be compared and is refused.
-Raises: DataStageError naming data.dedup.* when a segment's parameters differ.
+The dedup step (`load_prior`) groups this run's keys by partition, streams each partition file
+block by block, keeps the hits and fetches only the hit documents' rows (ranged reads): memory
+depends on this run, not on the index (bench/dedup_index.md). A commit (`commit_segment`) merges
+the run's entries into each partition as one conditional write (storage.generations: a new
+generation created only if absent; on conflict re-read, merge, retry), so two runs committing at
+once lose nothing. A run commits only when the whole stage succeeded (a failed run leaves no
+trace), and a run never reads its own entries (a resumed run is not deduplicated against itself).
+The rerun rule: a run skips the runs whose input files (uri, size, fingerprint) are all among its
+own inputs: that run read the same data, it is a rerun, not data seen before (so running a config
+twice gives the same dataset twice, while new files are checked against everything).
+
+Limits: the band keys of one LSH layout (threshold -> bands x rows) are stored; a run whose
+threshold gives another layout is refused (naming data.dedup.threshold). Indexes written by earlier
+versions (segments only) are refused with the fix: `llm-pipeline dedup-index migrate` converts them
+in place. prefix_bits is set when the index is created (16 partitions per kind) and grows with
+`llm-pipeline dedup-index repartition --bits N` (files are streamed, so their size costs commit
+time, not lookup memory). Every commit rewrites each partition it touches (a night touches all):
+commit I/O grows with the index. A segment written with another num_perm, shingle size or
+shingle version cannot be compared and is refused.
+Raises: DataStageError naming data.dedup.* when parameters differ, or data.dedup.index_uri when a
+commit keeps losing to concurrent writers (storage.generations.CommitConflict).
 """
 from __future__ import annotations
 
@@ -32,9 +46,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..storage import join, store_for
+from ..storage import generations, join, store_for
 from .errors import DataStageError
-from .minhash import SCHEME, SEED, SHINGLE_VERSION, band_keys
+from .index_partitions import ENTRY, entries, iter_blocks, lookup, merge, prefix_of, run_tag
+from .minhash import EMPTY, SCHEME, SEED, SHINGLE_VERSION, band_keys, lsh_params
+
+FORMAT = 2               # 1: segments only, loaded whole (earlier versions); 2: + partitions
+DEFAULT_PREFIX_BITS = 4  # 16 exact + 16 band partitions; index.json keeps the value of each index
+CAP = 64                 # prior candidates per (band, key), as PriorIndex.candidates
 
 
 def lineage(cfg) -> str:
@@ -49,9 +68,10 @@ def index_uri(cfg) -> str:
 def segment_meta(cfg, run_id: str, n: int, has_sigs: bool, inputs: list[dict] | None = None) -> dict:
     """inputs: the run's input files [{uri, size, fingerprint}] (the rerun rule compares them)."""
     d = cfg.data.dedup
+    bands, rows = lsh_params(d.threshold, d.num_perm)
     return {"run_id": run_id, "lineage": lineage(cfg), "docs": n, "num_perm": d.num_perm, "ngram": d.ngram,
             "seed": SEED, "scheme": SCHEME, "shingle_version": SHINGLE_VERSION, "has_sigs": has_sigs,
-            "inputs": inputs or []}
+            "inputs": inputs or [], "format": FORMAT, "threshold": d.threshold, "bands": bands, "rows": rows}
 
 
 def _file_ids(inputs) -> set[tuple]:
@@ -68,7 +88,10 @@ def is_rerun_of(meta: dict, inputs: list[dict] | None) -> bool:
 def list_segments(cfg, endpoint_url: str | None = None) -> list[dict]:
     """The meta.json of every committed segment of the lineage's index, in commit-name order."""
     uri = index_uri(cfg)
-    store = store_for(uri, endpoint_url)
+    return list_segments_at(store_for(uri, endpoint_url), uri)
+
+
+def list_segments_at(store, uri: str) -> list[dict]:
     metas = sorted(u for u in store.list(join(uri, "segments") + "/") if u.endswith("/meta.json"))
     return [json.loads(store.get_bytes(m)) | {"uri": m.rsplit("/", 1)[0]} for m in metas]
 
@@ -83,31 +106,183 @@ def clear_index(cfg, endpoint_url: str | None = None) -> int:
     return n
 
 
+def _line_offsets(lines_text: str) -> np.ndarray:
+    """Byte offsets (n + 1, uint64) of the lines of a text: row r is bytes [off[r], off[r+1])."""
+    lengths = [len(x.encode("utf-8")) + 1 for x in lines_text.splitlines()]
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.uint64)]).astype("<u8")
+
+
 def write_segment(folder: Path, meta: dict, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None,
                   source_ids: list | None = None) -> list[str]:
-    """Write a segment into a local folder; returns the file names, meta.json last."""
+    """Write a segment (one run's row store) into a local folder; returns the file names, meta.json last.
+    ids.idx / source_ids.idx hold the byte offset of every line, so a reader fetches a few rows
+    with ranged reads instead of reading the whole file."""
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "keys.npy", np.asarray(keys, dtype=np.uint64))
-    names = ["keys.npy", "ids.txt"]
+    names = ["keys.npy"]
+    texts = {"ids": "".join(i + "\n" for i in ids)}
     if source_ids is not None:
-        (folder / "source_ids.jsonl").write_text(
-            "".join(json.dumps(s, ensure_ascii=False, default=str) + "\n" for s in source_ids), encoding="utf-8")
-        names.append("source_ids.jsonl")
+        texts["source_ids"] = "".join(json.dumps(s, ensure_ascii=False, default=str) + "\n" for s in source_ids)
+    for stem, text in texts.items():
+        ext = ".txt" if stem == "ids" else ".jsonl"
+        (folder / f"{stem}{ext}").write_text(text, encoding="utf-8")
+        (folder / f"{stem}.idx").write_bytes(_line_offsets(text).tobytes())
+        names += [f"{stem}{ext}", f"{stem}.idx"]
     if sigs is not None:
         np.save(folder / "sigs.npy", np.asarray(sigs, dtype=np.uint32))
         names.append("sigs.npy")
-    (folder / "ids.txt").write_text("".join(i + "\n" for i in ids), encoding="utf-8")
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
     return names + ["meta.json"]
 
 
-def commit_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoint_url: str | None = None) -> str:
-    """Upload (or copy) a local segment into the index, meta.json last. Idempotent."""
+def _index_params(meta: dict) -> dict:
+    return {"format": FORMAT, "prefix_bits": DEFAULT_PREFIX_BITS,
+            **{k: meta[k] for k in ("num_perm", "ngram", "seed", "scheme", "shingle_version", "bands", "rows",
+                                    "threshold")}}
+
+
+def _read_index_json(store, uri: str) -> dict | None:
+    path = join(uri, "index.json")
+    return json.loads(store.get_bytes(path)) if store.exists(path) else None
+
+
+def _ensure_index_json(store, uri: str, meta: dict) -> dict:
+    """The index's own metadata (format, partition prefix bits, MinHash/LSH parameters); the first
+    commit creates it (create-if-absent: two first commits agree on one)."""
+    store.put_new(join(uri, "index.json"), json.dumps(_index_params(meta), indent=1).encode())
+    params = _read_index_json(store, uri)
+    for field in ("num_perm", "ngram"):
+        if params[field] != meta[field]:
+            raise DataStageError(f"data.dedup.{field}", meta[field], f"the index at {uri} was built with "
+                                 f"{field}={params[field]}", f"set data.dedup.{field}={params[field]}, or "
+                                 "data.dedup.index_uri to a new index")
+    if meta.get("has_sigs") and (params["bands"], params["rows"]) != (meta["bands"], meta["rows"]):
+        raise _layout_error(uri, params, meta["threshold"], meta["bands"], meta["rows"])
+    return params
+
+
+def _layout_error(uri: str, params: dict, threshold: float, bands: int, rows: int) -> DataStageError:
+    return DataStageError("data.dedup.threshold", threshold, f"the index at {uri} holds LSH band keys for "
+                          f"{params['bands']} bands x {params['rows']} rows (threshold {params['threshold']}); "
+                          f"this threshold gives {bands} x {rows}",
+                          f"set data.dedup.threshold={params['threshold']}, or data.dedup.index_uri to a new "
+                          "index, or clear this one (llm-pipeline dedup-index clear CONFIG)")
+
+
+def _old_format_error(uri: str, meta: dict) -> DataStageError:
+    return DataStageError("data.dedup.index_uri", uri, f"the index holds run {meta['run_id']} in the format of "
+                          "an earlier llm-pipeline version (whole segments loaded into memory, no partitions)",
+                          "convert it in place, keeping every document: llm-pipeline dedup-index migrate CONFIG "
+                          "(or start over: llm-pipeline dedup-index clear CONFIG)")
+
+
+def _partition_folder(uri: str, kind: str, bits: int, prefix: int) -> str:
+    return join(uri, "parts", kind, f"b{bits:02d}", f"p{prefix:04x}")
+
+
+def _run_entries(keys: np.ndarray, sigs: np.ndarray | None, bands: int, rows: int, tag: np.uint64):
+    """(exact entries, band entries) of one run's kept documents (EMPTY signatures: no band entries)."""
+    n = len(keys)
+    exact = entries(np.asarray(keys, np.uint64), np.zeros(n, np.uint8), tag, np.arange(n, dtype=np.uint32))
+    if sigs is None or not n:
+        return exact, np.zeros(0, ENTRY)
+    near = []
+    for a in range(0, n, 1 << 16):  # band keys a chunk at a time
+        chunk = np.asarray(sigs[a:a + (1 << 16)])
+        live = np.flatnonzero(~(chunk == EMPTY).all(axis=1))
+        bk = band_keys(chunk[live], bands, rows)
+        near.append(entries(bk.ravel(), np.tile(np.arange(bands, dtype=np.uint8), len(live)), tag,
+                            np.repeat((live + a).astype(np.uint32), bands)))
+    return exact, np.concatenate(near)
+
+
+def commit_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoint_url: str | None = None, *,
+                   after_read=None, migrating: bool = False) -> str:
+    """Add a local segment to the index: its row store under segments/<run_id>/, its exact and
+    band keys merged into the partitions (one conditional write per partition, re-read and merged
+    again when another run committed in between), meta.json last (a run without it is ignored
+    by readers). Idempotent: a retried commit replaces its own entries.
+    Raises CommitConflict (storage.generations) when a partition kept losing to other writers."""
     store = store_for(uri, endpoint_url)
+    meta = json.loads((Path(folder) / "meta.json").read_text())
+    params = _ensure_index_json(store, uri, meta)
+    if not migrating:
+        old = [m for m in list_segments_at(store, uri) if m.get("format") != FORMAT]
+        if old:
+            raise _old_format_error(uri, old[0])
     target = join(uri, "segments", run_id)
     for name in names:
-        store.put_file(folder / name, join(target, name))
+        if name != "meta.json":
+            store.put_file(Path(folder) / name, join(target, name))
+    tag = run_tag(run_id)
+    sigs = np.load(Path(folder) / "sigs.npy", mmap_mode="r") if "sigs.npy" in names else None
+    exact, near = _run_entries(np.load(Path(folder) / "keys.npy"), sigs, params["bands"], params["rows"], tag)
+    while True:  # until the partition count did not change (repartition_index) while we wrote
+        bits = params["prefix_bits"]
+        for kind, adds in (("exact", exact), (f"near-{params['bands']}x{params['rows']}", near)):
+            _merge_into_partitions(store, uri, kind, bits, adds, tag, run_id, after_read)
+        params = _read_index_json(store, uri)
+        if params["prefix_bits"] == bits:
+            break
+    store.put_file(Path(folder) / "meta.json", join(target, "meta.json"))
     return target
+
+
+def _merge_into_partitions(store, uri: str, kind: str, bits: int, adds: np.ndarray, drop, run_id: str,
+                           after_read=None) -> None:
+    """One conditional write per partition that `adds` touches (drop: the run tags replaced)."""
+    prefixes = prefix_of(adds["key"], bits)
+    for p in np.unique(prefixes):
+        mine = adds[prefixes == p]
+        try:
+            generations.update(store, _partition_folder(uri, kind, bits, int(p)),
+                               lambda cur, out, mine=mine: merge(store, cur, mine, out, drop), suffix=".bin",
+                               after_read=after_read)
+        except generations.CommitConflict as err:
+            raise DataStageError("data.dedup.index_uri", uri, f"run {run_id}'s documents could not be added "
+                                 f"to the index: {err}", "run the stage again once the other run has "
+                                 "committed: the commit is idempotent and nothing else is redone") from err
+
+
+def repartition_index(cfg, bits: int, endpoint_url: str | None = None) -> int:
+    """Grow the index to 2^bits partitions per kind (more, smaller files: cheaper commits and
+    retries; lookups stream either way). Copies every partition into its children (a sorted file
+    splits into contiguous key ranges), switches index.json, then copies again the partitions a
+    commit changed meanwhile (a commit that wrote the old layout after the switch redoes its
+    merges in the new one itself). A dedup step running during the switch may miss the runs
+    committed during it; run it between nights. The old layout's files stay (`clear` removes
+    them with the index). Returns the previous prefix_bits."""
+    uri = index_uri(cfg)
+    store = store_for(uri, endpoint_url)
+    params = _read_index_json(store, uri)
+    if params is None:
+        raise DataStageError("data.dedup.index_uri", uri, "there is no index to repartition", "nothing to do")
+    old = params["prefix_bits"]
+    if not old < bits <= 16:
+        raise DataStageError("dedup-index repartition --bits", bits, f"the index has prefix_bits={old}; it can only "
+                             "grow, to at most 16", f"pass --bits between {old + 1} and 16")
+    kinds = ["exact", f"near-{params['bands']}x{params['rows']}"]
+    copied = {(k, p): _split_partition(store, uri, k, old, bits, p) for k in kinds for p in range(2 ** old)}
+    store.put_bytes(join(uri, "index.json"), json.dumps(params | {"prefix_bits": bits}, indent=1).encode())
+    for (kind, p), gen in copied.items():  # commits that landed in the old layout before the switch
+        while generations.latest(store, _partition_folder(uri, kind, old, p))[0] != gen:
+            gen = _split_partition(store, uri, kind, old, bits, p)
+    return old
+
+
+def _split_partition(store, uri: str, kind: str, old: int, bits: int, p: int) -> int:
+    """Copy partition p of the `old` layout into its children of the `bits` layout (each child's
+    entries of the partition's runs are replaced, so copying again is harmless); returns the
+    generation copied. Holds one old partition in memory (a maintenance step, not the dedup step)."""
+    gen, current = generations.latest(store, _partition_folder(uri, kind, old, p))
+    whole = np.concatenate(list(iter_blocks(store, current)) or [np.zeros(0, ENTRY)])
+    child = prefix_of(whole["key"], bits)
+    for c in np.unique(child):
+        data = whole[child == c]
+        generations.update(store, _partition_folder(uri, kind, bits, int(c)),
+                           lambda cur, out, data=data: merge(store, cur, data, out, np.unique(data["run"])),
+                           suffix=".bin")
+    return gen
 
 
 class PriorIndex:
@@ -117,6 +292,7 @@ class PriorIndex:
                  source_ids: list | None = None):
         """ids: `<run>/<origin>` per row; source_ids: the kept documents' source ids (default: the origins)."""
         self.ids, self.sigs, self.runs, self.reruns = ids, sigs, runs, []
+        self.docs = len(ids)  # documents in the index it stands for (load_prior: more than the rows held)
         self.source_ids = source_ids if source_ids is not None else [i.split("/", 1)[1] for i in ids]
         self.key_order = np.argsort(keys, kind="stable")
         self.sorted_keys = keys[self.key_order]
@@ -127,7 +303,7 @@ class PriorIndex:
         self.band_sorted = [bk[o, b] for b, o in enumerate(self.band_order)]
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self.docs
 
     def exact(self, keys: np.ndarray) -> np.ndarray:
         """Row of the first earlier document with each key, or -1."""
@@ -146,10 +322,11 @@ class PriorIndex:
         return [np.unique(np.concatenate(c)) if c else np.zeros(0, np.int64) for c in out]
 
 
-def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str | None = None,
+def load_prior_in_memory(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str | None = None,
                inputs: list[dict] | None = None) -> PriorIndex:
     """Every committed segment of the index except `exclude_run`'s and those this run reruns
-    (is_rerun_of: listed in `.reruns`), in commit-name order."""
+    (is_rerun_of: listed in `.reruns`), in commit-name order, loaded whole: the reference that
+    load_prior's partitioned lookups are tested against (and the bench's "in memory" column)."""
     uri, d = index_uri(cfg), cfg.data.dedup
     store = store_for(uri, endpoint_url)
     ids: list[str] = []
@@ -176,7 +353,8 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
         run_ids = store.get_bytes(join(base, "ids.txt")).decode("utf-8").splitlines()
         ids += [f"{meta['run_id']}/{i}" for i in run_ids]
         if store.exists(join(base, "source_ids.jsonl")):
-            sources += [json.loads(x) for x in store.get_bytes(join(base, "source_ids.jsonl")).decode("utf-8").splitlines()]
+            text = store.get_bytes(join(base, "source_ids.jsonl")).decode("utf-8")
+            sources += [json.loads(x) for x in text.splitlines()]
         else:  # a segment from before source ids were kept
             sources += run_ids
         runs.append(meta["run_id"])
@@ -185,3 +363,188 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
                        sources)
     prior.reruns = reruns
     return prior
+
+
+def _check_segment(meta: dict, uri: str, d) -> None:
+    if meta.get("format") != FORMAT:
+        raise _old_format_error(uri, meta)
+    for field, mine in (("num_perm", d.num_perm), ("ngram", d.ngram)):
+        if meta[field] != mine:
+            raise DataStageError(f"data.dedup.{field}", mine, f"the index at {uri} was built with "
+                                 f"{field}={meta[field]} (run {meta['run_id']})",
+                                 f"set data.dedup.{field}={meta[field]}, or data.dedup.index_uri to a new index")
+    if meta["shingle_version"] != SHINGLE_VERSION or meta["seed"] != SEED or meta["scheme"] != SCHEME:
+        raise DataStageError("data.dedup.index_uri", uri, f"segment {meta['run_id']} uses another shingle/hash "
+                             "version", "start a new index (set data.dedup.index_uri)")
+
+
+def _groups(rows: np.ndarray, gap: int) -> list[tuple[int, int]]:
+    """Sorted rows as [first, last] ranges, rows less than `gap` apart in one range (one ranged read)."""
+    if not len(rows):
+        return []
+    cut = np.flatnonzero(np.diff(rows) > gap) + 1
+    return [(int(g[0]), int(g[-1])) for g in np.split(rows, cut)]
+
+
+def _npy_rows(store, uri: str, rows: np.ndarray) -> np.ndarray:
+    """Rows of a .npy array on the store, by ranged reads (the file is never read whole)."""
+    with store.open_range(uri, 0, 4096) as fh:
+        head = io.BytesIO(fh.read())
+    version = np.lib.format.read_magic(head)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read_header(head)
+    start, width = head.tell(), int(np.prod(shape[1:], dtype=np.int64))
+    row_bytes = dtype.itemsize * width
+    out = np.empty((len(rows), *shape[1:]), dtype)
+    for a, b in _groups(rows, max(1, (64 << 10) // row_bytes)):
+        with store.open_range(uri, start + a * row_bytes, start + (b + 1) * row_bytes) as fh:
+            block = np.frombuffer(fh.read(), dtype).reshape(-1, *shape[1:])
+        sel = (rows >= a) & (rows <= b)
+        out[sel] = block[rows[sel] - a]
+    return out
+
+
+def _line_rows(store, text_uri: str, idx_uri: str, rows: np.ndarray) -> list[str]:
+    """Lines `rows` of a text file on the store, located by its .idx offsets (ranged reads)."""
+    out: list[str] = [""] * len(rows)
+    for a, b in _groups(rows, 256):
+        with store.open_range(idx_uri, a * 8, (b + 2) * 8) as fh:
+            offs = np.frombuffer(fh.read(), "<u8").astype(np.int64)
+        with store.open_range(text_uri, int(offs[0]), int(offs[-1])) as fh:
+            text = fh.read()
+        for i in np.flatnonzero((rows >= a) & (rows <= b)):
+            r = int(rows[i]) - a
+            out[i] = text[offs[r] - offs[0]:offs[r + 1] - offs[0] - 1].decode("utf-8")
+    return out
+
+
+def _first_per_group(hits: np.ndarray, order: np.ndarray, cap: int) -> np.ndarray:
+    """The hits that are among the first `cap` (in index order) of their (key, band)."""
+    if not len(hits):
+        return hits
+    sort = np.lexsort((hits["row"], order, hits["band"], hits["key"]))
+    h = hits[sort]
+    new = np.ones(len(h), bool)
+    new[1:] = (h["key"][1:] != h["key"][:-1]) | (h["band"][1:] != h["band"][:-1])
+    starts = np.maximum.accumulate(np.where(new, np.arange(len(h)), 0))
+    return h[np.arange(len(h)) - starts < cap]
+
+
+def _lookup_partitions(store, uri: str, kind: str, qkeys: np.ndarray, qbands: np.ndarray, bits: int,
+                       tags: np.ndarray) -> np.ndarray:
+    """Matching entries of every partition of `kind`, one partition file streamed at a time
+    (the queries of a partition are built as records only while it is read)."""
+    found = []
+    prefixes = prefix_of(qkeys, bits).astype(np.int32)
+    for p in np.unique(prefixes):
+        mine = prefixes == p
+        queries = entries(qkeys[mine], qbands[mine], 0, np.zeros(int(mine.sum()), np.uint32))
+        folder = _partition_folder(uri, kind, bits, int(p))
+        for attempt in range(3):  # the generation read can be pruned by a committer meanwhile
+            try:
+                found.append(lookup(store, generations.latest(store, folder)[1], queries, tags))
+                break
+            except Exception as err:
+                if attempt == 2 or not (isinstance(err, FileNotFoundError) or "NoSuchKey" in str(err)):
+                    raise
+    return np.concatenate(found) if found else np.zeros(0, ENTRY)
+
+
+def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str | None = None,
+               inputs: list[dict] | None = None, keys: np.ndarray | None = None,
+               band_keys_: np.ndarray | None = None) -> PriorIndex:
+    """What this run's documents need from the earlier runs of the index (every committed run but
+    `exclude_run` and those this run reruns, listed in `.reruns`), without loading the index:
+    keys: this run's exact keys (None: no exact lookups); band_keys_: its (n, bands) LSH band keys
+    (None: no near lookups). The new keys are grouped by partition and each partition file is
+    streamed and released; the prior documents they hit (per key the earliest, per band key the
+    first CAP, in commit-name order) are fetched by ranged reads into a small PriorIndex. Its
+    decisions equal load_prior_in_memory's; len() is the number of documents in the index."""
+    uri, d = index_uri(cfg), cfg.data.dedup
+    store = store_for(uri, endpoint_url)
+    runs, reruns, metas = [], [], {}
+    for meta in list_segments_at(store, uri):
+        if meta.get("format") != FORMAT:  # refused here, not at the commit after the whole stage ran
+            raise _old_format_error(uri, meta)
+        if meta["run_id"] == exclude_run:
+            continue
+        if is_rerun_of(meta, inputs):
+            reruns.append(meta["run_id"])
+            continue
+        _check_segment(meta, uri, d)
+        runs.append(meta["run_id"])
+        metas[meta["run_id"]] = meta
+    params = _read_index_json(store, uri) if runs else None
+    if runs and params is None:
+        raise DataStageError("data.dedup.index_uri", uri, "the index has runs but no index.json (its metadata was "
+                             "deleted or not copied)", "copy the whole index folder, or clear it "
+                             "(llm-pipeline dedup-index clear CONFIG)")
+    hits = []
+    if params and keys is not None and len(keys):
+        hits.append((1, _lookup_partitions(store, uri, "exact", np.asarray(keys, np.uint64),
+                                           np.zeros(len(keys), np.uint8), params["prefix_bits"],
+                                           np.array([run_tag(r) for r in runs], np.uint64))))
+    if params and band_keys_ is not None and len(band_keys_):
+        if (params["bands"], params["rows"]) != (bands, rows):
+            raise _layout_error(uri, params, d.threshold, bands, rows)
+        near = _lookup_partitions(store, uri, f"near-{bands}x{rows}", np.asarray(band_keys_, np.uint64).ravel(),
+                                  np.tile(np.arange(bands, dtype=np.uint8), len(band_keys_)), params["prefix_bits"],
+                                  np.array([run_tag(r) for r in runs if metas[r]["has_sigs"]], np.uint64))
+        hits.append((CAP, near))
+    order_of = {run_tag(r): i for i, r in enumerate(runs)}
+    wanted = set()
+    for cap, h in hits:  # exact: the earliest document per key; near: the first CAP per band key
+        order = np.array([order_of[t] for t in h["run"]], np.int64)
+        kept = _first_per_group(h, order, cap)
+        wanted |= {(order_of[t], int(r)) for t, r in zip(kept["run"], kept["row"])}
+    ids, sources, key_parts, sig_parts = [], [], [], []
+    for i, run in enumerate(runs):
+        rows_ = np.array(sorted(r for o, r in wanted if o == i), np.int64)
+        if not len(rows_):
+            continue
+        base, meta = metas[run]["uri"], metas[run]
+        origins = _line_rows(store, join(base, "ids.txt"), join(base, "ids.idx"), rows_)
+        ids += [f"{run}/{o}" for o in origins]
+        if store.exists(join(base, "source_ids.idx")):
+            sources += [json.loads(x) for x in _line_rows(store, join(base, "source_ids.jsonl"),
+                                                          join(base, "source_ids.idx"), rows_)]
+        else:
+            sources += origins
+        key_parts.append(_npy_rows(store, join(base, "keys.npy"), rows_))
+        sig_parts.append(_npy_rows(store, join(base, "sigs.npy"), rows_) if meta["has_sigs"]
+                         else np.full((len(rows_), d.num_perm), EMPTY, np.uint32))
+    prior = PriorIndex(ids, np.concatenate(key_parts) if key_parts else np.zeros(0, np.uint64),
+                       np.concatenate(sig_parts) if sig_parts else np.zeros((0, d.num_perm), np.uint32),
+                       bands, rows, runs, sources)
+    prior.reruns = reruns
+    prior.docs = sum(metas[r]["docs"] for r in runs)
+    return prior
+
+
+def migrate_index(cfg, endpoint_url: str | None = None) -> list[str]:
+    """Convert an index written by an earlier version (segments only) in place: every old segment
+    gets its line offsets and its keys merged into the partitions, then its meta.json says format 2.
+    Returns the run ids converted. Idempotent (a migration that stopped halfway can be run again)."""
+    import tempfile
+
+    uri = index_uri(cfg)
+    store = store_for(uri, endpoint_url)
+    done = []
+    for meta in list_segments_at(store, uri):
+        if meta.get("format") == FORMAT:
+            continue
+        with tempfile.TemporaryDirectory(prefix="migrate-") as tmp:
+            folder, base = Path(tmp), meta.pop("uri")
+            has_sources = store.exists(join(base, "source_ids.jsonl"))
+            ids = store.get_bytes(join(base, "ids.txt")).decode("utf-8").splitlines()
+            sources = [json.loads(x) for x in store.get_bytes(join(base, "source_ids.jsonl")).decode("utf-8")
+                       .splitlines()] if has_sources else None
+            keys = np.load(io.BytesIO(store.get_bytes(join(base, "keys.npy"))))
+            sigs = np.load(io.BytesIO(store.get_bytes(join(base, "sigs.npy")))) if meta["has_sigs"] else None
+            d = cfg.data.dedup
+            bands, rows = lsh_params(d.threshold, d.num_perm)
+            meta |= {"format": FORMAT, "threshold": d.threshold, "bands": bands, "rows": rows}
+            names = write_segment(folder, meta, ids, keys, sigs, sources)
+            commit_segment(folder, names, uri, meta["run_id"], endpoint_url, migrating=True)
+        done.append(meta["run_id"])
+    return done

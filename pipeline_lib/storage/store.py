@@ -7,7 +7,8 @@ copy, delete the temp key), so a reader never sees a half-written file as done.
 
 `store_for(uri)` gives the store a URI lives in; callers ask it, not the URI scheme: `store.remote`
 (must files be uploaded / downloaded?), `open_range` / `open_seekable` (ranged reads, no whole
-download), `glob` (files, folders and `*`/`**` patterns). Only this package branches on s3:// or
+download), `glob` (files, folders and `*`/`**` patterns), `put_new` (create only if absent: the
+compare-and-swap that storage.generations builds on). Only this package branches on s3:// or
 talks to boto3.
 """
 from __future__ import annotations
@@ -94,6 +95,30 @@ class LocalStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+    def put_new(self, uri: str, data: bytes | str | Path) -> bool:
+        """Create `uri` only if nothing is there (bytes, or a local file's path): True when this call
+        wrote it, False when it already existed. Atomic: the content is written to a temp file first
+        and os.link'ed to the final name, which fails if the name exists (no lock, no lost update)."""
+        path = self._path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name + ".", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                if isinstance(data, bytes):
+                    fh.write(data)
+                else:
+                    with open(data, "rb") as src:
+                        shutil.copyfileobj(src, fh, 8 << 20)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
     def get_bytes(self, uri: str) -> bytes:
         return self._path(uri).read_bytes()
@@ -208,6 +233,27 @@ class S3Store:
         tmp = self._tmp_key(key)
         self.client.upload_file(str(local_path), bucket, tmp)
         self._commit(bucket, tmp, key)
+
+    def put_new(self, uri: str, data: bytes | str | Path) -> bool:
+        """Create `uri` only if no object is there (bytes, or a local file's path): True when this
+        call wrote it, False when it already existed. One PUT with If-None-Match: * (the server
+        decides; at most 5 GB), so two writers of the same key never both succeed."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = split_s3(uri)
+        body = data if isinstance(data, bytes) else open(data, "rb")
+        try:
+            self.client.put_object(Bucket=bucket, Key=key, Body=body, IfNoneMatch="*")
+            return True
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code")
+            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                return False
+            raise
+        finally:
+            if not isinstance(body, bytes):
+                body.close()
 
     def get_bytes(self, uri: str) -> bytes:
         bucket, key = split_s3(uri)

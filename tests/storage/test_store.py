@@ -156,3 +156,23 @@ def test_s3_share_url_opens_without_credentials(s3_bucket):
 def test_local_share_url_is_none_so_the_path_is_shown_as_text(tmp_path):
     # browsers refuse file:// links from a page: a local store has no URL to share
     assert LocalStore().share_url(str(tmp_path / "x")) is None
+
+
+def put_new_once(root, endpoint, tmp_path):
+    store = store_for(root, endpoint)
+    uri = join(root, "v", "g1")
+    assert store.put_new(uri, b"first") is True
+    src = tmp_path / "second"
+    src.write_bytes(b"second")
+    assert store.put_new(uri, b"second") is False and store.put_new(uri, src) is False
+    assert store.get_bytes(uri) == b"first" and store.list(join(root, "v")) == [uri]  # no temp file left
+    assert store.put_new(join(root, "v", "g2"), src) is True and store.get_bytes(join(root, "v", "g2")) == b"second"
+
+
+def test_local_put_new_creates_only_if_absent(tmp_path):
+    put_new_once(str(tmp_path / "root"), None, tmp_path)
+
+
+def test_s3_put_new_creates_only_if_absent(s3_bucket, tmp_path):
+    bucket, endpoint = s3_bucket
+    put_new_once(bucket, endpoint, tmp_path)
