@@ -31,6 +31,9 @@ def identity(*stages: str, by: Literal["value", "contents", "device"] = "value")
 
 
 NO_OUTPUT_EFFECT = {"identity": {"stages": [], "by": "value"}}
+# A secret (a token-bearing URL, a password): the run form never shows it as a default (config/form.py)
+# and an empty value in the form keeps the config file's (config/load.py merge_sections).
+SECRET = {"secret": True}
 
 
 class _Section(BaseModel):
@@ -445,7 +448,8 @@ class ExportConfig(_Section):
 class OrchestrationConfig(_Section):
     nightly_cron: str = Field("0 2 * * *", description="Cron of the nightly continued-pretraining deployment.")
     timezone: str = Field("Asia/Shanghai", description="Timezone of the cron.")
-    failure_webhook_url: str | None = Field(None, description="POSTed on a failed run (off when None).")
+    failure_webhook_url: str | None = Field(None, json_schema_extra=SECRET,
+                                            description="POSTed on a failed run (off when None).")
     task_retries: int = Field(2, ge=0, description="Retries of a task on transient errors.")
     retry_delay_seconds: float = Field(2.0, ge=0, description="Base of the exponential backoff.")
 
