@@ -43,6 +43,9 @@ def chain_deployment(prefect_server, tmp_path_factory):
                               start_new_session=True)
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("llm-pipeline/default")
+    # what `prefect deploy` made of the flow's signature: a typed field per config section
+    assert {"run", "data", "training", "orchestration"} <= set(deployment.parameter_openapi_schema["properties"])
+    assert "DataConfig" in deployment.parameter_openapi_schema["definitions"]
     yield deployment, log
     os.killpg(worker.pid, signal.SIGTERM)
     try:
@@ -88,7 +91,9 @@ def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(
     stages.locator("textarea, input").last.fill("data")
     field(field(page, "run"), "Output Root").locator("textarea, input").first.fill(str(out))
     docs.fill("100")  # the two changed fields
-    field(field(data, "Dedup"), "Threshold").locator("input").fill("0.7")
+    threshold = field(field(data, "Dedup"), "Threshold").locator("input")
+    threshold.fill("0.7")
+    docs.scroll_into_view_if_needed()
     screenshot(page, "run-form")
     page.get_by_role("button", name="Submit").click()
 
