@@ -3,7 +3,7 @@
 The `llm-pipeline/default` deployment takes the config's sections as typed parameters (flows/
 pipeline.py); Prefect builds its run form from their schema and pre-fills it with the deployment's
 parameters, which `llm-pipeline deploy` sets to `form_defaults(<the deployment's config file>)`. So a
-custom run starts from the shipped config and a user changes only what differs. Three rules:
+custom run starts from the shipped config and a user changes only what differs. The rules:
 
 - every field has its value (a field left out would show empty, and an empty list is a value);
 - paths stay as written in the file: they are resolved on the worker that runs the flow
