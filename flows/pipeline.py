@@ -21,7 +21,7 @@ from pipeline_lib.config.schema import (DataConfig, EvaluateConfig, ExportConfig
 from pipeline_lib.stages import SPECS, StageUnavailable, available, parse_stages, stage_done
 from pipeline_lib.storage import RunPaths, read_manifest
 
-from flows.common import resolve_config
+from flows.common import deployment_parameters, resolve_config, untouched_form_sections
 from flows.dispatch import dispatch_stage
 from flows.notify import notify_failure
 from flows.stage_flows import stage_flow
@@ -57,7 +57,9 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     """Run the requested stages in order; returns per-stage state, seconds and stage folder.
 
     The sections (run ... orchestration) are the run form's typed fields: each one given is applied
-    over the config file field by field, then the overrides last (pipeline_lib/config/load.py).
+    over the config file field by field, then the overrides last (pipeline_lib/config/load.py). A
+    deployment run whose `config` is not the deployment's skips the sections left at the form's
+    defaults (they are the deployment's file).
 
     Args:
         config: The pipeline config file (relative to the project root on the worker), or a resolved config.
@@ -82,6 +84,12 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     logger = get_run_logger()
     given = {"run": run, "data": data, "tokenizer": tokenizer, "model": model, "parallel": parallel,
              "training": training, "sft": sft, "evaluate": evaluate, "export": export, "orchestration": orchestration}
+    sent = any(v is not None for v in given.values())
+    inherited = untouched_form_sections(config, given, deployment_parameters()) if sent else []
+    if inherited:
+        logger.info(f"config {config} is not the deployment's: its unchanged form sections {inherited} are not "
+                    "applied (they describe the deployment's config file)")
+        given.update(dict.fromkeys(inherited))
     cfg = resolve_config(config, overrides, given)
     resolved = cfg.model_dump(mode="json")
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)

@@ -104,3 +104,35 @@ def test_no_description_loses_text_in_the_forms_markdown(section):
     for name, prop in schema["definitions"][model]["properties"].items():
         text = re.sub(r"`[^`]*`", "", prop.get("description", ""))
         assert not re.search(r"<[A-Za-z_/|]", text), f"{section}.{name}: {prop['description']}"
+
+
+def test_only_a_run_with_another_config_file_drops_the_sections_left_at_the_forms_defaults():
+    from flows.common import untouched_form_sections
+
+    defaults = {"config": TINY, **form_defaults(ROOT / TINY)}
+    changed = dict(defaults["data"], docs_per_shard=7)
+    given = {"run": defaults["run"], "data": changed, "sft": None}
+    assert untouched_form_sections("configs/pipelines/other.yaml", given, defaults) == ["run"]
+    assert untouched_form_sections(TINY, given, defaults) == []  # the deployment's own file: the form as sent
+    assert untouched_form_sections("configs/pipelines/other.yaml", given, {}) == []  # not a deployment run
+
+
+def test_a_deployment_run_given_another_config_file_runs_that_file(prefect_server, stage_doubles, tmp_path,
+                                                                   monkeypatch):
+    """run_deployment(config=<another file>) must not get the deployment's form defaults (another model)."""
+    from prefect.deployments import run_deployment
+    from prefect.flow_engine import run_flow
+
+    monkeypatch.chdir(ROOT)
+    other = tmp_path / "other.yaml"
+    other.write_text((ROOT / TINY).read_text().replace("docs_per_shard: 200", "docs_per_shard: 77"))
+    llm_pipeline.to_deployment(name="form-other", parameters=_chain_parameters()).apply()
+    out = str(tmp_path / "runs")
+    overrides = [f"run.output_root={out}", "data.executor=local"]
+    flow_run = run_deployment("llm-pipeline/form-other", timeout=0,
+                              parameters={"config": str(other), "run_id": "other-run", "stages": ["data"],
+                                          "overrides": overrides})
+    assert flow_run.parameters["data"]["docs_per_shard"] == 200  # the server merged the form's defaults in
+    state = run_flow(llm_pipeline, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
+    assert state.is_completed(), state.message
+    assert stage_done(load_config(other, overrides), RunPaths(out, "other-run", None), "data")[0]
