@@ -95,7 +95,9 @@ def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(
     threshold.fill("0.7")
     docs.scroll_into_view_if_needed()
     screenshot(page, "run-form")
-    page.get_by_role("button", name="Submit").click()
+    with page.expect_response(lambda r: r.url.endswith("/create_flow_run"), timeout=60_000) as created:
+        page.get_by_role("button", name="Submit").click()
+    assert created.value.ok, f"{created.value.status}: {created.value.text()[:3000]}"
 
     run = finished_run(deployment.id, 150)
     assert run.state.is_completed(), f"{run.state.message}\n{worker_log.read_text()[-3000:]}"
