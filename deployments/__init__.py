@@ -2,7 +2,8 @@
 
 deployments/prefect.yaml holds what is not a stage (the end-to-end chain, the nightly job, the pull
 step); `llm-pipeline deploy` adds one deployment per stage of the table, on the work pool its row
-names, and hands the whole file to `prefect deploy`. setup_pools.py creates the same pools.
+names, fills the chain's run form with its config file's sections (pipeline_lib/config/form.py), and
+hands the whole file to `prefect deploy`. setup_pools.py creates the same pools.
 """
 from __future__ import annotations
 
@@ -41,11 +42,15 @@ def stage_deployments(parameters: dict) -> list[dict]:
 
 
 def render_prefect_file() -> dict:
-    """deployments/prefect.yaml plus the stage deployments (same default parameters as the chain)."""
+    """deployments/prefect.yaml plus the stage deployments (same config file as the chain); the chain's
+    parameters get its config file's sections, the defaults of its typed run form."""
     import yaml
+
+    from pipeline_lib.config.form import form_defaults
 
     doc = yaml.safe_load(PREFECT_FILE.read_text())
     chain = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":llm_pipeline"))
     defaults = {k: v for k, v in chain["parameters"].items() if k == "config"}
+    chain["parameters"] = {**chain["parameters"], **form_defaults(ROOT / chain["parameters"]["config"])}
     doc["deployments"] += stage_deployments(defaults)
     return doc

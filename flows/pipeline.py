@@ -16,10 +16,12 @@ import time
 
 from prefect import flow, get_run_logger
 
+from pipeline_lib.config.schema import (DataConfig, EvaluateConfig, ExportConfig, ModelConfig, OrchestrationConfig,
+                                        ParallelConfig, RunConfig, SFTConfig, TokenizerConfig, TrainingConfig)
 from pipeline_lib.stages import SPECS, StageUnavailable, available, parse_stages, stage_done
 from pipeline_lib.storage import RunPaths, read_manifest
 
-from flows.common import resolve_config
+from flows.common import deployment_parameters, resolve_config, untouched_form_sections
 from flows.dispatch import dispatch_stage
 from flows.notify import notify_failure
 from flows.stage_flows import stage_flow
@@ -40,15 +42,55 @@ def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
     return missing
 
 
+# validate_parameters=False: the sections arrive as the form sent them (only the fields given) and are
+# checked as one config by resolve_config, whose errors name the field and the fix.
 @flow(name="llm-pipeline", flow_run_name="llm-pipeline/{run_id}", log_prints=True, persist_result=True,
-      on_failure=[notify_failure], on_crashed=[notify_failure])
+      validate_parameters=False, on_failure=[notify_failure], on_crashed=[notify_failure])
 def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = None,
                  overrides: list[str] | None = None, dispatch: bool = False,
-                 deployment_suffix: str = "default", notify: bool = True) -> dict:
+                 deployment_suffix: str = "default", notify: bool = True,
+                 run: RunConfig | None = None, data: DataConfig | None = None,
+                 tokenizer: TokenizerConfig | None = None, model: ModelConfig | None = None,
+                 parallel: ParallelConfig | None = None, training: TrainingConfig | None = None,
+                 sft: SFTConfig | None = None, evaluate: EvaluateConfig | None = None,
+                 export: ExportConfig | None = None, orchestration: OrchestrationConfig | None = None) -> dict:
     """Run the requested stages in order; returns per-stage state, seconds and stage folder.
-    notify=False: no failure webhook from this flow (the calling flow, e.g. the nightly, sends it)."""
+
+    The sections (run ... orchestration) are the run form's typed fields: each one given is applied
+    over the config file field by field, then the overrides last (pipeline_lib/config/load.py). A
+    deployment run whose `config` is not the deployment's skips the sections left at the form's
+    defaults (they are the deployment's file).
+
+    Args:
+        config: The pipeline config file (relative to the project root on the worker), or a resolved config.
+        run_id: The run's folder under run.output_root; the same id resumes (finished stages are Cached).
+        stages: Stages to run, in order; empty means all.
+        overrides: Dotted `section.field=value` settings, applied last (they win over the sections below).
+        dispatch: Send each stage to its own deployment on its work pool.
+        deployment_suffix: Name of the stage deployments to dispatch to.
+        notify: Send the failure webhook from this flow.
+        run: Run settings (output_root as typed: resolved on the worker).
+        data: Data stage: cleaning, dedup, packing.
+        tokenizer: The sentencepiece tokenizer the data stage trains (or tokenizer.path).
+        model: The model's shape and dtypes (empty dtypes follow training.precision).
+        parallel: Devices and the parallel layout.
+        training: Pretraining.
+        sft: LoRA supervised finetuning.
+        evaluate: Prompt sets, decoding and perplexity.
+        export: The MindIR export and its logits check.
+        orchestration: Retries and notifications (the webhook URL is never pre-filled: an empty one keeps
+            the config file's).
+    """
     logger = get_run_logger()
-    cfg = resolve_config(config, overrides)
+    given = {"run": run, "data": data, "tokenizer": tokenizer, "model": model, "parallel": parallel,
+             "training": training, "sft": sft, "evaluate": evaluate, "export": export, "orchestration": orchestration}
+    sent = any(v is not None for v in given.values())
+    inherited = untouched_form_sections(config, given, deployment_parameters()) if sent else []
+    if inherited:
+        logger.info(f"config {config} is not the deployment's: its unchanged form sections {inherited} are not "
+                    "applied (they describe the deployment's config file)")
+        given.update(dict.fromkeys(inherited))
+    cfg = resolve_config(config, overrides, given)
     resolved = cfg.model_dump(mode="json")
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
     wanted = stages or parse_stages(None)

@@ -27,7 +27,12 @@ def submit_run(config: str, overrides: list[str], run_id: str, stages: list[str]
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
-    params = {"config": config, "overrides": overrides, "run_id": run_id, "stages": stages, "dispatch": dispatch}
+    from pipeline_lib.config.form import form_sections
+
+    # The deployment's parameters pre-fill the run form with its own config's sections, and the server
+    # merges a run's parameters over them: None for every section, so this run reads `config` alone.
+    params = {"config": config, "overrides": overrides, "run_id": run_id, "stages": stages, "dispatch": dispatch,
+              **{name: None for name in form_sections()}}
     try:
         run = run_deployment(DEPLOYMENT, parameters=params, timeout=0, flow_run_name=f"llm-pipeline/{run_id}")
     except ObjectNotFound:

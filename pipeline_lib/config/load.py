@@ -1,4 +1,8 @@
-"""Load a pipeline YAML, apply `key=value` dotted overrides, return a typed PipelineConfig."""
+"""Load a pipeline YAML, apply `key=value` dotted overrides, return a typed PipelineConfig.
+
+Precedence, lowest first: the config file, then sections given as values (the run form's typed
+fields, `sections`), then the `key=value` overrides (applied last, so they win over both).
+"""
 from __future__ import annotations
 
 import copy
@@ -8,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, ConfigIssue
 from .schema import PipelineConfig
@@ -58,7 +62,8 @@ def config_from_dict(raw: dict) -> PipelineConfig:
         raise ConfigError(_pydantic_issues(err)) from None
 
 
-def load_config(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConfig:
+def read_config_file(path: str | Path) -> dict:
+    """The YAML of a pipeline config as written (nothing resolved, nothing validated)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError([ConfigIssue("CONFIG", str(path), "file not found",
@@ -70,6 +75,54 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConf
     if not isinstance(raw, dict):
         raise ConfigError([ConfigIssue("CONFIG", str(path), "top level must be a mapping of sections",
                                        "start the file with sections such as run:, data:, model:")])
+    return raw
+
+
+def is_secret(field) -> bool:
+    """A field marked schema.SECRET: never shown as a form default, kept from the file when the form leaves it empty."""
+    return isinstance(field.json_schema_extra, dict) and bool(field.json_schema_extra.get("secret"))
+
+
+def _section_type(field) -> type[BaseModel] | None:
+    kind = field.annotation
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+
+
+def _merge_section(model: type[BaseModel], base: dict, given: dict) -> dict:
+    out = dict(base)
+    for key, value in given.items():
+        field = model.model_fields.get(key)
+        sub = _section_type(field) if field is not None else None
+        if sub is not None and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge_section(sub, out[key], value)
+        elif field is not None and is_secret(field) and value in (None, "") and key in out:
+            continue  # an empty secret in the form keeps the file's (secrets are never form defaults)
+        else:
+            out[key] = value  # a leaf (list and dict values included) is replaced as a whole
+    return out
+
+
+def merge_sections(raw: dict, sections: dict | None) -> dict:
+    """`raw` with `sections` ({section: {field: value}}, e.g. the run form's) applied over it: field by
+    field within a section and its sub-sections, a leaf replaced as a whole; None sections are ignored."""
+    out = copy.deepcopy(raw)
+    for name, given in (sections or {}).items():
+        if given is None:
+            continue
+        if isinstance(given, BaseModel):
+            given = given.model_dump(mode="json", exclude_unset=True)
+        field = PipelineConfig.model_fields.get(name)
+        if field is None or not isinstance(given, dict):
+            raise ConfigError([ConfigIssue(name, given, "not a section of the pipeline config",
+                                           f"give one of {list(PipelineConfig.model_fields)} as a mapping of fields")])
+        base = out.get(name) if isinstance(out.get(name), dict) else {}
+        out[name] = _merge_section(_section_type(field), base, given)
+    return out
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = (), sections: dict | None = None) -> PipelineConfig:
+    """The file, then `sections` over it, then `overrides` last (see the module docstring)."""
+    raw = merge_sections(read_config_file(path), sections)
     return config_from_dict(apply_overrides(raw, overrides))
 
 

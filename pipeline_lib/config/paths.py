@@ -11,15 +11,32 @@ rebuilt in a worker keeps the same paths):
   the repository root resolves there (so the bundled configs/data and configs/eval files work from
   any directory); otherwise it resolves against the working directory.
 - `resolve_output`: always against the working directory (where the user expects results to land).
+
+`paths_as_typed()` turns resolution off while a config is built for display (the run form's
+defaults, config/form.py): there the paths must stay as the user typed them, to be resolved where
+the run happens.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import glob
 import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _FILE = "file://"
+_RESOLVING = contextvars.ContextVar("llm_pipeline_resolve_paths", default=True)
+
+
+@contextlib.contextmanager
+def paths_as_typed():
+    """Within this block configs keep their paths exactly as written (no resolution)."""
+    token = _RESOLVING.set(False)
+    try:
+        yield
+    finally:
+        _RESOLVING.reset(token)
 
 
 def _split_scheme(value: str) -> tuple[str, str] | None:
@@ -42,6 +59,8 @@ def _absolute(path: str, base: str | Path) -> str:
 def resolve_input(value: str | None, cwd: str | Path | None = None) -> str | None:
     """An input path or glob made absolute (see the module docstring): against the working directory,
     or the repository root for a relative path that exists only there (the bundled files)."""
+    if not _RESOLVING.get():
+        return value
     split = _split_scheme(value) if value else None
     here = resolve_output(value, cwd)
     if split is None or os.path.isabs(os.path.expanduser(split[1])) or _exists(here[len(split[0]):]):
@@ -52,7 +71,7 @@ def resolve_input(value: str | None, cwd: str | Path | None = None) -> str | Non
 
 def resolve_output(value: str | None, cwd: str | Path | None = None) -> str | None:
     """An output location made absolute against the working directory (URIs untouched)."""
-    if value is None or value == "":
+    if value is None or value == "" or not _RESOLVING.get():
         return value
     split = _split_scheme(value)
     if split is None:

@@ -31,6 +31,9 @@ def identity(*stages: str, by: Literal["value", "contents", "device"] = "value")
 
 
 NO_OUTPUT_EFFECT = {"identity": {"stages": [], "by": "value"}}
+# A secret (a token-bearing URL, a password): the run form never shows it as a default (config/form.py)
+# and an empty value in the form keeps the config file's (config/load.py merge_sections).
+SECRET = {"secret": True}
 
 
 class _Section(BaseModel):
@@ -44,7 +47,7 @@ class RunConfig(_Section):
     output_root: OutputPath = Field(
         "runs", json_schema_extra=NO_OUTPUT_EFFECT, validate_default=True,
         description="Where runs are written: a local path (relative to the directory the command runs from) "
-        "or s3://bucket/prefix. Each run lands in <output_root>/<run_id>/<stage>/.",
+        "or s3://bucket/prefix. Each run lands in `<output_root>/<run_id>/<stage>/`.",
     )
     s3_endpoint_url: str | None = Field(
         None, json_schema_extra=NO_OUTPUT_EFFECT,
@@ -159,7 +162,7 @@ class TokenizerConfig(_Section):
     model_type: Literal["bpe", "unigram"] = Field("bpe", description="sentencepiece model type.")
     vocab_size: int = Field(2000, ge=100, description="Vocabulary size to train; a CJK corpus needs at least its "
                             "distinct characters (at character_coverage) + special and byte pieces.")
-    byte_fallback: bool = Field(True, description="Unknown characters become byte tokens, never <unk>.")
+    byte_fallback: bool = Field(True, description="Unknown characters become byte tokens, never `<unk>`.")
     character_coverage: float = Field(0.9995, gt=0, le=1, description="sentencepiece character_coverage.")
     sample_lines: int = Field(
         300_000, ge=101, description="Lines (paragraphs, cut at 2000 characters) of the kept training documents "
@@ -405,9 +408,9 @@ class SFTConfig(_Section):
     )
     system_prompt: str | None = Field(None, description="System message added when a sample has none.")
     template: Literal["chat_markers", "llama2"] = Field(
-        "chat_markers", description="Chat template. chat_markers: <s><|system|>..<|end|><|user|>..<|end|>"
-        "<|assistant|>..</s> with the tokenizer.special_tokens markers (a tokenizer trained by the data stage). "
-        "llama2: <s>[INST] <<SYS>>\\n..\\n<</SYS>>\\n\\nuser [/INST] answer </s><s>[INST] .., markers as plain "
+        "chat_markers", description="Chat template. chat_markers: `<s><|system|>..<|end|><|user|>..<|end|>"
+        "<|assistant|>..</s>` with the tokenizer.special_tokens markers (a tokenizer trained by the data stage). "
+        "llama2: `<s>[INST] <<SYS>>\\n..\\n<</SYS>>\\n\\nuser [/INST] answer </s><s>[INST] ..`, markers as plain "
         "text, for a base model's own tokenizer (tokenizer.path).")
     truncation: Literal["drop", "truncate_prompt", "truncate_end"] = Field(
         "truncate_prompt", description="Samples longer than seq_length: drop, cut the prompt from the left, or cut the end."
@@ -421,7 +424,7 @@ class SFTConfig(_Section):
         default_factory=lambda: ["wq", "wk", "wv", "wo"], json_schema_extra=identity("sft", "export"),
         description="Projections that get adapters."
     )
-    model_name: str | None = Field(None, description="Name of the LoRA model config; None means <model.name>_lora.")
+    model_name: str | None = Field(None, description="Name of the LoRA model config; None means `<model.name>_lora`.")
     # SFT's own optimizer schedule, batch and guard: a LoRA finetune wants a different learning rate,
     # warm-up and step budget than the pretraining run it starts from (AdamW betas, precision, loss
     # scale, clipping and checkpoint cadence are shared with `training`).
@@ -481,7 +484,8 @@ class ExportConfig(_Section):
 class OrchestrationConfig(_Section):
     nightly_cron: str = Field("0 2 * * *", description="Cron of the nightly continued-pretraining deployment.")
     timezone: str = Field("Asia/Shanghai", description="Timezone of the cron.")
-    failure_webhook_url: str | None = Field(None, description="POSTed on a failed run (off when None).")
+    failure_webhook_url: str | None = Field(None, json_schema_extra=SECRET,
+                                            description="POSTed on a failed run (off when None).")
     task_retries: int = Field(2, ge=0, description="Retries of a task on transient errors.")
     retry_delay_seconds: float = Field(2.0, ge=0, description="Base of the exponential backoff.")
 

@@ -1,0 +1,119 @@
+"""The typed run form: a custom run of the llm-pipeline/default deployment from the Prefect UI.
+
+Real parts end to end: `llm-pipeline pools` + `llm-pipeline deploy` against the session's server, a
+`prefect worker start --pool cpu` process, chromium filling the deployment's custom run form. Only the
+data stage runs (the tiny corpus), to stay well under two minutes.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prefect import get_client
+from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+from pipeline_lib.config import load_config
+from pipeline_lib.stages import stage_done
+from pipeline_lib.storage import RunPaths
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TINY = ROOT / "configs/pipelines/tiny-cpu.yaml"
+
+
+def cli(*args):
+    env = dict(os.environ, LLM_PIPELINE_HOME=str(ROOT))
+    res = subprocess.run([str(BIN / "llm-pipeline"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def chain_deployment(prefect_server, tmp_path_factory):
+    """llm-pipeline/default as `llm-pipeline deploy` makes it, and a worker of its pool."""
+    cli("pools")
+    cli("deploy", "--name", "llm-pipeline/default")
+    log = tmp_path_factory.mktemp("worker") / "cpu.log"
+    env = dict(os.environ, LLM_PIPELINE_HOME=str(ROOT), PREFECT_WORKER_QUERY_SECONDS="1")
+    worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "cpu", "--type", "process"],
+                              cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("llm-pipeline/default")
+    # what `prefect deploy` made of the flow's signature: a typed field per config section
+    assert {"run", "data", "training", "orchestration"} <= set(deployment.parameter_openapi_schema["properties"])
+    assert "DataConfig" in deployment.parameter_openapi_schema["definitions"]
+    yield deployment, log
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+
+
+def field(scope, label: str):
+    """The form property labelled `label` within `scope` (its own property: sections nest properties)."""
+    xpath = (f"xpath=.//span[@class='schema-form-property__label' and (normalize-space(.)='{label}' or "
+             f"normalize-space(.)='{label} (Optional)')]/ancestor::div[contains(concat(' ', @class, ' '), "
+             "' schema-form-property ')][1]")
+    return scope.locator(xpath).first
+
+
+def finished_run(deployment_id, timeout: float):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+        if runs and runs[0].state.is_final():
+            return runs[0]
+        time.sleep(1)
+    raise AssertionError(f"no finished run of the deployment after {timeout} s: {runs}")
+
+
+def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(chain_deployment, page, ui_url,
+                                                                                 screenshot, tmp_path):
+    deployment, worker_log = chain_deployment
+    out = tmp_path / "runs"
+    page.goto(f"{ui_url}/deployments/deployment/{deployment.id}/run")
+    data = field(page, "data")
+    docs = field(data, "Docs Per Shard").locator("input")
+    docs.wait_for()
+    assert docs.input_value() == "200"  # pre-filled with the shipped config
+    assert field(field(page, "run"), "Output Root").locator("textarea, input").first.input_value() == "runs"
+
+    field(page, "run_id").locator("textarea, input").first.fill("form-1")
+    stages = field(page, "stages")
+    stages.get_by_role("button", name="list", exact=True).click()
+    stages.get_by_role("button", name="Add item").click()
+    stages.locator("textarea, input").last.fill("data")
+    field(field(page, "run"), "Output Root").locator("textarea, input").first.fill(str(out))
+    docs.fill("100")  # the two changed fields
+    threshold = field(field(data, "Dedup"), "Threshold").locator("input")
+    threshold.fill("0.7")
+    docs.scroll_into_view_if_needed()
+    screenshot(page, "run-form")
+    page.wait_for_load_state("networkidle")  # the form's own requests (schema validation) done, on a busy machine too
+    for _ in range(3):
+        with page.expect_response(lambda r: r.url.endswith("/create_flow_run"), timeout=60_000) as created:
+            page.get_by_role("button", name="Submit").click()
+        # 503: the server's SQLite was busy (a loaded machine); Prefect's own client retries it, the UI leaves
+        # it to the user, who clicks Submit again: the form keeps its values.
+        if created.value.status != 503:
+            break
+        time.sleep(2)
+    assert created.value.ok, f"{created.value.status}: {created.value.text()[:3000]}"
+
+    run = finished_run(deployment.id, 150)
+    assert run.state.is_completed(), f"{run.state.message}\n{worker_log.read_text()[-3000:]}"
+    assert run.parameters["data"]["docs_per_shard"] == 100 and run.parameters["stages"] == ["data"]
+    # The run used both changes: its data stage is the one `llm-pipeline run` makes with the same overrides.
+    cli_cfg = load_config(TINY, [f"run.output_root={out}", "data.docs_per_shard=100", "data.dedup.threshold=0.7"])
+    paths = RunPaths(str(out), "form-1", None)
+    assert stage_done(cli_cfg, paths, "data")[0]
+    assert not stage_done(load_config(TINY, [f"run.output_root={out}"]), paths, "data")[0]
+    page.goto(f"{ui_url}/runs/flow-run/{run.id}")
+    page.get_by_text("llm-pipeline/form-1").first.wait_for()
+    screenshot(page, "run-from-form")
