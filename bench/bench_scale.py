@@ -152,7 +152,7 @@ def main() -> None:
                 print(f"  round {rnd + 1}: {s}x, {w} workers: {got['wall']:.1f} s, load {got['load']:.1f}", flush=True)
     print("\n| corpus | workers | shards | stage wall s | docs/s | vs 1 worker | worker+main CPU s/1k docs "
           "| process tree CPU s/1k docs | cluster start s | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for s in scales:
         base = None
         for w in counts:
@@ -163,7 +163,7 @@ def main() -> None:
             tree = statistics.median(r["tree_cpu"] for r in rs)
             base = base or wall
             print(f"| {s}x ({lines:,} lines) | {w} | {rs[0]['shards']} | {wall:.1f} | {lines / wall:,.0f} | "
-                  f"{base / wall:.2f}x | {1000 * cpu / lines:.2f} | {1000 * tree / lines:.2f} | "
+                  f"{corpora[s][2] / 1e6 / wall:.2f} | {base / wall:.2f}x | {1000 * cpu / lines:.2f} | {1000 * tree / lines:.2f} | "
                   f"{statistics.median(r['cluster_start'] for r in rs):.1f} | "
                   f"{', '.join(format(r['load'], '.1f') for r in rs)} |")
     print("\nwall per step (s), median run:")
