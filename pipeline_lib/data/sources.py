@@ -176,7 +176,8 @@ def plan_shards(files: list[tuple[str, str]], docs_per_shard: int | None, endpoi
             for start, end, first in _jsonl_ranges(uri, max_bytes, docs_per_shard, endpoint_url) or [(0, 0, 1)]:
                 add(uri, label, kind, start, end, first)
         elif kind == "jsonl.gz":
-            if chunks is not None and max_bytes is not None and store_for(uri, endpoint_url).size(uri) > max_bytes // GZIP_RATIO:
+            big = max_bytes is not None and store_for(uri, endpoint_url).size(uri) > max_bytes // GZIP_RATIO
+            if chunks is not None and big:
                 pieces = _gunzip_chunks(uri, max_bytes, docs_per_shard, endpoint_url, chunks, numbers)
                 for source, size, first in pieces or [(None, None, 1)]:
                     if source is None:  # an empty stream: one empty shard, as for an empty plain file

@@ -75,7 +75,8 @@ def test_dask_executor_matches_local_and_records_shard_task_runs(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "first.jsonl").write_bytes(b"\n".join(corpus[:220]) + b"\n")
     (tmp_path / "in" / "second.jsonl.gz").write_bytes(gzip.compress(b"\n".join(corpus[220:]), mtime=0))
-    base = [f"data.inputs={json.dumps([str(tmp_path / 'in' / 'first.jsonl'), str(tmp_path / 'in' / 'second.jsonl.gz')])}",
+    inputs = [str(tmp_path / "in" / "first.jsonl"), str(tmp_path / "in" / "second.jsonl.gz")]
+    base = [f"data.inputs={json.dumps(inputs)}",
             "data.docs_per_shard=null", "data.shard_mb=0.02"]
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         on_dask = load_config("configs/pipelines/tiny-cpu.yaml", base + [
@@ -102,7 +103,8 @@ def test_dask_executor_matches_local_and_records_shard_task_runs(tmp_path):
     stats_dask, stats_local = (json.loads((d / "stats.json").read_text()) for d in (d_dask, d_local))
     assert stats_dask.pop("run_id") == "dask" and stats_local.pop("run_id") == "local"
     assert stats_dask == stats_local
-    assert stats_dask["files"]["second.jsonl.gz"]["read"] > 0 and stats_dask["shards"] >= 10  # the gzip file was split (6 + 6 shards)
+    # byte-sized shards, and the gzip file was split too (6 + 6 shards)
+    assert stats_dask["files"]["second.jsonl.gz"]["read"] > 0 and stats_dask["shards"] >= 10
 
     # data.dask_address null: the stage starts (and closes) its own local cluster of data.num_workers processes.
     own = load_config("configs/pipelines/tiny-cpu.yaml", base + [
