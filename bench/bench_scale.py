@@ -150,7 +150,7 @@ def main() -> None:
                 got = measure(corpora[s][0], w, args)
                 runs.setdefault((s, w), []).append(got)
                 print(f"  round {rnd + 1}: {s}x, {w} workers: {got['wall']:.1f} s, load {got['load']:.1f}", flush=True)
-    print("\n| corpus | workers | shards | stage wall s | docs/s | vs 1 worker | worker+main CPU s/1k docs "
+    print("\n| corpus | workers | shards | stage wall s | docs/s | MB/s | vs 1 worker | worker+main CPU s/1k docs "
           "| process tree CPU s/1k docs | cluster start s | load avg |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for s in scales:
@@ -166,7 +166,7 @@ def main() -> None:
                   f"{corpora[s][2] / 1e6 / wall:.2f} | {base / wall:.2f}x | {1000 * cpu / lines:.2f} | {1000 * tree / lines:.2f} | "
                   f"{statistics.median(r['cluster_start'] for r in rs):.1f} | "
                   f"{', '.join(format(r['load'], '.1f') for r in rs)} |")
-    print("\nwall per step (s), median run:")
+    print("\nwall per step (s), the middle run by wall time (of two: the slower):")
     for (s, w), rs in runs.items():
         mid = sorted(rs, key=lambda r: r["wall"])[len(rs) // 2]
         print(f"  {s}x, {w} workers: " + ", ".join(f"{k} {v}" for k, v in mid["steps"].items()))
