@@ -122,7 +122,13 @@ class DataConfig(_Section):
         "when a record has them (absent or null ones are left out).")
     read_batch_size: int = Field(1000, json_schema_extra=NO_OUTPUT_EFFECT,
                                  ge=1, description="Records per streamed batch.")
-    docs_per_shard: int = Field(2000, ge=1, description="Documents per processing shard (unit of work).")
+    shard_mb: float = Field(
+        64, gt=0, description="Size of a processing shard (the unit of work), in MB of uncompressed input: plain "
+        "jsonl is cut into line-aligned byte ranges, parquet into runs of row groups, and a .jsonl.gz file larger "
+        "than this is decompressed once into chunks of this size. Outputs do not depend on it (but for the number "
+        "of cleaned/part files).")
+    docs_per_shard: int | None = Field(None, ge=1, description="Optional cap on the records of a shard (it ends "
+                                       "at shard_mb or at this many records, whichever comes first); null: none.")
     num_workers: int = Field(2, json_schema_extra=NO_OUTPUT_EFFECT,
                              ge=1, description="Parallel shard workers (output does not depend on it).")
     executor: Literal["prefect", "local", "dask"] = Field(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +44,8 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     for rel in STAGE_OUTPUTS:  # a fresh start: nothing of an attempt with another config survives
         ws.remove(rel)
     files = list_inputs(cfg.data.inputs, ws.endpoint)
-    shards = [s.to_dict() for s in plan_shards(files, cfg.data.docs_per_shard, ws.endpoint)]
+    shards = [s.to_dict() for s in plan_shards(files, cfg.data.docs_per_shard, ws.endpoint, cfg.data.shard_mb,
+                                               chunks=partial(_gunzip_chunk, ws))]
     from ..storage import store_for
 
     sizes = [{"uri": u, "label": lab, "size": store_for(u, ws.endpoint).size(u)} for u, lab in files]
@@ -53,6 +55,18 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     ws.write_json("shards/plan.json", {"files": sizes, "shards": shards})
     ws.mark("plan")
     return shards
+
+
+def _gunzip_chunk(ws: Workspace, n: int):
+    """Chunk n of the split gzip inputs (sources.ChunkSink): written locally, then published; shards read
+    it where they can reach it (the shared stage folder, or this machine's copy when work stays local)."""
+    rel = f"shards/gunzip/{n:05d}.jsonl"
+
+    def publish() -> str:
+        ws.publish(rel)
+        return ws.uri_of(rel) if ws.remote and not ws.local_work else str(ws.local(rel))
+
+    return ws.local(rel), publish
 
 
 def uses_index(cfg) -> bool:

@@ -1,7 +1,8 @@
 """Stream the records of one shard: jsonl (plain or gzip) and parquet, local or s3://.
 
 Nothing is downloaded whole: plain jsonl shards are byte ranges (a local seek, or an S3 ranged
-GET streamed line by line), gzip files are decompressed as they stream, and parquet is read
+GET streamed line by line) of the input file or, for a split gzip file, of one of its decompressed
+chunks (spec.source), an unsplit gzip file is decompressed as it streams, and parquet is read
 row group by row group through a seekable file that fetches only the byte ranges pyarrow asks
 for. Records come in batches of `batch_size` as (line number, text or None, reason, raw).
 
@@ -57,7 +58,7 @@ def parse_line(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
 
 
 def _jsonl_records(spec, text_field: str, endpoint_url, fields: tuple[str, ...]) -> Iterator[Record]:
-    fh = open_range(spec.uri, spec.start, spec.end, endpoint_url)
+    fh = open_range(getattr(spec, "source", None) or spec.uri, spec.start, spec.end, endpoint_url)
     try:
         stream = gzip.GzipFile(fileobj=fh) if spec.kind == "jsonl.gz" else fh
         for i, raw in enumerate(iter_lines(stream)):

@@ -94,3 +94,68 @@ def test_records_carry_the_id_and_metadata_fields_jsonl_and_parquet(tmp_path):
     recs = records(plan_shards(list_inputs([str(path)]), docs_per_shard=5), fields=fields)
     assert recs == [(0, "row 0", None, None, {"id": "p-0", "date": "2024-06-01"}),
                     (1, None, "missing_text", None, {"id": "p-1"})]
+
+
+def _chunk_sink(folder):
+    """A sources.ChunkSink writing split-gzip chunks into `folder` (what the stage's work folder does)."""
+    def sink(n):
+        path = folder / f"{n:05d}.jsonl"
+        return path, lambda: str(path)
+    return sink
+
+
+def test_plain_jsonl_shards_are_sized_by_bytes_on_line_boundaries(tmp_path):
+    lines = [json.dumps({"text": "x" * (i % 7 * 50)}).encode() for i in range(300)]
+    data = b"\n".join(lines) + b"\n"
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(data)
+    mb = 2000 / (1 << 20)  # 2000-byte shards
+    shards = plan_shards(list_inputs([str(path)]), None, shard_mb=mb)
+    assert len(shards) >= 5
+    assert shards[0].start == 0 and shards[-1].end == len(data)
+    for a, b in zip(shards, shards[1:]):
+        assert a.end == b.start and data[a.end - 1:a.end] == b"\n"  # contiguous, cut after a newline
+        assert 2000 <= a.end - a.start < 2000 + max(map(len, lines)) + 1  # the first line end past 2000 bytes
+        assert b.first == a.first + data[a.start:a.end].count(b"\n")  # global line numbers
+    assert [r[0] for r in records(shards)] == list(range(1, 301))
+    capped = plan_shards(list_inputs([str(path)]), 10, shard_mb=mb)  # whichever limit first
+    assert len(capped) > len(shards) and all(s.end - s.start <= 2000 + 400 for s in capped)
+    assert records(capped) == records(shards)
+
+
+def test_parquet_shards_are_runs_of_row_groups_sized_by_bytes(tmp_path):
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"text": [f"row {i} " + "y" * 200 for i in range(40)]}), path, row_group_size=4)
+    meta = pq.ParquetFile(path).metadata
+    group_bytes = meta.row_group(0).total_byte_size
+    shards = plan_shards(list_inputs([str(path)]), None, shard_mb=2.5 * group_bytes / (1 << 20))
+    assert [(s.start, s.end, s.first) for s in shards] == [(0, 3, 0), (3, 6, 12), (6, 9, 24), (9, 10, 36)]
+    assert [r[0] for r in records(shards)] == list(range(40))
+
+
+def test_a_big_gzip_file_is_decompressed_once_into_line_aligned_chunk_shards(tmp_path):
+    import random
+
+    rnd = random.Random(7)  # text that does not compress much
+    lines = [json.dumps({"text": f"doc {i} " + "".join(rnd.choices("abcdefghijklmnopqrstuvwxyz 0123456789",
+                                                                   k=i % 5 * 40))}).encode() for i in range(200)]
+    lines[17] = b"not json"
+    data = b"\n".join(lines)  # no final newline
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "p.jsonl").write_bytes(data)
+    with gzip.open(tmp_path / "in" / "g.jsonl.gz", "wb", compresslevel=1) as fh:
+        fh.write(data)
+    mb = 1500 / (1 << 20)
+    plain = plan_shards(list_inputs([str(tmp_path / "in" / "p.jsonl")]), None, shard_mb=mb)
+    split = plan_shards(list_inputs([str(tmp_path / "in" / "g.jsonl.gz")]), None, shard_mb=mb,
+                        chunks=_chunk_sink(tmp_path / "work"))
+    assert len(split) == len(plain) > 3 and all(s.kind == "jsonl" and s.source for s in split)
+    assert [(s.first, s.end - s.start) for s in split] == [(s.first, s.end - s.start) for s in plain]
+    assert all(s.uri.endswith("g.jsonl.gz") and s.label == "g.jsonl.gz" for s in split)
+    assert b"".join(open(s.source, "rb").read() for s in split) == data
+    assert records(split) == records(plain)
+    assert records(split)[17][2] == "bad_json"
+    # without a place for chunks (or when the file is below shard_mb) the gzip file stays one shard
+    assert len(plan_shards(list_inputs([str(tmp_path / "in" / "g.jsonl.gz")]), None, shard_mb=mb)) == 1
+    assert len(plan_shards(list_inputs([str(tmp_path / "in" / "g.jsonl.gz")]), None, shard_mb=0.1,
+                           chunks=_chunk_sink(tmp_path / "work2"))) == 1

@@ -76,3 +76,69 @@ def test_step_functions_share_their_work_through_s3(s3_bucket, tmp_path):
     manifest = record_stage(cfg, paths, "data", finalize_data_stage(cfg, paths))
     local = make_cfg(tmp_path / "local", inputs=[str(small)], docs_per_shard=100)
     assert run_stage(local, RunPaths(local.run.output_root, "mapped"), "data", workers=1)[0].outputs == manifest.outputs
+
+
+def test_each_shard_reads_only_its_byte_range_of_an_s3_object(s3_bucket, tmp_path):
+    """Every S3 GetObject is recorded through a boto3 event hook: after planning, a shard of a plain
+    object is one ranged GET of exactly its bytes; a big gzip object is streamed once, by the planner,
+    into chunks on the shared stage folder, and its shards read ranges of those chunks, never the object."""
+    import gzip
+    import shutil
+
+    from pipeline_lib.data import plan_data_stage, prep_shard
+
+    bucket, endpoint = s3_bucket
+    store = store_for(bucket, endpoint)
+    store.put_file(TINY, join(bucket, "raw", "plain.jsonl"))
+    store.put_bytes(join(bucket, "raw", "packed.jsonl.gz"), gzip.compress(TINY.read_bytes(), mtime=0))
+    cfg = make_cfg(tmp_path, inputs=[join(bucket, "raw") + "/"], docs_per_shard=None, shard_mb=0.05)
+    cfg.run.output_root, cfg.run.s3_endpoint_url = join(bucket, "runs"), endpoint
+    paths = RunPaths(cfg.run.output_root, "ranged", endpoint)
+    gets = []
+    hook = lambda params, **_: gets.append((params["Key"], params.get("Range")))  # noqa: E731
+    store.client.meta.events.register("before-parameter-build.s3.GetObject", hook)
+    try:
+        shards = plan_data_stage(cfg, paths)
+        planned, gets[:] = list(gets), []
+        by_key = {"plain.jsonl": [], "packed.jsonl.gz": []}
+        for k, spec in enumerate(shards):
+            shutil.rmtree(Workspace(cfg, paths).root, ignore_errors=True)  # as on another machine
+            prep_shard(cfg, paths, k)
+            reads = [(key, rng) for key, rng in gets if key.endswith((".jsonl", ".gz")) and "/raw/" in "/" + key
+                     or "/gunzip/" in key]
+            gets[:] = []
+            by_key[spec["label"]].append(reads)
+            source = spec["source"] or spec["uri"]
+            assert reads == [(source.split("/", 3)[3], f"bytes={spec['start']}-{spec['end'] - 1}")], (k, reads)
+    finally:
+        store.client.meta.events.unregister("before-parameter-build.s3.GetObject", hook)
+    raw_reads = [(key, rng) for key, rng in planned if key.startswith("raw/")]
+    # planning: one streamed pass per input object (line numbering / the one decompression), none per shard
+    assert sorted(raw_reads) == [("raw/packed.jsonl.gz", None), ("raw/plain.jsonl", None)]
+    size = TINY.stat().st_size
+    assert len(by_key["plain.jsonl"]) == len(by_key["packed.jsonl.gz"]) == -(-size // int(0.05 * (1 << 20))) >= 5
+    assert all("/shards/gunzip/" in r[0][0] for r in by_key["packed.jsonl.gz"])
+
+
+def test_a_split_gzip_input_with_the_stage_on_s3_in_one_process(s3_bucket, tmp_path):
+    """run_stage with an s3:// stage folder keeps the work files (and the decompressed chunks) on this
+    machine: the gzip input is split, read from the local chunks, and the outputs equal a local run's."""
+    import gzip
+
+    bucket, endpoint = s3_bucket
+    store = store_for(bucket, endpoint)
+    store.put_bytes(join(bucket, "raw", "packed.jsonl.gz"), gzip.compress(TINY.read_bytes(), mtime=0))
+    cfg = make_cfg(tmp_path, inputs=[join(bucket, "raw", "packed.jsonl.gz")], docs_per_shard=None, shard_mb=0.03)
+    cfg.run.output_root, cfg.run.s3_endpoint_url = join(bucket, "runs"), endpoint
+    manifest, _ = run_stage(cfg, RunPaths(cfg.run.output_root, "gz", endpoint), "data", workers=1)
+    stats = json.loads(store.get_bytes(join(cfg.run.output_root, "gz", "data", "stats.json")))
+    assert stats["shards"] >= 8 and stats["files"]["packed.jsonl.gz"]["read"] == 438
+    assert not store.list(join(cfg.run.output_root, "gz", "data", "shards") + "/")  # chunks never uploaded
+
+    local_gz = tmp_path / "local" / "packed.jsonl.gz"
+    local_gz.parent.mkdir()
+    local_gz.write_bytes(gzip.compress(TINY.read_bytes(), mtime=0))
+    local = make_cfg(tmp_path / "local", inputs=[str(local_gz)], docs_per_shard=None, shard_mb=64)  # one shard
+    want = run_stage(local, RunPaths(local.run.output_root, "gz"), "data", workers=1)[0]
+    mindrecords = lambda m: {o["path"]: o["sha256"] for o in m.outputs if o["path"].endswith(".mindrecord")}  # noqa: E731
+    assert mindrecords(manifest) == mindrecords(want) and mindrecords(want)

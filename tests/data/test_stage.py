@@ -427,3 +427,42 @@ def test_in_worker_runs_in_a_shared_process_pool_and_inline_for_one_worker():
     assert in_worker(os.getpid, workers=1) == os.getpid()
     pids = {in_worker(os.getpid, workers=2) for _ in range(4)}
     assert os.getpid() not in pids and 1 <= len(pids) <= 2  # the same pool of two serves every call
+
+
+def _outputs(cfg, run_id="r1", rename=("", "")) -> dict:
+    """What must not depend on the shards: MindRecord files, tokenizer, sidecars, duplicates and the
+    cleaned documents in order (their part files concatenated), stats but the run id and shard count;
+    `rename` replaces a file label in origins (a .jsonl.gz input and its plain twin)."""
+    import hashlib
+
+    folder = stage_dir(cfg, run_id)
+    digest = {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes().replace(*map(str.encode, rename))).hexdigest()
+              for p in sorted(folder.rglob("*")) if p.is_file() and p.suffix in (".mindrecord", ".model", ".jsonl")
+              and p.name not in ("quarantine.jsonl", "excluded.jsonl")}  # those two name the input file
+    cleaned = b"".join(gzip.open(p).read() for p in sorted((folder / "cleaned").glob("part-*.jsonl.gz")))
+    stats = json.loads((folder / "stats.json").read_text().replace(*rename))
+    for volatile in ("run_id", "shards"):
+        stats.pop(volatile)
+    for entry in stats["files"].values():
+        entry.pop("uri")
+    return {"files": digest, "cleaned": hashlib.sha256(cleaned.replace(*map(str.encode, rename))).hexdigest(),
+            "stats": stats}
+
+
+def test_outputs_do_not_depend_on_shard_size_and_a_split_gzip_input_equals_its_plain_twin(tmp_path):
+    gz = tmp_path / "in" / "tiny_corpus.jsonl.gz"
+    gz.parent.mkdir()
+    gz.write_bytes(gzip.compress(TINY.read_bytes(), mtime=0))
+    tiny = make_cfg(tmp_path / "tiny", docs_per_shard=None, shard_mb=0.02)  # ~14 shards of 20 KB
+    whole = make_cfg(tmp_path / "whole", docs_per_shard=None, shard_mb=64)  # one shard
+    split = make_cfg(tmp_path / "gz", inputs=[str(gz)], docs_per_shard=None, shard_mb=0.02)
+    shards = []
+    for cfg in (tiny, whole, split):
+        run(cfg, workers=1)
+        shards.append(json.loads((stage_dir(cfg) / "stats.json").read_text())["shards"])
+    assert shards[0] >= 10 and shards[1] == 1 and shards[2] == shards[0]  # the gzip file was split too
+    want = _outputs(whole)
+    assert any(p.endswith(".mindrecord") for p in want["files"]) and want["stats"]["total"]["read"] == 438
+    assert _outputs(tiny) == want
+    assert _outputs(split, rename=("tiny_corpus.jsonl.gz", "tiny_corpus.jsonl")) == want
+    assert not (stage_dir(split) / "shards").exists()  # the decompressed chunks went with the work files

@@ -65,10 +65,19 @@ def test_mapped_data_stage_matches_local_pool_and_skips_on_rerun(tmp_path):
 
 def test_dask_executor_matches_local_and_records_shard_task_runs(tmp_path):
     """data.executor=dask on an existing scheduler (2 worker processes) and on its own local cluster: the
-    same outputs as the local executor, and every shard step is a task run on the server, sent by the Dask workers."""
+    same outputs as the local executor, and every shard step is a task run on the server, sent by the Dask workers.
+    The shards are sized by bytes (data.shard_mb), and the gzip input is split by the planner into chunk shards."""
+    import gzip
+
     from distributed import Client, LocalCluster
 
-    base = ["data.docs_per_shard=150"]
+    corpus = Path("configs/data/tiny_corpus.jsonl").read_bytes().split(b"\n")
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "first.jsonl").write_bytes(b"\n".join(corpus[:220]) + b"\n")
+    (tmp_path / "in" / "second.jsonl.gz").write_bytes(gzip.compress(b"\n".join(corpus[220:]), mtime=0))
+    inputs = [str(tmp_path / "in" / "first.jsonl"), str(tmp_path / "in" / "second.jsonl.gz")]
+    base = [f"data.inputs={json.dumps(inputs)}",
+            "data.docs_per_shard=null", "data.shard_mb=0.02"]
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         on_dask = load_config("configs/pipelines/tiny-cpu.yaml", base + [
             f"run.output_root={tmp_path}/dask", "data.executor=dask", f"data.dask_address={cluster.scheduler_address}"])
@@ -94,6 +103,8 @@ def test_dask_executor_matches_local_and_records_shard_task_runs(tmp_path):
     stats_dask, stats_local = (json.loads((d / "stats.json").read_text()) for d in (d_dask, d_local))
     assert stats_dask.pop("run_id") == "dask" and stats_local.pop("run_id") == "local"
     assert stats_dask == stats_local
+    # byte-sized shards, and the gzip file was split too (6 + 6 shards)
+    assert stats_dask["files"]["second.jsonl.gz"]["read"] > 0 and stats_dask["shards"] >= 10
 
     # data.dask_address null: the stage starts (and closes) its own local cluster of data.num_workers processes.
     own = load_config("configs/pipelines/tiny-cpu.yaml", base + [
