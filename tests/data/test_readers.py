@@ -94,3 +94,15 @@ def test_records_carry_the_id_and_metadata_fields_jsonl_and_parquet(tmp_path):
     recs = records(plan_shards(list_inputs([str(path)]), docs_per_shard=5), fields=fields)
     assert recs == [(0, "row 0", None, None, {"id": "p-0", "date": "2024-06-01"}),
                     (1, None, "missing_text", None, {"id": "p-1"})]
+
+
+@pytest.mark.parametrize("raw,reason", [  # found by tests/reliability/test_fuzz_data_records.py
+    (b"[" * 100_000 + b"]" * 100_000, "bad_json"),            # deeper than json.loads goes: was a RecursionError
+    (b'{"text": "ok \\ud800 x"}', "lone_surrogate"),           # valid JSON, no Unicode text: crashed pyarrow
+    (b'{"text": "ok", "id": "\\udfff"}', "lone_surrogate"),    # in a carried field: crashed the UTF-8 outputs
+    (b'{"body": "x", "url": ["\\ud800"]}', "lone_surrogate"),  # in a quarantined record's carried field
+    (b'{"text": "pair \\ud83d\\ude00 ok"}', None)])           # a surrogate pair is an ordinary character
+def test_fuzz_found_lines_are_quarantined_with_a_reason(raw, reason):
+    text, why, found = parse_record(raw, "text", ("id", "url"))
+    assert why == reason and (text == "pair \U0001F600 ok" if reason is None else text is None)
+    json.dumps(found, ensure_ascii=False).encode("utf-8")
