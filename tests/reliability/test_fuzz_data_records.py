@@ -104,3 +104,33 @@ def test_parse_record_never_raises_and_gives_text_or_a_reason(tally, lines):
         if text is not None:  # what the stage writes is valid UTF-8 (pyarrow, the utf-8 output files)
             text.encode("utf-8")
             json.dumps(found, ensure_ascii=False).encode("utf-8")
+
+
+@settings(max_examples=examples(3, 20))
+@given(raw_lines(max_size=30))
+def test_whole_data_stage_on_fuzzed_lines_balances_stats_json(tally, lines):
+    """Fuzzed lines among the bundled corpus (enough text for a tokenizer), through the registry as a run
+    does: stats.json balances, and every rejected line is in quarantine.jsonl with its reason and line."""
+    from pipeline_lib.stages import run_stage
+
+    data, expected = file_lines([*TINY.read_bytes().rstrip(b"\n").split(b"\n")[:150], *lines])
+    tally.add(RELIABILITY_ROW, records=len(expected), stage_runs=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "mixed.jsonl"
+        src.write_bytes(data)
+        cfg = cfg_for(Path(tmp), [str(src)], docs_per_shard=60)
+        paths = RunPaths(cfg.run.output_root, "fuzz")
+        run_stage(cfg, paths, "data", log=lambda msg: None, workers=1)
+        stage = Path(paths.stage_uri("data"))
+        stats = json.loads((stage / "stats.json").read_text())
+        t = stats["total"]
+        assert stats["balanced"] and t["read"] == len(expected)
+        assert t["read"] == t["rejected_total"] + t["filtered_total"] + t["exact_duplicates"] + \
+            t["near_duplicates"] + t["kept"]
+        quarantine = _rows(stage / "quarantine.jsonl")
+        assert len(quarantine) == t["rejected_total"]
+        assert {q["reason"] for q in quarantine} <= REASONS and len({q["line"] for q in quarantine}) == len(quarantine)
+        for q in quarantine:
+            assert q["raw"] == expected[q["line"] - 1].decode("utf-8", "backslashreplace")
+        assert len(_rows(stage / "excluded.jsonl")) == t["filtered_total"]
+        assert len(_rows(stage / "duplicates.jsonl")) == t["exact_duplicates"] + t["near_duplicates"]
