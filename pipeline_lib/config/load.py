@@ -20,7 +20,12 @@ def parse_override(item: str) -> tuple[list[str], Any]:
                                        "write e.g. training.steps=100")])
     key, raw = item.split("=", 1)
     # YAML parsing gives ints, floats, bools, null and lists ([a,b]) the way users expect.
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:  # e.g. `training.steps=[` or an unquoted `a: b`: the user's value, named
+        problem = " ".join(str(err).split())[:200]
+        raise ConfigError([ConfigIssue(key.strip(), raw, f"not a YAML value ({problem})",
+                                       f"write a number, true/false, [a, b], or quote text: {key.strip()}=\"'...'\"")])
     return key.strip().split("."), value
 
 

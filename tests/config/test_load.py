@@ -63,3 +63,14 @@ def test_config_hash_changes_with_a_field_only():
     b = config_from_dict({"training": {"steps": 61}})
     assert config_hash(a.data) == config_hash(b.data)
     assert config_hash(a.training) != config_hash(b.training)
+
+
+@pytest.mark.parametrize("override", ["training.steps=[", "run.name=a: b: c", "data.text_field=*alias",
+                                      "sft.system_prompt=!!python/object:os.system", "run.name=\x1b[31m"])
+def test_an_override_that_is_no_yaml_value_is_named(override):
+    """Found by tests/reliability/test_fuzz_config.py: a yaml error escaped as a traceback."""
+    key, raw = override.split("=", 1)
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs" / "pipelines" / "tiny-cpu.yaml", [override])
+    (issue,) = err.value.issues
+    assert (issue.field, issue.value) == (key, raw) and "YAML" in issue.problem and "Fix: " in str(issue)
