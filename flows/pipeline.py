@@ -16,6 +16,7 @@ import time
 
 from prefect import flow, get_run_logger
 
+from pipeline_lib.config.secrets import public_config
 from pipeline_lib.stages import SPECS, StageUnavailable, available, parse_stages, stage_done
 from pipeline_lib.storage import RunPaths, read_manifest
 
@@ -49,7 +50,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     notify=False: no failure webhook from this flow (the calling flow, e.g. the nightly, sends it)."""
     logger = get_run_logger()
     cfg = resolve_config(config, overrides)
-    resolved = cfg.model_dump(mode="json")
+    resolved = public_config(cfg)  # what child flows and dispatched runs get as parameters: no secret
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
     wanted = stages or parse_stages(None)
     summary = {"run_id": run_id, "run_uri": paths.run_uri, "stages": {}}

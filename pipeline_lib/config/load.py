@@ -19,6 +19,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError([ConfigIssue(item, item, "an override must look like section.field=value",
                                        "write e.g. training.steps=100")])
     key, raw = item.split("=", 1)
+    if not all(part.strip() for part in key.split(".")):  # "", ".", "training..steps": no field to name
+        raise ConfigError([ConfigIssue(key.strip() or item, raw, "not a field path (an empty name between dots)",
+                                       "write section.field=value, e.g. training.steps=100")])
     # YAML parsing gives ints, floats, bools, null and lists ([a,b]) the way users expect.
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
@@ -26,7 +29,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         problem = " ".join(str(err).split())[:200]
         raise ConfigError([ConfigIssue(key.strip(), raw, f"not a YAML value ({problem})",
                                        f"write a number, true/false, [a, b], or quote text: {key.strip()}=\"'...'\"")])
-    return key.strip().split("."), value
+    return [part.strip() for part in key.split(".")], value
 
 
 def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:

@@ -74,3 +74,12 @@ def test_an_override_that_is_no_yaml_value_is_named(override):
         load_config(ROOT / "configs" / "pipelines" / "tiny-cpu.yaml", [override])
     (issue,) = err.value.issues
     assert (issue.field, issue.value) == (key, raw) and "YAML" in issue.problem and "Fix: " in str(issue)
+
+
+@pytest.mark.parametrize("override", [".=1", "=5", "training..steps=3", "training.=3"])
+def test_an_override_with_an_empty_field_name_is_named(override):
+    """Found by tests/reliability/test_fuzz_config.py: `.=[1]` was refused as `(config)={'': ...}`."""
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs" / "pipelines" / "tiny-cpu.yaml", [override])
+    (issue,) = err.value.issues
+    assert issue.field == (override.split("=", 1)[0] or override) and "not a field path" in issue.problem
