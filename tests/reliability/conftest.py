@@ -16,9 +16,13 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
+# Failing examples are replayed first on the next run; kept with the other test scratch, not in the repo.
+_DB = Path(os.environ.get("LLM_PIPELINE_TEST_TMP", "/tmp/llm-pipeline-tests")) / "hypothesis"
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                     HealthCheck.filter_too_much], derandomize=False)
+                                                     HealthCheck.filter_too_much],
+               database=DirectoryBasedExampleDatabase(str(_DB)))
 settings.register_profile("ci", max_examples=40, **_COMMON)
 settings.register_profile("reliability", max_examples=600, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

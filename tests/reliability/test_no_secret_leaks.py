@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 RELIABILITY_ROW = "secrets"
+pytestmark = pytest.mark.slow  # a Prefect server, S3, two data-stage runs: ~60 s
 ROOT = Path(__file__).resolve().parents[2]
 ACCESS_KEY = "AKIAQXLEAKPROBE7Z2W"
 SECRET_KEY = "zQ9+lEaK/pr0be=S3cr3t+Fu55/8Xv"
