@@ -9,13 +9,15 @@ Malformed records are not errors: they come back with a reason (empty_line, bad_
 not_an_object, missing_text, text_not_string, empty_text, lone_surrogate) for the quarantine file.
 bad_json includes JSON nested deeper than Python's parser goes; lone_surrogate is a `\\udXXX` escape
 without its pair in the text or a carried field (valid JSON, but no Unicode text: nothing could write it).
-Raises: DataStageError when a parquet file has no column `data.text_field` or a non-string one.
+Raises: DataStageError when a parquet file has no column `data.text_field` or a non-string one, or a
+.jsonl.gz file is corrupt or truncated.
 """
 from __future__ import annotations
 
 import gzip
 import json
 import re
+import zlib
 from typing import Iterator
 
 from ..storage import iter_lines, store_for
@@ -76,11 +78,15 @@ def parse_line(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
 
 def _jsonl_records(spec, text_field: str, endpoint_url, fields: tuple[str, ...]) -> Iterator[Record]:
     fh = open_range(spec.uri, spec.start, spec.end, endpoint_url)
+    i = 0
     try:
         stream = gzip.GzipFile(fileobj=fh) if spec.kind == "jsonl.gz" else fh
         for i, raw in enumerate(iter_lines(stream)):
             text, reason, found = parse_record(raw, text_field, fields)
             yield spec.first + i, text, reason, (raw if reason else None), found
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # a corrupt or truncated .gz: the file, named
+        raise DataStageError("data.inputs", spec.uri, f"not a readable gzip file ({err}; read {i} lines)",
+                             "re-create the file (`gzip -t FILE` checks one) or remove it from data.inputs") from None
     finally:
         fh.close()
 

@@ -106,3 +106,14 @@ def test_fuzz_found_lines_are_quarantined_with_a_reason(raw, reason):
     text, why, found = parse_record(raw, "text", ("id", "url"))
     assert why == reason and (text == "pair \U0001F600 ok" if reason is None else text is None)
     json.dumps(found, ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize("data", [gzip.compress(b'{"text": "hello world"}\n' * 100)[:-30],  # truncated
+                                  b"\x1f\x8b\x08junk", b"not gzip at all"])
+def test_a_corrupt_gzip_input_is_named_with_a_fix(tmp_path, data):
+    """Was an EOFError / BadGzipFile traceback naming no file."""
+    path = tmp_path / "bad.jsonl.gz"
+    path.write_bytes(data)
+    with pytest.raises(DataStageError) as err:
+        records(plan_shards(list_inputs([str(path)]), 100))
+    assert err.value.field == "data.inputs" and err.value.value == str(path) and "gzip -t" in str(err.value)

@@ -16,10 +16,13 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-# Failing examples are replayed first on the next run; kept with the other test scratch, not in the repo.
+# Failing examples are replayed first on the next run; hypothesis's files stay with the other test
+# scratch, not in the repository (its default is ./.hypothesis).
 _DB = Path(os.environ.get("LLM_PIPELINE_TEST_TMP", "/tmp/llm-pipeline-tests")) / "hypothesis"
+set_hypothesis_home_dir(str(_DB / "home"))
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                      HealthCheck.filter_too_much],
                database=DirectoryBasedExampleDatabase(str(_DB)))

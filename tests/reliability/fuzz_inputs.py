@@ -6,8 +6,9 @@ import json
 
 from hypothesis import strategies as st
 
-# Every general category, surrogates (Cs) and private use (Co) included: json.dumps escapes a lone
-# surrogate as \udXXX (valid JSON, invalid Unicode), and "surrogatepass" bytes are invalid UTF-8.
+# Every general category, surrogates (Cs) and private use (Co) included (the rare Zl, Zp, Me, Nl are also
+# in SPECIAL): json.dumps escapes a lone surrogate as \udXXX (valid JSON, invalid Unicode), and
+# "surrogatepass" bytes are invalid UTF-8.
 ANY_CHAR = st.characters(codec=None, categories=None)
 SPECIAL = st.sampled_from([
     "\u0301", "\u0327\u0308",            # combining marks
@@ -15,7 +16,7 @@ SPECIAL = st.sampled_from([
     "\u200b", "\u200d", "\ufeff",        # zero-width space / joiner, BOM
     "\ue000", "\U000f0000",              # private use
     "\ud800", "\udfff",                  # lone surrogates
-    "\x00", "\x1b[31m", "\r", "\u2028", "\u3000", "ＧＩＳ１２３，", "设备运行正常。",
+    "\x00", "\x1b[31m", "\r", "\u2028", "\u2029", "\u20dd", "\u2160", "\u3000", "ＧＩＳ１２３，", "设备运行正常。",
     " ", "\t", "",
 ])
 TEXT = st.one_of(st.text(ANY_CHAR, max_size=60),

@@ -134,3 +134,28 @@ def test_whole_data_stage_on_fuzzed_lines_balances_stats_json(tally, lines):
             assert q["raw"] == expected[q["line"] - 1].decode("utf-8", "backslashreplace")
         assert len(_rows(stage / "excluded.jsonl")) == t["filtered_total"]
         assert len(_rows(stage / "duplicates.jsonl")) == t["exact_duplicates"] + t["near_duplicates"]
+
+
+@settings(max_examples=examples(10, 300))
+@given(raw_lines(max_size=20, huge=False), st.one_of(st.none(), st.integers(0, 400)), st.binary(max_size=40))
+def test_gzip_inputs_whole_truncated_or_junk_are_read_or_refused_naming_the_file(tally, lines, cut, junk):
+    """A .jsonl.gz shard: whole (every line accounted for), cut short, or junk: records or a DataStageError
+    naming data.inputs and the file, never another exception."""
+    import gzip
+
+    data, expected = file_lines(lines)
+    blob = gzip.compress(data, mtime=0)
+    blob = blob if cut is None else (blob[:cut] + junk)
+    tally.add(RELIABILITY_ROW, records=len(expected))
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "fuzz.jsonl.gz"
+        src.write_bytes(blob)
+        cfg = cfg_for(Path(tmp), [str(src)])
+        paths = RunPaths(cfg.run.output_root, "fuzz")
+        try:
+            counts = [prep_shard(cfg, paths, k) for k in range(len(plan_data_stage(cfg, paths)))]
+        except DataStageError as err:
+            assert err.field == "data.inputs" and err.value == str(src) and cut is not None
+            return
+        if cut is None or blob == gzip.compress(data, mtime=0):
+            check_accounting(Path(paths.stage_uri("data")), expected, counts, "fuzz.jsonl.gz")
