@@ -52,7 +52,8 @@ def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
 def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
     issues = []
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(config)"
+        # a key that is blank or holds control characters is shown quoted ('', ' ', '\x1b'): what was written
+        field = ".".join(str(p) if str(p).strip() and str(p).isprintable() else repr(p) for p in e["loc"]) or "(config)"
         fix = "remove it or check its spelling against `llm-pipeline validate --explain`" \
             if e["type"] == "extra_forbidden" else "see the field's description in `llm-pipeline validate --explain`"
         issues.append(ConfigIssue(field, e.get("input"), e["msg"], fix))
@@ -73,6 +74,8 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> PipelineConf
                                        "pass a pipeline yaml such as configs/pipelines/tiny-cpu.yaml")])
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError([ConfigIssue("CONFIG", str(path), f"not UTF-8 text ({err})", "save the file as UTF-8")])
     except yaml.YAMLError as err:
         raise ConfigError([ConfigIssue("CONFIG", str(path), f"not valid YAML ({err})", "fix the YAML syntax")])
     if not isinstance(raw, dict):

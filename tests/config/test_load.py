@@ -83,3 +83,21 @@ def test_an_override_with_an_empty_field_name_is_named(override):
         load_config(ROOT / "configs" / "pipelines" / "tiny-cpu.yaml", [override])
     (issue,) = err.value.issues
     assert issue.field == (override.split("=", 1)[0] or override) and "not a field path" in issue.problem
+
+
+def test_a_config_file_that_is_no_utf8_is_named(tmp_path):
+    """Found by tests/reliability/test_fuzz_config.py: a UnicodeDecodeError traceback."""
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(b"run:\n  name: \xed\xa0\x80\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.fields() == ["CONFIG"] and "UTF-8" in str(err.value)
+
+
+def test_a_blank_key_is_named_quoted(tmp_path):
+    """Found by tests/reliability/test_fuzz_config.py: a blank top-level key was refused as `(config)`."""
+    path = tmp_path / "blank.yaml"
+    path.write_text('"   ": 1\nrun: {name: x}\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.fields() == ["'   '"]

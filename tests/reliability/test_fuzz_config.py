@@ -125,3 +125,27 @@ def test_validate_in_a_real_subprocess_refuses_without_a_traceback(override, tal
     field = override.split("=", 1)[0]
     assert all(f and known_field(f, [override]) for f in refusal_fields(proc.stderr)) and field.split(".")[0] in \
         proc.stderr, proc.stderr
+
+
+SECTION_BODY = st.one_of(st.dictionaries(st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12),
+                                         st.one_of(NUMBER, TEXT, st.booleans(), st.none(), st.lists(NUMBER, max_size=3)),
+                                         max_size=4),
+                         NUMBER, TEXT, st.lists(NUMBER, max_size=3), st.none())
+CONFIG_FILE = st.one_of(
+    st.dictionaries(st.one_of(st.sampled_from(SECTIONS), TEXT), SECTION_BODY, max_size=5).map(
+        lambda d: __import__("yaml").safe_dump(d, allow_unicode=True)),
+    TEXT, YAML_TEXT, st.binary(max_size=60).map(lambda b: b.decode("latin-1")))
+
+
+@settings(max_examples=examples(40, 800))
+@given(CONFIG_FILE)
+def test_validate_of_any_config_file_never_prints_a_traceback(tally, tmp_path_factory, text):
+    tally.add(RELIABILITY_ROW, records=1, configs=1)
+    path = tmp_path_factory.mktemp("cfg") / "fuzz.yaml"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    code, out, err = run_cli(["validate", str(path)])
+    assert "Traceback" not in out + err and code in (0, 2), err[-2000:]
+    if code == 2:
+        fields = refusal_fields(err)
+        named = [f for f in fields if known_field(f, []) or f in text or f.startswith(("'", '"'))]  # quoted: repr
+        assert fields and len(named) == len(fields), err
