@@ -99,7 +99,7 @@ def _in_repo():
     os.chdir(cwd)
 
 
-@settings(max_examples=examples(60, 1500))
+@settings(max_examples=examples(120, 1500))
 @given(st.lists(OVERRIDE, min_size=1, max_size=4), st.booleans())
 def test_validate_never_prints_a_traceback_and_names_the_field(tally, overrides, plan_only):
     tally.add(RELIABILITY_ROW, records=1, configs=1)

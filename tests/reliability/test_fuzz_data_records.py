@@ -70,7 +70,7 @@ def check_accounting(stage: Path, expected: list[bytes], counts: list[dict], lab
     assert sum(v == "rejected" for v in seen.values()) == rejected
 
 
-@settings(max_examples=examples(25, 400))
+@settings(max_examples=examples(60, 400))
 @given(raw_lines(max_size=40))
 def test_prep_and_dedup_account_for_every_fuzzed_line(tally, lines):
     data, expected = file_lines(lines)
@@ -93,7 +93,7 @@ def test_prep_and_dedup_account_for_every_fuzzed_line(tally, lines):
             assert c["candidates"] == s["exact_duplicates"] + s["near_duplicates"] + s["kept"]
 
 
-@settings(max_examples=examples(100, 2000))
+@settings(max_examples=examples(400, 2000))
 @given(st.lists(raw_lines(max_size=20, huge=False), min_size=1, max_size=5).map(lambda xs: [x for y in xs for x in y]))
 def test_parse_record_never_raises_and_gives_text_or_a_reason(tally, lines):
     tally.add(RELIABILITY_ROW, records=len(lines))

@@ -53,7 +53,7 @@ LINE = st.one_of(RECORD.flatmap(lambda r: st.booleans().map(
     lambda b: b.replace(b"\n", b" "))
 
 
-@settings(max_examples=examples(80, 1500))
+@settings(max_examples=examples(150, 1500))
 @given(st.lists(LINE, min_size=1, max_size=25), st.sampled_from(["drop", "truncate_prompt", "truncate_end"]),
        st.booleans())
 def test_sft_rows_account_for_every_fuzzed_record(tally, tpl_tok, lines, truncation, packing):
