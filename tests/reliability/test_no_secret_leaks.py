@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import io
 import json
 import os
@@ -98,27 +99,37 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def _prefect_records(run_ids: list[str]) -> bytes:
-    """Every record the Prefect API holds about the runs: flow runs (parameters), task runs, logs,
+def _paged(read, **kw) -> list:
+    out, offset = [], 0
+    while True:
+        page = read(limit=200, offset=offset, **kw)
+        out += page
+        if len(page) < 200:
+            return out
+        offset += 200
+
+
+def _prefect_records(since, run_ids: list[str]) -> bytes:
+    """Every record the Prefect API holds from `since` on: flow runs (their parameters), task runs, logs,
     artifacts, and all variables, as JSON bytes."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter,
+                                                FlowRunFilterExpectedStartTime, LogFilter, LogFilterTimestamp,
+                                                TaskRunFilter, TaskRunFilterStartTime)
 
     with get_client(sync_client=True) as client:
-        flow_runs = client.read_flow_runs(limit=200)
-        mine = [r for r in flow_runs if any(run_id in (r.name or "") or run_id in json.dumps(r.parameters, default=str)
-                                            for run_id in run_ids)]
-        ids = [r.id for r in mine]
-        # subflows (stage flows, the data flow) of these runs: named by the run id too, or children by parent task
+        flow_runs = _paged(client.read_flow_runs, flow_run_filter=FlowRunFilter(
+            expected_start_time=FlowRunFilterExpectedStartTime(after_=since)))
+        assert {f"llm-pipeline/{r}" for r in run_ids} <= {r.name for r in flow_runs}
+        ids = [r.id for r in flow_runs]
         records = [r.model_dump(mode="json") for r in flow_runs]
-        records += [t.model_dump(mode="json") for t in client.read_task_runs(limit=200)]
-        records += [log.model_dump(mode="json") for log in
-                    client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)), limit=200)]
-        records += [log.model_dump(mode="json") for log in client.read_logs(limit=200)]
-        records += [a.model_dump(mode="json") for a in client.read_artifacts(limit=200)]
-        records += [v.model_dump(mode="json") for v in client.read_variables(limit=200)]
-        _ = FlowRunFilter
-    assert ids, f"no flow run of {run_ids} on the server"
+        records += [t.model_dump(mode="json") for t in _paged(client.read_task_runs, task_run_filter=TaskRunFilter(
+            start_time=TaskRunFilterStartTime(after_=since)))]
+        records += [x.model_dump(mode="json") for x in _paged(client.read_logs, log_filter=LogFilter(
+            timestamp=LogFilterTimestamp(after_=since)))]
+        records += [a.model_dump(mode="json") for a in _paged(client.read_artifacts, artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=ids)))]
+        records += [v.model_dump(mode="json") for v in client.read_variables()]
     return json.dumps(records, default=str, ensure_ascii=False).encode()
 
 
@@ -141,6 +152,7 @@ def test_no_secret_is_written_anywhere(s3_endpoint, tmp_path, monkeypatch, tally
               f"run.s3_endpoint_url={s3_endpoint}", f"orchestration.failure_webhook_url={hook}",
               "orchestration.retry_delay_seconds=0.1", "data.executor=local"]
     monkeypatch.chdir(ROOT)
+    since = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=5)
     code_ok, out_ok = _cli(["run", *common, "--run-id", "secrets-ok"])
     assert code_ok == 0, out_ok[-3000:]
     code_bad, out_bad = _cli(["run", *common, "--run-id", "secrets-failed", f"data.inputs=[{bad}]"])
@@ -164,7 +176,7 @@ def test_no_secret_is_written_anywhere(s3_endpoint, tmp_path, monkeypatch, tally
         scan.scan("webhook payload", body)
     home = Path(os.environ["PREFECT_HOME"])
     scan.scan_tree(home, "PREFECT_HOME")  # the server's SQLite database (+ WAL) and persisted results
-    records = _prefect_records(["secrets-ok", "secrets-failed"])
+    records = _prefect_records(since, ["secrets-ok", "secrets-failed"])
     if os.environ.get("LLM_PIPELINE_SECRETS_DUMP"):  # to see where a leak is
         Path(os.environ["LLM_PIPELINE_SECRETS_DUMP"]).write_bytes(records)
     scan.scan("Prefect API records", records)
