@@ -60,7 +60,32 @@ def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
     return issues
 
 
+def _is_text(key: str) -> bool:
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _non_unicode_keys(node: dict, prefix: str = "") -> list[ConfigIssue]:
+    """Keys holding a lone surrogate (a YAML "\\udXXX" escape): pydantic can name no field for them."""
+    issues = []
+    for key, value in node.items():
+        text = isinstance(key, str) and _is_text(key)
+        name = prefix + (key if text else repr(key))
+        if isinstance(key, str) and not text:
+            issues.append(ConfigIssue(name, key, "the key is not Unicode text (a lone \\udXXX escape)",
+                                      "remove the escape from the key"))
+        elif isinstance(value, dict):
+            issues += _non_unicode_keys(value, name + ".")
+    return issues
+
+
 def config_from_dict(raw: dict) -> PipelineConfig:
+    issues = _non_unicode_keys(raw) if isinstance(raw, dict) else []
+    if issues:
+        raise ConfigError(issues)
     try:
         return PipelineConfig.model_validate(raw or {})
     except ValidationError as err:

@@ -101,3 +101,12 @@ def test_a_blank_key_is_named_quoted(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert err.value.fields() == ["'   '"]
+
+
+def test_a_key_that_is_no_unicode_text_is_named(tmp_path):
+    """Found by tests/reliability/test_fuzz_config.py: a "\\uD800" key was refused as `(config)`."""
+    path = tmp_path / "surrogate.yaml"
+    path.write_text('run:\n  "\\uD800x": 1\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.fields() == ["run.'\\ud800x'"]
