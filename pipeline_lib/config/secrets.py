@@ -4,7 +4,8 @@
 it as `env:NAME` (read from the environment of the process that posts: the way to give a worker the
 secret), or as the URL itself: then `public_config(cfg)`, the config as the JSON dict flows pass on as
 parameters, moves the URL into this process's environment (inherited by its subprocesses, never
-written) and puts `env:NAME` in its place. `secret_value(value)` reads either form back, where the
+written) and puts `env:NAME` in its place. Overrides are parameters of a submitted run as they are:
+`secret_overrides(overrides)` finds a literal secret among them (`--submit` refuses it). `secret_value(value)` reads either form back, where the
 secret is used; `redact_url(url)` is what a message may say about it (scheme and host only).
 S3 credentials are never config values: boto3 reads them from its own environment and files.
 """
@@ -27,6 +28,17 @@ def public_config(cfg) -> dict:
             var = f"LLM_PIPELINE_SECRET_{hashlib.sha256(value.encode()).hexdigest()[:12].upper()}"
             os.environ[var] = value
             out[section][name] = ENV_REF + var
+    return out
+
+
+def secret_overrides(overrides) -> list[str]:
+    """The dotted keys of `key=value` overrides that set a secret field to a literal (not `env:NAME`)."""
+    names = {".".join(f) for f in SECRET_FIELDS}
+    out = []
+    for item in overrides or []:
+        key, _, value = str(item).partition("=")
+        if key.strip() in names and value.strip() and not value.strip().startswith(ENV_REF):
+            out.append(key.strip())
     return out
 
 

@@ -34,3 +34,11 @@ def test_a_config_may_name_the_variable_itself(monkeypatch):
 def test_redact_url_keeps_scheme_and_host_only():
     assert redact_url(HOOK) == "https://hooks.example.com/..."
     assert redact_url("http://user:pw@127.0.0.1:8080/hook/T?x=1") == "http://127.0.0.1:8080/..."
+
+
+def test_secret_overrides_finds_literal_secrets_only():
+    from pipeline_lib.config.secrets import secret_overrides
+
+    assert secret_overrides([f"orchestration.failure_webhook_url={HOOK}", "training.steps=3",
+                             "orchestration.failure_webhook_url=env:HOOK", "orchestration.failure_webhook_url="]) == \
+        ["orchestration.failure_webhook_url"]
