@@ -28,6 +28,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from pipeline_lib.cli import dedup_index_main, doctor_main, plan_main, print_warnings, validate_main  # noqa: E402
 from pipeline_lib.config.inputs import validate_inputs  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
+from pipeline_lib.config.secrets import public_config  # noqa: E402
 from pipeline_lib.doctor.retry import parse_headline  # noqa: E402
 from pipeline_lib.stages import SPECS, parse_stages  # noqa: E402
 
@@ -240,7 +241,7 @@ def run_main(argv: list[str]) -> int:
         print(f"resume: llm-pipeline run ... --run-id {run_id} --submit, or Retry in the UI")
         return 0
     with api:
-        state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
+        state = llm_pipeline(config=public_config(cfg), run_id=run_id, stages=stages,
                              dispatch=args.dispatch, return_state=True)
         return _report(state, cfg, run_id, stages, embedded=api.server is not None)
 

@@ -19,6 +19,7 @@ from prefect import flow, get_run_logger, unmapped
 from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from pipeline_lib.config.secrets import public_config
 from pipeline_lib.runtime.contract import StageOutput
 from pipeline_lib.stages import record_stage, stage_done
 from pipeline_lib.storage import RunPaths, invalidate, read_manifest
@@ -73,7 +74,7 @@ def run_mapped_data(cfg, run_id: str) -> dict:
         return Completed(message="data: manifest complete, not redone", name="Cached", data=result)
     get_run_logger().info(f"data: running ({why})")
     invalidate(uri, paths.endpoint_url)
-    raw = _shard_steps.with_options(task_runner=_task_runner(cfg))(config=cfg.model_dump(mode="json"), run_id=run_id)
+    raw = _shard_steps.with_options(task_runner=_task_runner(cfg))(config=public_config(cfg), run_id=run_id)
     manifest = record_stage(cfg, paths, "data", StageOutput(**raw))
     publish_stage_artifacts(cfg, paths, "data", manifest)
     return {"stage": "data", "run_id": run_id, "skipped": False, "seconds": round(time.time() - started, 2),

@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed
 
 from pipeline_lib.config import config_from_dict
+from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (commit_night, consume_without_training, deep_update, load_state, new_files,
                                   next_base_checkpoint, nightly_overrides, no_new_documents)
 from pipeline_lib.stages import SPECS, available
@@ -42,7 +43,7 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: st
     logger.info(f"{run_id}: {len(files)} new file(s); continuing from "
                 f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
     stages = [s for s, spec in SPECS.items() if spec.nightly and available(s)]
-    run = llm_pipeline(config=night_cfg.model_dump(mode="json"), run_id=run_id, stages=stages,
+    run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
     if not run.is_completed():
         found = no_new_documents(night_cfg, run_id)
@@ -71,6 +72,6 @@ def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: di
                             f"Dedup index: `{found['index_uri']}` (lineage `{found['lineage']}`)."]))
     payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "NoNewData",
                "message": message, "new_files": len(files), "counts": found}
-    notify_no_new_data(cfg.orchestration.failure_webhook_url, payload)
+    notify_no_new_data(secret_value(cfg.orchestration.failure_webhook_url), payload)
     return Completed(name="NoNewData", message=message, data={"run_id": run_id, "new_files": len(files),
                                                                "no_new_data": found, "notice": payload})

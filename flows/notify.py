@@ -7,6 +7,7 @@ import re
 import urllib.request
 
 from pipeline_lib.config import config_from_dict, load_config
+from pipeline_lib.config.secrets import redact_url, secret_value
 from pipeline_lib.doctor.retry import parse_headline
 
 
@@ -17,7 +18,7 @@ def _webhook_url(parameters: dict) -> str | None:
                                                                                    parameters.get("overrides") or [])
     except Exception:
         return None
-    return cfg.orchestration.failure_webhook_url
+    return secret_value(cfg.orchestration.failure_webhook_url)
 
 
 def failure_payload(flow, flow_run, state) -> dict:
@@ -49,4 +50,5 @@ def _post(url: str | None, payload: dict) -> None:
     try:
         urllib.request.urlopen(req, timeout=10).close()
     except Exception as err:  # a notice must never mask the real failure
-        print(f"webhook {url} not reached: {err}")
+        # neither the URL (its token) nor the error (urllib may quote the URL) goes to the log
+        print(f"webhook {redact_url(url)} not reached: {type(err).__name__}")

@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger
 
 from pipeline_lib.config.schema import (DataConfig, EvaluateConfig, ExportConfig, ModelConfig, OrchestrationConfig,
                                         ParallelConfig, RunConfig, SFTConfig, TokenizerConfig, TrainingConfig)
+from pipeline_lib.config.secrets import public_config
 from pipeline_lib.stages import SPECS, StageUnavailable, available, parse_stages, stage_done
 from pipeline_lib.storage import RunPaths, read_manifest
 
@@ -91,7 +92,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
                     "applied (they describe the deployment's config file)")
         given.update(dict.fromkeys(inherited))
     cfg = resolve_config(config, overrides, given)
-    resolved = cfg.model_dump(mode="json")
+    resolved = public_config(cfg)  # what child flows and dispatched runs get as parameters: no secret
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
     wanted = stages or parse_stages(None)
     summary = {"run_id": run_id, "run_uri": paths.run_uri, "stages": {}}

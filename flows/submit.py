@@ -18,6 +18,12 @@ class SubmitError(RuntimeError):
 
 def submit_run(config: str, overrides: list[str], run_id: str, stages: list[str], dispatch: bool) -> tuple[str, str]:
     """Create the flow run (it is not waited for). Returns (flow run id, UI URL)."""
+    from pipeline_lib.config.secrets import secret_overrides
+
+    for key in secret_overrides(overrides):  # the overrides are stored as the run's parameters, as given
+        raise SubmitError(f"{key}: a secret given as an override would be stored in the submitted run's "
+                          "parameters. Fix: set it in the config file, or export it on the worker and pass "
+                          f"{key}=env:NAME")
     api = os.environ.get("PREFECT_API_URL")
     if not api:
         raise SubmitError("--submit needs a Prefect server: PREFECT_API_URL is not set. Fix: start one "

@@ -23,6 +23,7 @@ from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
 from pipeline_lib.config import PipelineConfig, config_from_dict
+from pipeline_lib.config.secrets import public_config
 from pipeline_lib.doctor.retry import attach_diagnosis, should_retry
 from pipeline_lib.stages import SPECS, TransientError, run_stage, stage_done
 from pipeline_lib.storage import RunPaths
@@ -111,7 +112,7 @@ def submit_stage(cfg: PipelineConfig, run_id: str, stage: str) -> dict:
         retry_delay_seconds=exponential_backoff(backoff_factor=cfg.orchestration.retry_delay_seconds),
         refresh_cache=not done,
     )
-    state = configured(cfg.model_dump(mode="json"), run_id, stage, return_state=True)
+    state = configured(public_config(cfg), run_id, stage, return_state=True)
     result = state.result()  # raises the stage's own exception when it failed
     if state.name == "Cached":  # finished in an earlier attempt of this run: nothing was executed
         result = {**result, "skipped": True, "seconds": 0.0}

@@ -23,9 +23,17 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError([ConfigIssue(item, item, "an override must look like section.field=value",
                                        "write e.g. training.steps=100")])
     key, raw = item.split("=", 1)
+    if not all(part.strip() for part in key.split(".")):  # "", ".", "training..steps": no field to name
+        raise ConfigError([ConfigIssue(key.strip() or item, raw, "not a field path (an empty name between dots)",
+                                       "write section.field=value, e.g. training.steps=100")])
     # YAML parsing gives ints, floats, bools, null and lists ([a,b]) the way users expect.
-    value = yaml.safe_load(raw) if raw.strip() else ""
-    return key.strip().split("."), value
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:  # e.g. `training.steps=[` or an unquoted `a: b`: the user's value, named
+        problem = " ".join(str(err).split())[:200]
+        raise ConfigError([ConfigIssue(key.strip(), raw, f"not a YAML value ({problem})",
+                                       f"write a number, true/false, [a, b], or quote text: {key.strip()}=\"'...'\"")])
+    return [part.strip() for part in key.split(".")], value
 
 
 def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
@@ -48,14 +56,40 @@ def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
 def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
     issues = []
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(config)"
+        # a key that is blank or holds control characters is shown quoted ('', ' ', '\x1b'): what was written
+        field = ".".join(str(p) if str(p).strip() and str(p).isprintable() else repr(p) for p in e["loc"]) or "(config)"
         fix = "remove it or check its spelling against `llm-pipeline validate --explain`" \
             if e["type"] == "extra_forbidden" else "see the field's description in `llm-pipeline validate --explain`"
         issues.append(ConfigIssue(field, e.get("input"), e["msg"], fix))
     return issues
 
 
+def _is_text(key: str) -> bool:
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _non_unicode_keys(node: dict, prefix: str = "") -> list[ConfigIssue]:
+    """Keys holding a lone surrogate (a YAML "\\udXXX" escape): pydantic can name no field for them."""
+    issues = []
+    for key, value in node.items():
+        text = isinstance(key, str) and _is_text(key)
+        name = prefix + (key if text else repr(key))
+        if isinstance(key, str) and not text:
+            issues.append(ConfigIssue(name, key, "the key is not Unicode text (a lone \\udXXX escape)",
+                                      "remove the escape from the key"))
+        elif isinstance(value, dict):
+            issues += _non_unicode_keys(value, name + ".")
+    return issues
+
+
 def config_from_dict(raw: dict) -> PipelineConfig:
+    issues = _non_unicode_keys(raw) if isinstance(raw, dict) else []
+    if issues:
+        raise ConfigError(issues)
     try:
         return PipelineConfig.model_validate(raw or {})
     except ValidationError as err:
@@ -70,6 +104,8 @@ def read_config_file(path: str | Path) -> dict:
                                        "pass a pipeline yaml such as configs/pipelines/tiny-cpu.yaml")])
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError([ConfigIssue("CONFIG", str(path), f"not UTF-8 text ({err})", "save the file as UTF-8")])
     except yaml.YAMLError as err:
         raise ConfigError([ConfigIssue("CONFIG", str(path), f"not valid YAML ({err})", "fix the YAML syntax")])
     if not isinstance(raw, dict):

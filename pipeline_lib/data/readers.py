@@ -7,13 +7,18 @@ row group by row group through a seekable file that fetches only the byte ranges
 for. Records come in batches of `batch_size` as (line number, text or None, reason, raw).
 
 Malformed records are not errors: they come back with a reason (empty_line, bad_utf8, bad_json,
-not_an_object, missing_text, text_not_string, empty_text) for the quarantine file.
-Raises: DataStageError when a parquet file has no column `data.text_field` or a non-string one.
+not_an_object, missing_text, text_not_string, empty_text, lone_surrogate) for the quarantine file.
+bad_json includes JSON nested deeper than Python's parser goes; lone_surrogate is a `\\udXXX` escape
+without its pair in the text or a carried field (valid JSON, but no Unicode text: nothing could write it).
+Raises: DataStageError when a parquet file has no column `data.text_field` or a non-string one, or a
+.jsonl.gz file is corrupt or truncated.
 """
 from __future__ import annotations
 
 import gzip
 import json
+import re
+import zlib
 from typing import Iterator
 
 from ..storage import iter_lines, store_for
@@ -28,6 +33,19 @@ def open_range(uri: str, start: int, end: int | None, endpoint_url: str | None =
     return store_for(uri, endpoint_url).open_range(uri, start, end)
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\[uU][dD][89a-fA-F]")  # \ud800-\udfff in a JSON line
+
+
+def _has_lone_surrogate(text, found: dict) -> bool:
+    try:
+        if isinstance(text, str):
+            text.encode("utf-8")
+        json.dumps(found, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def parse_record(raw: bytes, text_field: str, fields: tuple[str, ...] = ()) -> tuple[str | None, str | None, dict]:
     """(text, None, fields) for a good jsonl line, else (None, reason, fields); `fields` holds the
     present, non-null values of the named fields ({} when the line is not a JSON object)."""
@@ -39,11 +57,13 @@ def parse_record(raw: bytes, text_field: str, fields: tuple[str, ...] = ()) -> t
         return None, "bad_utf8", {}
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return None, "bad_json", {}
     if not isinstance(obj, dict):
         return None, "not_an_object", {}
     found = {f: obj[f] for f in fields if obj.get(f) is not None}
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(obj.get(text_field), found):  # search: a cheap pre-check
+        return None, "lone_surrogate", {}
     if text_field not in obj or obj[text_field] is None:
         return None, "missing_text", found
     text = obj[text_field]
@@ -59,11 +79,15 @@ def parse_line(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
 
 def _jsonl_records(spec, text_field: str, endpoint_url, fields: tuple[str, ...]) -> Iterator[Record]:
     fh = open_range(getattr(spec, "source", None) or spec.uri, spec.start, spec.end, endpoint_url)
+    i = 0
     try:
         stream = gzip.GzipFile(fileobj=fh) if spec.kind == "jsonl.gz" else fh
         for i, raw in enumerate(iter_lines(stream)):
             text, reason, found = parse_record(raw, text_field, fields)
             yield spec.first + i, text, reason, (raw if reason else None), found
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # a corrupt or truncated .gz: the file, named
+        raise DataStageError("data.inputs", spec.uri, f"not a readable gzip file ({err}; read {i} lines)",
+                             "re-create the file (`gzip -t FILE` checks one) or remove it from data.inputs") from None
     finally:
         fh.close()
 

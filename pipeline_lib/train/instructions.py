@@ -16,7 +16,10 @@ added when a sample has no system turn.
 
 Limits: shapes are detected by non-null keys (messages, then instruction/output, then prompt/response);
 other keys are ignored. Text holding a special token of the chat template (e.g. "<|user|>") is refused,
-because the tokenizer would read it as a turn boundary.
+because the tokenizer would read it as a turn boundary; so is text holding a lone surrogate (a `\\udXXX`
+escape without its pair: valid JSON, but no text a tokenizer or a UTF-8 file can take), and JSON nested
+deeper than Python's parser goes (bad_json). `offending_field(obj, reason)` names the field a refused
+record has wrong (e.g. `prompt`, `messages[2].role`), for the quarantine file.
 Raises SftDataError only for an input entry that matches no file; malformed records come back
 with one of `REASONS` for the quarantine file.
 """
@@ -34,7 +37,8 @@ from ..storage.input_files import NoInputFiles, kind_of, list_inputs, open_parqu
 ROLES = ("system", "user", "assistant")
 REASONS = ("empty_line", "bad_utf8", "bad_json", "not_an_object", "unknown_shape", "field_not_string",
            "empty_prompt", "empty_response", "messages_not_list", "bad_message", "unknown_role",
-           "system_not_first", "roles_out_of_order", "ends_without_response", "special_token_in_text")
+           "system_not_first", "roles_out_of_order", "ends_without_response", "special_token_in_text",
+           "lone_surrogate")
 
 
 class SftDataError(ValueError):
@@ -67,7 +71,7 @@ def _parse_jsonl_line(raw: bytes) -> tuple[dict | None, str | None]:
         return None, "bad_utf8"
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return None, "bad_json"
     return (obj, None) if isinstance(obj, dict) else (None, "not_an_object")
 
@@ -182,7 +186,58 @@ def to_turns(obj: dict, *, system_prompt: str | None = None,
     forbidden = [f for f in forbidden if f]
     if any(f in t.content for t in turns for f in forbidden):
         return None, "special_token_in_text"
+    if not all(_is_unicode(t.content) for t in turns):
+        return None, "lone_surrogate"
     return turns, None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_FLAT_KEYS = {"alpaca": (("instruction", "input"), "output"), "prompt_response": (("prompt",), "response")}
+
+
+def offending_field(obj: dict | None, reason: str, forbidden: Iterable[str] = ()) -> str | None:
+    """The field of a record `to_turns` refused with `reason` (e.g. "response", "messages[1].content"), or
+    None when the reason is about the whole line or record (bad_json, unknown_shape ...)."""
+    if not isinstance(obj, dict):
+        return None
+    shape = shape_of(obj)
+    if shape in _FLAT_KEYS:
+        prompts, response = _FLAT_KEYS[shape]
+        keys = (*prompts, response, "system")
+        if reason == "field_not_string":
+            return next((k for k in keys if obj.get(k) is not None and not isinstance(obj[k], str)), None)
+        if reason == "empty_prompt":
+            return prompts[0]
+        if reason in ("empty_response", "ends_without_response"):
+            return response
+        bad = [f for f in forbidden if f] if reason == "special_token_in_text" else None
+        for k in keys:
+            value = obj.get(k)
+            if isinstance(value, str) and (any(f in value for f in bad) if bad is not None else not _is_unicode(value)):
+                return k
+        return None
+    if shape != "messages":
+        return None
+    messages = obj["messages"]
+    if not isinstance(messages, list) or reason in ("messages_not_list", "ends_without_response", "system_not_first",
+                                                    "roles_out_of_order", "empty_prompt", "empty_response"):
+        return "messages"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            return f"messages[{i}]"
+        for key in ("role", "content"):
+            value = m[key]
+            if not isinstance(value, str) or (key == "role" and value.strip().lower() not in ROLES) or \
+                    (key == "content" and (not _is_unicode(value) or any(f and f in value for f in forbidden))):
+                return f"messages[{i}].{key}"
+    return "messages"
 
 
 def shape_of(obj: dict) -> str:

@@ -14,7 +14,7 @@ sample is one row.
 
 `prepare_sft_data(cfg, tokenizer, out_dir)` writes into out_dir: `data/sft.mindrecord` (+ .db, and
 `.rows_sha256`: the same rows are not written twice),
-`quarantine.jsonl` (malformed records: id, file, line, reason, raw), `excluded.jsonl` (samples dropped by
+`quarantine.jsonl` (malformed records: id, file, line, reason, field (the one it has wrong, or null), raw), `excluded.jsonl` (samples dropped by
 sft.truncation: id, file, line, reason, tokens) and `sft_stats.json` (per file and in total: read,
 rejected and dropped by reason, kept, shapes, tokens, trained tokens, rows; `balanced` is
 read = rejected + dropped + kept). The MindRecord file is written by a MindSpore subprocess
@@ -41,7 +41,7 @@ from ..model.token_ids import TokenIds
 from ..model.tokenizer import Tokenizer
 from ..runtime.env import subprocess_env
 from ..storage.mindrecord import read_mindrecord_columns
-from .instructions import SftDataError, iter_instruction_records, shape_of, to_turns
+from .instructions import SftDataError, iter_instruction_records, offending_field, shape_of, to_turns
 
 DATA_FILE = "data/sft.mindrecord"
 STATS_FILE = "sft_stats.json"
@@ -96,7 +96,7 @@ def build_sft_rows(records: Iterable, template, tok, *, row_len: int, truncation
                    excluded: IO[str] | None = None, threads: int = 2, batch: int = 512) -> tuple[PackedRows, dict]:
     """Records (instructions.RawRecord) -> packed rows and per-file counts.
 
-    Malformed records go to `quarantine` (id, file, line, reason, raw), samples dropped by the
+    Malformed records go to `quarantine` (id, file, line, reason, field, raw), samples dropped by the
     truncation policy to `excluded` (id, file, line, reason, tokens). Per file and in total:
     read = rejected + dropped + kept (`balanced`).
     """
@@ -130,8 +130,9 @@ def build_sft_rows(records: Iterable, template, tok, *, row_len: int, truncation
             counts["rejected"][reason] += 1
             if quarantine is not None:
                 raw = rec.raw if rec.obj is None else json.dumps(rec.obj, ensure_ascii=False, default=str)
-                quarantine.write(json.dumps({"id": rec.id, "file": rec.uri, "line": rec.line, "reason": reason,
-                                             "raw": raw}, ensure_ascii=False) + "\n")
+                field = offending_field(rec.obj, reason, template.forbidden_text)
+                quarantine.write(_utf8_json({"id": rec.id, "file": rec.uri, "line": rec.line, "reason": reason,
+                                             "field": field, "raw": raw}) + "\n")
             continue
         counts["shapes"][shape_of(rec.obj)] += 1
         pending.append((rec, turns))
@@ -141,6 +142,17 @@ def build_sft_rows(records: Iterable, template, tok, *, row_len: int, truncation
         flush()
     rows = pack(samples, row_len, template.pad_id, packing)
     return rows, summarize(files, rows)
+
+
+def _utf8_json(obj) -> str:
+    """JSON for a UTF-8 file: non-ASCII as written, unless a lone surrogate (from a \\udXXX escape in the
+    input) is inside: then everything is escaped (valid JSON; the surrogate cannot be written as UTF-8)."""
+    text = json.dumps(obj, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(obj)
+    return text
 
 
 def summarize(files: dict[str, dict], rows: PackedRows) -> dict:

@@ -63,3 +63,50 @@ def test_config_hash_changes_with_a_field_only():
     b = config_from_dict({"training": {"steps": 61}})
     assert config_hash(a.data) == config_hash(b.data)
     assert config_hash(a.training) != config_hash(b.training)
+
+
+@pytest.mark.parametrize("override", ["training.steps=[", "run.name=a: b: c", "data.text_field=*alias",
+                                      "sft.system_prompt=!!python/object:os.system", "run.name=\x1b[31m"])
+def test_an_override_that_is_no_yaml_value_is_named(override):
+    """Found by tests/reliability/test_fuzz_config.py: a yaml error escaped as a traceback."""
+    key, raw = override.split("=", 1)
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs" / "pipelines" / "tiny-cpu.yaml", [override])
+    (issue,) = err.value.issues
+    assert (issue.field, issue.value) == (key, raw) and "YAML" in issue.problem and "Fix: " in str(issue)
+
+
+@pytest.mark.parametrize("override", [".=1", "=5", "training..steps=3", "training.=3"])
+def test_an_override_with_an_empty_field_name_is_named(override):
+    """Found by tests/reliability/test_fuzz_config.py: `.=[1]` was refused as `(config)={'': ...}`."""
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs" / "pipelines" / "tiny-cpu.yaml", [override])
+    (issue,) = err.value.issues
+    assert issue.field == (override.split("=", 1)[0] or override) and "not a field path" in issue.problem
+
+
+def test_a_config_file_that_is_no_utf8_is_named(tmp_path):
+    """Found by tests/reliability/test_fuzz_config.py: a UnicodeDecodeError traceback."""
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(b"run:\n  name: \xed\xa0\x80\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.fields() == ["CONFIG"] and "UTF-8" in str(err.value)
+
+
+def test_a_blank_key_is_named_quoted(tmp_path):
+    """Found by tests/reliability/test_fuzz_config.py: a blank top-level key was refused as `(config)`."""
+    path = tmp_path / "blank.yaml"
+    path.write_text('"   ": 1\nrun: {name: x}\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.fields() == ["'   '"]
+
+
+def test_a_key_that_is_no_unicode_text_is_named(tmp_path):
+    """Found by tests/reliability/test_fuzz_config.py: a "\\uD800" key was refused as `(config)`."""
+    path = tmp_path / "surrogate.yaml"
+    path.write_text('run:\n  "\\uD800x": 1\n')
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.fields() == ["run.'\\ud800x'"]

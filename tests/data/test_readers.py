@@ -159,3 +159,26 @@ def test_a_big_gzip_file_is_decompressed_once_into_line_aligned_chunk_shards(tmp
     assert len(plan_shards(list_inputs([str(tmp_path / "in" / "g.jsonl.gz")]), None, shard_mb=mb)) == 1
     assert len(plan_shards(list_inputs([str(tmp_path / "in" / "g.jsonl.gz")]), None, shard_mb=0.1,
                            chunks=_chunk_sink(tmp_path / "work2"))) == 1
+
+
+@pytest.mark.parametrize("raw,reason", [  # found by tests/reliability/test_fuzz_data_records.py
+    (b"[" * 100_000 + b"]" * 100_000, "bad_json"),            # deeper than json.loads goes: was a RecursionError
+    (b'{"text": "ok \\ud800 x"}', "lone_surrogate"),           # valid JSON, no Unicode text: crashed pyarrow
+    (b'{"text": "ok", "id": "\\udfff"}', "lone_surrogate"),    # in a carried field: crashed the UTF-8 outputs
+    (b'{"body": "x", "url": ["\\ud800"]}', "lone_surrogate"),  # in a quarantined record's carried field
+    (b'{"text": "pair \\ud83d\\ude00 ok"}', None)])           # a surrogate pair is an ordinary character
+def test_fuzz_found_lines_are_quarantined_with_a_reason(raw, reason):
+    text, why, found = parse_record(raw, "text", ("id", "url"))
+    assert why == reason and (text == "pair \U0001F600 ok" if reason is None else text is None)
+    json.dumps(found, ensure_ascii=False).encode("utf-8")
+
+
+@pytest.mark.parametrize("data", [gzip.compress(b'{"text": "hello world"}\n' * 100)[:-30],  # truncated
+                                  b"\x1f\x8b\x08junk", b"not gzip at all"])
+def test_a_corrupt_gzip_input_is_named_with_a_fix(tmp_path, data):
+    """Was an EOFError / BadGzipFile traceback naming no file."""
+    path = tmp_path / "bad.jsonl.gz"
+    path.write_bytes(data)
+    with pytest.raises(DataStageError) as err:
+        records(plan_shards(list_inputs([str(path)]), 100))
+    assert err.value.field == "data.inputs" and err.value.value == str(path) and "gzip -t" in str(err.value)

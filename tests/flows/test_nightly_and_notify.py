@@ -144,3 +144,11 @@ def test_three_nights_new_data_then_only_duplicates_then_nothing(tiny_cfg, tmp_p
         assert third.is_completed() and third.name == "Skipped", third.message
     finally:
         server.shutdown()
+
+
+def test_an_unreachable_webhook_is_logged_without_its_token(capsys):
+    from flows.notify import _post
+
+    _post("http://127.0.0.1:9/hook/T0KEN-secret?key=abc", {"x": 1})  # port 9 (discard): refused
+    out = capsys.readouterr().out
+    assert "not reached" in out and "T0KEN" not in out and "key=abc" not in out

@@ -38,3 +38,12 @@ def test_submit_without_a_server_says_so(monkeypatch, capsys):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     assert cli.main(["run", "configs/pipelines/tiny-cpu.yaml", "--submit"]) == 2
     assert "PREFECT_API_URL is not set" in capsys.readouterr().err
+
+
+def test_submit_refuses_a_secret_given_as_an_override(monkeypatch, capsys):
+    """The overrides become the submitted run's parameters as given: a webhook token would be stored there."""
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    hook = "orchestration.failure_webhook_url=https://hooks.example.com/T0KEN"
+    assert cli.main(["run", "configs/pipelines/tiny-cpu.yaml", "--submit", hook]) == 2
+    err = capsys.readouterr().err
+    assert "orchestration.failure_webhook_url" in err and "env:NAME" in err and "T0KEN" not in err

@@ -274,3 +274,29 @@ def test_llama2_rows_mask_padding_by_position_although_pad_is_unk(l2):
     tail = packed.spans[0][-1][1]
     assert (packed.input_ids[0, tail:] == 0).all() and (packed.labels[0, tail:] == IGNORE).all()
     assert packed.trained_tokens == sum(sum(t) for _, t in samples)
+
+
+def test_fuzz_found_records_are_quarantined_naming_the_field(tmp_path, tpl, tok):
+    """Found by tests/reliability/test_fuzz_sft_records.py: deep nesting was a RecursionError, a lone
+    surrogate escape crashed sentencepiece (in a turn) or the UTF-8 quarantine file (anywhere)."""
+    lines = [b"[" * 100_000 + b"]" * 100_000,
+             json.dumps({"prompt": "Q \ud800?", "response": "A."}).encode(),
+             json.dumps({"prompt": "Q?", "response": "A.", "note": "\udfff"}).encode(),  # ignored key: kept
+             json.dumps({"prompt": "Q?", "response": 3}).encode(),
+             json.dumps({"messages": [{"role": "user", "content": "Q?"}, {"role": "bot", "content": "A."}]}).encode(),
+             json.dumps({"messages": [{"role": "user", "content": "say <|end|>"},
+                                      {"role": "assistant", "content": "A."}]}).encode(),
+             json.dumps({"instruction": "Do \udc00 it", "output": "A.", "bad": "\ud801"}).encode()]
+    src = tmp_path / "sft.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    with open(tmp_path / "q.jsonl", "w", encoding="utf-8") as q:
+        _, stats = build_sft_rows(iter_instruction_records([str(src)]), tpl, tok, row_len=65,
+                                  truncation="drop", packing=False, quarantine=q, excluded=io.StringIO())
+    found = [json.loads(x) for x in (tmp_path / "q.jsonl").read_text("utf-8").splitlines()]
+    assert [(r["line"], r["reason"], r["field"]) for r in found] == [
+        (1, "bad_json", None), (2, "lone_surrogate", "prompt"), (4, "field_not_string", "response"),
+        (5, "unknown_role", "messages[1].role"), (6, "special_token_in_text", "messages[0].content"),
+        (7, "lone_surrogate", "instruction")]
+    assert stats["balanced"] and stats["total"]["kept"] == 1
+    assert found[-1]["raw"] == json.dumps({"instruction": "Do \udc00 it", "output": "A.", "bad": "\ud801"},
+                                          ensure_ascii=False)

@@ -1,0 +1,44 @@
+"""Secret config values: moved out of the parameters flows pass on, read back where used, redacted in messages."""
+from __future__ import annotations
+
+import json
+import os
+
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.config.secrets import public_config, redact_url, secret_value
+
+HOOK = "https://hooks.example.com/services/T0KEN-abc?key=s3cr3t"
+
+
+def test_public_config_moves_the_webhook_url_into_the_environment(monkeypatch):
+    cfg = config_from_dict({"orchestration": {"failure_webhook_url": HOOK}})
+    public = public_config(cfg)
+    ref = public["orchestration"]["failure_webhook_url"]
+    assert ref.startswith("env:LLM_PIPELINE_SECRET_") and "T0KEN" not in json.dumps(public)
+    assert os.environ[ref.removeprefix("env:")] == HOOK
+    again = config_from_dict(public)  # a flow resolving the parameters gets the reference, and reads it back
+    assert secret_value(again.orchestration.failure_webhook_url) == HOOK
+    assert public_config(again) == public  # a reference stays a reference
+    monkeypatch.delenv(ref.removeprefix("env:"))
+
+
+def test_a_config_may_name_the_variable_itself(monkeypatch):
+    monkeypatch.setenv("MY_HOOK", HOOK)
+    cfg = config_from_dict({"orchestration": {"failure_webhook_url": "env:MY_HOOK"}})
+    assert public_config(cfg)["orchestration"]["failure_webhook_url"] == "env:MY_HOOK"
+    assert secret_value("env:MY_HOOK") == HOOK and secret_value("env:UNSET_HOOK_VAR") is None
+    assert secret_value(None) is None and public_config(config_from_dict({}))["orchestration"][
+        "failure_webhook_url"] is None
+
+
+def test_redact_url_keeps_scheme_and_host_only():
+    assert redact_url(HOOK) == "https://hooks.example.com/..."
+    assert redact_url("http://user:pw@127.0.0.1:8080/hook/T?x=1") == "http://127.0.0.1:8080/..."
+
+
+def test_secret_overrides_finds_literal_secrets_only():
+    from pipeline_lib.config.secrets import secret_overrides
+
+    assert secret_overrides([f"orchestration.failure_webhook_url={HOOK}", "training.steps=3",
+                             "orchestration.failure_webhook_url=env:HOOK", "orchestration.failure_webhook_url="]) == \
+        ["orchestration.failure_webhook_url"]
