@@ -8,6 +8,7 @@ import os
 
 from prefect import flow
 
+from pipeline_lib.runtime.nodes import NODE_RANK_ENV
 from pipeline_lib.stages import SPECS
 from tasks.stage_task import submit_stage
 
@@ -18,10 +19,12 @@ def _make_stage_flow(stage: str):
     @flow(name=stage, flow_run_name=f"{stage}/{{run_id}}", log_prints=True, persist_result=True,
           description=f"The {stage} stage of the LLM pipeline (skipped when its manifest is complete).")
     def stage_flow(config: str | dict, run_id: str, overrides: list[str] | None = None,
-                   node_rank: int = 0) -> dict:
+                   node_rank: int | None = None) -> dict:
         cfg = resolve_config(config, overrides)
-        # The launcher reads the node rank of a multi-node job from the environment (msrun --node_rank).
-        os.environ["LLM_PIPELINE_NODE_RANK"] = str(node_rank)
+        # The launcher reads the node rank of a multi-node job from the environment (msrun --node_rank). Dispatch
+        # passes it per child; without it the process's own $LLM_PIPELINE_NODE_RANK (a node started by hand) holds.
+        if node_rank is not None:
+            os.environ[NODE_RANK_ENV] = str(node_rank)
         if stage == "data" and cfg.data.executor in ("prefect", "dask"):
             from flows.data_flow import run_mapped_data
 
