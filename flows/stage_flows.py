@@ -15,8 +15,21 @@ from tasks.stage_task import submit_stage
 from flows.common import resolve_config
 
 
+def _run_name(stage: str):
+    """`<stage>/<run_id>`, and `<stage>/<run_id>/node-<rank>` for one node rank of a multi-node job: a failure
+    (the parent's message, the UI) then names the node."""
+    def name() -> str:
+        from prefect.runtime import flow_run
+
+        params = flow_run.parameters
+        rank = params.get("node_rank")
+        return f"{stage}/{params['run_id']}" + (f"/node-{rank}" if rank is not None else "")
+
+    return name
+
+
 def _make_stage_flow(stage: str):
-    @flow(name=stage, flow_run_name=f"{stage}/{{run_id}}", log_prints=True, persist_result=True,
+    @flow(name=stage, flow_run_name=_run_name(stage), log_prints=True, persist_result=True,
           description=f"The {stage} stage of the LLM pipeline (skipped when its manifest is complete).")
     def stage_flow(config: str | dict, run_id: str, overrides: list[str] | None = None,
                    node_rank: int | None = None) -> dict:
