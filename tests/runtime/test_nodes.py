@@ -90,3 +90,14 @@ def tiny_two_node(tmp_path, monkeypatch):
         "parallel.devices_per_node=1", "training.micro_batch_size=2", "training.timeout_seconds=5"])
     assert cfg.parallel.num_nodes == 2
     return cfg, RunPaths(cfg.run.output_root, "two-node")
+
+
+def test_node_ranks_above_0_train_outside_the_shared_stage_folder(tmp_path, monkeypatch):
+    from pipeline_lib.train.session import WORK_DIR_ENV, work_dir
+
+    monkeypatch.setenv(WORK_DIR_ENV, str(tmp_path / "work"))
+    stage = str(tmp_path / "runs" / "r" / "pretrain")
+    assert work_dir(stage) == (tmp_path / "runs" / "r" / "pretrain").resolve()
+    node1 = work_dir(stage, 1)
+    assert node1.parent == (tmp_path / "work").resolve() and node1.name.endswith("-node1")
+    assert work_dir("s3://b/r/pretrain", 1) != work_dir("s3://b/r/pretrain", 0)
