@@ -266,7 +266,8 @@ def _publish(run: StageRun, out: Path, latest: dict) -> list[dict]:
     pointers are node 0's (runtime/nodes.py)."""
     remote = _scratch(run)
     rels = [] if run.node_rank else [RUN_YAML, IDENTITY_FILE, LATEST_FILE]
-    rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE) if (out / r).exists() and not run.node_rank]
+    if not run.node_rank:
+        rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE) if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
     rels += strategy_files(out)  # needed to merge or reshard the rank files: lost with an s3 run's work folder
     store = store_for(run.uri, run.endpoint)

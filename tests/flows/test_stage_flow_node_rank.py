@@ -11,7 +11,8 @@ from pipeline_lib.runtime.nodes import NODE_RANK_ENV
 def seen(monkeypatch):
     """Replace the stage task by a probe of the environment it would run in."""
     env = {}
-    monkeypatch.setattr(stage_flows, "submit_stage", lambda cfg, run_id, stage: env.update(rank=os.environ.get(NODE_RANK_ENV)))
+    monkeypatch.setattr(stage_flows, "submit_stage",
+                        lambda cfg, run_id, stage: env.update(rank=os.environ.get(NODE_RANK_ENV)))
     return env
 
 

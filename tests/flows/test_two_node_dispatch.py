@@ -92,7 +92,8 @@ def data_run(tmp_path_factory):
 def _two_nodes(port: int, steps: int) -> list[str]:
     return ["parallel.devices=2", "parallel.data_parallel=2", "parallel.devices_per_node=1",
             "parallel.master_addr=127.0.0.2", f"parallel.master_port={port}", "training.micro_batch_size=2",
-            f"training.steps={steps}", f"training.save_steps={steps}", "training.preflight_steps=0", "training.warmup_steps=1",
+            f"training.steps={steps}", f"training.save_steps={steps}", "training.preflight_steps=0",
+            "training.warmup_steps=1",
             "orchestration.task_retries=0", "training.timeout_seconds=600"]
 
 

@@ -27,7 +27,8 @@ def _layout(rank: int) -> dict:
 
 
 def test_merge_lists_every_nodes_files_and_checkpoints():
-    own = [{"path": "run.yaml", "size": 1, "sha256": "a"}, {"path": "checkpoint/rank_0/c.ckpt", "size": 2, "sha256": "b"}]
+    own = [{"path": "run.yaml", "size": 1, "sha256": "a"},
+           {"path": "checkpoint/rank_0/c.ckpt", "size": 2, "sha256": "b"}]
     report = {"outputs": [{"path": "checkpoint/rank_1/c.ckpt", "size": 2, "sha256": "c"}], "metrics": _layout(1)}
     outputs, metrics = merge_node_outputs(own, _layout(0), {1: report})
     assert [o["path"] for o in outputs] == ["checkpoint/rank_0/c.ckpt", "checkpoint/rank_1/c.ckpt", "run.yaml"]
