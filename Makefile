@@ -37,7 +37,7 @@ demo: $(STAMP)
 test: setup
 	$(BIN)/python -m pytest -q
 
-# the two-node training dispatch alone (real Prefect server + worker, two msrun node ranks; ~3.5 min)
+# the two-node training dispatch alone (real Prefect server + worker, two msrun node ranks; 2-3.5 min)
 test-two-node: setup
 	$(BIN)/python -m pytest -q tests/flows/test_two_node_dispatch.py
 
