@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup browser demo test bench clean
+.PHONY: setup browser demo test test-two-node bench clean
 
 setup: $(STAMP) browser
 
@@ -36,6 +36,10 @@ demo: $(STAMP)
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# the two-node training dispatch alone (real Prefect server + worker, two msrun node ranks; 2-3.5 min)
+test-two-node: setup
+	$(BIN)/python -m pytest -q tests/flows/test_two_node_dispatch.py
 
 bench: setup
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done

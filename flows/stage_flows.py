@@ -8,20 +8,36 @@ import os
 
 from prefect import flow
 
+from pipeline_lib.runtime.nodes import NODE_RANK_ENV
 from pipeline_lib.stages import SPECS
 from tasks.stage_task import submit_stage
 
 from flows.common import resolve_config
 
 
+def _run_name(stage: str):
+    """`<stage>/<run_id>`, and `<stage>/<run_id>/node-<rank>` for one node rank of a multi-node job: a failure
+    (the parent's message, the UI) then names the node."""
+    def name() -> str:
+        from prefect.runtime import flow_run
+
+        params = flow_run.parameters
+        rank = params.get("node_rank")
+        return f"{stage}/{params['run_id']}" + (f"/node-{rank}" if rank is not None else "")
+
+    return name
+
+
 def _make_stage_flow(stage: str):
-    @flow(name=stage, flow_run_name=f"{stage}/{{run_id}}", log_prints=True, persist_result=True,
+    @flow(name=stage, flow_run_name=_run_name(stage), log_prints=True, persist_result=True,
           description=f"The {stage} stage of the LLM pipeline (skipped when its manifest is complete).")
     def stage_flow(config: str | dict, run_id: str, overrides: list[str] | None = None,
-                   node_rank: int = 0) -> dict:
+                   node_rank: int | None = None) -> dict:
         cfg = resolve_config(config, overrides)
-        # The launcher reads the node rank of a multi-node job from the environment (msrun --node_rank).
-        os.environ["LLM_PIPELINE_NODE_RANK"] = str(node_rank)
+        # The launcher reads the node rank of a multi-node job from the environment (msrun --node_rank). Dispatch
+        # passes it per child; without it the process's own $LLM_PIPELINE_NODE_RANK (a node started by hand) holds.
+        if node_rank is not None:
+            os.environ[NODE_RANK_ENV] = str(node_rank)
         if stage == "data" and cfg.data.executor in ("prefect", "dask"):
             from flows.data_flow import run_mapped_data
 

@@ -20,6 +20,7 @@ from .config.load import config_hash
 from .config.platform import device_target
 from .config.schema import PipelineConfig
 from .runtime.contract import StageOutput, StageRun, TransientError  # noqa: F401  (raised by stages)
+from .runtime.nodes import clear_node_report, merge_node_outputs, node_rank, wait_node_reports, write_node_report
 from .storage import Manifest, RunPaths, invalidate, manifest_matches, read_manifest, write_manifest
 
 
@@ -210,10 +211,27 @@ def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, pr
                                f"{','.join([*missing, stage])} or the whole pipeline")
     log(f"{stage}: running ({why})")
     fn = runner(stage)
-    invalidate(paths.stage_uri(stage), paths.endpoint_url)  # a stage being redone is never seen as done
+    nodes = cfg.parallel.num_nodes if SPECS[stage].multi_node else 1
+    rank = node_rank(cfg) if nodes > 1 else 0
+    uri = paths.stage_uri(stage)
+    invalidate(uri, paths.endpoint_url)  # a stage being redone is never seen as done
     run = StageRun(stage, cfg, paths, upstream_manifests(paths, stage), log=log, progress=progress,
-                   identity=config_hash({"stage": stage_hash(cfg, stage), "inputs": stage_inputs(paths, stage)}))
-    return record_stage(cfg, paths, stage, fn(run, **options)), False
+                   identity=config_hash({"stage": stage_hash(cfg, stage), "inputs": stage_inputs(paths, stage)}),
+                   node_rank=rank)
+    if rank > 0:  # one node of several: its files and a node report; node 0 writes the manifest (runtime/nodes.py)
+        clear_node_report(uri, rank, paths.endpoint_url)
+        output = fn(run, **options)
+        report = write_node_report(uri, rank, run.identity, output.outputs, output.metrics, paths.endpoint_url)
+        log(f"{stage}: node rank {rank} done, its outputs reported at {report}; node 0 writes the manifest")
+        return Manifest(stage=stage, run_id=paths.run_id, config_hash=stage_hash(cfg, stage),
+                        inputs=stage_inputs(paths, stage), outputs=output.outputs,
+                        metrics={**output.metrics, "node_report": report}), False
+    output = fn(run, **options)
+    if nodes > 1:
+        reports = wait_node_reports(uri, list(range(1, nodes)), run.identity, cfg.training.timeout_seconds,
+                                    paths.endpoint_url, log=log)
+        output = StageOutput(*merge_node_outputs(output.outputs, output.metrics, reports))
+    return record_stage(cfg, paths, stage, output), False
 
 
 def record_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, output: StageOutput) -> Manifest:

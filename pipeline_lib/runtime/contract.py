@@ -35,6 +35,7 @@ class StageRun:
     progress: Progress | None = None
     identity: str = ""  # the registry's hash of this stage's config fields + upstream fingerprints (for
                         # work that must not be resumed across identities, e.g. a half-trained checkpoint)
+    node_rank: int = 0  # which node of a multi-node job this is (runtime/nodes.py); 0 for every other stage
 
     @property
     def uri(self) -> str:

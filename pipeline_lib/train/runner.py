@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 
 from ..runtime.contract import TransientError
+from ..runtime.nodes import NODE_RANK_ENV, node_rank  # noqa: F401  (re-exported: session, doctor)
 from ..storage import store_for
 from .checkpoints import CheckpointManager, list_checkpoints
 from .launch import ENTRY_MODULE, GuardTripped, LaunchResult, TrainingLaunchError, build_command, child_env, launch
 from .metrics import METRICS_FILE
 
-NODE_RANK_ENV = "LLM_PIPELINE_NODE_RANK"
 VERIFY_DUTY = 0.05      # share of wall time checkpoint verification may take while the trainer runs
 VERIFY_FIRST_S = 100.0  # ~ one verifier run (MindSpore import + load, ~5 s on 2 cores) / VERIFY_DUTY
 VERIFY_MIN_GAP_S = 30.0
@@ -53,19 +53,6 @@ def local_ranks(cfg, rank: int) -> list[int]:
     world = p.data_parallel * p.model_parallel * p.pipeline_stage
     start = rank * p.devices_per_node
     return list(range(start, min(world, start + p.devices_per_node)))
-
-
-def node_rank(cfg) -> int:
-    """This node's rank from $LLM_PIPELINE_NODE_RANK (default 0); ValueError names the variable and the range."""
-    text = os.environ.get(NODE_RANK_ENV, "0")
-    try:
-        rank = int(text)
-    except ValueError:
-        raise ValueError(f"${NODE_RANK_ENV}={text!r}: must be an integer node rank") from None
-    if not 0 <= rank < cfg.parallel.num_nodes:
-        raise ValueError(f"${NODE_RANK_ENV}={rank}: must be in [0, {cfg.parallel.num_nodes}) for parallel.devices="
-                         f"{cfg.parallel.devices} at parallel.devices_per_node={cfg.parallel.devices_per_node}")
-    return rank
 
 
 def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None, env: dict[str, str] | None = None,

@@ -2,8 +2,9 @@
 
 A `TrainingSession` runs one stage's training in one mindformers output_dir `out` (checkpoint/, metrics.jsonl,
 latest_checkpoint.json, identity.json); `remote` is the run-store folder that mirrors it on an s3:// run store.
-- `work_dir(stage_uri)`: the stage folder itself, or for an s3:// stage a fixed local folder per URI under
-  $LLM_PIPELINE_WORK_DIR (else the temp dir), so a rerun on the same machine resumes there.
+- `work_dir(stage_uri, node_rank)`: the stage folder itself, or for an s3:// stage (and for node ranks > 0 of a
+  multi-node job) a fixed local folder per URI (and node) under $LLM_PIPELINE_WORK_DIR (else the temp dir), so a
+  rerun on the same machine resumes there.
 - `session.resume_or_start(identity)`: the verified latest checkpoint of the same run (same `identity.json`),
   else an emptied `out`; with training.upload_checkpoints on an s3:// store, a rerun on another machine downloads
   the uploaded latest checkpoint of the same run first: every rank of this node gets its own file back into
@@ -49,13 +50,16 @@ IDENTITY_FILE = "identity.json"
 PREFLIGHT_FILE = "preflight.json"
 
 
-def work_dir(stage_uri: str) -> Path:
-    """The folder a stage trains in (see the module docstring)."""
+def work_dir(stage_uri: str, node_rank: int = 0) -> Path:
+    """The folder a stage trains in (see the module docstring). Node ranks > 0 of a multi-node job always train
+    in their own local folder and publish their ranks' files: node 0 owns the stage folder (and may empty it when
+    it starts), also when the run store is a file system every node shares."""
     store = store_for(stage_uri)
-    if not store.remote:
+    if not store.remote and node_rank == 0:
         return store.local_path(stage_uri).resolve()
     root = Path(os.environ.get(WORK_DIR_ENV) or Path(tempfile.gettempdir()) / "llm-pipeline-work")
-    return (root / hashlib.sha256(stage_uri.encode()).hexdigest()[:16]).resolve()
+    name = hashlib.sha256(stage_uri.encode()).hexdigest()[:16] + (f"-node{node_rank}" if node_rank else "")
+    return (root / name).resolve()
 
 
 def write_json(path: Path, obj) -> None:

@@ -65,7 +65,7 @@ def run_sft_stage(run: StageRun, *, base_checkpoint: str | None = None) -> Stage
     for issue in preflight_steps_issues(cfg):  # the rule `validate` applies
         raise SFTStageError(str(issue))
     base_ref, tok_ref = _resolve_inputs(run, base_checkpoint)
-    out = work_dir(run.uri)  # the stage folder, or a fixed local folder per s3:// stage (reruns resume there)
+    out = work_dir(run.uri, run.node_rank)  # the stage folder, or a fixed local folder (reruns resume there)
     for stale in ("adapter", "_inputs", LOSS_PNG):  # train/ stays: a rerun resumes from it
         shutil.rmtree(out / stale) if (out / stale).is_dir() else (out / stale).unlink(missing_ok=True)
     base, tok, base_sha = _fetch_inputs(run, base_ref, tok_ref, out / "_inputs")
@@ -81,7 +81,7 @@ def run_sft_stage(run: StageRun, *, base_checkpoint: str | None = None) -> Stage
     outputs = _publish(run, out)
     metrics = _metrics(run, out, train, adapter, stats, base_ref=base_ref, base_sha=base_sha, tok_ref=tok_ref,
                        started=started)
-    if run.remote:  # everything is in the run store now
+    if run.remote or run.node_rank:  # everything is in the run store now
         shutil.rmtree(out, ignore_errors=True)
     log(f"sft: done in {metrics['seconds']} s, loss {train['loss_first']:.4f} -> {train['loss_last']:.4f}, "
         f"{adapter['lora_numel']:,} LoRA parameters -> {join(run.uri, 'adapter')}")
@@ -201,7 +201,10 @@ def _extract_adapter(cfg, out: Path, checkpoint: str, base: Path, base_ref: str,
 # ---------------------------------------------------------------- 5. publish
 
 def _publish(run: StageRun, out: Path) -> list[dict]:
-    """Describe (size, sha256) the stage's files and upload them to an s3:// stage folder."""
+    """Describe (size, sha256) the stage's files and upload them to an s3:// stage folder. A node rank > 0 of a
+    multi-node SFT publishes nothing: data parallel leaves the same adapter on every node, node 0's is the output."""
+    if run.node_rank:
+        return []
     rels = [p.relative_to(out).as_posix() for d in (out, out / "adapter", out / "data") for p in sorted(d.iterdir())
             if p.is_file() and p.name != "manifest.json"]
     rels += [r for r in ("train/metrics.jsonl", "train/latest_checkpoint.json") if (out / r).exists()]

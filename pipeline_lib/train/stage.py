@@ -102,7 +102,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     started, cfg, log = time.time(), run.cfg, run.log or (lambda line: None)
     # 1. inputs (fast failures first: nothing is launched or deleted before they pass)
     base, base_info = _check_inputs(cfg)
-    out = work_dir(run.uri)
+    out = work_dir(run.uri, run.node_rank)
     remote = run.uri if run.remote else None
     out.mkdir(parents=True, exist_ok=True)
     data_dir, rows, token_ids = _data_inputs(run, out, log)
@@ -140,7 +140,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     outputs = _publish(run, out, trained.latest)
     metrics = _metrics(run, out, trained, records, steps=steps, rows=rows, base_info=base_info, preflight=preflight,
                        session=session, started=started)
-    if remote:  # everything is in the run store now; a 7B run would otherwise leave its checkpoints in /tmp
+    if _scratch(run):  # everything is in the run store now; a 7B run would otherwise leave its checkpoints in /tmp
         shutil.rmtree(out, ignore_errors=True)
     log(f"pretrain: done in {metrics['seconds']} s: {trained.latest.get('global_step')} steps, loss "
         f"{metrics['loss_first']} -> {metrics['final_loss']}, latest checkpoint {metrics['latest_checkpoint']}")
@@ -292,12 +292,21 @@ def _measured_reports(cfg, out: Path, records: list[dict], trained, session: Tra
 
 # ---------------------------------------------------------------- 6. publish
 
+def _scratch(run: StageRun) -> bool:
+    """True when the stage trained outside its stage folder (s3:// run store, or a node rank > 0: session.work_dir)
+    and so publishes by copying."""
+    return run.remote or run.node_rank > 0
+
+
 def _publish(run: StageRun, out: Path, latest: dict) -> list[dict]:
-    """Describe (size, sha256) the stage's files and upload them to an s3:// stage folder."""
-    remote = run.remote
-    rels = [RUN_YAML, IDENTITY_FILE, LATEST_FILE]
-    rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE, PROFILE_FILE, PLANNER_CHECK_FILE)
-             if (out / r).exists()]
+    """Describe (size, sha256) the stage's files and copy them to the stage folder when trained elsewhere. A node
+    rank > 0 publishes only its own ranks' checkpoints (and strategy files): the run's yaml, loss history and
+    pointers are node 0's (runtime/nodes.py)."""
+    remote = _scratch(run)
+    rels = [] if run.node_rank else [RUN_YAML, IDENTITY_FILE, LATEST_FILE]
+    if not run.node_rank:
+        rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE, PROFILE_FILE,
+                                  PLANNER_CHECK_FILE) if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
     rels += strategy_files(out)  # needed to merge or reshard the rank files: lost with an s3 run's work folder
     # the profiler's own output (training.profile), for MindStudio Insight: also lost with an s3 run's work folder
@@ -320,7 +329,7 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
     cfg, latest, t = run.cfg, trained.latest, run.cfg.training
 
     def ref(path: str) -> str:  # a checkpoint's absolute path, or its URI on an s3:// store
-        return join(run.uri, Path(path).resolve().relative_to(out).as_posix()) if run.remote \
+        return join(run.uri, Path(path).resolve().relative_to(out).as_posix()) if _scratch(run) \
             else str(Path(path).resolve())
 
     latest_ref = ref(latest["ranks"][str(min(int(r) for r in latest["ranks"]))]["path"])
