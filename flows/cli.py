@@ -232,11 +232,12 @@ def run_main(argv: list[str]) -> int:
         from flows.submit import SubmitError, submit_run
 
         try:
-            _, url = submit_run(args.config, args.overrides, run_id, stages, args.dispatch)
+            _, url, action = submit_run(args.config, args.overrides, run_id, stages, args.dispatch)
         except SubmitError as err:
             print(err, file=sys.stderr)
             return 2
-        print(f"submitted run {run_id}: {url}")
+        said = {"submitted": "submitted run", "retried": "retried the flow run of run"}
+        print(f"{said.get(action, f'not resubmitted ({action}): run')} {run_id}: {url}")
         print(f"resume: llm-pipeline run ... --run-id {run_id} --submit, or Retry in the UI")
         return 0
     with api:

@@ -8,6 +8,7 @@ Two modes:
   child's final state is checked (run_deployment does not raise), a failed child fails this flow
   with the child's message, and outputs are read back from the stage manifest on the run store.
 Rerunning with the same run_id does not redo a stage whose manifest matches: it is Cached (resume).
+A resume is a new flow run named `llm-pipeline/<run_id> (resume N)` (flows/run_history.py).
 The parent run carries the run overview artifact (tasks/overview.py).
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipeline_lib.storage import RunPaths, read_manifest
 from flows.common import resolve_config
 from flows.dispatch import dispatch_stage
 from flows.notify import notify_failure
+from flows.run_history import earlier_flow_runs, flow_run_name, ui_link
 from flows.stage_flows import stage_flow
 from tasks.overview import RunOverview
 
@@ -40,7 +42,7 @@ def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
     return missing
 
 
-@flow(name="llm-pipeline", flow_run_name="llm-pipeline/{run_id}", log_prints=True, persist_result=True,
+@flow(name="llm-pipeline", flow_run_name=flow_run_name, log_prints=True, persist_result=True,
       on_failure=[notify_failure], on_crashed=[notify_failure])
 def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = None,
                  overrides: list[str] | None = None, dispatch: bool = False,
@@ -53,7 +55,11 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
     wanted = stages or parse_stages(None)
     summary = {"run_id": run_id, "run_uri": paths.run_uri, "stages": {}}
-    overview = RunOverview(paths, list(wanted))  # the parent run's artifact, updated as each stage ends
+    # the parent run's artifact, updated as each stage ends; a resume links the run's earlier flow runs
+    from prefect.runtime import flow_run
+
+    earlier = [(r.name, r.state_name or "", ui_link(r.id)) for r in earlier_flow_runs(run_id, flow_run.id)]
+    overview = RunOverview(paths, list(wanted), earlier=earlier)
     for stage in wanted:
         entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
         if not available(stage):

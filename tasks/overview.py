@@ -73,8 +73,9 @@ def _code(text: str) -> str:
 class RunOverview:
     """Collects what happened to each stage and publishes it as one artifact, updated in place."""
 
-    def __init__(self, paths, stages: list[str], publish=None):
+    def __init__(self, paths, stages: list[str], publish=None, earlier: list[tuple] | None = None):
         self.paths = paths
+        self.earlier = earlier or []  # (flow run name, state name, UI URL or None) of earlier attempts
         self.rows = {s: {"state": "pending"} for s in stages}
         self.failure: tuple[str, str] | None = None
         self.started = time.time()
@@ -137,6 +138,10 @@ class RunOverview:
             lines.append(f"| **{stage}** | {STATE_WORDS.get(row['state'], row['state'])} | {secs} | "
                          f"{figures or ' '} | {self._where(stage, row)} |")
         parts = [head, "\n".join(lines)]
+        if self.earlier:
+            runs = [f"[{_md(name)}]({url})" if url else _code(name) for name, _, url in self.earlier]
+            parts.append("Earlier flow runs of this run (this one resumes them): " + ", ".join(
+                f"{r} ({STATE_WORDS.get(state.lower(), state) or '?'})" for r, (_, state, _) in zip(runs, self.earlier)))
         if self.failure:
             stage, error = self.failure
             text = (error if len(error) <= ERROR_CHARS else error[:ERROR_CHARS] + " ...").replace("```", "'''")

@@ -104,14 +104,18 @@ def test_failing_stage_shows_its_error_in_the_overview_and_a_rerun_shows_cached(
     again = llm_pipeline(config=tiny_cfg.model_dump(mode="json"), run_id="ui-fail", return_state=True)
     assert again.is_completed(), again.message
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["llm-pipeline/ui-fail"])))
-    latest = max(runs, key=lambda r: r.created)
-    page.goto(f"{ui_url}/runs/flow-run/{latest.id}")
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(
+            any_=["llm-pipeline/ui-fail (resume 1)"])))  # a resume is a flow run of its own name
+    assert len(runs) == 1
+    page.goto(f"{ui_url}/runs/flow-run/{runs[0].id}")
     page.get_by_text("Artifacts", exact=True).first.click()
     page.get_by_text("run-overview-ui-fail", exact=True).first.click()
     page.locator(CONTENT).wait_for()
     text = page.locator(CONTENT).inner_text()
-    assert text.count("Cached") >= 3 and "Failed" not in text  # the legend, data and pretrain (not redone)
+    assert text.count("Cached") >= 3  # the legend, data and pretrain (not redone)
+    assert "Earlier flow runs of this run" in text and "llm-pipeline/ui-fail (Failed)" in text
+    page.get_by_role("link", name="llm-pipeline/ui-fail", exact=True).click()  # the earlier run opens
+    page.wait_for_url(f"**/runs/flow-run/{flow_run_id('llm-pipeline/ui-fail')}")
     screenshot(page, "run-overview-resumed")
 
 
