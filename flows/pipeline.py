@@ -31,6 +31,8 @@ from tasks.overview import RunOverview
 class StageFailed(RuntimeError):
     """Names the failed stage first, so the UI, the CLI summary and the webhook can all say which."""
 
+    log_without_traceback = True  # our one-line message: the engine's traceback of this frame says nothing more
+
 
 def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
     missing = []
