@@ -297,9 +297,19 @@ def deploy_main(argv: list[str]) -> int:
     prefect = Path(sys.executable).parent / "prefect"
     with tempfile.TemporaryDirectory() as tmp:
         rendered = Path(tmp) / "prefect.yaml"
-        rendered.write_text(yaml.safe_dump(render_prefect_file(), sort_keys=False))
+        try:
+            doc = render_prefect_file()
+        except (ConfigError, ValueError) as err:
+            print(err, file=sys.stderr)
+            return 2
+        rendered.write_text(yaml.safe_dump(doc, sort_keys=False))
         cmd = [str(prefect), "--no-prompt", "deploy", "--prefect-file", str(rendered), *(argv or ["--all"])]
-        return subprocess.call(cmd, cwd=ROOT, env=env)
+        code = subprocess.call(cmd, cwd=ROOT, env=env)
+        for dep in doc["deployments"]:
+            for sched in dep.get("schedules") or []:
+                print(f"{dep['name']}: scheduled `{sched['cron']}` in time zone {sched['timezone']} "
+                      "(orchestration.nightly_cron, orchestration.timezone)")
+        return code
 
 
 def nightly_main(argv: list[str]) -> int:
