@@ -149,9 +149,11 @@ def test_failing_stage_shows_its_error_in_the_overview_and_a_rerun_shows_cached(
     text = page.locator(CONTENT).inner_text()
     assert text.count("Cached") >= 3  # the legend, data and pretrain (not redone)
     assert "Earlier flow runs of this run" in text and "llm-pipeline/ui-fail (Failed)" in text
-    page.get_by_role("link", name="llm-pipeline/ui-fail", exact=True).click()  # the earlier run opens
-    page.wait_for_url(f"**/runs/flow-run/{flow_run_id('llm-pipeline/ui-fail')}")
     screenshot(page, "run-overview-resumed")
+    href = page.get_by_role("link", name="llm-pipeline/ui-fail", exact=True).get_attribute("href")
+    assert href == f"{ui_url}/runs/flow-run/{flow_run_id('llm-pipeline/ui-fail')}"
+    page.goto(href)  # the earlier flow run's page opens
+    page.get_by_text("llm-pipeline/ui-fail", exact=True).first.wait_for()
 
 
 def test_live_loss_curve_exists_before_training_ends_and_is_kept_on_failure(tiny_cfg, monkeypatch, page, ui_url,
