@@ -41,9 +41,27 @@ def stage_deployments(parameters: dict) -> list[dict]:
     return out
 
 
+def nightly_schedule(config: str, overrides: list[str] | None = None) -> dict:
+    """The nightly deployment's schedule from its config (orchestration.nightly_cron / .timezone): the time
+    zone is explicit, so the UI and `llm-pipeline deploy` say when "2 am" is."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from pipeline_lib.config import load_config
+
+    path = Path(config) if Path(config).is_absolute() else ROOT / config
+    orch = load_config(str(path), overrides or []).orchestration
+    try:
+        ZoneInfo(orch.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"orchestration.timezone={orch.timezone!r} in {config} is not a time zone. Fix: an IANA "
+                         "name such as Asia/Shanghai, Europe/Berlin or UTC") from None
+    return {"cron": orch.nightly_cron, "timezone": orch.timezone, "active": True}
+
+
 def render_prefect_file() -> dict:
     """deployments/prefect.yaml plus the stage deployments (same config file as the chain); the chain's
-    parameters get its config file's sections, the defaults of its typed run form."""
+    parameters get its config file's sections, the defaults of its typed run form; the nightly schedule
+    comes from the nightly deployment's config."""
     import yaml
 
     from pipeline_lib.config.form import form_defaults
@@ -53,4 +71,11 @@ def render_prefect_file() -> dict:
     defaults = {k: v for k, v in chain["parameters"].items() if k == "config"}
     chain["parameters"] = {**chain["parameters"], **form_defaults(ROOT / chain["parameters"]["config"])}
     doc["deployments"] += stage_deployments(defaults)
+    for dep in doc["deployments"]:
+        if dep["entrypoint"].endswith(":nightly"):
+            params = dep.get("parameters") or {}
+            sched = nightly_schedule(params["config"], params.get("overrides"))
+            dep["schedules"] = [sched]
+            dep["description"] = (f"{dep.get('description', '').rstrip()} Scheduled `{sched['cron']}` in "
+                                  f"{sched['timezone']} (orchestration.nightly_cron, orchestration.timezone).")
     return doc

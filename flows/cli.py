@@ -233,11 +233,12 @@ def run_main(argv: list[str]) -> int:
         from flows.submit import SubmitError, submit_run
 
         try:
-            _, url = submit_run(args.config, args.overrides, run_id, stages, args.dispatch)
+            _, url, action = submit_run(args.config, args.overrides, run_id, stages, args.dispatch)
         except SubmitError as err:
             print(err, file=sys.stderr)
             return 2
-        print(f"submitted run {run_id}: {url}")
+        said = {"submitted": "submitted run", "retried": "retried the flow run of run"}
+        print(f"{said.get(action, f'not resubmitted ({action}): run')} {run_id}: {url}")
         print(f"resume: llm-pipeline run ... --run-id {run_id} --submit, or Retry in the UI")
         return 0
     with api:
@@ -297,9 +298,19 @@ def deploy_main(argv: list[str]) -> int:
     prefect = Path(sys.executable).parent / "prefect"
     with tempfile.TemporaryDirectory() as tmp:
         rendered = Path(tmp) / "prefect.yaml"
-        rendered.write_text(yaml.safe_dump(render_prefect_file(), sort_keys=False))
+        try:
+            doc = render_prefect_file()
+        except (ConfigError, ValueError) as err:
+            print(err, file=sys.stderr)
+            return 2
+        rendered.write_text(yaml.safe_dump(doc, sort_keys=False))
         cmd = [str(prefect), "--no-prompt", "deploy", "--prefect-file", str(rendered), *(argv or ["--all"])]
-        return subprocess.call(cmd, cwd=ROOT, env=env)
+        code = subprocess.call(cmd, cwd=ROOT, env=env)
+        for dep in doc["deployments"]:
+            for sched in dep.get("schedules") or []:
+                print(f"{dep['name']}: scheduled `{sched['cron']}` in time zone {sched['timezone']} "
+                      "(orchestration.nightly_cron, orchestration.timezone)")
+        return code
 
 
 def nightly_main(argv: list[str]) -> int:

@@ -8,6 +8,7 @@ Two modes:
   child's final state is checked (run_deployment does not raise), a failed child fails this flow
   with the child's message, and outputs are read back from the stage manifest on the run store.
 Rerunning with the same run_id does not redo a stage whose manifest matches: it is Cached (resume).
+A resume is a new flow run named `llm-pipeline/<run_id> (resume N)` (flows/run_history.py).
 The parent run carries the run overview artifact (tasks/overview.py).
 """
 from __future__ import annotations
@@ -25,12 +26,15 @@ from pipeline_lib.storage import RunPaths, read_manifest
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections
 from flows.dispatch import dispatch_stage
 from flows.notify import notify_failure
+from flows.run_history import earlier_flow_runs, flow_run_name, ui_link
 from flows.stage_flows import stage_flow
 from tasks.overview import RunOverview
 
 
 class StageFailed(RuntimeError):
     """Names the failed stage first, so the UI, the CLI summary and the webhook can all say which."""
+
+    log_without_traceback = True  # our one-line message: the engine's traceback of this frame says nothing more
 
 
 def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
@@ -45,7 +49,7 @@ def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
 
 # validate_parameters=False: the sections arrive as the form sent them (only the fields given) and are
 # checked as one config by resolve_config, whose errors name the field and the fix.
-@flow(name="llm-pipeline", flow_run_name="llm-pipeline/{run_id}", log_prints=True, persist_result=True,
+@flow(name="llm-pipeline", flow_run_name=flow_run_name, log_prints=True, persist_result=True,
       validate_parameters=False, on_failure=[notify_failure], on_crashed=[notify_failure])
 def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = None,
                  overrides: list[str] | None = None, dispatch: bool = False,
@@ -96,7 +100,11 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
     wanted = stages or parse_stages(None)
     summary = {"run_id": run_id, "run_uri": paths.run_uri, "stages": {}}
-    overview = RunOverview(paths, list(wanted))  # the parent run's artifact, updated as each stage ends
+    # the parent run's artifact, updated as each stage ends; a resume links the run's earlier flow runs
+    from prefect.runtime import flow_run
+
+    earlier = [(r.name, r.state_name or "", ui_link(r.id)) for r in earlier_flow_runs(run_id, flow_run.id)]
+    overview = RunOverview(paths, list(wanted), earlier=earlier)
     for stage in wanted:
         entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
         if not available(stage):

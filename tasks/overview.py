@@ -77,8 +77,9 @@ def _code(text: str) -> str:
 class RunOverview:
     """Collects what happened to each stage and publishes it as one artifact, updated in place."""
 
-    def __init__(self, paths, stages: list[str], publish=None):
+    def __init__(self, paths, stages: list[str], publish=None, earlier: list[tuple] | None = None):
         self.paths = paths
+        self.earlier = earlier or []  # (flow run name, state name, UI URL or None) of earlier attempts
         self.rows = {s: {"state": "pending"} for s in stages}
         self.failure: tuple[str, str] | None = None
         self.started = time.time()
@@ -134,13 +135,19 @@ class RunOverview:
                 f"{done} of {len(self.rows)} stages done, {fmt(round(time.time() - self.started, 1))} s so far. "
                 f"Run folder: {_code(self.paths.run_uri)}\n\n"
                 "Cached: finished in an earlier attempt of this run with the same config and inputs, not redone.\n")
-        lines = ["| stage | state | time | key figures | outputs |", "|---|---|---|---|---|"]
+        # the folders are listed under the table, not in a column: long paths made the table wider
+        # than the artifact page (its last column cut off at a 1,600 px window)
+        lines = ["| stage | state | time | key figures |", "|---|---|---|---|"]
         for stage, row in self.rows.items():
             secs = f"{fmt(row['seconds'], 3)} s" if row.get("seconds") is not None else ""
             figures = "<br>".join(_md(f) for f in key_figures(stage, row.get("metrics"))) or _md(row.get("note", ""))
-            lines.append(f"| **{stage}** | {STATE_WORDS.get(row['state'], row['state'])} | {secs} | "
-                         f"{figures or ' '} | {self._where(stage, row)} |")
-        parts = [head, "\n".join(lines)]
+            lines.append(f"| **{stage}** | {STATE_WORDS.get(row['state'], row['state'])} | {secs} | {figures or ' '} |")
+        where = "\n".join(f"- **{stage}**: {self._where(stage, row)}" for stage, row in self.rows.items())
+        parts = [head, "\n".join(lines), "Outputs:\n\n" + where]
+        if self.earlier:
+            runs = [f"[{_md(name)}]({url})" if url else _code(name) for name, _, url in self.earlier]
+            parts.append("Earlier flow runs of this run (this one resumes them): " + ", ".join(
+                f"{r} ({STATE_WORDS.get(state.lower(), state) or '?'})" for r, (_, state, _) in zip(runs, self.earlier)))
         if self.failure:
             stage, error = self.failure
             text = (error if len(error) <= ERROR_CHARS else error[:ERROR_CHARS] + " ...").replace("```", "'''")

@@ -62,6 +62,14 @@ class StageLog:
         else:
             self.logger.info(line)
 
+    def write_only(self, text: str) -> None:
+        """Into the file only (e.g. a failure's full traceback: the Prefect log gets one line)."""
+        try:
+            self.fh.write(text if text.endswith("\n") else text + "\n")
+            self.fh.flush()
+        except ValueError:
+            pass
+
     def _send_step(self, line: str, skipped: int) -> None:
         more = f"  ({skipped} step lines since the last one shown: {self.uri})" if skipped > 0 else ""
         self.logger.info(line + more)

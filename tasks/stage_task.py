@@ -28,9 +28,14 @@ from pipeline_lib.doctor.retry import attach_diagnosis, should_retry
 from pipeline_lib.stages import SPECS, TransientError, run_stage, stage_done
 from pipeline_lib.storage import RunPaths
 
+from tasks import error_log
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
+from tasks.error_log import report_stage_error
 from tasks.live_training import LiveTraining
 from tasks.stage_log import StageLog
+
+error_log.install()
+
 
 def node_limit_name(host: str | None = None) -> str:
     """Global concurrency limit (1 slot, made by `llm-pipeline pools`) that keeps a node to one training."""
@@ -53,11 +58,25 @@ def retry_by_cause(task, task_run, state) -> bool:
     try:
         state.result()
     except BaseException as exc:  # the task's own exception is re-raised by result()
-        return should_retry(exc, is_transient(exc))
+        return retry_by_cause_exc(exc)
     return False
 
 
 retry_only_transient = retry_by_cause  # the name tasks/data_tasks.py imports
+
+
+def _last_attempt(exc: BaseException) -> bool:
+    """No retry of this task run follows: the cause is not retried, or the retries are used up."""
+    from prefect.context import TaskRunContext
+
+    ctx = TaskRunContext.get()
+    if ctx is None or not retry_by_cause_exc(exc):
+        return True
+    return ctx.task_run.run_count > ctx.task.retries
+
+
+def retry_by_cause_exc(exc: BaseException) -> bool:
+    return should_retry(exc, is_transient(exc))
 
 
 def _run_paths(cfg: PipelineConfig, run_id: str) -> RunPaths:
@@ -90,8 +109,8 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
             manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=reporter)
     except Exception as exc:
         diagnosis = attach_diagnosis(exc, cfg, stage)  # category + first remedy into the message
-        if diagnosis is not None and diagnosis.category != "unknown":
-            logger.error(diagnosis.headline())
+        # once, doctor first, the traceback in the stage's log file (tasks/error_log.py)
+        report_stage_error(logger, log, exc, diagnosis, stage, final=_last_attempt(exc))
         raise
     finally:
         log.close()

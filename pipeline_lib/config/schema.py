@@ -489,7 +489,8 @@ class ExportConfig(_Section):
 
 class OrchestrationConfig(_Section):
     nightly_cron: str = Field("0 2 * * *", description="Cron of the nightly continued-pretraining deployment.")
-    timezone: str = Field("Asia/Shanghai", description="Timezone of the cron.")
+    timezone: str = Field("Asia/Shanghai", description="IANA time zone of nightly_cron (the deployment's schedule; "
+                          "shown by `llm-pipeline deploy` and in the deployment description).")
     failure_webhook_url: str | None = Field(None, json_schema_extra=SECRET,
                                             description="POSTed on a failed run (off when None).")
     task_retries: int = Field(2, ge=0, description="Retries of a task on transient errors.")

@@ -87,7 +87,7 @@ def _md_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _reading_rows(summary: dict) -> list[dict]:
+def reading_rows(summary: dict) -> list[dict]:
     """The checkpoint table of the reading view: narrow columns (sources are listed under it)."""
     return [{"checkpoint": r["checkpoint"], "perplexity": r["perplexity"], "keyword hits": r["keyword_hits"],
              "generated tokens": r["generated_tokens"], "tokens/s": _round(r["tokens_per_s"])}
@@ -119,7 +119,7 @@ def render_markdown(summary: dict, generations: dict, title: str = "Evaluation")
              f"Checkpoints: {', '.join(labels)}. Decoding: {summary.get('decoding', '')}, "
              f"max {summary.get('max_new_tokens', '')} new tokens, device {summary.get('device', '')} "
              f"({summary.get('decode_path', '')} path). Keyword hits: expected keywords found in the answer.\n",
-             "## Checkpoints\n", _md_table(_reading_rows(summary)),
+             "## Checkpoints\n", _md_table(reading_rows(summary)),
              "\n".join(f"- {_md_cell(ck['label'])}: `{_source(ck['ref'])}`" for ck in summary["checkpoints"]) + "\n",
              "## Answers per prompt\n"]
     for p in summary["prompts"]:
@@ -154,7 +154,7 @@ def _html_table(header: list[str], body: list[list[str]]) -> str:
 
 def render_html(summary: dict, generations: dict, title: str = "Evaluation") -> str:
     """The same reading view as render_markdown, self-contained HTML with the keywords highlighted."""
-    srows = _reading_rows(summary)
+    srows = reading_rows(summary)
     s_cols = list(srows[0]) if srows else []
     s_table = _html_table(s_cols, [[html.escape("" if r[c] is None else str(r[c])) for c in s_cols] for r in srows])
     sources = "".join(f"<li>{html.escape(ck['label'])}: <code>{html.escape(_source(ck['ref']))}</code></li>"

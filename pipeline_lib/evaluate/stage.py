@@ -9,7 +9,7 @@ What `run_evaluate_stage(run, checkpoints=None, tokenizer_path=None, heldout_dir
 3. writes `metrics.json` (prompts + per-checkpoint results), `report.md` and `report.html`
    (answers side by side per prompt) and returns them as outputs. Its metrics carry the inputs it
    consumed (`inputs`: checkpoints, tokenizer, held-out folder, prompt file digests), the tables
-   (`tables.side_by_side`, `tables.checkpoints`) and the markdown report for the UI; the registry
+   (`tables.checkpoints`, narrow) and the markdown report for the UI; the registry
    writes the manifest.
 
 Inputs left as None are read from the upstream manifests `run.upstream` (runtime.upstream):
@@ -120,15 +120,14 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
         outputs = folder.publish(files_under(folder.local))
     inputs = {"checkpoints": {i["label"]: checkpoints[i["label"]] for i in items}, "tokenizer": tokenizer_path,
               "heldout_dir": heldout_dir, "prompt_files": _sha_files(cfg.evaluate.prompt_files)}
-    side = rep.comparison_rows(summary, gens)
     emit(f"evaluate: done in {summary['seconds']} s -> {folder.uri}")
     # the consumed inputs stay in the metrics: the manifest's own `inputs` are the registry's upstream fingerprints
     return StageOutput(outputs, {"checkpoints": rep.summary_rows(summary), "device": summary["device"],
                                  "inputs": json.loads(json.dumps(inputs, sort_keys=True, default=str)),
                                  "decode_path": summary["decode_path"], "seconds": summary["seconds"],
                                  "report_md": "report.md", "report_html": "report.html",
-                                 "tables": {"side_by_side": {"description": "Answers per prompt, one column per "
-                                                             "checkpoint", "rows": side},
-                                            "checkpoints": {"description": "Perplexity and keyword hits per "
-                                                            "checkpoint", "rows": rep.summary_rows(summary)}},
+                                 # the answers are in the report (stacked per prompt: a table with one column
+                                 # per checkpoint was wider than a screen); this table stays narrow
+                                 "tables": {"checkpoints": {"description": "Perplexity and keyword hits per "
+                                                            "checkpoint", "rows": rep.reading_rows(summary)}},
                                  "markdown": {"report": md[:MARKDOWN_LIMIT]}})

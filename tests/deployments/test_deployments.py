@@ -79,6 +79,19 @@ def test_nightly_schedule_is_registered(deployed):
     assert len(schedules) == 1
     assert schedules[0].cron == "0 2 * * *" and schedules[0].timezone == "Asia/Shanghai"
     assert dep.schedules[0].active
+    assert "Scheduled `0 2 * * *` in Asia/Shanghai" in dep.description  # the UI says which 2 am
+
+
+def test_nightly_schedule_comes_from_the_config_with_its_time_zone(tmp_path):
+    from deployments import nightly_schedule
+
+    assert nightly_schedule("configs/pipelines/tiny-cpu.yaml") == {"cron": "0 2 * * *", "timezone": "Asia/Shanghai",
+                                                                   "active": True}
+    assert nightly_schedule("configs/pipelines/tiny-cpu.yaml", ["orchestration.timezone=Europe/Berlin",
+                                                                "orchestration.nightly_cron=30 1 * * *"]) == {
+        "cron": "30 1 * * *", "timezone": "Europe/Berlin", "active": True}
+    with pytest.raises(ValueError, match=r"orchestration.timezone='Mars/Olympus' .* Fix: an IANA name"):
+        nightly_schedule("configs/pipelines/tiny-cpu.yaml", ["orchestration.timezone=Mars/Olympus"])
 
 
 def test_worker_picks_up_a_run_and_completes_it(workers, tmp_path):

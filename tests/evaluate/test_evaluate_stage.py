@@ -60,9 +60,11 @@ def test_evaluate_stage_side_by_side(tiny, forward_path_run):  # forward_path_ru
     assert ppl["sft"]["perplexity"] == pytest.approx(ppl["sft full ckpt"]["perplexity"], rel=1e-6)
     assert ppl["sft"]["perplexity"] != pytest.approx(ppl["base"]["perplexity"], rel=1e-6)
 
-    side = manifest.metrics["tables"]["side_by_side"]["rows"]
-    assert [r["prompt_id"] for r in side] == ["t-en", "t-zh", "t-long"] and all(lbl in side[0] for lbl in labels)
-    assert [r["checkpoint"] for r in manifest.metrics["tables"]["checkpoints"]["rows"]] == labels
+    # the UI tables stay narrow: no answers-per-checkpoint table (the report stacks them), no source paths
+    assert set(manifest.metrics["tables"]) == {"checkpoints"}
+    table = manifest.metrics["tables"]["checkpoints"]["rows"]
+    assert [r["checkpoint"] for r in table] == labels and list(table[0]) == [
+        "checkpoint", "perplexity", "keyword hits", "generated tokens", "tokens/s"]
     html = open(f"{stage}/report.html", encoding="utf-8").read()
     assert html.count("<tr>") == 1 + len(labels)  # header + checkpoints; the answers are stacked per prompt
     assert html.count('class="prompt"') == 3 and html.count('class="answer"') == 3 * len(labels)

@@ -76,6 +76,29 @@ def test_failed_stage_resumes_and_finished_stages_are_not_redone(tiny_cfg):
     assert sorted(tr.state.name for tr in runs["sft/r-resume"]) == ["Completed", "Failed"]
 
 
+def test_a_resume_is_a_flow_run_of_its_own_name_linked_to_the_earlier_one(tiny_cfg):
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    run_dir = Path(tiny_cfg.run.output_root) / "r-named"
+    run_dir.mkdir(parents=True)
+    (run_dir / "fail-pretrain").write_text("ValueError 1")
+    assert run(tiny_cfg, "r-named", ["data", "pretrain"]).is_failed()
+    assert run(tiny_cfg, "r-named", ["data", "pretrain"]).is_completed()
+    assert run(tiny_cfg, "r-named", ["data"]).is_completed()
+    with get_client(sync_client=True) as client:
+        runs = {r.name: r for r in client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_="llm-pipeline/r-named")))}
+        overview = max(client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=["run-overview-r-named"]))), key=lambda a: a.created)
+    assert sorted(runs) == ["llm-pipeline/r-named", "llm-pipeline/r-named (resume 1)",
+                            "llm-pipeline/r-named (resume 2)"]
+    assert overview.flow_run_id == runs["llm-pipeline/r-named (resume 2)"].id
+    earlier = overview.data.split("Earlier flow runs of this run", 1)[1]
+    for name in ("llm-pipeline/r-named", "llm-pipeline/r-named (resume 1)"):
+        assert f"[{name}](http" in earlier and f"/runs/flow-run/{runs[name].id})" in earlier
+    assert "(Failed)" in earlier and "(Completed)" in earlier
+
+
 def test_changed_config_reruns_only_affected_stages(tiny_cfg):
     assert run(tiny_cfg, "r-change", ["data", "pretrain"]).is_completed()
     changed = tiny_cfg.model_copy(deep=True)

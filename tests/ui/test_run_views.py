@@ -42,11 +42,23 @@ def flow_run_id(name: str):
     return runs[0].id
 
 
-def artifact_id(key: str):
+def artifact_id(key: str, flow_run_name: str):
+    """The artifact `key` published by that flow run. Not "the last of the key": the server sorts by random
+    UUID, and other tests on the session's server (e.g. the acceptance run) publish the same keys."""
+    fr = flow_run_id(flow_run_name)
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-    assert found, key
-    return found[-1].id
+    mine = [a for a in found if a.flow_run_id == fr]
+    assert len(mine) == 1, (key, flow_run_name, [(a.flow_run_id, a.created) for a in found])
+    return mine[0].id
+
+
+def run_artifacts(run_id: str) -> list:
+    """Every artifact the run's flow runs (the parent and its stage flows) published."""
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"/{run_id}")))
+        ids = {r.id for r in runs}
+        return [a for a in client.read_artifacts() if a.flow_run_id in ids]
 
 
 def open_overview(page, ui_url: str, run_id: str) -> str:
@@ -58,13 +70,26 @@ def open_overview(page, ui_url: str, run_id: str) -> str:
     return page.locator(CONTENT).inner_text()
 
 
+def hidden_width(page) -> list:
+    """Elements of the page content whose content is wider than they show (scrolled or cut off), and the
+    page's own width: what a user at a 1,600 px window cannot see without scrolling sideways."""
+    return page.evaluate("""() => {
+        const out = [];
+        for (const el of document.querySelectorAll('main *, .p-layout-default__main *, .artifact-data-markdown *')) {
+            const ov = getComputedStyle(el).overflowX;
+            if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 2 && ['auto', 'scroll', 'hidden'].includes(ov))
+                out.push(`${el.tagName.toLowerCase()}.${el.className} ${el.scrollWidth}>${el.clientWidth}`);
+        }
+        if (document.documentElement.scrollWidth > window.innerWidth) out.push(`page ${document.documentElement.scrollWidth}`);
+        return out; }""")
+
+
 def overflow(page) -> dict:
     """Widths of the artifact content: scrollWidth > clientWidth means a part is off-screen."""
     return page.evaluate(f"""() => {{ const el = document.querySelector('{CONTENT}');
         return {{scroll: el.scrollWidth, client: el.clientWidth, page: document.documentElement.scrollWidth}}; }}""")
 
 
-@pytest.mark.xfail(strict=False, reason="passes in the dev tree, fails in a clean clone at the evaluation view (open: issue 15)")
 def test_parent_overview_shows_every_stage_and_the_evaluation_fits_the_window(tiny_cfg, eval_double, page,
                                                                                ui_url, screenshot):
     state = run_pipeline(tiny_cfg, "ui-ok")
@@ -78,9 +103,8 @@ def test_parent_overview_shows_every_stage_and_the_evaluation_fits_the_window(ti
     widths = overflow(page)
     assert widths["scroll"] <= widths["client"] and widths["page"] <= WINDOW, widths
 
-    page.goto(f"{ui_url}/artifacts/artifact/{artifact_id('evaluate-report')}")
-    # The UI is a single-page app: the content area can still hold the previous view for a moment.
-    page.get_by_text("p-ckpt").first.wait_for(timeout=30_000)
+    page.goto(f"{ui_url}/artifacts/artifact/{artifact_id('evaluate-report', 'evaluate/ui-ok')}")
+    page.get_by_text("Evaluation of run ui-ok").first.wait_for(timeout=30_000)  # this run's report, rendered
     report = page.locator(CONTENT).inner_text()
     assert report.index("Checkpoints") < report.index("80.123") < report.index("p-resume")  # perplexity on top
     assert report.index("p-resume") < report.index("p-ckpt")
@@ -90,6 +114,17 @@ def test_parent_overview_shows_every_stage_and_the_evaluation_fits_the_window(ti
     assert shot.exists()
     with get_client(sync_client=True) as client:  # browsers refuse file:// links from a page: none anywhere
         assert not [a.key for a in client.read_artifacts() if "file://" in str(a.data)]
+    # every artifact the run published fits the window: nothing wider than it shows
+    wide = {}
+    artifacts = run_artifacts("ui-ok")
+    assert len(artifacts) >= 2 * len(STAGES), [a.key for a in artifacts]
+    for art in artifacts:
+        page.goto(f"{ui_url}/artifacts/artifact/{art.id}")
+        page.get_by_text(str(art.id)).first.wait_for()  # the header names the artifact shown
+        page.wait_for_load_state("networkidle")
+        if found := hidden_width(page):
+            wide[f"{art.key} ({art.type})"] = found
+    assert not wide, wide
 
 
 def test_failing_stage_shows_its_error_in_the_overview_and_a_rerun_shows_cached(tiny_cfg, page, ui_url,
@@ -104,15 +139,21 @@ def test_failing_stage_shows_its_error_in_the_overview_and_a_rerun_shows_cached(
     again = llm_pipeline(config=tiny_cfg.model_dump(mode="json"), run_id="ui-fail", return_state=True)
     assert again.is_completed(), again.message
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["llm-pipeline/ui-fail"])))
-    latest = max(runs, key=lambda r: r.created)
-    page.goto(f"{ui_url}/runs/flow-run/{latest.id}")
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(
+            any_=["llm-pipeline/ui-fail (resume 1)"])))  # a resume is a flow run of its own name
+    assert len(runs) == 1
+    page.goto(f"{ui_url}/runs/flow-run/{runs[0].id}")
     page.get_by_text("Artifacts", exact=True).first.click()
     page.get_by_text("run-overview-ui-fail", exact=True).first.click()
     page.locator(CONTENT).wait_for()
     text = page.locator(CONTENT).inner_text()
-    assert text.count("Cached") >= 3 and "Failed" not in text  # the legend, data and pretrain (not redone)
+    assert text.count("Cached") >= 3  # the legend, data and pretrain (not redone)
+    assert "Earlier flow runs of this run" in text and "llm-pipeline/ui-fail (Failed)" in text
     screenshot(page, "run-overview-resumed")
+    href = page.get_by_role("link", name="llm-pipeline/ui-fail", exact=True).get_attribute("href")
+    assert href == f"{ui_url}/runs/flow-run/{flow_run_id('llm-pipeline/ui-fail')}"
+    page.goto(href)  # the earlier flow run's page opens
+    page.get_by_text("llm-pipeline/ui-fail", exact=True).first.wait_for()
 
 
 def test_live_loss_curve_exists_before_training_ends_and_is_kept_on_failure(tiny_cfg, monkeypatch, page, ui_url,

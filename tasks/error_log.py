@@ -1,0 +1,87 @@
+"""A failing stage's error in the Prefect log: shown once, our message first, no engine traceback.
+
+Without this, one failure appeared three times with ~40 lines of Prefect traceback each: the task
+("Task run failed with exception ..."), the stage flow and the parent flow ("Encountered exception
+during execution ..."). Now:
+- the stage task logs one ERROR line of its own: the doctor's category and remedy first (when the
+  doctor knows the cause), then the error, then where the full traceback is (the stage's log file);
+- the engine's repeats of that same exception are dropped from the log (the state message keeps it);
+- our own one-line exceptions (e.g. the pipeline's StageFailed, marked `log_without_traceback`) are
+  logged as their message only.
+An exception neither reported nor marked keeps Prefect's full record: an unexpected bug needs it.
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from collections import deque
+
+ENGINE_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
+
+
+def _chain(exc: BaseException | None):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+_REPORTED: deque[str] = deque(maxlen=20)  # messages of the exceptions the stage tasks reported (this process)
+
+
+class OurErrorsOnce(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        if not record.exc_info or record.exc_info[1] is None:
+            # the task engine's "Finished in state Failed(<the message>)" is an ERROR too: a state change
+            # (INFO, as the flow engine logs it) once the error itself is in the log
+            text = record.getMessage()
+            if text.startswith("Finished in state ") and any(m and m in text for m in _REPORTED):
+                record.levelno, record.levelname = logging.INFO, "INFO"
+            return True
+        exc = record.exc_info[1]
+        if getattr(exc, "log_without_traceback", False):
+            record.msg, record.args = str(exc), ()
+            record.exc_info, record.exc_text = None, None
+            return True
+        # reported by the stage task already (the exception itself, or the one it wraps)
+        return not any(getattr(e, "reported_by_stage", False) for e in _chain(exc))
+
+
+_FILTER = OurErrorsOnce()
+
+
+def install() -> None:
+    """Idempotent: the filter on Prefect's task-run and flow-run loggers (the records they create)."""
+    for name in ENGINE_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+
+
+def report_stage_error(logger, stage_log, exc: BaseException, diagnosis, stage: str, final: bool) -> str:
+    """Log the stage's failure once (ERROR when final, WARNING when the task will retry it); the full
+    traceback goes to the stage's log file. Returns the line logged."""
+    message = str(exc)
+    headline = diagnosis.headline() if diagnosis is not None and diagnosis.category != "unknown" else None
+    if headline and message.rstrip().endswith(headline):  # attach_diagnosis appended it: say it first instead
+        message = message.rstrip()[: -len(headline)].rstrip()
+    first = f"{headline}\n" if headline else ""
+    where = getattr(stage_log, "uri", None)
+    line = (f"{first}{stage} failed: {type(exc).__name__}: {message}"
+            + (f"\nfull traceback: {where}" if where else "")
+            + ("" if final else "\n(this attempt; the task retries it)"))
+    try:
+        stage_log.write_only("".join(traceback.format_exception(exc)))
+    except Exception:  # the file is a convenience; the failure itself is what matters
+        pass
+    (logger.error if final else logger.warning)(line)
+    if final:
+        _REPORTED.append(repr(str(exc))[1:-1])  # as the state message shows it (newlines escaped)
+        try:
+            exc.reported_by_stage = True
+        except AttributeError:  # an exception type without __dict__: Prefect's record stays
+            pass
+    return line
