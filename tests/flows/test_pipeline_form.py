@@ -86,7 +86,7 @@ def test_a_submitted_run_reads_its_config_not_the_forms_defaults(prefect_server,
     name = llm_pipeline.to_deployment(name="form-defaults", parameters=_chain_parameters()).apply()
     assert name
     monkeypatch.setattr(flows.submit, "DEPLOYMENT", "llm-pipeline/form-defaults")
-    run_id, _ = flows.submit.submit_run(TINY, [f"run.output_root={tmp_path}"], "sub-form", ["data"], False)
+    run_id, _, _ = flows.submit.submit_run(TINY, [f"run.output_root={tmp_path}"], "sub-form", ["data"], False)
     with get_client(sync_client=True) as client:
         params = client.read_flow_run(run_id).parameters
     # the server merges a run's parameters over the deployment's: every section must be None here
