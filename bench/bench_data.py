@@ -189,6 +189,120 @@ def fresh_runs(args, n_docs: int, n_bytes: int) -> None:
         print(f"    wall per step (s, the first includes imports): {', '.join(steps)}")
 
 
+DATATROVE = "datatrove==0.10.1"
+# what datatrove's minhash pipeline imports beyond its base requirements (its "processing"/"io" extras
+# hold them with much else): regex (text normalisation), tokenizers (word tokenizer module), orjson
+# (jsonl reader), xxhash (the shingle hash)
+DATATROVE_EXTRAS = ["regex", "tokenizers", "orjson", "xxhash<4"]
+
+
+def datatrove_python() -> tuple[str | None, str]:
+    """The python of a venv under the bench cache with datatrove installed (created once), or (None, why)."""
+    venv = CACHE / "datatrove-venv"
+    py = venv / "bin" / "python"
+    ok = [str(py), "-c", "import datatrove, regex, tokenizers, orjson, xxhash"]
+    if py.exists() and subprocess.run(ok, capture_output=True).returncode == 0:
+        return str(py), f"{DATATROVE} in {venv}"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False, capture_output=True)
+    res = subprocess.run([str(py), "-m", "pip", "install", "-q", DATATROVE, *DATATROVE_EXTRAS],
+                         capture_output=True, text=True)
+    if res.returncode or subprocess.run(ok, capture_output=True).returncode:
+        return None, f"could not build the datatrove venv: {res.stderr.strip()[-300:]}"
+    return str(py), f"{DATATROVE} in {venv} (built now)"
+
+
+def _timed(cmd: list[str], **kw) -> tuple[float, float, subprocess.CompletedProcess]:
+    """(wall seconds, CPU seconds of the process and all its waited-for descendants, result)."""
+    import resource
+
+    def cpu():
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+    c0, t0 = cpu(), time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    wall, used = time.perf_counter() - t0, cpu() - c0
+    if res.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:4])}... failed:\n{res.stderr[-3000:]}")
+    return wall, used, res
+
+
+def cli_command(corpus: Path, out: Path) -> list[str]:
+    """The whole CLI run of the data stage with the default settings (data.executor=prefect, its
+    embedded Prefect API) but the bench corpus and a vocabulary that fits Chinese."""
+    return [sys.executable, "-m", "flows.cli", "run", str(ROOT / "configs/pipelines/tiny-cpu.yaml"), "--stages", "data",
+            f"run.output_root={out}", f"data.inputs=[{corpus}]", "tokenizer.vocab_size=16000",
+            "model.vocab_size=16384", "data.docs_per_shard=5000", f"data.dedup.index_uri={out / '_index'}"]
+
+
+def versus_datatrove(args, corpus: Path, n_docs: int, n_bytes: int) -> None:
+    """datatrove's MinHash dedup (whole process) against our whole CLI process and our whole stage in a
+    fresh process, interleaved, --repeat times each; medians of wall and of CPU (all processes)."""
+    import statistics
+
+    py, how = datatrove_python()
+    print(f"\nversus datatrove ({how}):")
+    if py is None:
+        return
+    runs = {"datatrove": [], "cli": [], "stage": []}
+    extra = {}
+    for rep in range(args.repeat):
+        work = CACHE / "versus"
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+        wall, cpu, res = _timed([py, str(ROOT / "bench/datatrove_minhash.py"), str(corpus), str(work / "dt"),
+                                 "--workers", str(args.workers)])
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        runs["datatrove"].append((wall, cpu))
+        extra["datatrove"] = f"kept {got['kept']:,}, removed {len(got['removed']):,}"
+        wall, cpu, _ = _timed(cli_command(corpus, work / "cli"), cwd=str(ROOT),
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        runs["cli"].append((wall, cpu))
+        wall, cpu, res = _timed([sys.executable, __file__, "--stage-only", str(work / "stage"), "--workers",
+                                 str(args.workers), "--mb", str(args.mb), "--seq-length", str(args.seq_length)])
+        runs["stage"].append((wall, cpu))
+    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in runs.items()}
+    names = {"datatrove": "datatrove MinHash dedup only (4 steps), whole process",
+             "cli": "ours, whole CLI process: llm-pipeline run --stages data (Prefect)",
+             "stage": "ours, whole data stage in a fresh process (run_stage, process pool)"}
+    print(f"  interleaved, median of {args.repeat}, {args.workers} workers, load average now {os.getloadavg()[0]:.1f}")
+    for k, (wall, cpu) in med.items():
+        walls = ", ".join(f"{w:.1f}" for w, _ in runs[k])
+        print(f"  {names[k]}:\n    {rate(n_docs, n_bytes, wall)} wall (runs {walls} s), CPU {cpu:.1f} s"
+              + (f"; {extra[k]}" if k in extra else ""))
+    dt = med["datatrove"][0]
+    print(f"  ratio of docs/s (datatrove wall / ours): whole CLI {dt / med['cli'][0]:.2f}x, "
+          f"stage {dt / med['stage'][0]:.2f}x; by CPU seconds: CLI {med['datatrove'][1] / med['cli'][1]:.2f}x, "
+          f"stage {med['datatrove'][1] / med['stage'][1]:.2f}x")
+
+
+def marginal_cost(args) -> None:
+    """The whole stage in fresh processes on the --mb corpus and on one twice its size, interleaved:
+    ms/doc of each and the marginal ms/doc between them (it must not grow with the corpus)."""
+    import statistics
+
+    sizes = {}
+    for mb in (args.mb, 2 * args.mb):
+        corpus, _, _ = build_corpus(mb)
+        sizes[mb] = sum(1 for f in corpus.glob("*.jsonl") for _ in open(f, "rb"))
+    got = {mb: [] for mb in sizes}
+    for rep in range(args.repeat):
+        for mb in sizes:
+            out = CACHE / f"marginal-{mb:g}"
+            subprocess.run(["rm", "-rf", str(out)], check=False)
+            wall, cpu, _ = _timed([sys.executable, __file__, "--stage-only", str(out), "--workers", str(args.workers),
+                                   "--mb", str(mb), "--seq-length", str(args.seq_length)])
+            got[mb].append((wall, cpu))
+    (a, b) = sizes
+    med = {mb: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for mb, v in got.items()}
+    print(f"\nmarginal cost, whole stage in a fresh process, {args.workers} workers, median of {args.repeat}:")
+    for mb in sizes:
+        print(f"  {mb:g} MB, {sizes[mb]:,} docs: {med[mb][0]:.1f} s wall ({1e3 * med[mb][0] / sizes[mb]:.3f} ms/doc), "
+              f"CPU {med[mb][1]:.1f} s ({1e3 * med[mb][1] / sizes[mb]:.3f} ms/doc)")
+    n = sizes[b] - sizes[a]
+    print(f"  marginal {a:g} -> {b:g} MB: {1e3 * (med[b][0] - med[a][0]) / n:.3f} ms/doc wall, "
+          f"{1e3 * (med[b][1] - med[a][1]) / n:.3f} ms/doc CPU; fixed cost (wall) "
+          f"{med[a][0] - sizes[a] * (med[b][0] - med[a][0]) / n:.1f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -197,6 +311,7 @@ def main() -> None:
     ap.add_argument("--naive-docs", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=2, help="fresh-process runs per worker count")
     ap.add_argument("--stage-only", metavar="OUT", help=argparse.SUPPRESS)
+    ap.add_argument("--only", choices=["versus", "marginal", "steps"], help="run only this part")
     args = ap.parse_args()
     if args.stage_only:
         return one_stage_run(args)
@@ -213,6 +328,12 @@ def main() -> None:
     n_docs = len(lines)
     print(f"corpus: {source}\n  {n_docs:,} lines, {n_bytes / 1e6:.1f} MB in {len(files)} files; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if args.only in (None, "versus") and args.repeat:
+        versus_datatrove(args, corpus, n_docs, n_bytes)
+    if args.only in (None, "marginal") and args.repeat:
+        marginal_cost(args)
+    if args.only in ("versus", "marginal"):
+        return
     if args.repeat:
         fresh_runs(args, n_docs, n_bytes)
 
