@@ -129,12 +129,16 @@ def naive_loop(texts: list[str], threshold: float, num_perm: int) -> float:
     return time.process_time() - t
 
 
-def bench_config(corpus: Path, out: Path, workers: int, seq_length: int):
+def bench_config(corpus: Path, out: Path, workers: int, seq_length: int, default_sample: bool = False):
+    """The bench's config; default_sample: the tokenizer trains on the default sample_lines (as the CLI
+    run of versus_datatrove does), else on ~20k lines."""
     from pipeline_lib.config import config_from_dict
     from pipeline_lib.config.schema import TokenizerConfig
 
     # ~20k training lines for the tokenizer (older trees: every 2nd of the ~40k kept documents)
     sample = {"sample_lines": 20000} if "sample_lines" in TokenizerConfig.model_fields else {"sample_docs": 30000}
+    if default_sample:
+        sample = {}
     return config_from_dict({"run": {"output_root": str(out)},
                              "data": {"inputs": [str(corpus)], "docs_per_shard": 5000, "num_workers": workers},
                              "tokenizer": {"vocab_size": 16000, **sample},
@@ -150,7 +154,7 @@ def one_stage_run(args) -> None:
     from pipeline_lib.storage import RunPaths
 
     out = Path(args.stage_only)
-    cfg = bench_config(CACHE / f"corpus-{args.mb:g}mb", out, args.workers, args.seq_length)
+    cfg = bench_config(CACHE / f"corpus-{args.mb:g}mb", out, args.workers, args.seq_length, args.cli_settings)
     cfg.data.dedup.index_uri = str(out / "_index")
     marks = {}
     run_stage(cfg, RunPaths(str(out), "run"), "data", workers=args.workers,
@@ -226,6 +230,9 @@ def _timed(cmd: list[str], **kw) -> tuple[float, float, subprocess.CompletedProc
     return wall, used, res
 
 
+CLI_SEQ_LENGTH = 64  # configs/pipelines/tiny-cpu.yaml's model.seq_length
+
+
 def cli_command(corpus: Path, out: Path) -> list[str]:
     """The whole CLI run of the data stage with the default settings (data.executor=prefect, its
     embedded Prefect API) but the bench corpus and a vocabulary that fits Chinese."""
@@ -257,12 +264,13 @@ def versus_datatrove(args, corpus: Path, n_docs: int, n_bytes: int) -> None:
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
         runs["cli"].append((wall, cpu))
         wall, cpu, res = _timed([sys.executable, __file__, "--stage-only", str(work / "stage"), "--workers",
-                                 str(args.workers), "--mb", str(args.mb), "--seq-length", str(args.seq_length)])
+                                 str(args.workers), "--mb", str(args.mb), "--seq-length", str(CLI_SEQ_LENGTH),
+                                 "--cli-settings"])
         runs["stage"].append((wall, cpu))
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in runs.items()}
     names = {"datatrove": "datatrove MinHash dedup only (4 steps), whole process",
              "cli": "ours, whole CLI process: llm-pipeline run --stages data (Prefect)",
-             "stage": "ours, whole data stage in a fresh process (run_stage, process pool)"}
+             "stage": "ours, whole data stage in a fresh process (run_stage, process pool), the CLI run's settings"}
     print(f"  interleaved, median of {args.repeat}, {args.workers} workers, load average now {os.getloadavg()[0]:.1f}")
     for k, (wall, cpu) in med.items():
         walls = ", ".join(f"{w:.1f}" for w, _ in runs[k])
@@ -311,6 +319,7 @@ def main() -> None:
     ap.add_argument("--naive-docs", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=2, help="fresh-process runs per worker count")
     ap.add_argument("--stage-only", metavar="OUT", help=argparse.SUPPRESS)
+    ap.add_argument("--cli-settings", action="store_true", help=argparse.SUPPRESS)  # --stage-only as the CLI run
     ap.add_argument("--only", choices=["versus", "marginal", "steps"], help="run only this part")
     args = ap.parse_args()
     if args.stage_only:
