@@ -253,7 +253,7 @@ def versus_datatrove(args, corpus: Path, n_docs: int, n_bytes: int) -> None:
     runs = {"datatrove": [], "cli": [], "stage": []}
     extra = {}
     for rep in range(args.repeat):
-        work = CACHE / "versus"
+        work = CACHE / f"versus-{os.getpid()}"
         subprocess.run(["rm", "-rf", str(work)], check=False)
         wall, cpu, res = _timed([py, str(ROOT / "bench/datatrove_minhash.py"), str(corpus), str(work / "dt"),
                                  "--workers", str(args.workers)])
@@ -267,6 +267,7 @@ def versus_datatrove(args, corpus: Path, n_docs: int, n_bytes: int) -> None:
                                  str(args.workers), "--mb", str(args.mb), "--seq-length", str(CLI_SEQ_LENGTH),
                                  "--cli-settings"])
         runs["stage"].append((wall, cpu))
+    subprocess.run(["rm", "-rf", str(work)], check=False)
     med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in runs.items()}
     names = {"datatrove": "datatrove MinHash dedup only (4 steps), whole process",
              "cli": "ours, whole CLI process: llm-pipeline run --stages data (Prefect)",
@@ -294,11 +295,12 @@ def marginal_cost(args) -> None:
     got = {mb: [] for mb in sizes}
     for rep in range(args.repeat):
         for mb in sizes:
-            out = CACHE / f"marginal-{mb:g}"
+            out = CACHE / f"marginal-{mb:g}-{os.getpid()}"
             subprocess.run(["rm", "-rf", str(out)], check=False)
             wall, cpu, _ = _timed([sys.executable, __file__, "--stage-only", str(out), "--workers", str(args.workers),
                                    "--mb", str(mb), "--seq-length", str(args.seq_length)])
             got[mb].append((wall, cpu))
+            subprocess.run(["rm", "-rf", str(out)], check=False)
     (a, b) = sizes
     med = {mb: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for mb, v in got.items()}
     print(f"\nmarginal cost, whole stage in a fresh process, {args.workers} workers, median of {args.repeat}:")
