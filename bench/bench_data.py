@@ -102,7 +102,9 @@ def build_corpus(target_mb: float, seed: int = 1) -> tuple[Path, list[tuple[str,
     out.mkdir(parents=True, exist_ok=True)
     per = -(-len(lines) // 4)
     for f in range(4):
-        (out / f"part{f}.jsonl").write_text("\n".join(lines[f * per:(f + 1) * per]) + "\n", encoding="utf-8")
+        tmp = out / f".part{f}.jsonl.{os.getpid()}"  # atomic: another bench may be reading the corpus
+        tmp.write_text("\n".join(lines[f * per:(f + 1) * per]) + "\n", encoding="utf-8")
+        os.replace(tmp, out / f"part{f}.jsonl")
     ids = [(f"part{i // per}.jsonl:{i % per + 1}", f"part{j // per}.jsonl:{j % per + 1}", jac) for i, j, jac in planted]
     return out, ids, source
 
