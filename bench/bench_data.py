@@ -218,18 +218,38 @@ def datatrove_python() -> tuple[str | None, str]:
 
 
 def _timed(cmd: list[str], **kw) -> tuple[float, float, subprocess.CompletedProcess]:
-    """(wall seconds, CPU seconds of the process and all its waited-for descendants, result)."""
-    import resource
+    """(wall seconds, CPU seconds of the process and every descendant, result). CPU: the process tree
+    is polled every 0.1 s (psutil) and each process's last user+system time summed: pool workers of a
+    fork server are not waited for by the command's process, so getrusage(RUSAGE_CHILDREN) misses them."""
+    import tempfile
 
-    def cpu():
-        r = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return r.ru_utime + r.ru_stime
-    c0, t0 = cpu(), time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    wall, used = time.perf_counter() - t0, cpu() - c0
+    import psutil
+
+    seen: dict[tuple[int, float], float] = {}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, **kw)
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            try:
+                tree = [root] + root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                tree = []
+            for p in tree:
+                try:
+                    with p.oneshot():
+                        c = p.cpu_times()
+                        seen[(p.pid, p.create_time())] = c.user + c.system
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.1)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        res = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
     if res.returncode:
         raise RuntimeError(f"{' '.join(cmd[:4])}... failed:\n{res.stderr[-3000:]}")
-    return wall, used, res
+    return wall, sum(seen.values()), res
 
 
 CLI_SEQ_LENGTH = 64  # configs/pipelines/tiny-cpu.yaml's model.seq_length
@@ -245,7 +265,8 @@ def cli_command(corpus: Path, out: Path) -> list[str]:
 
 def versus_datatrove(args, corpus: Path, n_docs: int, n_bytes: int) -> None:
     """datatrove's MinHash dedup (whole process) against our whole CLI process and our whole stage in a
-    fresh process, interleaved, --repeat times each; medians of wall and of CPU (all processes)."""
+    fresh process, interleaved, --repeat times each; medians of wall and of CPU (all processes, the
+    embedded Prefect API server's included; on a busy machine CPU seconds are the steadier figure)."""
     import statistics
 
     py, how = datatrove_python()
