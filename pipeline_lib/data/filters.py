@@ -121,7 +121,13 @@ class NormalizeWhitespace(Filter):
         self.repl = "\n" * (max_blank_lines + 1)
 
     def __call__(self, doc):
-        t = _LINE_EDGE.sub("\n", _HSPACE.sub(" ", doc.text))
+        t = doc.text
+        # fast path: a printable text has no whitespace but single ASCII spaces (str.isprintable is
+        # False for every other \s character), so with no double space and none at its ends it is
+        # already normalized (one line, typical of Chinese prose)
+        if t.isprintable() and "  " not in t and t[:1] != " " and t[-1:] != " ":
+            return True
+        t = _LINE_EDGE.sub("\n", _HSPACE.sub(" ", t))
         doc.text = self.blank.sub(self.repl, t).strip()
         return True
 

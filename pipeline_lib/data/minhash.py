@@ -9,8 +9,10 @@ permutation, then the minimum). Here the permutations run on a whole batch of do
 Empty documents get the all-max signature (datasketch's empty MinHash) and are never near
 duplicates of anything.
 
-`lsh_params(threshold, num_perm)` picks bands x rows with datasketch's own optimiser, weighted
+`lsh_params(threshold, num_perm)` picks the bands x rows datasketch's optimiser picks, weighted
 towards recall because every LSH candidate is verified with the estimated Jaccard afterwards.
+Neither imports datasketch (its import pulls in scipy: ~1-2 s in every process); tests check
+both against it.
 """
 from __future__ import annotations
 
@@ -30,20 +32,34 @@ _BLOCK = 4096  # shingles per permutation block: 128 x 4096 x 4 B = 2 MB
 
 @lru_cache(maxsize=8)
 def permutations(num_perm: int, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
-    """datasketch's (a, b) permutation parameters for this num_perm and seed (uint32)."""
-    from datasketch import MinHash
-
-    a, b = MinHash(num_perm=num_perm, seed=seed, scheme=SCHEME).permutations
-    return a.astype(np.uint32), b.astype(np.uint32)
+    """datasketch's (a, b) affine32 permutation parameters for this num_perm and seed (uint32): odd
+    multipliers a = 2k + 1 and offsets b, drawn in that order from numpy's RandomState(seed).
+    Not datasketch's own code path: importing datasketch costs ~1-2 s per process (scipy)."""
+    gen = np.random.RandomState(seed)
+    a = gen.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
+    b = gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
+    return a, b
 
 
 @lru_cache(maxsize=8)
 def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
-    """(bands, rows) that datasketch's MinHashLSH picks for threshold with LSH_WEIGHTS."""
-    from datasketch import MinHashLSH
+    """(bands, rows) that datasketch's MinHashLSH picks for threshold with LSH_WEIGHTS: of all
+    b x r <= num_perm (b, then r, ascending; the first of equals), the least weighted sum of the
+    false-positive area (integral over [0, threshold] of P(candidate | s) = 1 - (1 - s^r)^b) and the
+    false-negative area (integral of 1 - P over [threshold, 1]). P is a polynomial of degree
+    b * r <= num_perm, so Gauss-Legendre with num_perm // 2 + 1 nodes integrates it exactly
+    (datasketch integrates numerically with scipy, whose import costs ~1-2 s per process)."""
+    nodes, weights = np.polynomial.legendre.leggauss(num_perm // 2 + 1)
+    pairs = np.array([(b, r) for b in range(1, num_perm + 1) for r in range(1, num_perm // b + 1)], dtype=float)
+    b, r = pairs[:, :1], pairs[:, 1:]
 
-    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
-    return lsh.b, lsh.r
+    def area(lo: float, hi: float, miss: bool) -> np.ndarray:
+        s = (hi - lo) / 2 * nodes + (hi + lo) / 2
+        p = 1 - (1 - s[None, :] ** r) ** b
+        return ((1 - p) if miss else p) @ weights * (hi - lo) / 2
+    error = area(0.0, threshold, False) * LSH_WEIGHTS[0] + area(threshold, 1.0, True) * LSH_WEIGHTS[1]
+    best = pairs[int(np.argmin(error))]
+    return int(best[0]), int(best[1])
 
 
 def shingle_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:

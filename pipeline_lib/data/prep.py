@@ -88,8 +88,8 @@ def record_identity(cfg, label: str, line: int, fields: dict) -> tuple:
     return fields.get(d.id_field, origin), origin, meta
 
 
-def _json(value) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
+# one encoder for every call: json.dumps with keyword arguments builds a new JSONEncoder each time
+_json = json.JSONEncoder(ensure_ascii=False, default=str).encode
 
 
 def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
@@ -200,7 +200,7 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
             else:
                 decisions, records = np.zeros(len(ids), np.int8), []
             for rec in records:
-                out.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                out.write(_json(rec) + "\n")
                 from_earlier += rec["kept_run"] is not None
             np.save(ws.local(f"{folder}/keep.npy"), decisions)
             ws.publish(f"{folder}/keep.npy")

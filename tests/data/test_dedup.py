@@ -113,3 +113,29 @@ def test_index_built_with_other_parameters_is_refused(tmp_path, field, value):
     other = make_cfg(tmp_path, dedup={field: value})
     with pytest.raises(DataStageError, match=f"data.dedup.{field}={value}.*built with {field}="):
         load_prior(other, "new", 14, 9)
+
+
+def test_band_index_finds_what_datasketch_minhashlsh_finds():
+    """BandIndex is MinHashLSH's banding: the same candidates for every query, on signatures that
+    share some bands and not others."""
+    from datasketch import LeanMinHash, MinHashLSH
+
+    from pipeline_lib.data.dedup import BandIndex
+    from pipeline_lib.data.minhash import SCHEME, SEED
+
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 2**32, (40, 128), dtype=np.uint64).astype(np.uint32)
+    sigs = [base[i % 40].copy() for i in range(200)]
+    for s in sigs[40:]:  # copies that keep a random subset of the 14 bands of 9 rows
+        for band in rng.choice(14, rng.integers(10, 15), replace=False):
+            s[band * 9 + rng.integers(0, 9)] ^= 1
+    ours, theirs = BandIndex(14, 9), MinHashLSH(num_perm=128, params=(14, 9))
+    hits = 0
+    for i, s in enumerate(sigs):
+        lean = LeanMinHash(seed=SEED, hashvalues=s, scheme=SCHEME)
+        expected = set(theirs.query(lean)) if i else set()
+        assert ours.query(s) == expected
+        hits += len(expected)
+        ours.insert(i, s)
+        theirs.insert(i, lean)
+    assert hits > 50  # the copies did meet their originals

@@ -159,3 +159,24 @@ def test_batch_filtering_gives_the_same_verdicts_as_one_document_at_a_time():
     one = [apply_filters(Doc(str(i), t), filters) for i, t in enumerate(texts)]
     assert apply_filters_batch([Doc(str(i), t) for i, t in enumerate(texts)], filters) == one
     assert len({v for v in one if v}) >= 3
+
+
+def test_normalize_whitespace_fast_path_changes_nothing_the_full_rules_would_change():
+    """Every short string over an alphabet of all kinds of whitespace and text: the filter's
+    result equals the three regex rules applied in full (no fast-path shortcut differs)."""
+    import itertools
+    import re
+
+    from pipeline_lib.data.filters import Doc, NormalizeWhitespace
+
+    f = NormalizeWhitespace()
+
+    def full(t):
+        t = re.sub(r" ?\n ?", "\n", re.sub(r"[^\S\n]+", " ", t))
+        return re.sub("\n{3,}", "\n\n", t).strip()
+    alphabet = ["a", "中", " ", "\n", "\t", "\u3000", "\xa0", "\x85", "\u2028", "\r", "\x1f"]
+    for k in range(1, 5):
+        for chars in itertools.product(alphabet, repeat=k):
+            doc = Doc("x", "".join(chars))
+            f(doc)
+            assert doc.text == full("".join(chars)), repr("".join(chars))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from datagen import random_doc
 from datasketch import MinHash, MinHashLSH
 
@@ -57,3 +58,24 @@ def test_lsh_params_come_from_datasketch_and_band_keys_agree_with_band_equality(
     sigs[1, :r] = sigs[0, :r]
     keys = M.band_keys(sigs, b, r)
     assert keys[0, 0] == keys[1, 0] and (keys[0, 1:] != keys[1, 1:]).all() and (keys[2] != keys[0]).all()
+
+
+@pytest.mark.parametrize("num_perm", [64, 128])
+def test_lsh_params_and_permutations_are_datasketchs_without_importing_it(num_perm):
+    """Our optimiser picks MinHashLSH's (bands, rows) for every threshold, our permutations are
+    MinHash's affine32 ones, and the product path never imports datasketch (scipy: ~1-2 s)."""
+    import subprocess
+    import sys
+
+    for t in (0.5, 0.7, 0.8, 0.9):
+        M.lsh_params.cache_clear()
+        ref = MinHashLSH(float(t), num_perm, weights=M.LSH_WEIGHTS)
+        assert M.lsh_params(float(t), num_perm) == (ref.b, ref.r), t
+    a, b = M.permutations(num_perm, 7)
+    ref_a, ref_b = MinHash(num_perm=num_perm, seed=7, scheme=M.SCHEME).permutations
+    assert (a == ref_a).all() and (b == ref_b).all()
+    code = ("import sys; from pipeline_lib.data import _warm, stage; "
+            "from pipeline_lib.data.dedup import Deduplicator; from pipeline_lib.config.schema import DedupConfig; "
+            "Deduplicator(DedupConfig()); print('datasketch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
