@@ -18,9 +18,7 @@ share a band with an earlier one (only those are queried) or a later one (only t
 inserted): in a corpus of mostly unique documents MinHashLSH handles a small minority, and the
 decisions are exactly those of querying and inserting everything.
 
-The LSH of this run is `BandIndex`: datasketch MinHashLSH's banding exactly (a document is a
-candidate of another when all `rows` values of one of the `bands` bands are equal; the bucket key
-is the band's bytes, as MinHashLSH's), without its per-document LeanMinHash objects and byte swaps.
+The LSH of this run is datasketch's MinHashLSH (`RunLSH`), imported only by the dedup step.
 
 Limits: the signatures of every kept document of the run stay in memory (num_perm x 4 bytes each),
 and the band keys of every document of the run (bands x 8 bytes each).
@@ -28,7 +26,7 @@ and the band keys of every document of the run (bands x 8 bytes each).
 from __future__ import annotations
 
 import numpy as np
-from .minhash import EMPTY, band_keys, lsh_params
+from .minhash import EMPTY, SCHEME, SEED, band_keys, lsh_params
 
 KEEP, EXACT, NEAR = 0, 1, 2
 
@@ -46,29 +44,26 @@ def collision_flags(keys: np.ndarray, empty: np.ndarray) -> tuple[np.ndarray, np
     return earlier & ~empty, later & ~empty
 
 
-class BandIndex:
-    """MinHashLSH's banding over signatures (see the module docstring): `insert(key, sig)`,
-    `query(sig)` -> the set of inserted keys sharing at least one whole band with `sig`."""
+class RunLSH:
+    """This run's LSH: datasketch's MinHashLSH (its banding, bucket keys and storage) over our
+    signatures, which are bit-identical to datasketch's MinHash, passed as LeanMinHash. datasketch
+    is imported here, in the dedup step only: its import pulls in scipy (~1 s), which the shard
+    workers computing signatures do not need. `collision_flags` keeps the documents it sees few."""
 
-    def __init__(self, bands: int, rows: int):
-        self.bands, self.width = bands, rows * 4  # bytes per band of a uint32 signature
-        self.tables: list[dict[bytes, list]] = [{} for _ in range(bands)]
+    def __init__(self, bands: int, rows: int, num_perm: int):
+        from datasketch import LeanMinHash, MinHashLSH
 
-    def _bands(self, sig: np.ndarray) -> list[bytes]:
-        raw, w = np.ascontiguousarray(sig, dtype=np.uint32).tobytes(), self.width
-        return [raw[i * w:(i + 1) * w] for i in range(self.bands)]
+        self._lean = LeanMinHash
+        self.lsh = MinHashLSH(num_perm=num_perm, params=(bands, rows))
+
+    def _minhash(self, sig: np.ndarray):
+        return self._lean(seed=SEED, hashvalues=sig, scheme=SCHEME)
 
     def insert(self, key, sig: np.ndarray) -> None:
-        for table, band in zip(self.tables, self._bands(sig)):
-            table.setdefault(band, []).append(key)
+        self.lsh.insert(key, self._minhash(sig), check_duplication=False)
 
     def query(self, sig: np.ndarray) -> set:
-        found = set()
-        for table, band in zip(self.tables, self._bands(sig)):
-            hit = table.get(band)
-            if hit:
-                found.update(hit)
-        return found
+        return set(self.lsh.query(self._minhash(sig)))
 
 
 class Deduplicator:
@@ -77,7 +72,7 @@ class Deduplicator:
     def __init__(self, dedup_cfg, prior=None, run_id: str = ""):
         self.cfg, self.prior, self.run_id = dedup_cfg, prior, run_id
         self.bands, self.rows = lsh_params(dedup_cfg.threshold, dedup_cfg.num_perm)
-        self.lsh = BandIndex(self.bands, self.rows)
+        self.lsh = RunLSH(self.bands, self.rows, dedup_cfg.num_perm)
         self.seen: dict[int, int] = {}        # exact key -> kept index in this run
         self.kept_ids: list[str] = []         # origins
         self.kept_sources: list = []          # source ids

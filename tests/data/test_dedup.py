@@ -115,12 +115,12 @@ def test_index_built_with_other_parameters_is_refused(tmp_path, field, value):
         load_prior(other, "new", 14, 9)
 
 
-def test_band_index_finds_what_datasketch_minhashlsh_finds():
-    """BandIndex is MinHashLSH's banding: the same candidates for every query, on signatures that
+def test_run_lsh_finds_what_datasketch_minhashlsh_finds():
+    """RunLSH (the run's MinHashLSH over our signatures) finds MinHashLSH's candidates: the same candidates for every query, on signatures that
     share some bands and not others."""
     from datasketch import LeanMinHash, MinHashLSH
 
-    from pipeline_lib.data.dedup import BandIndex
+    from pipeline_lib.data.dedup import RunLSH
     from pipeline_lib.data.minhash import SCHEME, SEED
 
     rng = np.random.default_rng(3)
@@ -129,7 +129,7 @@ def test_band_index_finds_what_datasketch_minhashlsh_finds():
     for s in sigs[40:]:  # copies that keep a random subset of the 14 bands of 9 rows
         for band in rng.choice(14, rng.integers(10, 15), replace=False):
             s[band * 9 + rng.integers(0, 9)] ^= 1
-    ours, theirs = BandIndex(14, 9), MinHashLSH(num_perm=128, params=(14, 9))
+    ours, theirs = RunLSH(14, 9, 128), MinHashLSH(num_perm=128, params=(14, 9))
     hits = 0
     for i, s in enumerate(sigs):
         lean = LeanMinHash(seed=SEED, hashvalues=s, scheme=SCHEME)
