@@ -71,7 +71,7 @@ class Pipeline:
     def run_dir(self) -> Path:
         return self.root / self.run_id
 
-    def run(self, kill: str | None = None, report: Path | None = None, timeout: float = 600) -> Attempt:
+    def run(self, kill: str | None = None, report: Path | None = None, timeout: float = 1500) -> Attempt:
         cli = str(Path(sys.executable).with_name("llm-pipeline"))
         env = dict(self.env)
         if kill:
