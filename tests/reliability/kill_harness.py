@@ -72,13 +72,19 @@ class Pipeline:
         return self.root / self.run_id
 
     def run(self, kill: str | None = None, report: Path | None = None, timeout: float = 1500) -> Attempt:
+        return self._cli(["run", CONFIG, "--run-id", self.run_id], kill, report, timeout)
+
+    def nightly(self, date: str, inputs: str, kill: str | None = None, report: Path | None = None,
+                timeout: float = 1500) -> Attempt:
+        return self._cli(["nightly", CONFIG, "--run-date", date, f"data.inputs=[{inputs}]"], kill, report, timeout)
+
+    def _cli(self, args: list[str], kill: str | None, report: Path | None, timeout: float) -> Attempt:
         cli = str(Path(sys.executable).with_name("llm-pipeline"))
         env = dict(self.env)
         if kill:
             env.update({KILL_AT: kill, KILL_REPORT: str(report)})
         # exec keeps the shell's pid: the CLI itself is the root of the tree a kill point takes down
-        cmd = ["sh", "-c", f'{KILL_ROOT}=$$ exec "$0" "$@"', cli, "run", CONFIG, "--run-id", self.run_id,
-               f"run.output_root={self.root}", *OVERRIDES]
+        cmd = ["sh", "-c", f'{KILL_ROOT}=$$ exec "$0" "$@"', cli, *args, f"run.output_root={self.root}", *OVERRIDES]
         t = time.time()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               timeout=timeout)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kill_harness import STAGES, Case, Pipeline, killed_by_sigkill, known, still_running
+from kill_harness import ROOT, STAGES, Case, Pipeline, killed_by_sigkill, known, still_running
 from reliability_results import record
 
 pytestmark = pytest.mark.slow
@@ -120,6 +121,37 @@ def test_kill_then_rerun_resumes_and_matches(case, golden, prefect_home, tmp_pat
         row["resumed"] = True
         diffs = [d for s in STAGES[STAGES.index(case.stage):] for d in differences(run, golden, s)]
         assert diffs == [], diffs
+        row["outputs_equal"] = True
+    finally:
+        record("kill_points", row)
+
+
+def test_kill_before_the_nightly_state_commit_then_the_same_night_commits(prefect_home, tmp_path):
+    if not FULL:
+        pytest.skip("full kill-point table: LLM_PIPELINE_RELIABILITY=full")
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    shutil.copy(ROOT / "configs/data/tiny_corpus.jsonl", incoming / "day1.jsonl")
+    night = Pipeline(tmp_path / "runs", prefect_home, run_id="nightly-2026-11-01")
+    state_file = night.root / "_nightly" / "state.json"
+    row = {"case": "nightly:nightly.before_state_commit", "killed": False, "resumed": False, "outputs_equal": False}
+    try:
+        first = night.nightly("2026-11-01", str(incoming / "*.jsonl"), kill="nightly.before_state_commit",
+                              report=tmp_path / "killed-1")
+        assert killed_by_sigkill(first) and first.killed_at == ["nightly.before_state_commit"], first.output[-3000:]
+        row["killed"] = True
+        assert not state_file.exists() or "nightly-2026-11-01" not in state_file.read_text()
+        assert night.partial_outputs() == []
+        done_before = night.manifests()
+        assert {"data", "pretrain"} <= set(done_before)
+        again = night.nightly("2026-11-01", str(incoming / "*.jsonl"))
+        assert again.returncode == 0, again.output[-4000:]
+        assert night.manifests() == done_before, "the night's finished stages were redone"
+        row["resumed"] = True
+        state = json.loads(state_file.read_text())
+        assert state["latest"]["run_id"] == "nightly-2026-11-01"
+        assert [p.rsplit("/", 1)[-1] for p in state["consumed"]] == ["day1.jsonl"]
+        assert [h["run_id"] for h in state["history"]] == ["nightly-2026-11-01"]  # committed once
         row["outputs_equal"] = True
     finally:
         record("kill_points", row)
