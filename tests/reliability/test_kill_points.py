@@ -3,8 +3,8 @@ completes, no stage whose manifest was complete is redone, no output a later sta
 the outputs equal an uninterrupted run (bytes for data; tensors within the resume-equivalence tolerance
 for training, merge and export; perplexity for evaluate).
 
-`make test` runs the cases marked for CI; `LLM_PIPELINE_RELIABILITY=full` runs every case
-(see README, "Reliability suite")."""
+`make test` runs the cases marked for CI; the reliability profile (`python bench/reliability.py`,
+i.e. HYPOTHESIS_PROFILE=reliability) runs every case and fills the table's kill-point row."""
 from __future__ import annotations
 
 import json
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from kill_harness import ROOT, STAGES, Case, Pipeline, killed_by_sigkill, known, still_running
-from reliability_results import record
 
 pytestmark = pytest.mark.slow
-FULL = os.environ.get("LLM_PIPELINE_RELIABILITY") == "full"
+FULL = os.environ.get("HYPOTHESIS_PROFILE") == "reliability"
+RELIABILITY_ROW = "kill_points"
 
 CI_CASES = {"data:data.mindrecord.mid_file", "pretrain:checkpoint.before_latest", "export:export.mid_mindir"}
 CASES = [
@@ -93,13 +93,13 @@ def differences(run: Pipeline, golden: Pipeline, stage: str) -> list[str]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_kill_then_rerun_resumes_and_matches(case, golden, prefect_home, tmp_path):
+def test_kill_then_rerun_resumes_and_matches(case, golden, prefect_home, tmp_path, tally):
     if case.name not in CI_CASES and not FULL:
-        pytest.skip("full kill-point table: LLM_PIPELINE_RELIABILITY=full")
+        pytest.skip("the full kill-point table runs in the reliability profile (bench/reliability.py)")
     known(case)
     run = Pipeline(tmp_path / "runs", prefect_home)
     run.seed_from(golden, case.stage)
-    row = {"case": case.name, "killed": False, "resumed": False, "outputs_equal": False}
+    row = {"killed": False, "resumed": False, "outputs_equal": False}
     try:
         first = run.run(kill=f"{case.point}@{case.nth}", report=tmp_path / "killed-1")
         assert killed_by_sigkill(first) and first.killed_at == [case.point], \
@@ -123,18 +123,18 @@ def test_kill_then_rerun_resumes_and_matches(case, golden, prefect_home, tmp_pat
         assert diffs == [], diffs
         row["outputs_equal"] = True
     finally:
-        record("kill_points", row)
+        tally.add("kill_points", points=row["killed"], resumed=row["resumed"], outputs_equal=row["outputs_equal"])
 
 
-def test_kill_before_the_nightly_state_commit_then_the_same_night_commits(prefect_home, tmp_path):
+def test_kill_before_the_nightly_state_commit_then_the_same_night_commits(prefect_home, tmp_path, tally):
     if not FULL:
-        pytest.skip("full kill-point table: LLM_PIPELINE_RELIABILITY=full")
+        pytest.skip("the full kill-point table runs in the reliability profile (bench/reliability.py)")
     incoming = tmp_path / "incoming"
     incoming.mkdir()
     shutil.copy(ROOT / "configs/data/tiny_corpus.jsonl", incoming / "day1.jsonl")
     night = Pipeline(tmp_path / "runs", prefect_home, run_id="nightly-2026-11-01")
     state_file = night.root / "_nightly" / "state.json"
-    row = {"case": "nightly:nightly.before_state_commit", "killed": False, "resumed": False, "outputs_equal": False}
+    row = {"killed": False, "resumed": False, "outputs_equal": False}
     try:
         first = night.nightly("2026-11-01", str(incoming / "*.jsonl"), kill="nightly.before_state_commit",
                               report=tmp_path / "killed-1")
@@ -154,4 +154,4 @@ def test_kill_before_the_nightly_state_commit_then_the_same_night_commits(prefec
         assert [h["run_id"] for h in state["history"]] == ["nightly-2026-11-01"]  # committed once
         row["outputs_equal"] = True
     finally:
-        record("kill_points", row)
+        tally.add("kill_points", points=row["killed"], resumed=row["resumed"], outputs_equal=row["outputs_equal"])
