@@ -55,7 +55,8 @@ def _target() -> tuple[str, int] | None:
 
 
 def reached(name: str) -> None:
-    """Kill the whole run here if the reliability suite asked for this point (see module docstring)."""
+    """Kill the whole run here if the reliability suite asked for this point (see module docstring).
+    Processes reaching the point at once (pool workers) may each report it before the tree is gone."""
     target = _target()
     if target is None or target[0] != name:
         return
