@@ -81,7 +81,7 @@ def differences(run: Pipeline, golden: Pipeline, stage: str) -> list[str]:
         return _close(_weights(run.run_dir / "sft/adapter/adapter.ckpt"),
                       _weights(golden.run_dir / "sft/adapter/adapter.ckpt"), "adapter")
     if stage == "evaluate":
-        ppl = {p: {c["label"]: c.get("perplexity", {}).get("perplexity") for c in mm["metrics"]["checkpoints"]}
+        ppl = {p: {c["checkpoint"]: c["perplexity"] for c in mm["metrics"]["checkpoints"]}
                for p, mm in m.items()}
         return [f"perplexity {k}" for k in ppl["ref"] if ppl["run"].get(k) != pytest.approx(ppl["ref"][k], rel=1e-3)]
     if stage == "export":
