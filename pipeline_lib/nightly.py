@@ -19,6 +19,7 @@ import datetime as dt
 import json
 
 from .config.schema import PipelineConfig
+from . import killpoints
 from .storage import generations, join, store_for
 from .storage.input_files import find_inputs
 
@@ -103,6 +104,7 @@ def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id
                            "finished_at": dt.datetime.now(dt.timezone.utc).isoformat()}
         state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint})
         return state
+    killpoints.reached("nightly.before_state_commit")
     return update_state(cfg, change)
 
 

@@ -20,6 +20,7 @@ from .config.load import config_hash
 from .config.platform import device_target
 from .config.schema import PipelineConfig
 from .runtime.contract import StageOutput, StageRun, TransientError  # noqa: F401  (raised by stages)
+from . import killpoints
 from .runtime.nodes import clear_node_report, merge_node_outputs, node_rank, wait_node_reports, write_node_report
 from .storage import Manifest, RunPaths, invalidate, manifest_matches, read_manifest, write_manifest
 
@@ -241,5 +242,6 @@ def record_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, output: Stage
     manifest = Manifest(stage=stage, run_id=paths.run_id, config_hash=stage_hash(cfg, stage),
                         inputs=json.loads(json.dumps(stage_inputs(paths, stage), sort_keys=True)),
                         outputs=output.outputs, metrics=output.metrics)
+    killpoints.reached(f"{stage}.before_manifest")
     write_manifest(paths.stage_uri(stage), manifest, paths.endpoint_url)
     return manifest

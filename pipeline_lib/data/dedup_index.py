@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import killpoints
 from ..storage import generations, join, store_for
 from .errors import DataStageError
 from .index_partitions import ENTRY, entries, iter_blocks, lookup, merge, prefix_of, run_tag
@@ -242,6 +243,7 @@ def _merge_into_partitions(store, uri: str, kind: str, bits: int, adds: np.ndarr
             raise DataStageError("data.dedup.index_uri", uri, f"run {run_id}'s documents could not be added "
                                  f"to the index: {err}", "run the stage again once the other run has "
                                  "committed: the commit is idempotent and nothing else is redone") from err
+        killpoints.reached("data.dedup_index.mid_commit")
 
 
 def repartition_index(cfg, bits: int, endpoint_url: str | None = None) -> int:

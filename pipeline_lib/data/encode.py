@@ -24,6 +24,7 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 
+from .. import killpoints
 from .errors import DataStageError
 from .packing import count_rows, gather_tokens, heldout_mask, join_with_eos, rows_from_tokens, write_mindrecord
 from .prep import shard_dir
@@ -73,6 +74,7 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
                                  f"set model.vocab_size >= {tok.vocab_size} or lower tokenizer.vocab_size")
     ws.publish("tokenizer/tokenizer.model", f"tokenizer/{CONFIG_NAME}")
     ws.mark("tokenizer")
+    killpoints.reached("data.after_tokenizer")
     return ws.read_json(f"tokenizer/{CONFIG_NAME}")
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import killpoints
 from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import index_uri, lineage, load_prior, segment_meta, write_segment
 from .errors import DataStageError, NoNewDocuments
@@ -149,6 +150,7 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
               "filtered": dict(filtered), "candidates": len(origins)}
     ws.write_json(f"{folder}/counts.json", counts)
     ws.mark(f"{index:05d}.prep")
+    killpoints.reached("data.prep.between_shards")
     return counts
 
 

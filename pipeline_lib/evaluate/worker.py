@@ -21,6 +21,7 @@ import time
 import zlib
 from pathlib import Path
 
+from .. import killpoints
 from ..runtime.worker import progress, worker_main
 
 
@@ -136,6 +137,7 @@ def run(req: dict) -> dict:
                      f"{entry['perplexity']['tokens']} tokens")
         entry["seconds"] = round(time.time() - started, 2)
         results.append(entry)
+        killpoints.reached("evaluate.between_checkpoints")
     return {"device": target, "checkpoints": results, "seconds": round(time.time() - t0, 2),
             "decode_path": "generate" if state["use_generate"] else "forward",
             "generate_error": state.get("generate_error"), "generate_match": state.get("generate_match")}

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import killpoints
 from ..runtime.worker import progress, worker_main
 
 SERVING_DIR = "serving"
@@ -116,6 +117,7 @@ def run(req: dict) -> dict:
     serving = out_dir / SERVING_DIR
     t = time.time()
     mindir = export_mindir(net, inputs, serving)
+    killpoints.reached("export.mid_mindir")
     checks["timings_s"]["export"] = round(time.time() - t, 3)
     t = time.time()
     reloaded = reload_logits(mindir, inputs)

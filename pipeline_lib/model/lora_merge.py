@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+
 import numpy as np
+
+from .. import killpoints
 
 LORA_A = ".mindpet_delta_lora_a"
 LORA_B = ".mindpet_delta_lora_b"
@@ -130,6 +133,8 @@ def merge_lora(base: dict[str, np.ndarray], adapter: dict[str, np.ndarray], *, a
                                  "the adapter was trained on another base model")
         merged[w_name] = (w.astype(np.float64) + delta).astype(w.dtype)
         report.modules.append(prefix)
+        if len(report.modules) == 1:
+            killpoints.reached("export.mid_merge")
         report.max_abs_delta = max(report.max_abs_delta, float(np.abs(delta).max()))
     return merged, report
 

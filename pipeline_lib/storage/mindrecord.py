@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import killpoints
+
 
 def write_mindrecord_columns(path: str | Path, columns: dict[str, np.ndarray], description: str,
                              page_sizes_: tuple[int, int] | None = None) -> Path:
@@ -39,11 +41,13 @@ def write_mindrecord_columns(path: str | Path, columns: dict[str, np.ndarray], d
             writer.set_header_size(page_sizes_[1])
         writer.add_schema({name: {"type": "int32", "shape": [-1]} for name in names}, description)
         _write_rows(writer, columns, n)
+        killpoints.reached("data.mindrecord.mid_file")
         writer.commit()
         os.replace(tmp_dir / f"{path.name}.db", path.parent / f"{path.name}.db")
         os.replace(tmp_dir / path.name, path)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+    killpoints.reached("data.mindrecord.between_files")
     return path
 
 

@@ -155,6 +155,9 @@ def _main(request: dict) -> dict:
     params = ms.load_checkpoint(request["sft"])
     base = ms.load_checkpoint(request["base"])
     lora, optimized, shared = _check(params, base, request["expected"])
+    from ..killpoints import arm_checkpoint_writes
+
+    arm_checkpoint_writes("sft.adapter.mid_save")  # the reliability suite's point; a no-op otherwise
     ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in sorted(lora.items())], request["out"])
     return {"lora": {n: list(a.shape) for n, a in sorted(lora.items())}, "lora_numel": int(sum(a.size for a in lora.values())),
             "optimizer_params": len(optimized), "base_params_compared": len(shared), "base_params_changed": 0,

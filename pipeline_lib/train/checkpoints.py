@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..runtime.env import subprocess_env
+from .. import killpoints
 from ..storage import join, sha256_file, store_for
 
 CKPT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
@@ -132,6 +133,7 @@ def _verify_main(paths: list[str]) -> None:
     import mindspore as ms
 
     for path in paths:
+        killpoints.reached("checkpoint.verify")
         try:
             params = ms.load_checkpoint(path)
             bad = [name for name, p in params.items()
@@ -235,6 +237,7 @@ class CheckpointManager:
                                                     "epoch": res.epoch_num, "params": res.params,
                                                     "verified_at": time.time()}, indent=2))
             self.log(f"[checkpoints] verified {ckpt.path.name} (rank {ckpt.rank}, step {step}, {res.size:,} bytes)")
+            killpoints.reached("checkpoint.before_latest")
         if self.keep:
             self.prune(self.keep)
         if self.upload_uri:
@@ -251,6 +254,7 @@ class CheckpointManager:
                 for local, uri in ((c.path, self._uri(c)), (c.sidecar, self._uri(c, c.sidecar.name))):
                     if not (store.exists(uri) and store.size(uri) == local.stat().st_size):
                         store.put_file(local, uri)
+                        killpoints.reached("checkpoint.mid_upload")
                 self._uploaded.add(c.path)
                 self.log(f"[checkpoints] uploaded {c.path.name} to {self._uri(c)}")
         # the strategy files of a parallel run (<output_dir>/strategy/) go next to the checkpoint folder: without

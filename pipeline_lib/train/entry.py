@@ -49,6 +49,9 @@ def run(yaml_path: str) -> None:
     import pipeline_lib.train.callbacks  # noqa: F401  (registers PipelineMetrics and LossGuard)
     import pipeline_lib.train.cpu_wrappers  # noqa: F401  (registers CPUTrainOneStepCell)
     import pipeline_lib.train.mf_callbacks  # noqa: F401  (registers StopAtStep)
+    from pipeline_lib.killpoints import arm_checkpoint_writes
+
+    arm_checkpoint_writes()  # the reliability suite's checkpoint.mid_write point; a no-op otherwise
 
     t_import = time.time()
     cfg = MindFormerConfig(os.path.realpath(yaml_path))

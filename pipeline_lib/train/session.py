@@ -37,6 +37,7 @@ import yaml
 from ..config.mindformers_yaml import write_run_yaml
 from ..config.platform import device_target
 from ..config.schema import GuardConfig
+from .. import killpoints
 from ..storage import join, store_for
 from .checkpoints import CheckpointManager
 from .launch import GuardTripped, TrainingLaunchError
@@ -192,6 +193,8 @@ class TrainingSession:
             write_json(ident_file, {"identity": identity})
             if self.remote:
                 store_for(self.remote, self.endpoint).put_file(ident_file, join(self.remote, IDENTITY_FILE))
+        else:
+            killpoints.reached("train.resuming")
         return latest
 
     def _restore_uploaded(self, identity: str) -> None:
