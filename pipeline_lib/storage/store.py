@@ -335,19 +335,28 @@ class S3Store:
         head, _, name = key.rpartition("/")
         return f"{head}/{TMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}" if head else f"{TMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}"
 
+    def _upload_then_commit(self, upload, bucket: str, key: str) -> None:
+        """Upload to a temp key (a multipart upload above 8 MB: nothing is visible until it completes),
+        then copy to the final key. A failed upload leaves nothing under the final key, and its temp
+        object is deleted when the store still answers."""
+        tmp = self._tmp_key(key)
+        try:
+            upload(tmp)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.client.delete_object(Bucket=bucket, Key=tmp)
+            raise
+        self._commit(bucket, tmp, key)
+
     @_s3_op("write")
     def put_bytes(self, uri: str, data: bytes) -> None:
         bucket, key = split_s3(uri)
-        tmp = self._tmp_key(key)
-        self.client.upload_fileobj(io.BytesIO(data), bucket, tmp)
-        self._commit(bucket, tmp, key)
+        self._upload_then_commit(lambda tmp: self.client.upload_fileobj(io.BytesIO(data), bucket, tmp), bucket, key)
 
     @_s3_op("upload", uri_arg=1)
     def put_file(self, local_path: str | Path, uri: str) -> None:
         bucket, key = split_s3(uri)
-        tmp = self._tmp_key(key)
-        self.client.upload_file(str(local_path), bucket, tmp)
-        self._commit(bucket, tmp, key)
+        self._upload_then_commit(lambda tmp: self.client.upload_file(str(local_path), bucket, tmp), bucket, key)
 
     @_s3_op("create")
     def put_new(self, uri: str, data: bytes | str | Path) -> bool:
@@ -365,11 +374,30 @@ class S3Store:
             code = err.response.get("Error", {}).get("Code")
             status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-                return False
+                # A retried PUT whose first answer was lost finds its own object: the same bytes are
+                # this call's write (and any writer of identical bytes wanted the very same value).
+                return self._holds(bucket, key, data)
             raise
         finally:
             if not isinstance(body, bytes):
                 body.close()
+
+    def _holds(self, bucket: str, key: str, data: bytes | str | Path) -> bool:
+        """Whether the object at key has exactly these bytes (a local file's path, or bytes)."""
+        from botocore.exceptions import ClientError
+
+        size = len(data) if isinstance(data, bytes) else Path(data).stat().st_size
+        try:
+            if self.client.head_object(Bucket=bucket, Key=key)["ContentLength"] != size:
+                return False
+        except ClientError:
+            return False
+        want = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) else _sha256_path(data)
+        digest = hashlib.sha256()
+        with _ResumingBody(self, bucket, key, 0, None) as fh:
+            while chunk := fh.read(8 << 20):
+                digest.update(chunk)
+        return digest.hexdigest() == want
 
     @_s3_op("read")
     def get_bytes(self, uri: str) -> bytes:
@@ -497,7 +525,12 @@ class _ResumingBody(io.RawIOBase):
                 self.retries_left -= 1
                 with contextlib.suppress(Exception):
                     self.body.close()
-                self._open()
+                try:
+                    self._open()
+                except Exception as again:
+                    if _unavailable(again):
+                        raise StorageUnavailable("read", f"s3://{self.bucket}/{self.key}", self.store, again) from again
+                    raise
                 continue
             self.pos += len(data)
             return data
@@ -577,6 +610,14 @@ def store_for(uri: str, endpoint_url: str | None = None) -> LocalStore | S3Store
             _S3_CLIENTS[key] = S3Store(endpoint_url, key[1])
         return _S3_CLIENTS[key]
     return LocalStore()
+
+
+def _sha256_path(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def has_glob(pattern: str) -> bool:

@@ -15,7 +15,8 @@ back (keep-alive towards the client), unless a rule fires first. Kinds:
   reset_response  forward (the server DOES apply it), then send the status, headers and half the body
                   and reset: the client loses the answer to a request that happened (the lost ack);
   short_read      forward, then send the headers with the full Content-Length but only half the body and
-                  close cleanly (FIN): a body shorter than it says.
+                  close cleanly (FIN): a body shorter than it says (give it method="GET": other answers
+                  have no body to cut).
 A rule matches by method (None: any) and a regex searched in the request path (None: any); it fires on
 its `nth` match (1-based) or, with `probability`, on each match with that chance from its own seeded
 random stream; at most `times` times (None: no limit).
@@ -154,8 +155,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(503, [("Content-Type", "application/xml")], SLOWDOWN_BODY)
         status, headers, payload = self._forward(body)
         if kind == "reset_response":
-            self._send_head(status, headers, len(payload))
-            self.wfile.write(payload[:len(payload) // 2])
+            if payload:
+                self._send_head(status, headers, len(payload))
+                self.wfile.write(payload[:len(payload) // 2])
+            else:  # nothing after the headers to cut: cut the status line instead
+                self.wfile.write(f"{self.protocol_version} {status} ".encode())
             self.wfile.flush()
             return self._reset()
         if kind == "short_read":
