@@ -95,7 +95,7 @@ class FaultProxy:
             pass
 
         Handler.proxy = proxy
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
@@ -126,6 +126,11 @@ class FaultProxy:
                     self.injected.append((rule.kind, method, path))
                     return rule
         return None
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):  # a client that gave up on a stalled request: expected
+        pass
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -177,8 +177,12 @@ def run_data(tmp: Path, bucket: str, endpoint: str):
     return run_stage(cfg, RunPaths(cfg.run.output_root, RUN_ID, endpoint), "data", workers=1)[0]
 
 
-def outputs(manifest) -> dict[str, str]:
-    return {o["path"]: o["sha256"] for o in manifest.outputs}
+def outputs(direct, bucket: str, manifest) -> dict[str, str]:
+    """sha256 of each output the manifest names, as stored, with the bucket's name masked (quarantine
+    and stats name the input's s3:// URI, and each run has its own bucket)."""
+    folder = f"runs/{RUN_ID}/data"
+    return {o["path"]: hashlib.sha256(direct.get_object(Bucket=bucket, Key=f"{folder}/{o['path']}")["Body"].read()
+                                      .replace(bucket.encode(), b"BUCKET")).hexdigest() for o in manifest.outputs}
 
 
 def check_no_partial_objects(direct, bucket: str) -> int:
@@ -203,7 +207,7 @@ def fault_free(s3_endpoint, tmp_path_factory):
     direct = boto3.client("s3", endpoint_url=s3_endpoint)
     bucket = new_bucket(direct)
     put_inputs(direct, bucket)
-    return outputs(run_data(tmp_path_factory.mktemp("fault_free"), bucket, s3_endpoint))
+    return outputs(direct, bucket, run_data(tmp_path_factory.mktemp("fault_free"), bucket, s3_endpoint))
 
 
 def random_faults(seed: int, p: float) -> list[Fault]:
@@ -230,7 +234,7 @@ def test_data_stage_on_s3_under_random_faults(seed, p, faults, direct, tmp_path,
     if error is not None:
         assert_clear(str(error), error.op, error.uri)
         manifest = run_data(tmp_path, bucket, faults.url)
-    assert outputs(manifest) == fault_free
+    assert outputs(direct, bucket, manifest) == fault_free
     assert check_no_partial_objects(direct, bucket) >= len(fault_free)
     tally.add(RELIABILITY_ROW, injected=injected, **{"refused_cleanly" if error else "survived": injected})
 
@@ -251,6 +255,6 @@ def test_data_stage_refused_mid_stage_then_rerun(faults, direct, tmp_path, fault
     check_no_partial_objects(direct, bucket)
     faults.clear()
     monkeypatch.delenv("LLM_PIPELINE_S3_MAX_ATTEMPTS")
-    assert outputs(run_data(tmp_path, bucket, faults.url)) == fault_free
+    assert outputs(direct, bucket, run_data(tmp_path, bucket, faults.url)) == fault_free
     check_no_partial_objects(direct, bucket)
     tally.add(RELIABILITY_ROW, injected=injected, refused_cleanly=injected)
