@@ -310,7 +310,7 @@ class S3Store:
         self.settings = settings or S3Settings.from_env()
         self.client = boto3.client(
             "s3", endpoint_url=self.endpoint_url,
-            config=Config(retries={"max_attempts": self.settings.max_attempts, "mode": self.settings.retry_mode},
+            config=Config(retries={"total_max_attempts": self.settings.max_attempts, "mode": self.settings.retry_mode},
                           connect_timeout=self.settings.connect_timeout, read_timeout=self.settings.read_timeout),
         )
 
