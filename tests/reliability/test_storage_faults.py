@@ -16,12 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import uuid
 from pathlib import Path
 
 import boto3
 import pytest
 from fault_proxy import KINDS, Fault, FaultProxy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from pretrain_fixtures import pretrain_data  # noqa: E402,F401  (the session fixture, for the pretrain case)
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.stages import run_stage
@@ -185,11 +189,17 @@ def outputs(direct, bucket: str, manifest) -> dict[str, str]:
                                       .replace(bucket.encode(), b"BUCKET")).hexdigest() for o in manifest.outputs}
 
 
-def check_no_partial_objects(direct, bucket: str) -> int:
-    """Every object a manifest under the run names has the manifest's size and sha256. Returns how many."""
-    objects = stored(direct, bucket, f"runs/{RUN_ID}/")
+def check_no_partial_objects(direct, bucket: str, run_id: str = RUN_ID) -> int:
+    """Every object a manifest under the run names has the manifest's size and sha256, and every uploaded
+    checkpoint the size and sha256 its verification sidecar says. Returns how many were checked."""
+    objects = stored(direct, bucket, f"runs/{run_id}/")
     checked = 0
     for key, body in objects.items():
+        if key.endswith(".ckpt") and key + ".verified.json" in objects:
+            want = json.loads(objects[key + ".verified.json"])
+            assert (len(body), hashlib.sha256(body).hexdigest()) == (want["size"], want["sha256"]), \
+                f"{key}: partial or different from its verification"
+            checked += 1
         if key.endswith("/manifest.json"):
             folder = key.rsplit("/", 1)[0]
             for out in json.loads(body)["outputs"]:
@@ -258,3 +268,40 @@ def test_data_stage_refused_mid_stage_then_rerun(faults, direct, tmp_path, fault
     assert outputs(direct, bucket, run_data(tmp_path, bucket, faults.url)) == fault_free
     check_no_partial_objects(direct, bucket)
     tally.add(RELIABILITY_ROW, injected=injected, refused_cleanly=injected)
+
+
+# -- pretrain: checkpoints uploaded to S3 as they verify (reliability profile only: one tiny training run) ----
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FULL_PROFILE, reason="one tiny training run: HYPOTHESIS_PROFILE=reliability only")
+def test_pretrain_checkpoint_upload_under_faults(faults, direct, tally, pretrain_data):
+    from pretrain_fixtures import new_run
+
+    bucket = new_bucket(direct)
+    cfg, local_paths = new_run(pretrain_data, "sf-source", training={"steps": 4, "save_steps": 2,
+                                                                    "upload_checkpoints": True})
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"output_root": f"s3://{bucket}/runs",
+                                                                     "s3_endpoint_url": faults.url})})
+    paths = RunPaths(f"s3://{bucket}/runs", "sf-pretrain", faults.url)
+    store = store_for(paths.stage_uri("data"), faults.url)
+    src = Path(local_paths.stage_uri("data"))
+    for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        store.put_file(f, join(paths.stage_uri("data"), f.relative_to(src).as_posix()))
+    faults.add(*[Fault(kind, method="GET" if kind == "short_read" else None, key=r"/sf-pretrain/pretrain/",
+                       probability=0.15 / (3 if kind == "stall" else 1), seed=40 + i, stall_s=2.5)
+                 for i, kind in enumerate(KINDS)])
+    try:
+        manifest, error = run_stage(cfg, paths, "pretrain")[0], None
+    except StorageUnavailable as err:
+        manifest, error = None, err
+    injected = len(faults.injected)
+    faults.clear()
+    assert injected, f"no fault injected in {faults.requests} requests"
+    check_no_partial_objects(direct, bucket, "sf-pretrain")
+    if error is not None:
+        assert_clear(str(error), error.op, error.uri)
+        manifest = run_stage(cfg, paths, "pretrain")[0]
+    assert check_no_partial_objects(direct, bucket, "sf-pretrain") >= len(manifest.outputs)
+    latest = manifest.metrics["latest_checkpoint"]
+    assert store.exists(latest) and store.exists(latest + ".verified.json")
+    tally.add(RELIABILITY_ROW, injected=injected, **{"refused_cleanly" if error else "survived": injected})
