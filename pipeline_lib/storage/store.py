@@ -244,7 +244,7 @@ class StorageUnavailable(ConnectionError):
     """An S3 operation still failed after every retry (network, timeouts, 5xx, throttling)."""
 
     def __init__(self, op: str, uri: str, store: "S3Store", cause: BaseException):
-        s, write = store.settings, op in ("upload", "write", "create", "delete")
+        s, write = store.settings, op in ("upload", "write", "create")
         reason = f"{type(cause).__name__}: {cause}".replace("\n", " ")[:300]
         super().__init__(
             f"S3 {op} of {uri} failed after {s.max_attempts} attempts per request (endpoint "
@@ -257,7 +257,7 @@ class StorageUnavailable(ConnectionError):
         self.op, self.uri = op, uri
 
 
-_RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+_RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                     "InternalError", "ServiceUnavailable", "503", "500", "RequestLimitExceeded"}
 
 
