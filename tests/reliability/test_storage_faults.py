@@ -114,6 +114,12 @@ def test_each_fault_kind_is_survived_by_every_operation(kind, faults, direct, tm
         assert call(store, f"s3://{bucket}/{key}", data, tmp_path) in (None, True), op  # put_new: "I wrote it"
         assert len(faults.injected) == before + 1, (op, faults.injected)
         assert stored(direct, bucket, key)[key] == data, op
+    if kind != "short_read":  # above 8 MB: a multipart upload to the temp key, the fault on its second part
+        big = os.urandom(9 << 20)
+        faults.add(fault_for(kind, r"multipart\.bin.*partNumber=2"))
+        store.put_file(_local(tmp_path, big), f"s3://{bucket}/w/multipart.bin")
+        assert faults.injected[-1][2].count("partNumber=2") and stored(direct, bucket, "w/multipart.bin")[
+            "w/multipart.bin"] == big
     direct.put_object(Bucket=bucket, Key="r/obj.bin", Body=data)
     for op, call in READS.items():
         faults.add(fault_for(kind, "r/obj.bin", method="GET"))
@@ -143,6 +149,15 @@ def test_a_fault_on_every_attempt_is_refused_cleanly(kind, faults, direct, tmp_p
             store.put_file(_local(tmp_path, data), uri)
         assert_clear(str(err.value), "upload", uri)
         assert "out/big.bin" not in stored(direct, bucket), "a refused upload is visible under its final key"
+        refused += 1
+        faults.clear()
+        faults.add(fault_for(kind, r"huge\.bin.*partNumber=2", probability=1.0))  # a multipart upload's part
+        uri = f"s3://{bucket}/out/huge.bin"
+        with pytest.raises(StorageUnavailable) as err:
+            store.put_file(_local(tmp_path, os.urandom(9 << 20)), uri)
+        assert_clear(str(err.value), "upload", uri)
+        assert not [k for k in stored(direct, bucket) if "huge.bin" in k], "a refused multipart upload left an object"
+        assert not direct.list_multipart_uploads(Bucket=bucket).get("Uploads"), "the refused multipart upload is open"
         refused += 1
         faults.clear()
     direct.put_object(Bucket=bucket, Key="in/obj.bin", Body=data)
