@@ -81,7 +81,7 @@ def fault_for(kind: str, key: str, method: str | None = None, **kw) -> Fault:
 
 # -- store level: each fault kind on each operation -----------------------------------------------------
 
-WRITES = {  # operation -> (the method of its first request at the key, call)
+WRITES = {  # operation -> call(store, uri, data, tmp folder)
     "put_bytes": lambda st, uri, data, tmp: st.put_bytes(uri, data),
     "put_file": lambda st, uri, data, tmp: st.put_file(_local(tmp, data), uri),
     "put_new": lambda st, uri, data, tmp: st.put_new(uri, data),
