@@ -10,9 +10,15 @@ copy, delete the temp key), so a reader never sees a half-written file as done.
 download), `glob` (files, folders and `*`/`**` patterns), `put_new` (create only if absent: the
 compare-and-swap that storage.generations builds on). Only this package branches on s3:// or
 talks to boto3.
+
+S3 failures: botocore retries every request (mode, attempts and timeouts from `S3Settings`: the
+LLM_PIPELINE_S3_* environment variables); a body cut short on a streaming read is read again from
+where it broke (a ranged GET). What still fails after that raises `StorageUnavailable` (a
+ConnectionError, so Prefect tasks retry it), naming the operation, the URI and what to do.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import io
@@ -21,6 +27,8 @@ import re
 import shutil
 import tempfile
 import uuid
+from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -188,26 +196,131 @@ class LocalStore:
         return "sha256:" + digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class S3Settings:
+    """How hard the S3 client tries before a storage operation fails (read from the environment, so
+    one setting reaches every process of a run: CLI, Prefect workers, training launchers).
+
+    LLM_PIPELINE_S3_MAX_ATTEMPTS   attempts per request, the first included (default 8; AWS_MAX_ATTEMPTS
+                                   is honoured when ours is unset). Retried: 5xx, SlowDown/throttling,
+                                   connection resets, timeouts (botocore's "standard" mode, exponential
+                                   backoff with jitter, at most 20 s between attempts).
+    LLM_PIPELINE_S3_RETRY_MODE     standard (default) or adaptive (also rate-limits this client).
+    LLM_PIPELINE_S3_CONNECT_TIMEOUT / LLM_PIPELINE_S3_READ_TIMEOUT   seconds (defaults 10 / 60): a
+                                   stalled connection is abandoned (and retried) after this long.
+    """
+
+    max_attempts: int = 8
+    retry_mode: str = "standard"
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+
+    @classmethod
+    def from_env(cls) -> "S3Settings":
+        env = os.environ
+
+        def number(name: str, default, kind):
+            raw = env.get(name)
+            if raw in (None, ""):
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                value = None
+            if value is None or value <= 0:
+                raise ValueError(f"{name}={raw!r} is not a positive number. Fix: set it to e.g. {default}, or unset it")
+            return value
+
+        attempts = number("LLM_PIPELINE_S3_MAX_ATTEMPTS", number("AWS_MAX_ATTEMPTS", cls.max_attempts, int), int)
+        mode = env.get("LLM_PIPELINE_S3_RETRY_MODE") or cls.retry_mode
+        if mode not in ("standard", "adaptive", "legacy"):
+            raise ValueError(f"LLM_PIPELINE_S3_RETRY_MODE={mode!r} is not a botocore retry mode. "
+                             "Fix: set it to standard or adaptive")
+        return cls(attempts, mode, number("LLM_PIPELINE_S3_CONNECT_TIMEOUT", cls.connect_timeout, float),
+                   number("LLM_PIPELINE_S3_READ_TIMEOUT", cls.read_timeout, float))
+
+
+class StorageUnavailable(ConnectionError):
+    """An S3 operation still failed after every retry (network, timeouts, 5xx, throttling)."""
+
+    def __init__(self, op: str, uri: str, store: "S3Store", cause: BaseException):
+        s, write = store.settings, op in ("upload", "write", "create")
+        reason = f"{type(cause).__name__}: {cause}".replace("\n", " ")[:300]
+        super().__init__(
+            f"S3 {op} of {uri} failed after {s.max_attempts} attempts per request (endpoint "
+            f"{store.endpoint_url or 'AWS default'}): {reason}."
+            + (" Nothing half-written is visible under that key." if write else "")
+            + " Fix: check that the endpoint is reachable and not throttling (run.s3_endpoint_url), then run the "
+            "same run id again (finished stages are not redone); for a flaky link raise "
+            f"LLM_PIPELINE_S3_MAX_ATTEMPTS (now {s.max_attempts}) or LLM_PIPELINE_S3_READ_TIMEOUT (now "
+            f"{s.read_timeout:g} s)")
+        self.op, self.uri = op, uri
+
+
+_RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                    "InternalError", "ServiceUnavailable", "503", "500", "RequestLimitExceeded"}
+
+
+def _unavailable(err: BaseException) -> bool:
+    """A failure of the link or the server (worth another try later), not of the request itself."""
+    from botocore.exceptions import BotoCoreError, ClientError
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, ClientError):
+            meta = err.response.get("ResponseMetadata", {})
+            return (meta.get("HTTPStatusCode") or 0) >= 500 or err.response.get("Error", {}).get("Code") in _RETRYABLE_CODES
+        if isinstance(err, (BotoCoreError, Urllib3Error, ConnectionError, TimeoutError)) and not isinstance(
+                err, StorageUnavailable):
+            from botocore.exceptions import NoCredentialsError, ParamValidationError
+            return not isinstance(err, (NoCredentialsError, ParamValidationError))
+        err = err.__cause__ or err.__context__  # boto3's S3UploadFailedError wraps the ClientError
+    return False
+
+
+def _s3_op(op: str, uri_arg: int = 0):
+    """Turn a failure that outlived botocore's retries into StorageUnavailable(op, uri)."""
+    def wrap(method):
+        @wraps(method)
+        def run(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except StorageUnavailable:
+                raise
+            except Exception as err:
+                if _unavailable(err):
+                    raise StorageUnavailable(op, str(args[uri_arg]) if len(args) > uri_arg else "?", self, err) from err
+                raise
+        return run
+    return wrap
+
+
 class S3Store:
     """S3 through boto3; endpoint_url makes MinIO, OBS or moto work the same way."""
 
     remote = True
 
-    def __init__(self, endpoint_url: str | None = None):
+    def __init__(self, endpoint_url: str | None = None, settings: S3Settings | None = None):
         import boto3
         from botocore.config import Config
 
         self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+        self.settings = settings or S3Settings.from_env()
         self.client = boto3.client(
             "s3", endpoint_url=self.endpoint_url,
-            config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+            config=Config(retries={"total_max_attempts": self.settings.max_attempts, "mode": self.settings.retry_mode},
+                          connect_timeout=self.settings.connect_timeout, read_timeout=self.settings.read_timeout),
         )
 
+    @_s3_op("check")
     def exists(self, uri: str) -> bool:
         """An object, or a non-empty prefix read as a folder."""
         bucket, key = split_s3(uri)
         return self._object_exists(bucket, key) or bool(self.list(uri.rstrip("/") + "/"))
 
+    @_s3_op("head")
     def size(self, uri: str) -> int:
         bucket, key = split_s3(uri)
         return self.client.head_object(Bucket=bucket, Key=key)["ContentLength"]
@@ -222,18 +335,30 @@ class S3Store:
         head, _, name = key.rpartition("/")
         return f"{head}/{TMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}" if head else f"{TMP_PREFIX}{name}.{uuid.uuid4().hex[:8]}"
 
+    def _upload_then_commit(self, upload, bucket: str, key: str) -> None:
+        """Upload to a temp key (a multipart upload above 8 MB: nothing is visible until it completes),
+        then copy to the final key. A failed upload leaves nothing under the final key, and its temp
+        object is deleted when the store still answers."""
+        tmp = self._tmp_key(key)
+        try:
+            upload(tmp)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.client.delete_object(Bucket=bucket, Key=tmp)
+            raise
+        self._commit(bucket, tmp, key)
+
+    @_s3_op("write")
     def put_bytes(self, uri: str, data: bytes) -> None:
         bucket, key = split_s3(uri)
-        tmp = self._tmp_key(key)
-        self.client.upload_fileobj(io.BytesIO(data), bucket, tmp)
-        self._commit(bucket, tmp, key)
+        self._upload_then_commit(lambda tmp: self.client.upload_fileobj(io.BytesIO(data), bucket, tmp), bucket, key)
 
+    @_s3_op("upload", uri_arg=1)
     def put_file(self, local_path: str | Path, uri: str) -> None:
         bucket, key = split_s3(uri)
-        tmp = self._tmp_key(key)
-        self.client.upload_file(str(local_path), bucket, tmp)
-        self._commit(bucket, tmp, key)
+        self._upload_then_commit(lambda tmp: self.client.upload_file(str(local_path), bucket, tmp), bucket, key)
 
+    @_s3_op("create")
     def put_new(self, uri: str, data: bytes | str | Path) -> bool:
         """Create `uri` only if no object is there (bytes, or a local file's path): True when this
         call wrote it, False when it already existed. One PUT with If-None-Match: * (the server
@@ -249,16 +374,37 @@ class S3Store:
             code = err.response.get("Error", {}).get("Code")
             status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
-                return False
+                # A retried PUT whose first answer was lost finds its own object: the same bytes are
+                # this call's write (and any writer of identical bytes wanted the very same value).
+                return self._holds(bucket, key, data)
             raise
         finally:
             if not isinstance(body, bytes):
                 body.close()
 
-    def get_bytes(self, uri: str) -> bytes:
-        bucket, key = split_s3(uri)
-        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    def _holds(self, bucket: str, key: str, data: bytes | str | Path) -> bool:
+        """Whether the object at key has exactly these bytes (a local file's path, or bytes)."""
+        from botocore.exceptions import ClientError
 
+        size = len(data) if isinstance(data, bytes) else Path(data).stat().st_size
+        try:
+            if self.client.head_object(Bucket=bucket, Key=key)["ContentLength"] != size:
+                return False
+        except ClientError:
+            return False
+        want = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) else _sha256_path(data)
+        digest = hashlib.sha256()
+        with _ResumingBody(self, bucket, key, 0, None) as fh:
+            while chunk := fh.read(8 << 20):
+                digest.update(chunk)
+        return digest.hexdigest() == want
+
+    @_s3_op("read")
+    def get_bytes(self, uri: str) -> bytes:
+        with self.open_read(uri) as fh:  # a body cut short is read on from where it broke
+            return fh.read()
+
+    @_s3_op("download")
     def get_file(self, uri: str, local_path: str | Path) -> Path:
         bucket, key = split_s3(uri)
         local_path = Path(local_path)
@@ -266,23 +412,25 @@ class S3Store:
         self.client.download_file(bucket, key, str(local_path))
         return local_path
 
+    @_s3_op("read")
     def open_read(self, uri: str) -> BinaryIO:
         """A streaming body: bytes arrive as they are read, nothing is downloaded first."""
         bucket, key = split_s3(uri)
-        return self.client.get_object(Bucket=bucket, Key=key)["Body"]
+        return _ResumingBody(self, bucket, key, 0, None)
 
+    @_s3_op("ranged read")
     def open_range(self, uri: str, start: int, end: int | None = None) -> BinaryIO:
         """Bytes [start, end) of an object, one ranged GET streamed as it is read."""
         if end is not None and end <= start:
             return io.BytesIO(b"")
         bucket, key = split_s3(uri)
-        rng = f"bytes={start}-" + ("" if end is None else str(end - 1))
-        return self.client.get_object(Bucket=bucket, Key=key, Range=rng)["Body"]
+        return _ResumingBody(self, bucket, key, start, end)
 
     def open_seekable(self, uri: str) -> BinaryIO:
         """A seekable, buffered file over the object: each buffer fill is one ranged GET."""
         return io.BufferedReader(_S3RangeFile(self, uri), buffer_size=1 << 20)
 
+    @_s3_op("list")
     def list(self, prefix: str) -> list[str]:
         bucket, key = split_s3(prefix)
         out = []
@@ -292,6 +440,7 @@ class S3Store:
                     out.append(f"s3://{bucket}/{obj['Key']}")
         return sorted(out)
 
+    @_s3_op("list")
     def glob(self, pattern: str) -> list[str]:
         """Every object a pattern names, sorted, temp objects excluded, as s3:// URIs: an object
         itself; a prefix read as a folder (s3://b/raw = s3://b/raw/): every object under it; a glob
@@ -316,6 +465,7 @@ class S3Store:
                 return False
             raise
 
+    @_s3_op("delete")
     def delete(self, uri: str) -> None:
         bucket, key = split_s3(uri)
         keys = [split_s3(u)[1] for u in self.list(uri.rstrip("/") + "/")] or [key]
@@ -332,10 +482,72 @@ class S3Store:
         return self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
                                                   ExpiresIn=min(int(expires_s), 7 * 24 * 3600))
 
+    @_s3_op("head")
     def fingerprint(self, uri: str) -> str:
         """The object's ETag: a content hash kept by the server (no download)."""
         bucket, key = split_s3(uri)
         return "etag:" + self.client.head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
+
+
+class _ResumingBody(io.RawIOBase):
+    """Bytes [start, end) of an S3 object (end None: to its end), streamed as they are read. When the
+    body breaks off (a reset, a short read, a stalled link), the rest is fetched again by a ranged GET
+    from where it broke, pinned to the same object version (If-Match its ETag), up to the client's
+    max_attempts times; then the error is raised (S3Store turns it into StorageUnavailable)."""
+
+    def __init__(self, store: "S3Store", bucket: str, key: str, start: int, end: int | None):
+        self.store, self.bucket, self.key, self.pos, self.end = store, bucket, key, start, end
+        self.retries_left, self.etag, self.body = store.settings.max_attempts - 1, None, None
+        self._open()
+
+    def _open(self) -> None:
+        if self.end is not None and self.pos >= self.end:
+            self.body = io.BytesIO(b"")
+            return
+        kwargs = {"IfMatch": self.etag} if self.etag else {}
+        if self.pos or self.end is not None:  # no Range for a whole read: an empty object has no byte 0
+            kwargs["Range"] = f"bytes={self.pos}-" + ("" if self.end is None else str(self.end - 1))
+        resp = self.store.client.get_object(Bucket=self.bucket, Key=self.key, **kwargs)
+        self.etag, self.body = self.etag or resp.get("ETag"), resp["Body"]
+
+    def readable(self):
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        while True:
+            try:
+                data = self.body.read() if size is None or size < 0 else self.body.read(size)
+            except Exception as err:
+                if not _unavailable(err):
+                    raise
+                if self.retries_left <= 0:
+                    raise StorageUnavailable("read", f"s3://{self.bucket}/{self.key}", self.store, err) from err
+                self.retries_left -= 1
+                with contextlib.suppress(Exception):
+                    self.body.close()
+                try:
+                    self._open()
+                except Exception as again:
+                    if _unavailable(again):
+                        raise StorageUnavailable("read", f"s3://{self.bucket}/{self.key}", self.store, again) from again
+                    raise
+                continue
+            self.pos += len(data)
+            return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buf) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+    def close(self):
+        if self.body is not None:
+            with contextlib.suppress(Exception):
+                self.body.close()
+        super().close()
 
 
 class _Limited(io.RawIOBase):
@@ -388,15 +600,24 @@ class _S3RangeFile(io.RawIOBase):
         return len(body)
 
 
-_S3_CLIENTS: dict[str | None, S3Store] = {}
+_S3_CLIENTS: dict[tuple[str | None, S3Settings], S3Store] = {}
 
 
 def store_for(uri: str, endpoint_url: str | None = None) -> LocalStore | S3Store:
     if is_s3(uri):
-        if endpoint_url not in _S3_CLIENTS:
-            _S3_CLIENTS[endpoint_url] = S3Store(endpoint_url)
-        return _S3_CLIENTS[endpoint_url]
+        key = (endpoint_url, S3Settings.from_env())  # a changed setting gets its own client
+        if key not in _S3_CLIENTS:
+            _S3_CLIENTS[key] = S3Store(endpoint_url, key[1])
+        return _S3_CLIENTS[key]
     return LocalStore()
+
+
+def _sha256_path(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def has_glob(pattern: str) -> bool:

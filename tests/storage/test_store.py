@@ -176,3 +176,29 @@ def test_local_put_new_creates_only_if_absent(tmp_path):
 def test_s3_put_new_creates_only_if_absent(s3_bucket, tmp_path):
     bucket, endpoint = s3_bucket
     put_new_once(bucket, endpoint, tmp_path)
+
+
+def test_s3_client_takes_its_retries_and_timeouts_from_the_environment(s3_bucket, monkeypatch):
+    from pipeline_lib.storage import store_for
+
+    bucket, endpoint = s3_bucket
+    default = store_for(bucket, endpoint).client.meta.config
+    assert (default.retries["total_max_attempts"], default.retries["mode"]) == (8, "standard")
+    assert (default.connect_timeout, default.read_timeout) == (10, 60)
+    monkeypatch.setenv("LLM_PIPELINE_S3_MAX_ATTEMPTS", "3")
+    monkeypatch.setenv("LLM_PIPELINE_S3_READ_TIMEOUT", "2.5")
+    monkeypatch.setenv("LLM_PIPELINE_S3_RETRY_MODE", "adaptive")
+    tuned = store_for(bucket, endpoint)  # a changed setting gets its own client
+    assert (tuned.client.meta.config.retries["total_max_attempts"], tuned.client.meta.config.retries["mode"],
+            tuned.client.meta.config.read_timeout) == (3, "adaptive", 2.5)
+    assert store_for(bucket, endpoint) is tuned
+
+
+@pytest.mark.parametrize("name,value", [("LLM_PIPELINE_S3_MAX_ATTEMPTS", "many"), ("LLM_PIPELINE_S3_READ_TIMEOUT", "0"),
+                                        ("LLM_PIPELINE_S3_RETRY_MODE", "eager")])
+def test_a_bad_s3_setting_is_refused_by_name(name, value, monkeypatch):
+    from pipeline_lib.storage.store import S3Settings
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name}={value!r}.*Fix:"):
+        S3Settings.from_env()
