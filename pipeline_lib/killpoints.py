@@ -141,6 +141,11 @@ def arm_checkpoint_writes(point: str = "checkpoint.mid_write") -> None:
         return
     from mindspore.train import serialization
 
+    # MindSpore registers its file system lazily, at the first save: register it now, or that
+    # registration would overwrite the armed writer.
+    ensure = getattr(serialization, "_ensure_ckpt_fs_initialized", None)
+    if ensure is not None:
+        ensure()
     fs = serialization._ckpt_fs
     original = fs.create
 

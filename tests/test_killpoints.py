@@ -78,3 +78,20 @@ def test_an_unknown_point_named_by_the_suite_is_an_error(monkeypatch):
     monkeypatch.setenv(killpoints.KILL_AT, "no.such.point")
     with pytest.raises(KeyError, match="no.such.point"):
         killpoints.reached("no.such.point")
+
+
+def test_checkpoint_mid_write_leaves_a_half_tmp_file_and_no_checkpoint(tmp_path):
+    """MindSpore's writer has no hook of ours: the armed writer must survive its lazy file-system setup."""
+    code = textwrap.dedent(f"""
+        import numpy as np, mindspore as ms
+        from pipeline_lib.killpoints import arm_checkpoint_writes
+        arm_checkpoint_writes()
+        ms.save_checkpoint([{{"name": "w", "data": ms.Tensor(np.ones(1000, np.float32))}}], {str(tmp_path / "x.ckpt")!r})
+        print("saved", flush=True)
+    """)
+    env = {"PYTHONPATH": str(SOURCE.parent), "PATH": "/usr/bin:/bin", "GLOG_v": "3",
+           killpoints.KILL_AT: "checkpoint.mid_write", killpoints.KILL_REPORT: str(tmp_path / "killed")}
+    cmd = ["sh", "-c", f'{killpoints.KILL_ROOT}=$$ exec "$0" "$@"', sys.executable, "-c", code]
+    proc = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == -9 and "saved" not in proc.stdout, proc.stderr[-2000:]
+    assert not (tmp_path / "x.ckpt").exists() and (tmp_path / "x.tmp").stat().st_size > 0
