@@ -49,8 +49,8 @@ def tmpfs(tmp_path):
 
     mount.grow = lambda where, size: subprocess.run(["mount", "-o", f"remount,size={size}", str(where)], check=True)
     yield mount
-    for where in mounted:
-        subprocess.run(["umount", str(where)], check=False)
+    for where in mounted:  # lazy: a writer of the failed run may still hold a file open until it is collected
+        subprocess.run(["umount", "--lazy", str(where)], check=False)
 
 
 def data_cfg(output_root: str, endpoint: str | None = None):
