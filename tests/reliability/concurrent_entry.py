@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "flows"))  # stage_doubles
@@ -33,11 +34,12 @@ def data(config: dict, run_id: str) -> dict:
     from pipeline_lib.storage import RunPaths
 
     cfg = config_from_dict(config)
+    started = time.time()
     try:
         manifest, _ = run_stage(cfg, RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url), "data", workers=1)
     except Exception as err:  # the test decides whether this failure was right
-        return {"state": "Failed", "message": f"{type(err).__name__}: {err}"}
-    return {"state": "Completed", "kept": manifest.metrics.get("kept"), "metrics_keys": sorted(manifest.metrics)}
+        return {"state": "Failed", "message": f"{type(err).__name__}: {err}", "started": started, "ended": time.time()}
+    return {"state": "Completed", "started": started, "ended": time.time()}
 
 
 if __name__ == "__main__":

@@ -105,6 +105,8 @@ def test_two_data_runs_of_one_lineage_lose_no_index_entry(where, tmp_path, reque
     results = start_together(*[[str(ENTRY), "data", configs[run], run] for run in configs])
     tally.add(RELIABILITY_ROW, runs=2)
     assert [r["state"] for r in results] == ["Completed", "Completed"], results
+    a, b = results
+    assert a["started"] < b["ended"] and b["started"] < a["ended"], f"the two runs did not overlap: {results}"
 
     # Every document of a.jsonl and b.jsonl is in the index: a run over both finds nothing new.
     third = tiny(root, [str(raw / "all.jsonl")], endpoint)

@@ -164,3 +164,17 @@ def test_work_folder_fills_for_an_s3_run_then_resumes(tmpfs, s3_bucket, never_fu
     outputs = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("OUTPUTS"))[len("OUTPUTS "):])
     assert outputs == never_full
     tally.add(RELIABILITY_ROW, resumed=1)
+
+
+def test_a_plain_write_that_hits_enospc_names_the_folder_and_free_bytes(tmpfs):
+    """The kernel's ENOSPC (errno 28, no filename on a write()) from any writer of a stage, named the same way."""
+    from pipeline_lib.storage.disk_space import named_disk_full
+
+    root = tmpfs("64k")
+    with pytest.raises(DiskFull) as failed, named_disk_full({"run.output_root": str(root)}):
+        (root / "big.bin").write_bytes(b"x" * 200_000)
+    assert failed.value.__cause__.errno == 28
+    assert str(failed.value).startswith(f"No space left on device writing {root} (run.output_root): ")
+    assert "0 bytes free there now" in str(failed.value)
+    with pytest.raises(ValueError), named_disk_full({"run.output_root": str(root)}):  # other errors pass unchanged
+        raise ValueError("not a disk problem")
