@@ -178,3 +178,50 @@ def test_a_plain_write_that_hits_enospc_names_the_folder_and_free_bytes(tmpfs):
     assert "0 bytes free there now" in str(failed.value)
     with pytest.raises(ValueError), named_disk_full({"run.output_root": str(root)}):  # other errors pass unchanged
         raise ValueError("not a disk problem")
+
+
+TRAIN_IN_SUBPROCESS = """
+import sys
+from pipeline_lib.config import load_config
+from pipeline_lib.stages import run_stage
+from pipeline_lib.storage import RunPaths
+cfg = load_config(sys.argv[1], [f"run.output_root={sys.argv[2]}", f"run.s3_endpoint_url={sys.argv[3]}",
+                                "data.executor=local", "training.steps=6", "training.save_steps=3",
+                                "training.preflight_steps=0"])
+paths = RunPaths(cfg.run.output_root, "night", cfg.run.s3_endpoint_url)
+run_stage(cfg, paths, "data", workers=1)
+try:
+    manifest, _ = run_stage(cfg, paths, "pretrain")
+except Exception as err:
+    from pipeline_lib.doctor.classify import diagnose_exception
+    print("FAILED", type(err).__name__, err, "| doctor:", diagnose_exception(err, cfg, stage="pretrain").category)
+    sys.exit(3)
+print("TRAINED", sorted(o["path"] for o in manifest.outputs))
+"""
+
+
+@pytest.mark.skipif(not HEAVY, reason="trains a tiny model (about a minute): runs with HYPOTHESIS_PROFILE=reliability "
+                                      "(python bench/reliability.py)")
+def test_training_work_folder_fills_for_an_s3_run_then_resumes(tmpfs, s3_bucket, tally):
+    """An s3:// run trains in $LLM_PIPELINE_WORK_DIR: on a tmpfs too small for its checkpoints the free-disk check
+    refuses before training (path, bytes needed, bytes free); after the tmpfs grows the rerun trains."""
+    bucket, endpoint = s3_bucket
+    work = tmpfs("2m")
+    env = dict(os.environ, LLM_PIPELINE_WORK_DIR=str(work), PYTHONPATH=str(ROOT))
+    argv = [sys.executable, "-c", TRAIN_IN_SUBPROCESS, str(ROOT / "configs/pipelines/tiny-cpu.yaml"),
+            f"{bucket}/runs", endpoint]
+    tally.add(RELIABILITY_ROW, runs=1)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-3000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("FAILED"))
+    assert str(work) in line and "need" in line and "free" in line and line.endswith("doctor: disk_full"), line
+    print(line)  # the refusal as a user reads it (pytest -s)
+    store = store_for(f"{bucket}/runs", endpoint)
+    assert not store.exists(f"{bucket}/runs/night/pretrain/manifest.json")
+    tally.add(RELIABILITY_ROW, failed_clearly=1)
+
+    tmpfs.grow(work, "256m")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert store.exists(f"{bucket}/runs/night/pretrain/manifest.json")
+    tally.add(RELIABILITY_ROW, resumed=1)
