@@ -200,7 +200,7 @@ print("TRAINED", sorted(o["path"] for o in manifest.outputs))
 """
 
 
-@pytest.mark.skipif(not HEAVY, reason="trains a tiny model (about a minute): runs with HYPOTHESIS_PROFILE=reliability "
+@pytest.mark.skipif(not HEAVY, reason="trains a tiny model (about 25 s): runs with HYPOTHESIS_PROFILE=reliability "
                                       "(python bench/reliability.py)")
 def test_training_work_folder_fills_for_an_s3_run_then_resumes(tmpfs, s3_bucket, tally):
     """An s3:// run trains in $LLM_PIPELINE_WORK_DIR: on a tmpfs too small for its checkpoints the free-disk check
