@@ -3,8 +3,8 @@
 - Two nightlies (two dates) started together: one holds the nightly lock and trains, the other does nothing
   and names the holder (Completed "Busy"), or, if it starts after the first finished, finds nothing new
   (Skipped). No new file is trained on twice; the nightly state holds every file once.
-- Two data-stage runs of one dedup lineage, overlapping inputs: neither run's index entries are lost or
-  half-merged: a third run over both inputs finds no new document (locally and on S3).
+- Two data-stage runs of one dedup lineage (three under HYPOTHESIS_PROFILE=reliability), overlapping inputs: no
+  run's index entries are lost or half-merged: a run over all their inputs finds no new document (local and S3).
 - The nightly state and lock on S3: two processes commit at once, both changes land; only one holds the lock.
 The tally row `concurrent` counts runs and runs whose update was lost or half-merged (must stay 0).
 """
@@ -29,6 +29,7 @@ RELIABILITY_ROW = "concurrent"
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = Path(__file__).with_name("concurrent_entry.py")
 CORPUS = ROOT / "configs" / "data" / "tiny_corpus.jsonl"
+HEAVY = os.environ.get("HYPOTHESIS_PROFILE") == "reliability"
 
 
 def tiny(output_root: str, inputs: list[str], endpoint: str | None = None, *more: str):
@@ -97,27 +98,30 @@ def test_two_data_runs_of_one_lineage_lose_no_index_entry(where, tmp_path, reque
         root, endpoint = str(tmp_path / "runs"), None
     raw = tmp_path / "raw"
     raw.mkdir()
-    (raw / "a.jsonl").write_bytes(lines(0, 260))
-    (raw / "b.jsonl").write_bytes(lines(200, 438))  # 60 lines in common with a.jsonl
+    # Overlapping slices of the corpus, one run each, all started at once (three under the reliability profile).
+    slices = [(0, 180), (140, 320), (280, 438)] if HEAVY else [(0, 260), (200, 438)]
+    runs = [f"run-{chr(ord('a') + k)}" for k in range(len(slices))]
+    for run, (first, last) in zip(runs, slices):
+        (raw / f"{run}.jsonl").write_bytes(lines(first, last))
     (raw / "all.jsonl").write_bytes(lines(0, 438))
-    configs = {run: json.dumps(tiny(root, [str(raw / f"{name}.jsonl")], endpoint).model_dump(mode="json"))
-               for run, name in (("run-a", "a"), ("run-b", "b"))}
-    results = start_together(*[[str(ENTRY), "data", configs[run], run] for run in configs])
-    tally.add(RELIABILITY_ROW, runs=2)
-    assert [r["state"] for r in results] == ["Completed", "Completed"], results
-    a, b = results
-    assert a["started"] < b["ended"] and b["started"] < a["ended"], f"the two runs did not overlap: {results}"
+    configs = {run: json.dumps(tiny(root, [str(raw / f"{run}.jsonl")], endpoint).model_dump(mode="json"))
+               for run in runs}
+    results = start_together(*[[str(ENTRY), "data", configs[run], run] for run in runs])
+    tally.add(RELIABILITY_ROW, runs=len(runs))
+    assert [r["state"] for r in results] == ["Completed"] * len(runs), results
+    assert max(r["started"] for r in results) < min(r["ended"] for r in results), \
+        f"the runs did not all overlap: {results}"
 
-    # Every document of a.jsonl and b.jsonl is in the index: a run over both finds nothing new.
+    # Every document of every run is in the index: a run over all their inputs finds nothing new.
     third = tiny(root, [str(raw / "all.jsonl")], endpoint)
     try:
-        manifest, _ = run_stage(third, RunPaths(root, "run-c", endpoint), "data", workers=1)
+        manifest, _ = run_stage(third, RunPaths(root, "run-all", endpoint), "data", workers=1)
         kept = manifest.metrics.get("kept")
     except NoNewDocuments as none:
         kept = None
-        assert sorted(none.counts["earlier_runs"]) == ["run-a", "run-b"], none.counts
+        assert sorted(none.counts["earlier_runs"]) == runs, none.counts
     tally.add(RELIABILITY_ROW, lost_or_half_merged=int(kept is not None))
-    assert kept is None, f"run-c kept {kept} documents: an index update of run-a or run-b was lost"
+    assert kept is None, f"the run over all of them kept {kept} documents: an index update of {runs} was lost"
 
 
 STATE_WRITER = textwrap.dedent("""
