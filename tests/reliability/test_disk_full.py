@@ -225,3 +225,27 @@ def test_training_work_folder_fills_for_an_s3_run_then_resumes(tmpfs, s3_bucket,
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert store.exists(f"{bucket}/runs/night/pretrain/manifest.json")
     tally.add(RELIABILITY_ROW, resumed=1)
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_output_root_fills_under_the_prefect_executor_then_resumes(tmpfs, never_full, tally):
+    """data.executor=prefect: the shard steps are Prefect task runs; the flow's failure names the full disk too."""
+    from flows.pipeline import llm_pipeline
+
+    root = tmpfs("500k")
+    cfg = data_cfg(str(root)).model_copy(deep=True)
+    cfg.data.executor = "prefect"
+    tally.add(RELIABILITY_ROW, runs=1)
+    state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id="night", stages=["data"], return_state=True)
+    assert state.is_failed()
+    assert f"DiskFull: No space left on device writing {root}" in state.message, state.message
+    assert "doctor: disk_full in data" in state.message, state.message
+    check_nothing_corrupt_left_as_done(root / "night" / "data", never_full)
+    tally.add(RELIABILITY_ROW, failed_clearly=1)
+
+    tmpfs.grow(root, "32m")
+    state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id="night", stages=["data"], return_state=True)
+    assert state.is_completed(), state.message
+    manifest = json.loads((root / "night" / "data" / "manifest.json").read_text())
+    assert {o["path"]: o for o in manifest["outputs"]} == never_full
+    tally.add(RELIABILITY_ROW, resumed=1)
