@@ -324,7 +324,7 @@ def nightly_main(argv: list[str]) -> int:
 
     with api:
         state = nightly(config=args.config, overrides=args.overrides, run_date=args.run_date, return_state=True)
-    print(f"nightly {state.name}: {state.message}" if state.name in ("Skipped", "NoNewData") else
+    print(f"nightly {state.name}: {state.message}" if state.name in ("Skipped", "NoNewData", "Busy") else
           state.result() if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1
 

@@ -21,7 +21,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from pipeline_lib.config.secrets import public_config
 from pipeline_lib.runtime.contract import StageOutput
-from pipeline_lib.stages import record_stage, stage_done
+from pipeline_lib.doctor.retry import attach_diagnosis
+from pipeline_lib.stages import record_stage, stage_done, written_folders
+from pipeline_lib.storage.disk_space import named_disk_full
 from pipeline_lib.storage import RunPaths, invalidate, read_manifest
 
 from tasks import data_tasks as t
@@ -74,7 +76,12 @@ def run_mapped_data(cfg, run_id: str) -> dict:
         return Completed(message="data: manifest complete, not redone", name="Cached", data=result)
     get_run_logger().info(f"data: running ({why})")
     invalidate(uri, paths.endpoint_url)
-    raw = _shard_steps.with_options(task_runner=_task_runner(cfg))(config=public_config(cfg), run_id=run_id)
+    try:
+        with named_disk_full(written_folders(uri, paths.endpoint_url)):  # as run_stage does for the local executor
+            raw = _shard_steps.with_options(task_runner=_task_runner(cfg))(config=public_config(cfg), run_id=run_id)
+    except Exception as exc:  # the doctor's category and first remedy in the message, as the stage task does
+        attach_diagnosis(exc, cfg, "data")
+        raise
     manifest = record_stage(cfg, paths, "data", StageOutput(**raw))
     publish_stage_artifacts(cfg, paths, "data", manifest)
     return {"stage": "data", "run_id": run_id, "skipped": False, "seconds": round(time.time() - started, 2),

@@ -2,7 +2,8 @@
 dedup against everything seen) -> pretrain from last night's checkpoint -> evaluate side by side
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
-Final states: Completed "Skipped" (no new file), Completed "NoNewData" (new files, but every
+Final states: Completed "Busy" (another night holds this output root's nightly lock: this one did
+nothing, the message names the holder), Completed "Skipped" (no new file), Completed "NoNewData" (new files, but every
 document in them was seen before: they are consumed, nothing is trained, a markdown artifact and
 the webhook say so), Completed (trained), or Failed (watermark unchanged, webhook notice)."""
 from __future__ import annotations
@@ -14,8 +15,8 @@ from prefect.states import Completed
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
-from pipeline_lib.nightly import (commit_night, consume_without_training, deep_update, load_state, new_files,
-                                  next_base_checkpoint, nightly_overrides, no_new_documents)
+from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
+                                  new_files, next_base_checkpoint, night_lock, nightly_overrides, no_new_documents)
 from pipeline_lib.stages import SPECS, available
 
 from flows.common import resolve_config
@@ -33,15 +34,24 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: st
     logger = get_run_logger()
     run_date = run_date or dt.date.today().isoformat()
     cfg = resolve_config(config, overrides)
+    run_id = _night_id(run_date)
+    try:
+        with night_lock(cfg, run_id, logger.info):  # taken before listing: two nights never take the same files
+            return _night(cfg, run_id, dispatch)
+    except NightBusy as busy:
+        logger.warning(str(busy))
+        return Completed(name="Busy", message=str(busy), data={"run_id": None, "new_files": 0, "holder": busy.holder})
+
+
+def _night(cfg, run_id: str, dispatch: bool):
     state = load_state(cfg)
     files = new_files(cfg, state)
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    run_id = _night_id(run_date)
     night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(state, files)))
-    logger.info(f"{run_id}: {len(files)} new file(s); continuing from "
-                f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
+    get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
+                          f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
     stages = [s for s, spec in SPECS.items() if spec.nightly and available(s)]
     run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)

@@ -22,7 +22,8 @@ from .config.schema import PipelineConfig
 from .runtime.contract import StageOutput, StageRun, TransientError  # noqa: F401  (raised by stages)
 from . import killpoints
 from .runtime.nodes import clear_node_report, merge_node_outputs, node_rank, wait_node_reports, write_node_report
-from .storage import Manifest, RunPaths, invalidate, manifest_matches, read_manifest, write_manifest
+from .storage import Manifest, RunPaths, invalidate, manifest_matches, read_manifest, store_for, write_manifest
+from .storage.disk_space import named_disk_full
 
 
 class StageUnavailable(RuntimeError):
@@ -221,18 +222,32 @@ def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, pr
                    node_rank=rank)
     if rank > 0:  # one node of several: its files and a node report; node 0 writes the manifest (runtime/nodes.py)
         clear_node_report(uri, rank, paths.endpoint_url)
-        output = fn(run, **options)
+        with named_disk_full(written_folders(uri, paths.endpoint_url)):
+            output = fn(run, **options)
         report = write_node_report(uri, rank, run.identity, output.outputs, output.metrics, paths.endpoint_url)
         log(f"{stage}: node rank {rank} done, its outputs reported at {report}; node 0 writes the manifest")
         return Manifest(stage=stage, run_id=paths.run_id, config_hash=stage_hash(cfg, stage),
                         inputs=stage_inputs(paths, stage), outputs=output.outputs,
                         metrics={**output.metrics, "node_report": report}), False
-    output = fn(run, **options)
+    with named_disk_full(written_folders(uri, paths.endpoint_url)):
+        output = fn(run, **options)
     if nodes > 1:
         reports = wait_node_reports(uri, list(range(1, nodes)), run.identity, cfg.training.timeout_seconds,
                                     paths.endpoint_url, log=log)
         output = StageOutput(*merge_node_outputs(output.outputs, output.metrics, reports))
     return record_stage(cfg, paths, stage, output), False
+
+
+def written_folders(stage_uri: str, endpoint_url: str | None = None) -> dict[str, str | None]:
+    """Local folders a stage writes, by the setting that places them: where a full disk is looked for
+    when the error names no path (storage/disk_space.py)."""
+    import os
+    import tempfile
+
+    store = store_for(stage_uri, endpoint_url)
+    return {"run.output_root": None if store.remote else str(store.local_path(stage_uri)),
+            "$LLM_PIPELINE_WORK_DIR": os.environ.get("LLM_PIPELINE_WORK_DIR"),
+            "$TMPDIR (the work folder of s3:// runs)": tempfile.gettempdir()}
 
 
 def record_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, output: StageOutput) -> Manifest:

@@ -39,3 +39,83 @@ def test_the_state_json_of_an_earlier_version_is_read_and_carried_on(tmp_path):
     assert load_state(cfg) == old
     commit_night(cfg, old, {"/raw/new.jsonl": 1}, "n1", None)
     assert sorted(load_state(cfg)["consumed"]) == ["/raw/new.jsonl", "/raw/old.jsonl"]
+
+
+def test_the_nightly_lock_is_held_by_one_night_and_names_its_holder(tmp_path):
+    import pytest
+
+    from pipeline_lib.nightly import NightBusy, lock_uri, night_lock
+
+    cfg = cfg_at(str(tmp_path))
+    with night_lock(cfg, "nightly-2026-12-01") as mine:
+        assert json.loads(Path(lock_uri(cfg)).read_text()).items() >= mine.items()
+        with pytest.raises(NightBusy) as busy:
+            with night_lock(cfg, "nightly-2026-12-02"):
+                pass
+        assert busy.value.holder.items() >= mine.items()
+        assert f"another night holds the nightly lock of {tmp_path}: nightly-2026-12-01" in str(busy.value)
+        assert "Fix: " in str(busy.value)
+    assert not Path(lock_uri(cfg)).exists()  # given back
+
+
+def test_a_stale_nightly_lock_is_taken_over(tmp_path):
+    import datetime as dt
+    import socket
+    import subprocess
+    import sys
+
+    from pipeline_lib.nightly import LOCK_STALE_SECONDS, lock_uri, night_lock
+
+    cfg = cfg_at(str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    now = dt.datetime.now(dt.timezone.utc)
+    old = (now - dt.timedelta(seconds=LOCK_STALE_SECONDS + 60)).isoformat()
+    for holder in ({"run_id": "n0", "host": socket.gethostname(), "pid": int(gone), "started_at": now.isoformat()},
+                   {"run_id": "n1", "host": "another-host", "pid": 1, "started_at": now.isoformat()},  # a rerun
+                   {"run_id": "n0", "host": "another-host", "pid": 1, "started_at": old, "heartbeat_at": old}):
+        Path(lock_uri(cfg)).parent.mkdir(parents=True, exist_ok=True)
+        Path(lock_uri(cfg)).write_text(json.dumps(holder))
+        said = []
+        with night_lock(cfg, "n1", said.append) as mine:
+            assert json.loads(Path(lock_uri(cfg)).read_text()).items() >= mine.items()
+        assert said and said[0].startswith(f"n1: taking over the nightly lock of {holder['run_id']}: "), said
+
+
+def test_the_nightly_lock_holder_keeps_it_fresh(tmp_path, monkeypatch):
+    """A long night is never taken for a dead one: the holder rewrites heartbeat_at while it runs."""
+    import time
+
+    from pipeline_lib import nightly
+
+    monkeypatch.setattr(nightly, "LOCK_HEARTBEAT_SECONDS", 0.05)
+    cfg = cfg_at(str(tmp_path))
+    with nightly.night_lock(cfg, "n1") as mine:
+        first = json.loads(Path(nightly.lock_uri(cfg)).read_text())["heartbeat_at"]
+        time.sleep(0.3)
+        later = json.loads(Path(nightly.lock_uri(cfg)).read_text())
+    assert later["heartbeat_at"] > first and later["started_at"] == mine["started_at"]
+
+
+def test_a_live_holder_on_this_host_keeps_the_lock_even_for_the_same_night(tmp_path):
+    """Two runs of one date at once on one host: the second must not take the live first one's lock."""
+    import socket
+    import subprocess
+    import sys
+
+    import pytest
+
+    from pipeline_lib.nightly import NightBusy, lock_uri, night_lock
+
+    cfg = cfg_at(str(tmp_path))
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        Path(lock_uri(cfg)).parent.mkdir(parents=True, exist_ok=True)
+        Path(lock_uri(cfg)).write_text(json.dumps({"run_id": "n1", "host": socket.gethostname(), "pid": live.pid,
+                                                   "started_at": "2026-12-01T02:00:00+00:00"}))
+        with pytest.raises(NightBusy):
+            with night_lock(cfg, "n1"):
+                pass
+    finally:
+        live.kill()
+        live.wait()

@@ -35,6 +35,9 @@ PATTERNS: tuple[Pattern, ...] = (
        "Linux ENOSPC strerror; MindSpore 2.9 train/serialization.py _write_parameter_bytes_data raises "
        "'OSError: [Errno 28] No space left on device' when save_checkpoint fills a filesystem (reproduced: "
        "tests/doctor/logs/disk_full_save_checkpoint.log)"),
+    _p("disk_full", r"No free disk to be used while writing mindrecord files",
+       "MindSpore 2.9 mindrecord/io/shard_writer.cc: the MindRecord writer refuses below 10 MB free (reproduced on "
+       "a tmpfs: tests/reliability/test_disk_full.py)"),
     _p("disk_full", r"not enough free disk for checkpoints under",
        "ours: pipeline_lib/train/checkpoints.py check_disk (InsufficientDiskError)"),
     # ---- device memory (Ascend/GPU HBM)

@@ -148,6 +148,10 @@ def _nan(diag, cfg) -> list[dict]:
 
 
 def _disk(diag, cfg) -> list[dict]:
+    if diag.stage is not None and diag.stage not in ("pretrain", "sft"):  # no checkpoints: the stage's own files
+        return [_r(f"the {diag.stage} stage's files did not fit (the error names the path and the bytes): free "
+                   "space there or write the run to a filesystem with room (run.output_root; s3:// runs work in "
+                   "$TMPDIR and $LLM_PIPELINE_WORK_DIR), then rerun with the same --run-id")]
     if cfg is None:
         return [_r("the filesystem being written filled up (usually while saving a checkpoint): free space or "
                    "keep fewer checkpoints", ["training.keep_checkpoint_max=1"])]
