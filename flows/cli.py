@@ -62,8 +62,8 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
 
 
 class _EmbeddedServer:
-    """Prefect's API server in a uvicorn subprocess, launched the way Prefect launches its ephemeral
-    one (same command and environment flags), but without importing Prefect here (~3 s), so the
+    """Prefect's API server in a uvicorn subprocess (flows/embedded_server.py), launched with the
+    environment flags of Prefect's ephemeral one, but without importing Prefect here (~3 s), so the
     CLI can go on while it boots. The process gets SIGTERM when the launching thread dies:
     `llm-pipeline` killed with SIGKILL runs no atexit or finally, and the server would otherwise
     keep its port and ~200 MB forever. It reads the same profile and environment as this process."""
@@ -91,18 +91,15 @@ class _EmbeddedServer:
         return f"http://127.0.0.1:{self.port}/api"
 
     def _run_uvicorn_command(self):
-        import importlib.util
-        from pathlib import Path
-
         from pipeline_lib.lifetime import die_with_parent
 
-        app_dir = Path(importlib.util.find_spec("prefect").origin).parents[1]  # as prefect.__module_path__.parent
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
         env.pop("PREFECT_API_URL", None)
-        cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory",
-               "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-               "--log-level", "error", "--lifespan", "on", "--timeout-graceful-shutdown", "5"]
-        return subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
+        # Not this process's stdout/stderr: a server outliving the CLI must not hold the pipes of whoever
+        # reads the CLI's output (it logs errors only; a failed start shows as its exit code).
+        return subprocess.Popen([sys.executable, "-m", "flows.embedded_server", str(self.port)], env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=die_with_parent(signal.SIGTERM))
 
     def relaunch(self) -> None:
         self.port = self._free_port()

@@ -1,6 +1,7 @@
 """flows/cli.py: the embedded Prefect API server does not outlive a SIGKILLed `llm-pipeline`."""
 from __future__ import annotations
 
+import os
 import socket
 import sys
 
@@ -42,6 +43,8 @@ def test_embedded_api_boots_while_the_cli_works_and_stops_without_waiting(monkey
     assert launched < 1.5 and proc.poll() is None
     with api:
         urllib.request.urlopen(api.server.api_url + "/health", timeout=10).read()
+        # it holds none of the CLI's pipes: whoever reads the CLI's output sees its end with the CLI's
+        assert {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in (0, 1, 2)} == {"/dev/null"}
         t0 = time.monotonic()
     assert proc.wait(timeout=20) is not None  # it ends on its own
     assert "PREFECT_API_URL" not in __import__("os").environ

@@ -1,0 +1,41 @@
+"""The embedded Prefect API server process that `flows/cli.py` starts (`python -m flows.embedded_server PORT`).
+
+uvicorn serving Prefect's app as `prefect server start` does, with one difference that matters to a CLI:
+after SIGTERM (the CLI stopping it, or the CLI's death through PR_SET_PDEATHSIG) the process is gone
+within GRACE_S seconds even when the graceful shutdown hangs: a server left running would keep its
+port, ~200 MB, and whatever output pipe the CLI was started with (a caller reading the CLI's output
+to its end would wait forever). Exit code 3 when it could not start (e.g. the port was taken), as
+uvicorn's own command.
+Deliberately imports no Prefect here: uvicorn imports the app factory itself.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import uvicorn
+
+GRACE_S = 10.0
+STARTUP_FAILURE = 3
+
+
+class _Server(uvicorn.Server):
+    def handle_exit(self, sig, frame) -> None:
+        timer = threading.Timer(GRACE_S, os._exit, args=(0,))
+        timer.daemon = True
+        timer.start()
+        super().handle_exit(sig, frame)
+
+
+def main(argv: list[str] | None = None) -> int:
+    port = int((argv or sys.argv[1:])[0])
+    config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, host="127.0.0.1", port=port,
+                            log_level="error", lifespan="on", timeout_graceful_shutdown=5)
+    server = _Server(config)
+    server.run()
+    return 0 if server.started else STARTUP_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
