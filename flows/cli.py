@@ -97,7 +97,8 @@ class _EmbeddedServer:
         env.pop("PREFECT_API_URL", None)
         # Not this process's stdout/stderr: a server outliving the CLI must not hold the pipes of whoever
         # reads the CLI's output (it logs errors only; a failed start shows as its exit code).
-        return subprocess.Popen([sys.executable, "-m", "flows.embedded_server", str(self.port)], env=env,
+        cmd = [sys.executable, "-m", "flows.embedded_server", str(self.port), str(os.getpid())]
+        return subprocess.Popen(cmd, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 preexec_fn=die_with_parent(signal.SIGTERM))
 

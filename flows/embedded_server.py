@@ -1,8 +1,8 @@
-"""The embedded Prefect API server process that `flows/cli.py` starts (`python -m flows.embedded_server PORT`).
+"""The embedded Prefect API server process that `flows/cli.py` starts (`python -m flows.embedded_server PORT [PARENT_PID]`).
 
 uvicorn serving Prefect's app as `prefect server start` does, with one difference that matters to a CLI:
 after SIGTERM (the CLI stopping it, or the CLI's death through PR_SET_PDEATHSIG) the process is gone
-within GRACE_S seconds even when the graceful shutdown hangs: a server left running would keep its
+within GRACE_S seconds even when the graceful shutdown hangs (and it stops by itself once orphaned): a server left running would keep its
 port, ~200 MB, and whatever output pipe the CLI was started with (a caller reading the CLI's output
 to its end would wait forever). Exit code 3 when it could not start (e.g. the port was taken), as
 uvicorn's own command.
@@ -11,8 +11,10 @@ Deliberately imports no Prefect here: uvicorn imports the app factory itself.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
+import time
 
 import uvicorn
 
@@ -28,11 +30,22 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def _exit_when_orphaned(server: _Server, parent: int) -> None:
+    """Belt and braces for the parent-death signal (seen not to arrive): poll the parent pid."""
+    while not server.should_exit:
+        if os.getppid() != parent:
+            server.handle_exit(signal.SIGTERM, None)
+            return
+        time.sleep(1.0)
+
+
 def main(argv: list[str] | None = None) -> int:
-    port = int((argv or sys.argv[1:])[0])
+    args = argv or sys.argv[1:]
+    port, parent = int(args[0]), int(args[1]) if len(args) > 1 else os.getppid()
     config = uvicorn.Config("prefect.server.api.server:create_app", factory=True, host="127.0.0.1", port=port,
                             log_level="error", lifespan="on", timeout_graceful_shutdown=5)
     server = _Server(config)
+    threading.Thread(target=_exit_when_orphaned, args=(server, parent), daemon=True).start()
     server.run()
     return 0 if server.started else STARTUP_FAILURE
 

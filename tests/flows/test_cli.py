@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -56,3 +57,18 @@ def test_embedded_api_is_not_started_when_prefect_api_url_is_set(monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     with embedded_api().launch() as api:
         assert api.server is None
+
+
+def test_an_orphaned_embedded_server_stops_by_itself():
+    """Belt and braces for the parent-death signal: the server polls its parent and stops once orphaned."""
+    import time
+
+    import psutil
+
+    code = ("import os, subprocess, sys; p = subprocess.Popen([sys.executable, '-m', 'flows.embedded_server', "
+            "'0', str(os.getpid())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)")
+    pid = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the orphaned embedded server is still running"
+        time.sleep(0.2)
