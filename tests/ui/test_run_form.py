@@ -79,9 +79,10 @@ def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(
     out = tmp_path / "runs"
     page.goto(f"{ui_url}/deployments/deployment/{deployment.id}/run")
     data = field(page, "data")
-    docs = field(data, "Docs Per Shard").locator("input")
+    # a plain number field (docs_per_shard is nullable since shards are sized by bytes: another widget)
+    docs = field(data, "Shard Mb").locator("input")
     docs.wait_for()
-    assert docs.input_value() == "200"  # pre-filled with the shipped config
+    assert float(docs.input_value()) == 64  # pre-filled with the shipped config
     assert field(field(page, "run"), "Output Root").locator("textarea, input").first.input_value() == "runs"
 
     field(page, "run_id").locator("textarea, input").first.fill("form-1")
@@ -90,7 +91,7 @@ def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(
     stages.get_by_role("button", name="Add item").click()
     stages.locator("textarea, input").last.fill("data")
     field(field(page, "run"), "Output Root").locator("textarea, input").first.fill(str(out))
-    docs.fill("100")  # the two changed fields
+    docs.fill("32")  # the two changed fields
     threshold = field(field(data, "Dedup"), "Threshold").locator("input")
     threshold.fill("0.7")
     docs.scroll_into_view_if_needed()
@@ -108,9 +109,9 @@ def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(
 
     run = finished_run(deployment.id, 150)
     assert run.state.is_completed(), f"{run.state.message}\n{worker_log.read_text()[-3000:]}"
-    assert run.parameters["data"]["docs_per_shard"] == 100 and run.parameters["stages"] == ["data"]
+    assert run.parameters["data"]["shard_mb"] == 32 and run.parameters["stages"] == ["data"]
     # The run used both changes: its data stage is the one `llm-pipeline run` makes with the same overrides.
-    cli_cfg = load_config(TINY, [f"run.output_root={out}", "data.docs_per_shard=100", "data.dedup.threshold=0.7"])
+    cli_cfg = load_config(TINY, [f"run.output_root={out}", "data.shard_mb=32", "data.dedup.threshold=0.7"])
     paths = RunPaths(str(out), "form-1", None)
     assert stage_done(cli_cfg, paths, "data")[0]
     assert not stage_done(load_config(TINY, [f"run.output_root={out}"]), paths, "data")[0]

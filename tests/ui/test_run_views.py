@@ -117,7 +117,7 @@ def test_parent_overview_shows_every_stage_and_the_evaluation_fits_the_window(ti
     # every artifact the run published fits the window: nothing wider than it shows
     wide = {}
     artifacts = run_artifacts("ui-ok")
-    assert len(artifacts) >= 2 * len(STAGES), [a.key for a in artifacts]
+    assert len(artifacts) >= len(STAGES), [a.key for a in artifacts]
     for art in artifacts:
         page.goto(f"{ui_url}/artifacts/artifact/{art.id}")
         page.get_by_text(str(art.id)).first.wait_for()  # the header names the artifact shown
