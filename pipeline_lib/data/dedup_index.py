@@ -339,14 +339,7 @@ def load_prior_in_memory(cfg, exclude_run: str, bands: int, rows: int, endpoint_
         if is_rerun_of(meta, inputs):
             reruns.append(meta["run_id"])
             continue
-        for field, mine in (("num_perm", d.num_perm), ("ngram", d.ngram)):
-            if meta[field] != mine:
-                raise DataStageError(f"data.dedup.{field}", mine, f"the index at {uri} was built with "
-                                     f"{field}={meta[field]} (run {meta['run_id']})",
-                                     f"set data.dedup.{field}={meta[field]}, or data.dedup.index_uri to a new index")
-        if meta["shingle_version"] != SHINGLE_VERSION or meta["seed"] != SEED or meta["scheme"] != SCHEME:
-            raise DataStageError("data.dedup.index_uri", uri, f"segment {meta['run_id']} uses another shingle/hash "
-                                 "version", "start a new index (set data.dedup.index_uri)")
+        _check_params(meta, uri, d)
         base = meta["uri"]
         keys.append(np.load(io.BytesIO(store.get_bytes(join(base, "keys.npy")))))
         n = len(keys[-1])
@@ -370,6 +363,11 @@ def load_prior_in_memory(cfg, exclude_run: str, bands: int, rows: int, endpoint_
 def _check_segment(meta: dict, uri: str, d) -> None:
     if meta.get("format") != FORMAT:
         raise _old_format_error(uri, meta)
+    _check_params(meta, uri, d)
+
+
+def _check_params(meta: dict, uri: str, d) -> None:
+    """The segment was built with this config's MinHash parameters and shingle/hash version."""
     for field, mine in (("num_perm", d.num_perm), ("ngram", d.ngram)):
         if meta[field] != mine:
             raise DataStageError(f"data.dedup.{field}", mine, f"the index at {uri} was built with "
