@@ -169,6 +169,13 @@ class embedded_api:
         os.environ["PREFECT_API_URL"] = self.server.api_url
         self.settings = temporary_settings({PREFECT_API_URL: self.server.api_url})
         self.settings.__enter__()
+        # Threads started without this context (a worker's output reader logging to the run, Prefect's own
+        # services) read Prefect's process-global settings, made at import without the URL: they would
+        # start a second, unmanaged ephemeral server (it outlives a killed CLI). Point the global one here too.
+        from prefect.context import SettingsContext, _temporary_global_settings_context
+
+        self.global_settings = _temporary_global_settings_context(SettingsContext.get())
+        self.global_settings.__enter__()
         return self
 
     def stop(self) -> None:
@@ -192,6 +199,7 @@ class embedded_api:
                 EventsWorker.drain_all(timeout=10)
             except Exception:
                 pass
+            self.global_settings.__exit__(*exc)
             self.settings.__exit__(*exc)
             os.environ.pop("PREFECT_API_URL", None)
             self.stop()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 KILL_AT = "LLM_PIPELINE_KILL_AT"
 KILL_ROOT = "LLM_PIPELINE_KILL_ROOT"
@@ -93,18 +94,40 @@ def _count_pass(report: str, name: str, nth: int) -> bool:
 
 
 def _kill_tree(root: int) -> None:
+    """Freeze the tree, then kill it, this process last. Freezing first: a process forking while the tree
+    is listed (a thread starting a server or a worker) would leave a child outside the list. This process
+    ignores the termination signals first: it may have been started with a parent-death signal (workers,
+    trainers), and dying of it halfway through the list would leave the rest of the tree frozen forever."""
     me = os.getpid()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
     try:
         import psutil
 
-        procs = [psutil.Process(root)] if root != me else []
-        procs += psutil.Process(root).children(recursive=True)
-        for proc in procs:
-            if proc.pid != me:
+        frozen: dict[int, psutil.Process] = {}
+        for _ in range(10):
+            try:
+                tree = ([psutil.Process(root)] if root != me else []) + psutil.Process(root).children(recursive=True)
+            except psutil.Error:
+                break
+            new = [p for p in tree if p.pid != me and p.pid not in frozen]
+            if not new:
+                break
+            for proc in new:
                 try:
-                    proc.kill()
+                    proc.suspend()
+                    frozen[proc.pid] = proc
                 except psutil.Error:
                     pass
+        # this process's ancestors last (a parent-death signal sent from a non-main thread's kill point
+        # is not ignored): every other process is gone by then
+        ancestors = {p.pid for p in psutil.Process(me).parents()}
+        for proc in sorted(frozen.values(), key=lambda p: p.pid in ancestors):
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
     finally:
         os.kill(me, signal.SIGKILL)
 

@@ -32,23 +32,34 @@ with embedded_api() as api:
 def test_embedded_api_boots_while_the_cli_works_and_stops_without_waiting(monkeypatch):
     """launch() returns at once (the config loads while the server boots); entering waits for it;
     leaving sends SIGTERM and returns without waiting for the server's shutdown."""
+    import threading
     import time
     import urllib.request
+
+    from prefect.settings import get_current_settings
 
     from flows.cli import embedded_api
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     t0 = time.monotonic()
     api = embedded_api().launch()
-    launched, proc = time.monotonic() - t0, api.server.server_process
+    launched, proc, api_url = time.monotonic() - t0, api.server.server_process, api.server.api_url
     assert launched < 1.5 and proc.poll() is None
     with api:
         urllib.request.urlopen(api.server.api_url + "/health", timeout=10).read()
         # it holds none of the CLI's pipes: whoever reads the CLI's output sees its end with the CLI's
         assert {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in (0, 1, 2)} == {"/dev/null"}
+        # a thread started without the CLI's context (a worker's output reader logging to the run) sees it
+        # too, rather than starting Prefect's own ephemeral server (one the CLI could not stop)
+        seen = []
+        reader = threading.Thread(target=lambda: seen.append(get_current_settings().api.url))
+        reader.start()
+        reader.join()
+        assert seen == [api.server.api_url]
         t0 = time.monotonic()
     assert proc.wait(timeout=20) is not None  # it ends on its own
     assert "PREFECT_API_URL" not in __import__("os").environ
+    assert get_current_settings().api.url != api_url  # the process-global settings restored
 
 
 def test_embedded_api_is_not_started_when_prefect_api_url_is_set(monkeypatch):

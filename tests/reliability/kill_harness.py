@@ -47,6 +47,7 @@ class Attempt:
     output: str
     killed_at: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    survivors: list[str] = field(default_factory=list)  # processes of a killed run still alive after it
 
 
 def sha256(path: Path) -> str:
@@ -71,11 +72,11 @@ class Pipeline:
     def run_dir(self) -> Path:
         return self.root / self.run_id
 
-    def run(self, kill: str | None = None, report: Path | None = None, timeout: float = 1500) -> Attempt:
+    def run(self, kill: str | None = None, report: Path | None = None, timeout: float = 900) -> Attempt:
         return self._cli(["run", CONFIG, "--run-id", self.run_id], kill, report, timeout)
 
     def nightly(self, date: str, inputs: str, kill: str | None = None, report: Path | None = None,
-                timeout: float = 1500) -> Attempt:
+                timeout: float = 900) -> Attempt:
         return self._cli(["nightly", CONFIG, "--run-date", date, f"data.inputs=[{inputs}]"], kill, report, timeout)
 
     def _cli(self, args: list[str], kill: str | None, report: Path | None, timeout: float) -> Attempt:
@@ -85,11 +86,27 @@ class Pipeline:
             env.update({KILL_AT: kill, KILL_REPORT: str(report)})
         # exec keeps the shell's pid: the CLI itself is the root of the tree a kill point takes down
         cmd = ["sh", "-c", f'{KILL_ROOT}=$$ exec "$0" "$@"', cli, *args, f"run.output_root={self.root}", *OVERRIDES]
+        adopt_orphans()
+        before = {p.pid for p in _descendants()}
         t = time.time()
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=timeout)
+        # Output to a file and a wait on the process, not on the end of a pipe: a process that outlived the
+        # kill (what the test is there to catch) must fail the test with the tree it left, not hang it.
+        log = self.root.parent / f"cli-{time.time_ns()}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                tree = _session_processes(proc.pid)
+                _kill_session(proc.pid)
+                raise AssertionError(f"llm-pipeline {args[0]} (kill={kill}) did not end within {timeout:g} s; "
+                                     f"its processes:\n{tree}\nlast output:\n"
+                                     f"{log.read_text(errors='replace')[-4000:]}") from None
         killed = report.read_text().split() if kill and report and report.exists() else []
-        return Attempt(proc.returncode, proc.stdout, killed[::2], round(time.time() - t, 1))
+        survivors = _survivors(before) if kill else []
+        return Attempt(proc.returncode, log.read_text(errors="replace"), killed[::2], round(time.time() - t, 1),
+                       survivors)
 
     def manifests(self) -> dict[str, bytes]:
         return {s: (self.run_dir / s / "manifest.json").read_bytes() for s in STAGES
@@ -113,6 +130,66 @@ class Pipeline:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for stage in STAGES[:STAGES.index(upto)]:
             shutil.copytree(golden.run_dir / stage, self.run_dir / stage, symlinks=True)
+
+
+def adopt_orphans() -> None:
+    """Make this process the subreaper of what it starts (Linux): a process of a killed run that escaped
+    the kill is re-parented here instead of to init, so `_survivors` finds every one of them, whatever
+    its session or command line (an unmanaged server started by a thread has neither our marker nor pgid)."""
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _descendants():
+    import psutil
+
+    return psutil.Process().children(recursive=True)
+
+
+def _survivors(before: set[int], grace_s: float = 15.0) -> list[str]:
+    """Processes started during the attempt and still alive `grace_s` after it ended (a server's own
+    shutdown grace included), zombies reaped."""
+    import psutil
+
+    deadline = time.time() + grace_s
+    while True:
+        alive = []
+        for proc in _descendants():
+            if proc.pid in before:
+                continue
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    os.waitpid(proc.pid, os.WNOHANG)
+                    continue
+                alive.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
+            except (psutil.Error, ChildProcessError):
+                pass
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+def _session_processes(sid: int) -> str:
+    import psutil
+
+    rows = []
+    for proc in psutil.process_iter(["pid", "ppid", "status", "cmdline"]):
+        try:
+            if os.getsid(proc.info["pid"]) == sid:
+                rows.append(f"{proc.info['pid']} {proc.info['ppid']} {proc.info['status']} "
+                            f"{' '.join(proc.info['cmdline'] or [])[:200]}")
+        except (psutil.Error, OSError):
+            pass
+    return "\n".join(rows)
+
+
+def _kill_session(sid: int) -> None:
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def still_running(marker: str) -> list[int]:

@@ -105,6 +105,7 @@ def test_kill_then_rerun_resumes_and_matches(case, golden, prefect_home, tmp_pat
         assert killed_by_sigkill(first) and set(first.killed_at) == {case.point}, \
             (first.returncode, first.killed_at, first.output[-3000:])
         row["killed"] = True
+        assert not first.survivors, f"processes of the killed run are still alive: {first.survivors}"
         assert not still_running(str(run.root)), "processes of the killed run are still alive"
         assert run.partial_outputs() == [], "a finished stage lists outputs that are partial"
         done_before = run.manifests()
@@ -139,6 +140,7 @@ def test_kill_before_the_nightly_state_commit_then_the_same_night_commits(prefec
         first = night.nightly("2026-11-01", str(incoming / "*.jsonl"), kill="nightly.before_state_commit",
                               report=tmp_path / "killed-1")
         assert killed_by_sigkill(first) and first.killed_at == ["nightly.before_state_commit"], first.output[-3000:]
+        assert not first.survivors, f"processes of the killed run are still alive: {first.survivors}"
         row["killed"] = True
         assert not state_file.exists() or "nightly-2026-11-01" not in state_file.read_text()
         assert night.partial_outputs() == []

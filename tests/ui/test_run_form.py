@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from prefect import get_client
-from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
 from pipeline_lib.config import load_config
 from pipeline_lib.stages import stage_done
@@ -62,15 +61,17 @@ def field(scope, label: str):
     return scope.locator(xpath).first
 
 
-def finished_run(deployment_id, timeout: float):
+def finished_run(flow_run_id: str, timeout: float):
+    """The flow run the form created, once final (by id: other tests of the session submit runs of the
+    same deployment, so "the latest run of the deployment" may be theirs)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
-        if runs and runs[0].state.is_final():
-            return runs[0]
+            run = client.read_flow_run(flow_run_id)
+        if run.state and run.state.is_final():
+            return run
         time.sleep(1)
-    raise AssertionError(f"no finished run of the deployment after {timeout} s: {runs}")
+    raise AssertionError(f"flow run {flow_run_id} not finished after {timeout} s: {run.state}")
 
 
 def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(chain_deployment, page, ui_url,
@@ -107,7 +108,7 @@ def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(
         time.sleep(2)
     assert created.value.ok, f"{created.value.status}: {created.value.text()[:3000]}"
 
-    run = finished_run(deployment.id, 150)
+    run = finished_run(created.value.json()["id"], 150)
     assert run.state.is_completed(), f"{run.state.message}\n{worker_log.read_text()[-3000:]}"
     assert run.parameters["data"]["shard_mb"] == 32 and run.parameters["stages"] == ["data"]
     # The run used both changes: its data stage is the one `llm-pipeline run` makes with the same overrides.
