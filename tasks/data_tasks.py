@@ -31,8 +31,9 @@ def _shard_processes(cfg) -> int:
 
 @task(name="data-plan", task_run_name="data/{run_id}/plan", **_RETRY)
 def plan_task(config: dict, run_id: str) -> int:
-    from pipeline_lib.data.stage import plan_data_stage
+    from pipeline_lib.data.stage import DEDUP_IMPORTS, plan_data_stage, preload
 
+    preload(*DEDUP_IMPORTS)  # while the prep task runs wait on their processes
     return len(plan_data_stage(*_ctx(config, run_id)))
 
 
@@ -46,17 +47,21 @@ def prep_task(config: dict, run_id: str, index: int) -> dict:
 
 @task(name="data-dedup", task_run_name="data/{run_id}/dedup", **_RETRY)
 def dedup_task(config: dict, run_id: str) -> dict:
-    from pipeline_lib.data.stage import dedup_stage
+    from pipeline_lib.data.stage import dedup_stage, warm_mindrecord_writer
 
-    summary = dedup_stage(*_ctx(config, run_id))
+    cfg, paths = _ctx(config, run_id)
+    if _shard_processes(cfg) > 1:
+        warm_mindrecord_writer()  # MindSpore's import on the core the dedup and tokenizer steps leave idle
+    summary = dedup_stage(cfg, paths)
     return {k: sum(s[k] for s in summary["shards"]) for k in ("exact_duplicates", "near_duplicates", "kept")}
 
 
 @task(name="data-tokenizer", task_run_name="data/{run_id}/tokenizer", **_RETRY)
 def tokenizer_task(config: dict, run_id: str) -> dict:
-    from pipeline_lib.data.stage import build_tokenizer
+    from pipeline_lib.data.stage import plan_data_stage, shard_pool, tokenizer_and_cleaned
 
-    return build_tokenizer(*_ctx(config, run_id))
+    cfg, paths = _ctx(config, run_id)  # the cleaned parts are written meanwhile, in the shard processes
+    return tokenizer_and_cleaned(cfg, paths, shard_pool(cfg), len(plan_data_stage(cfg, paths)))
 
 
 @task(name="data-tokenize", task_run_name="data/{run_id}/tokenize-{index:05d}", **_RETRY)
@@ -76,9 +81,12 @@ def mindrecord_plan_task(config: dict, run_id: str) -> list[tuple[str, int]]:
 
 @task(name="data-mindrecord", task_run_name="data/{run_id}/mindrecord-{split}-{j:05d}", **_RETRY)
 def mindrecord_task(config: dict, run_id: str, split: str, j: int) -> str:
-    from pipeline_lib.data.stage import write_mindrecord_shard
+    from pipeline_lib.data.stage import in_mindrecord_writer, write_mindrecord_shard
 
-    return write_mindrecord_shard(*_ctx(config, run_id), split, j)
+    cfg, paths = _ctx(config, run_id)
+    if _shard_processes(cfg) > 1:  # the process warmed by the dedup task
+        return in_mindrecord_writer(write_mindrecord_shard, cfg, paths, split, j)
+    return write_mindrecord_shard(cfg, paths, split, j)
 
 
 @task(name="data-finalize", task_run_name="data/{run_id}/finalize", **_RETRY)

@@ -78,17 +78,45 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
     return ws.read_json(f"tokenizer/{CONFIG_NAME}")
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False).encode  # one encoder: json.dumps(..., ensure_ascii=False) builds one per call
+
+
+def write_cleaned_shard(cfg, paths, index: int, *, shared: bool = True) -> str:
+    """Write cleaned/part-<index>.jsonl.gz (the shard's kept documents with their split). It needs no
+    tokenizer: the stage runs it while the tokenizer trains. Returns its path in the stage folder."""
+    ws = Workspace(cfg, paths, shared)
+    part = f"cleaned/part-{index:05d}.jsonl.gz"
+    if ws.is_marked(f"{index:05d}.cleaned"):
+        return part
+    kept = _kept(ws, index, ["origin", "source_id", "meta", "text", "key"])
+    held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
+    tmp = atomic_path(ws.local(part))
+    # source_id and meta are already JSON text (ensure_ascii=False): spliced in as they are, the line is
+    # what json.dumps of the decoded record gives, without decoding and encoding them again
+    lines = [f'{{"id": {sid}, "origin": {_JSON(origin)}, "text": {_JSON(text)}, '
+             f'"split": "{"heldout" if h else "train"}", "meta": {meta}}}\n'
+             for origin, sid, meta, text, h in zip(kept["origin"], kept["source_id"], kept["meta"], kept["text"], held)]
+    # level 1: ~2x faster than 3 on this text for ~10% more bytes; these files are read once per training
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=1) as gz:
+        gz.write("".join(lines).encode("utf-8"))
+    os.replace(tmp, ws.local(part))
+    ws.publish(part)
+    ws.mark(f"{index:05d}.cleaned")
+    return part
+
+
 def tokenize_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
-    """Write cleaned/part-<index>.jsonl.gz and the shard's train/held-out token streams."""
+    """Write the shard's train/held-out token streams (and its cleaned part, when write_cleaned_shard
+    has not run)."""
     ws = Workspace(cfg, paths, shared)
     folder = shard_dir(index)
     if ws.is_marked(f"{index:05d}.tokens"):
         return ws.read_json(f"{folder}/tokens.json")
+    write_cleaned_shard(cfg, paths, index, shared=shared)
     ws.fetch(f"tokenizer/{CONFIG_NAME}")
     tok = Tokenizer(ws.fetch("tokenizer/tokenizer.model"))
-    kept = _kept(ws, index, ["origin", "source_id", "meta", "text", "key"])
+    kept = _kept(ws, index, ["origin", "source_id", "text", "key"])
     held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
-    dumps = json.JSONEncoder(ensure_ascii=False).encode
     encoded = tok.encode_batch(list(kept["text"]), threads=cfg.tokenizer.encode_threads)
     counts = {"kept_train": int((~held).sum()), "kept_heldout": int(held.sum())}
     for split, mask in (("train", ~held), ("heldout", held)):
@@ -98,21 +126,10 @@ def tokenize_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         with open(ws.local(f"{folder}/spans_{split}.jsonl"), "w", encoding="utf-8") as fh:
             for origin, sid, e, m in zip(kept["origin"], kept["source_id"], encoded, mask):
                 if m:  # source_id is already JSON text
-                    fh.write(f'{{"id": {sid}, "origin": {dumps(origin)}, '
+                    fh.write(f'{{"id": {sid}, "origin": {_JSON(origin)}, '
                              f'"tokens": {len(e) + 1}}}\n')
-    part = f"cleaned/part-{index:05d}.jsonl.gz"
-    tmp = atomic_path(ws.local(part))
-    # source_id and meta are already JSON text (ensure_ascii=False): spliced in as they are, the line is
-    # what json.dumps of the decoded record gives, without decoding and encoding them again
-    lines = [f'{{"id": {sid}, "origin": {dumps(origin)}, "text": {dumps(text)}, '
-             f'"split": "{"heldout" if h else "train"}", "meta": {meta}}}\n'
-             for origin, sid, meta, text, h in zip(kept["origin"], kept["source_id"], kept["meta"], kept["text"], held)]
-    # level 1: ~2x faster than 3 on this text for ~10% more bytes; these files are read once per training
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=1) as gz:
-        gz.write("".join(lines).encode("utf-8"))
-    os.replace(tmp, ws.local(part))
-    ws.publish(part, *[f"{folder}/{kind}_{split}.{ext}" for split in SPLITS
-                       for kind, ext in (("tokens", "npy"), ("spans", "jsonl"))])
+    ws.publish(*[f"{folder}/{kind}_{split}.{ext}" for split in SPLITS
+                 for kind, ext in (("tokens", "npy"), ("spans", "jsonl"))])
     ws.write_json(f"{folder}/tokens.json", counts)
     ws.mark(f"{index:05d}.tokens")
     return counts
@@ -167,24 +184,34 @@ def sidecar_name(split: str, j: int) -> str:
     return f"mindrecord/{split}/shard-{j:05d}.docs.jsonl"
 
 
-def doc_spans(docs: list[dict], doc_start: int, start: int, stop: int, row_len: int) -> list[dict]:
-    """Sidecar lines for the documents `docs` ({id, origin, tokens}, in stream order, the first
-    starting at token `doc_start` of the split's stream) that overlap the file's tokens
-    [start, stop). Offsets are in the file's flattened rows (row r holds [r*row_len, (r+1)*row_len)):
-    token_start/token_end (end exclusive, the document's EOS included), row_start/row_end
-    (inclusive), whole: the document's every token is in this file."""
+def doc_spans(docs: list[tuple[str, int]], doc_start: int, start: int, stop: int, row_len: int) -> list[str]:
+    """Sidecar lines for the documents `docs` (in stream order, the first starting at token `doc_start`
+    of the split's stream: each its JSON head '{"id": ..., "origin": ...' and its token count) that
+    overlap the file's tokens [start, stop). Offsets are in the file's flattened rows (row r holds
+    [r*row_len, (r+1)*row_len)): token_start/token_end (end exclusive, the document's EOS included),
+    row_start/row_end (inclusive), whole: the document's every token is in this file."""
     out, pos = [], doc_start
-    for doc in docs:
-        a, b = pos, pos + doc["tokens"]
+    for head, n in docs:
+        a, b = pos, pos + n
         pos = b
         if b <= start:
             continue
         if a >= stop:
             break
         lo, hi = max(a, start) - start, min(b, stop) - start
-        out.append({"id": doc["id"], "origin": doc["origin"], "row_start": lo // row_len,
-                    "row_end": (hi - 1) // row_len, "token_start": lo, "token_end": hi,
-                    "whole": a >= start and b <= stop})
+        whole = "true" if a >= start and b <= stop else "false"
+        out.append(f'{head}, "row_start": {lo // row_len}, "row_end": {(hi - 1) // row_len}, '
+                   f'"token_start": {lo}, "token_end": {hi}, "whole": {whole}}}\n')
+    return out
+
+
+def _span_heads(lines) -> list[tuple[str, int]]:
+    """(JSON head, tokens) of spans_<split>.jsonl lines '{"id": ..., "origin": ..., "tokens": N}': the last
+    key is ours (a quote inside the origin string is escaped), so no decoding and encoding per document."""
+    out = []
+    for line in lines:
+        head, _, n = line.rpartition(', "tokens": ')
+        out.append((head, int(n.rstrip("}\n"))))
     return out
 
 
@@ -204,7 +231,7 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
         if n and offset < stop and offset + n > start:
             parts.append((offset, np.load(ws.fetch(f"{shard_dir(k)}/tokens_{split}.npy"), mmap_mode="r")))
             with open(ws.fetch(f"{shard_dir(k)}/spans_{split}.jsonl"), encoding="utf-8") as fh:
-                spans += doc_spans([json.loads(x) for x in fh], offset, start, stop, row_len)
+                spans += doc_spans(_span_heads(fh), offset, start, stop, row_len)
         offset += n
     pad_id = ws.read_json(f"tokenizer/{CONFIG_NAME}")["pad_id"]  # the tokenizer's, not the config's
     rows = rows_from_tokens(gather_tokens(parts, start, stop), row_len, d.remainder, pad_id)
@@ -213,7 +240,7 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
     side.parent.mkdir(parents=True, exist_ok=True)
     tmp = atomic_path(side)
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(s, ensure_ascii=False) + "\n" for s in spans)
+        fh.writelines(spans)
     os.replace(tmp, side)
     write_mindrecord(ws.local(rel), rows)
     ws.publish(sidecar_name(split, j), rel + ".db", rel)

@@ -37,7 +37,7 @@ from ..runtime.contract import StageOutput, StageRun
 from ..storage import sha256_file
 from .dedup_index import commit_segment, index_uri
 from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
-                     tokenize_shard, write_mindrecord_files, write_mindrecord_shard)
+                     tokenize_shard, write_cleaned_shard, write_mindrecord_files, write_mindrecord_shard)
 from .errors import ConservationError
 from .prep import dedup_stage, plan_data_stage, prep_shard, shard_dir
 from .stats import attribute_rows, build_stats
@@ -136,10 +136,11 @@ class _Progress:
             self.bar = None
 
 
-def _run_all(pool, fn, items: list[tuple], step: str, progress: _Progress) -> list:
-    """fn(*item) for every item, in the pool when there is one; results in item order."""
+def _run_all(pool, fn, items: list[tuple], step: str, progress: _Progress, inline_one: bool = True) -> list:
+    """fn(*item) for every item, in the pool when there is one (one item inline, unless not
+    `inline_one`); results in item order."""
     progress(step, 0, len(items))
-    if pool is None or len(items) < 2:
+    if pool is None or (len(items) < 2 and inline_one):
         out = []
         for i, item in enumerate(items):
             out.append(fn(*item))
@@ -156,12 +157,16 @@ def _run_all(pool, fn, items: list[tuple], step: str, progress: _Progress) -> li
 
 
 _POOL_MINDRECORD_BYTES = 1 << 30
+# what the dedup step imports first in this process: datasketch (dedup.RunLSH; its scipy import is most of
+# its ~0.5 s) and pyarrow.dataset (pq.read_table imports it, and pandas with it: ~0.3 s)
+DEDUP_IMPORTS = ("datasketch", "pyarrow.dataset")
 
 
 def _mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple:
     """(pool or None, groups of (split, j)): the pool only when the rows pay for a MindSpore import
-    (~2-3 s) per worker: the shard writer takes ~100 MB/s of rows per process. Without it, one group
-    in this process: the import is paid once, here, in the only step that needs MindSpore."""
+    (~1-3 s) per worker: the shard writer takes ~100 MB/s of rows per process. Without it, one group
+    in one process (the warm writer, or this process with one worker): the import is paid once, in
+    the only step that needs MindSpore."""
     plan = Workspace(cfg, paths, False).read_json("shards/mindrecord.json")
     size = sum(p["rows"] * p["row_len"] * 4 for p in plan.values())
     if pool is not None and len(items) >= 2 and size >= _POOL_MINDRECORD_BYTES:
@@ -180,28 +185,90 @@ def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
     return cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=exit_when_gone, initargs=(os.getpid(),))
 
 
-_SHARED_POOLS: dict[int, cf.ProcessPoolExecutor] = {}
+_SHARED_POOLS: dict[object, cf.ProcessPoolExecutor] = {}
 _SHARED_POOLS_LOCK = threading.Lock()
+_WRITER = "mindrecord-writer"
+
+
+def _shared_pool(key, workers: int, warm=None) -> cf.ProcessPoolExecutor:
+    with _SHARED_POOLS_LOCK:
+        pool = _SHARED_POOLS.get(key)
+        if pool is None:
+            pool = _SHARED_POOLS[key] = _make_pool(workers)
+            if warm is not None:
+                pool.submit(warm)
+    return pool
+
+
+def _in_shared_pool(key, workers: int, fn, *args, warm=None, **kwargs):
+    """fn(*args, **kwargs) in the shared pool `key`; a pool whose worker died is dropped (the task's
+    retry gets a new one)."""
+    pool = _shared_pool(key, workers, warm)
+    try:
+        return pool.submit(fn, *args, **kwargs).result()
+    except cf.process.BrokenProcessPool:
+        with _SHARED_POOLS_LOCK:
+            if _SHARED_POOLS.get(key) is pool:
+                del _SHARED_POOLS[key]
+        raise
 
 
 def in_worker(fn, *args, workers: int, **kwargs):
     """fn(*args, **kwargs) in a process of a pool of `workers` that this process's callers share, for
     Prefect task runs in threads: each shard stays one task run in the UI while the CPU work of
-    `workers` of them runs in parallel processes (threads alone hold the GIL). Inline when workers <= 1.
-    A pool whose worker died is dropped (the task's retry gets a new one)."""
+    `workers` of them runs in parallel processes (threads alone hold the GIL). Inline when workers <= 1."""
     if workers <= 1:
         return fn(*args, **kwargs)
-    with _SHARED_POOLS_LOCK:
-        pool = _SHARED_POOLS.get(workers)
-        if pool is None:
-            pool = _SHARED_POOLS[workers] = _make_pool(workers)
+    return _in_shared_pool(("shards", workers), workers, fn, *args, **kwargs)
+
+
+def _import_mindrecord() -> None:
+    import mindspore.mindrecord  # noqa: F401
+
+
+def warm_mindrecord_writer() -> None:
+    """Start the process that will write MindRecord and let it import MindSpore (~1-3 s of CPU) now:
+    called when the single-threaded steps (dedup, tokenizer training) begin, it uses the core they
+    leave idle, and the MindRecord step starts writing at once."""
+    _shared_pool(_WRITER, 1, warm=_import_mindrecord)
+
+
+def in_mindrecord_writer(fn, *args, **kwargs):
+    """fn(*args, **kwargs) in the warm MindRecord writer process (warm_mindrecord_writer)."""
+    return _in_shared_pool(_WRITER, 1, fn, *args, warm=_import_mindrecord, **kwargs)
+
+
+def preload(*modules: str) -> None:
+    """Import `modules` in a background thread of this process, while it only waits on its pool (the
+    shard steps): the single-threaded step that needs them (datasketch: the dedup step) starts without
+    paying the import (~0.5 s) on the critical path."""
+    import importlib
+
+    threading.Thread(target=lambda: [importlib.import_module(m) for m in modules], name="preload",
+                     daemon=True).start()
+
+
+def tokenizer_and_cleaned(cfg, paths, pool, n_shards: int, *, shared: bool = True) -> dict:
+    """build_tokenizer here while `pool` (if any) writes the cleaned parts, which need no tokenizer:
+    sentencepiece's BPE training keeps about one core busy, the pool uses the other."""
+    futures = [pool.submit(write_cleaned_shard, cfg, paths, k, shared=shared) for k in range(n_shards)] if pool else []
     try:
-        return pool.submit(fn, *args, **kwargs).result()
-    except cf.process.BrokenProcessPool:
-        with _SHARED_POOLS_LOCK:
-            if _SHARED_POOLS.get(workers) is pool:
-                del _SHARED_POOLS[workers]
-        raise
+        described = build_tokenizer(cfg, paths, shared=shared)
+        for f in futures:
+            f.result()
+    finally:
+        for f in futures:
+            f.cancel()
+    return described
+
+
+def shard_pool(cfg):
+    """The process pool this process's shard task runs share (in_worker), or None where they run
+    inline (one worker, or Dask workers)."""
+    workers = cfg.data.num_workers
+    if cfg.data.executor == "dask" or workers <= 1:
+        return None
+    return _shared_pool(("shards", workers), workers)
 
 
 def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
@@ -213,23 +280,29 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
     workers = workers or cfg.data.num_workers
     report = _Progress(run.progress)
     pool = _make_pool(workers) if workers > 1 else None
+    writer = None  # the MindRecord step's own process, warmed while dedup and the tokenizer run
     shared = False  # one machine runs every step: on S3 only the deliverables are uploaded
     try:
         shards = plan_data_stage(cfg, paths, shared=shared)
         log(f"data: {len(shards)} shards")
         each = [(cfg, paths, k) for k in range(len(shards))]
+        if pool is not None:
+            preload(*DEDUP_IMPORTS)
         counts = _run_all(pool, partial(prep_shard, shared=shared), each, "prep", report)
         log(f"data: read {sum(c['read'] for c in counts)} records")
+        if pool is not None:
+            writer = _make_pool(1)
+            writer.submit(_import_mindrecord)
         summary = dedup_stage(cfg, paths, report, shared=shared)
         log("data: dedup " + json.dumps({k: sum(s[k] for s in summary["shards"])
                                          for k in ("exact_duplicates", "near_duplicates", "kept")}))
         report("tokenizer", 0, 1)
-        log(f"data: tokenizer {build_tokenizer(cfg, paths, shared=shared)['vocab_size']} pieces")
+        log(f"data: tokenizer {tokenizer_and_cleaned(cfg, paths, pool, len(shards), shared=shared)['vocab_size']} pieces")
         report("tokenizer", 1, 1)
         _run_all(pool, partial(tokenize_shard, shared=shared), each, "tokenize", report)
         mr_pool, groups = _mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers)
-        _run_all(mr_pool, partial(write_mindrecord_files, shared=shared), [(cfg, paths, g) for g in groups],
-                 "mindrecord", report)
+        _run_all(mr_pool or writer, partial(write_mindrecord_files, shared=shared), [(cfg, paths, g) for g in groups],
+                 "mindrecord", report, inline_one=mr_pool is not None)
         report("finalize", 0, 1)
         output = finalize_data_stage(cfg, paths, shared=shared)
         report("finalize", 1, 1)
@@ -237,5 +310,6 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
         return output
     finally:
         report.close()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        for p in (pool, writer):
+            if p is not None:
+                p.shutdown(wait=True, cancel_futures=True)
