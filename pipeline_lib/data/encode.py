@@ -3,9 +3,11 @@
 - `build_tokenizer`: load `tokenizer.path` (checked against the config) or train on the kept
   training documents, streamed in input order; sentencepiece keeps a uniform, reproducible
   sample of `tokenizer.sample_lines` of their lines (deterministic, whatever the workers).
-- `tokenize_shard` (mapped over shards): kept documents -> cleaned/part-<k>.jsonl.gz and the
-  token streams of its train and held-out documents (tokens + EOS each), with the documents'
-  ids and token counts (shards/<k>/spans_<split>.jsonl).
+- `write_cleaned_shard` (mapped over shards, needs no tokenizer: runs while it trains): kept
+  documents -> cleaned/part-<k>.jsonl.gz.
+- `tokenize_shard` (mapped over shards): the token streams of its train and held-out documents
+  (tokens + EOS each), with the documents' ids and token counts (shards/<k>/spans_<split>.jsonl);
+  it writes the cleaned part first when write_cleaned_shard has not.
 - `plan_mindrecord` then `write_mindrecord_shard` (mapped over (split, j)) or `write_mindrecord_files`
   (a group of them in one task): MindRecord file j of a split holds rows [j*R, (j+1)*R) of the
   split's packed stream, R = `rows_per_file` (data.mindrecord_file_mb of rows, or

@@ -8,7 +8,7 @@ whose completion marker exists, each reading and writing only the stage folder):
     shards = plan_data_stage(cfg, paths)                      # -> list of shard specs
     prep_shard(cfg, paths, k)        for k in range(len(shards))
     dedup_stage(cfg, paths)
-    build_tokenizer(cfg, paths)
+    build_tokenizer(cfg, paths)      (tokenizer_and_cleaned: with write_cleaned_shard meanwhile)
     tokenize_shard(cfg, paths, k)    for k in range(len(shards))
     write_mindrecord_shard(cfg, paths, split, j)  for (split, j) in plan_mindrecord(cfg, paths)
         (or write_mindrecord_files(cfg, paths, group) for each group of mindrecord_groups(items, n))
