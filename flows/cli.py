@@ -61,6 +61,17 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
     print(_ui_hint(embedded))
 
 
+def drain_prefect_queues(timeout: float = 10) -> None:
+    """Send the logs and events this process still has queued; call it while the API server is up (sent
+    after it stopped, they are retried for about a minute, then lost)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogHandler, APILogWorker
+
+    APILogHandler().flush()
+    APILogWorker.drain_all(timeout=timeout)
+    EventsWorker.drain_all(timeout=timeout)
+
+
 class _EmbeddedServer:
     """Prefect's API server in a uvicorn subprocess (flows/embedded_server.py), launched with the
     environment flags of Prefect's ephemeral one, but without importing Prefect here (~3 s), so the
@@ -189,14 +200,8 @@ class embedded_api:
 
     def __exit__(self, *exc):
         if self.server is not None:
-            # Send the logs and events still queued while the API is up, not after it stopped.
             try:
-                from prefect.events.worker import EventsWorker
-                from prefect.logging.handlers import APILogHandler, APILogWorker
-
-                APILogHandler().flush()
-                APILogWorker.drain_all(timeout=10)
-                EventsWorker.drain_all(timeout=10)
+                drain_prefect_queues()
             except Exception:
                 pass
             self.global_settings.__exit__(*exc)

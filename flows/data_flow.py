@@ -40,7 +40,7 @@ def _shard_steps(config: dict, run_id: str) -> dict:
     dup = t.dedup_task(config, run_id)
     get_run_logger().info(f"data: dedup {dup}")
     progress("tokenizer", 0, 1)
-    t.tokenizer_task(config, run_id)
+    t.tokenizer_task(config, run_id, n)
     progress("tokenize", 0, n)
     t.tokenize_task.map(unmapped(config), unmapped(run_id), list(range(n))).result()
     items = t.mindrecord_plan_task(config, run_id)

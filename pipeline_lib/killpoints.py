@@ -108,7 +108,8 @@ def _kill_tree(root: int) -> None:
         frozen: dict[int, psutil.Process] = {}
         for _ in range(10):
             try:
-                tree = ([psutil.Process(root)] if root != me else []) + psutil.Process(root).children(recursive=True)
+                top = psutil.Process(root)
+                tree = ([top] if root != me else []) + top.children(recursive=True)
             except psutil.Error:
                 break
             new = [p for p in tree if p.pid != me and p.pid not in frozen]

@@ -57,11 +57,11 @@ def dedup_task(config: dict, run_id: str) -> dict:
 
 
 @task(name="data-tokenizer", task_run_name="data/{run_id}/tokenizer", **_RETRY)
-def tokenizer_task(config: dict, run_id: str) -> dict:
-    from pipeline_lib.data.stage import plan_data_stage, shard_pool, tokenizer_and_cleaned
+def tokenizer_task(config: dict, run_id: str, n_shards: int) -> dict:
+    from pipeline_lib.data.stage import shard_pool, tokenizer_and_cleaned
 
     cfg, paths = _ctx(config, run_id)  # the cleaned parts are written meanwhile, in the shard processes
-    return tokenizer_and_cleaned(cfg, paths, shard_pool(cfg), len(plan_data_stage(cfg, paths)))
+    return tokenizer_and_cleaned(cfg, paths, shard_pool(_shard_processes(cfg)), n_shards)
 
 
 @task(name="data-tokenize", task_run_name="data/{run_id}/tokenize-{index:05d}", **_RETRY)

@@ -105,14 +105,9 @@ def prefect_server(tmp_path_factory):
 
     with temporary_settings({PREFECT_API_URL: api, PREFECT_HOME: str(home)}):
         yield api
-        # the logs and events still queued go out while the server is up: sent after it stopped, they were
-        # retried for about a minute at the end of every test session ("Error logging to API")
-        from prefect.events.worker import EventsWorker
-        from prefect.logging.handlers import APILogHandler, APILogWorker
+        from flows.cli import drain_prefect_queues
 
-        APILogHandler().flush()
-        APILogWorker.drain_all(timeout=15)
-        EventsWorker.drain_all(timeout=15)
+        drain_prefect_queues(timeout=15)  # else ~1 min of "Error logging to API" retries ends every session
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)

@@ -190,20 +190,18 @@ _SHARED_POOLS_LOCK = threading.Lock()
 _WRITER = "mindrecord-writer"
 
 
-def _shared_pool(key, workers: int, warm=None) -> cf.ProcessPoolExecutor:
+def _shared_pool(key, make) -> cf.ProcessPoolExecutor:
     with _SHARED_POOLS_LOCK:
         pool = _SHARED_POOLS.get(key)
         if pool is None:
-            pool = _SHARED_POOLS[key] = _make_pool(workers)
-            if warm is not None:
-                pool.submit(warm)
+            pool = _SHARED_POOLS[key] = make()
     return pool
 
 
-def _in_shared_pool(key, workers: int, fn, *args, warm=None, **kwargs):
-    """fn(*args, **kwargs) in the shared pool `key`; a pool whose worker died is dropped (the task's
-    retry gets a new one)."""
-    pool = _shared_pool(key, workers, warm)
+def _in_shared_pool(key, make, fn, *args, **kwargs):
+    """fn(*args, **kwargs) in the shared pool `key` (made by `make` the first time); a pool whose worker
+    died is dropped (the task's retry gets a new one)."""
+    pool = _shared_pool(key, make)
     try:
         return pool.submit(fn, *args, **kwargs).result()
     except cf.process.BrokenProcessPool:
@@ -213,29 +211,45 @@ def _in_shared_pool(key, workers: int, fn, *args, warm=None, **kwargs):
         raise
 
 
+def _shards(workers: int) -> tuple:
+    return ("shards", workers), partial(_make_pool, workers)
+
+
+def shard_pool(workers: int) -> cf.ProcessPoolExecutor | None:
+    """The process pool of `workers` that this process's shard task runs share (in_worker); None for one."""
+    return _shared_pool(*_shards(workers)) if workers > 1 else None
+
+
 def in_worker(fn, *args, workers: int, **kwargs):
     """fn(*args, **kwargs) in a process of a pool of `workers` that this process's callers share, for
     Prefect task runs in threads: each shard stays one task run in the UI while the CPU work of
     `workers` of them runs in parallel processes (threads alone hold the GIL). Inline when workers <= 1."""
     if workers <= 1:
         return fn(*args, **kwargs)
-    return _in_shared_pool(("shards", workers), workers, fn, *args, **kwargs)
+    return _in_shared_pool(*_shards(workers), fn, *args, **kwargs)
 
 
 def _import_mindrecord() -> None:
     import mindspore.mindrecord  # noqa: F401
 
 
+def _new_writer() -> cf.ProcessPoolExecutor:
+    """One process that imports MindSpore (~1-3 s of CPU) as soon as it starts: made when the
+    single-threaded steps (dedup, tokenizer training) begin, it uses the core they leave idle, and the
+    MindRecord step then starts writing at once."""
+    pool = _make_pool(1)
+    pool.submit(_import_mindrecord)
+    return pool
+
+
 def warm_mindrecord_writer() -> None:
-    """Start the process that will write MindRecord and let it import MindSpore (~1-3 s of CPU) now:
-    called when the single-threaded steps (dedup, tokenizer training) begin, it uses the core they
-    leave idle, and the MindRecord step starts writing at once."""
-    _shared_pool(_WRITER, 1, warm=_import_mindrecord)
+    """Start this process's shared MindRecord writer (_new_writer) now."""
+    _shared_pool(_WRITER, _new_writer)
 
 
 def in_mindrecord_writer(fn, *args, **kwargs):
-    """fn(*args, **kwargs) in the warm MindRecord writer process (warm_mindrecord_writer)."""
-    return _in_shared_pool(_WRITER, 1, fn, *args, warm=_import_mindrecord, **kwargs)
+    """fn(*args, **kwargs) in the shared MindRecord writer process (warm_mindrecord_writer)."""
+    return _in_shared_pool(_WRITER, _new_writer, fn, *args, **kwargs)
 
 
 def preload(*modules: str) -> None:
@@ -262,15 +276,6 @@ def tokenizer_and_cleaned(cfg, paths, pool, n_shards: int, *, shared: bool = Tru
     return described
 
 
-def shard_pool(cfg):
-    """The process pool this process's shard task runs share (in_worker), or None where they run
-    inline (one worker, or Dask workers)."""
-    workers = cfg.data.num_workers
-    if cfg.data.executor == "dask" or workers <= 1:
-        return None
-    return _shared_pool(("shards", workers), workers)
-
-
 def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
     """Run every step of the data stage (see the module docstring).
 
@@ -291,8 +296,7 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
         counts = _run_all(pool, partial(prep_shard, shared=shared), each, "prep", report)
         log(f"data: read {sum(c['read'] for c in counts)} records")
         if pool is not None:
-            writer = _make_pool(1)
-            writer.submit(_import_mindrecord)
+            writer = _new_writer()
         summary = dedup_stage(cfg, paths, report, shared=shared)
         log("data: dedup " + json.dumps({k: sum(s[k] for s in summary["shards"])
                                          for k in ("exact_duplicates", "near_duplicates", "kept")}))

@@ -87,7 +87,7 @@ class Pipeline:
         # exec keeps the shell's pid: the CLI itself is the root of the tree a kill point takes down
         cmd = ["sh", "-c", f'{KILL_ROOT}=$$ exec "$0" "$@"', cli, *args, f"run.output_root={self.root}", *OVERRIDES]
         adopt_orphans()
-        before = {p.pid for p in _descendants()}
+        before = {p.pid for p in _new_processes(set())}
         t = time.time()
         # Output to a file and a wait on the process, not on the end of a pipe: a process that outlived the
         # kill (what the test is there to catch) must fail the test with the tree it left, not hang it.
@@ -98,8 +98,13 @@ class Pipeline:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                tree = _session_processes(proc.pid)
-                _kill_session(proc.pid)
+                left = _new_processes(before)
+                tree = "\n".join(_describe(p) for p in left)
+                for p in left:
+                    try:
+                        p.kill()
+                    except Exception:
+                        pass
                 raise AssertionError(f"llm-pipeline {args[0]} (kill={kill}) did not end within {timeout:g} s; "
                                      f"its processes:\n{tree}\nlast output:\n"
                                      f"{log.read_text(errors='replace')[-4000:]}") from None
@@ -142,10 +147,18 @@ def adopt_orphans() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _descendants():
+def _new_processes(before: set[int]) -> list:
+    """This process's descendants (orphans included: adopt_orphans) that were not there `before`."""
     import psutil
 
-    return psutil.Process().children(recursive=True)
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
+
+def _describe(proc) -> str:
+    try:
+        return f"{proc.pid} {proc.status()} {' '.join(proc.cmdline())[:200]}"
+    except Exception:
+        return f"{proc.pid} (gone)"
 
 
 def _survivors(before: set[int], grace_s: float = 15.0) -> list[str]:
@@ -156,40 +169,17 @@ def _survivors(before: set[int], grace_s: float = 15.0) -> list[str]:
     deadline = time.time() + grace_s
     while True:
         alive = []
-        for proc in _descendants():
-            if proc.pid in before:
-                continue
+        for proc in _new_processes(before):
             try:
                 if proc.status() == psutil.STATUS_ZOMBIE:
                     os.waitpid(proc.pid, os.WNOHANG)
                     continue
-                alive.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
+                alive.append(_describe(proc))
             except (psutil.Error, ChildProcessError):
                 pass
         if not alive or time.time() > deadline:
             return alive
         time.sleep(0.5)
-
-
-def _session_processes(sid: int) -> str:
-    import psutil
-
-    rows = []
-    for proc in psutil.process_iter(["pid", "ppid", "status", "cmdline"]):
-        try:
-            if os.getsid(proc.info["pid"]) == sid:
-                rows.append(f"{proc.info['pid']} {proc.info['ppid']} {proc.info['status']} "
-                            f"{' '.join(proc.info['cmdline'] or [])[:200]}")
-        except (psutil.Error, OSError):
-            pass
-    return "\n".join(rows)
-
-
-def _kill_session(sid: int) -> None:
-    try:
-        os.killpg(sid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def still_running(marker: str) -> list[int]:
