@@ -31,10 +31,13 @@ def _shard_processes(cfg) -> int:
 
 @task(name="data-plan", task_run_name="data/{run_id}/plan", **_RETRY)
 def plan_task(config: dict, run_id: str) -> int:
-    from pipeline_lib.data.stage import DEDUP_IMPORTS, plan_data_stage, preload
+    from pipeline_lib.data.stage import DEDUP_IMPORTS, plan_data_stage, preload, shard_pool, start_workers
 
+    cfg, paths = _ctx(config, run_id)
+    workers = _shard_processes(cfg)
+    start_workers(shard_pool(workers), workers)  # the fork server boots while the inputs are listed
     preload(*DEDUP_IMPORTS)  # while the prep task runs wait on their processes
-    return len(plan_data_stage(*_ctx(config, run_id)))
+    return len(plan_data_stage(cfg, paths))
 
 
 @task(name="data-prep", task_run_name="data/{run_id}/prep-{index:05d}", **_RETRY)

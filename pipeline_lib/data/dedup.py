@@ -69,8 +69,11 @@ class RunLSH:
 class Deduplicator:
     """Stateful decisions over the documents of one run (see the module docstring)."""
 
-    def __init__(self, dedup_cfg, prior=None, run_id: str = ""):
+    def __init__(self, dedup_cfg, prior=None, run_id: str = "", decode_source=None):
+        """decode_source: turns a source id as passed to `process` into its value (the dedup step passes
+        them as JSON text: only the few a duplicate record names are decoded)."""
         self.cfg, self.prior, self.run_id = dedup_cfg, prior, run_id
+        self.decode = decode_source or (lambda x: x)
         self.bands, self.rows = lsh_params(dedup_cfg.threshold, dedup_cfg.num_perm)
         self.lsh = RunLSH(self.bands, self.rows, dedup_cfg.num_perm)
         self.seen: dict[int, int] = {}        # exact key -> kept index in this run
@@ -90,7 +93,7 @@ class Deduplicator:
         return self.prior.candidates(band_keys(sigs, self.bands, self.rows))
 
     def _kept(self, index: int) -> dict:
-        return {"kept_id": self.kept_sources[index], "kept_origin": self.kept_ids[index], "kept_run": None}
+        return {"kept_id": self.decode(self.kept_sources[index]), "kept_origin": self.kept_ids[index], "kept_run": None}
 
     def _prior_kept(self, row: int) -> dict:
         run, origin = self.prior.ids[row].split("/", 1)
@@ -133,12 +136,12 @@ class Deduplicator:
             key = int(keys[i])
             if self.cfg.exact and key in self.seen:
                 decisions[i] = EXACT
-                records.append({"id": sources[i], "origin": doc_id, **self._kept(self.seen[key]), "kind": "exact",
+                records.append({"id": self.decode(sources[i]), "origin": doc_id, **self._kept(self.seen[key]), "kind": "exact",
                                 "jaccard": 1.0})
                 continue
             if prior_exact[i] >= 0:
                 decisions[i] = EXACT
-                records.append({"id": sources[i], "origin": doc_id, **self._prior_kept(int(prior_exact[i])),
+                records.append({"id": self.decode(sources[i]), "origin": doc_id, **self._prior_kept(int(prior_exact[i])),
                                 "kind": "exact", "jaccard": 1.0})
                 continue
             sig = sigs[i] if sigs is not None else None
@@ -148,7 +151,7 @@ class Deduplicator:
                 hit = self._best_near(sig, bool(query[i]), prior_near[i])
                 if hit is not None:
                     decisions[i] = NEAR
-                    records.append({"id": sources[i], "origin": doc_id, **hit[1], "kind": "near",
+                    records.append({"id": self.decode(sources[i]), "origin": doc_id, **hit[1], "kind": "near",
                                     "jaccard": round(hit[0], 4)})
                     continue
             index = len(self.kept_ids)
@@ -167,4 +170,4 @@ class Deduplicator:
         sigs = np.stack(self.kept_sigs) if self.kept_sigs else None
         if self.cfg.near and sigs is None:
             sigs = np.zeros((0, self.cfg.num_perm), np.uint32)
-        return self.kept_ids, np.asarray(self.kept_keys, dtype=np.uint64), sigs, self.kept_sources
+        return self.kept_ids, np.asarray(self.kept_keys, dtype=np.uint64), sigs, [self.decode(s) for s in self.kept_sources]

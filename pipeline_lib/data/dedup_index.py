@@ -20,8 +20,11 @@ block by block, keeps the hits and fetches only the hit documents' rows (ranged 
 depends on this run, not on the index (bench/dedup_index.md). A commit (`commit_segment`) merges
 the run's entries into each partition as one conditional write (storage.generations: a new
 generation created only if absent; on conflict re-read, merge, retry), so two runs committing at
-once lose nothing. A run commits only when the whole stage succeeded (a failed run leaves no
-trace), and a run never reads its own entries (a resumed run is not deduplicated against itself).
+once lose nothing. The data stage does it in two steps: `stage_segment` (row store and partition
+entries) while the tokenizer trains, `publish_segment` (meta.json) once the whole stage succeeded.
+Until then every reader ignores the run's entries (a failed run is never deduplicated against;
+its entries stay as dead weight in the partitions until its resume replaces them or the index is
+cleared), and a run never reads its own entries (a resumed run is not deduplicated against itself).
 The rerun rule: a run skips the runs whose input files (uri, size, fingerprint) are all among its
 own inputs: that run read the same data, it is a rerun, not data seen before (so running a config
 twice gives the same dataset twice, while new files are checked against everything).
@@ -114,16 +117,19 @@ def _line_offsets(lines_text: str) -> np.ndarray:
 
 
 def write_segment(folder: Path, meta: dict, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None,
-                  source_ids: list | None = None) -> list[str]:
+                  source_ids: list | None = None, *, source_json: list[str] | None = None) -> list[str]:
     """Write a segment (one run's row store) into a local folder; returns the file names, meta.json last.
-    ids.idx / source_ids.idx hold the byte offset of every line, so a reader fetches a few rows
-    with ranged reads instead of reading the whole file."""
+    source_json: the source ids already as JSON text (json.dumps(s, ensure_ascii=False, default=str)),
+    instead of source_ids. ids.idx / source_ids.idx hold the byte offset of every line, so a reader
+    fetches a few rows with ranged reads instead of reading the whole file."""
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "keys.npy", np.asarray(keys, dtype=np.uint64))
     names = ["keys.npy"]
     texts = {"ids": "".join(i + "\n" for i in ids)}
     if source_ids is not None:
-        texts["source_ids"] = "".join(json.dumps(s, ensure_ascii=False, default=str) + "\n" for s in source_ids)
+        source_json = [json.dumps(s, ensure_ascii=False, default=str) for s in source_ids]
+    if source_json is not None:
+        texts["source_ids"] = "".join(s + "\n" for s in source_json)
     for stem, text in texts.items():
         ext = ".txt" if stem == "ids" else ".jsonl"
         (folder / f"{stem}{ext}").write_text(text, encoding="utf-8")
@@ -199,10 +205,24 @@ def _run_entries(keys: np.ndarray, sigs: np.ndarray | None, bands: int, rows: in
 
 def commit_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoint_url: str | None = None, *,
                    after_read=None, migrating: bool = False) -> str:
-    """Add a local segment to the index: its row store under segments/<run_id>/, its exact and
-    band keys merged into the partitions (one conditional write per partition, re-read and merged
-    again when another run committed in between), meta.json last (a run without it is ignored
-    by readers). Idempotent: a retried commit replaces its own entries.
+    """Add a local segment to the index: stage_segment, then publish_segment. Idempotent: a retried
+    commit replaces its own entries. Returns the segment's folder in the index."""
+    target = stage_segment(folder, names, uri, run_id, endpoint_url, after_read=after_read, migrating=migrating)
+    publish_segment(folder, uri, run_id, endpoint_url)
+    return target
+
+
+def publish_segment(folder: Path, uri: str, run_id: str, endpoint_url: str | None = None) -> None:
+    """Write the staged segment's meta.json: from now on readers see the run."""
+    store_for(uri, endpoint_url).put_file(Path(folder) / "meta.json", join(uri, "segments", run_id, "meta.json"))
+
+
+def stage_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoint_url: str | None = None, *,
+                  after_read=None, migrating: bool = False) -> str:
+    """Everything of a commit but meta.json: the segment's row store under segments/<run_id>/ and
+    its exact and band keys merged into the partitions (one conditional write per partition,
+    re-read and merged again when another run committed in between). Readers ignore the run until
+    publish_segment. Idempotent: a retry replaces the run's own entries.
     Raises CommitConflict (storage.generations) when a partition kept losing to other writers."""
     store = store_for(uri, endpoint_url)
     meta = json.loads((Path(folder) / "meta.json").read_text())
@@ -225,7 +245,6 @@ def commit_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoi
         params = _read_index_json(store, uri)
         if params["prefix_bits"] == bits:
             break
-    store.put_file(Path(folder) / "meta.json", join(target, "meta.json"))
     return target
 
 

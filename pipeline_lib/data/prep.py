@@ -1,5 +1,6 @@
 """Steps 1-3 of the data stage: plan the shards, prepare each shard (read, quarantine, clean,
-hash, sign), deduplicate all shards in input order.
+hash, sign), deduplicate all shards in input order; then (`stage_index_segment`, while the
+tokenizer trains) this run's segment of the persistent dedup index, all but its publication.
 
 Each step is idempotent: it returns at once when its completion marker (shards/<name>.done,
 holding the work hash) exists, so a rerun redoes only unfinished shards. `prep_shard` is the
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 
 from .. import killpoints
 from .dedup import EXACT, NEAR, Deduplicator, collision_flags
-from .dedup_index import index_uri, lineage, load_prior, segment_meta, write_segment
+from .dedup_index import index_uri, lineage, load_prior, segment_meta, stage_segment, write_segment
 from .errors import DataStageError, NoNewDocuments
 from .filters import Doc, apply_filters_batch, build_filters
 from .minhash import shingle_hashes, signatures
@@ -156,15 +157,15 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
 
 def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     """Decide exact and near duplicates over all shards in input order (first seen wins), against
-    the persistent index of earlier runs too; writes duplicates.jsonl, shards/<k>/keep.npy and
-    the pending index segment. Returns the summary (per-shard counts, LSH bands x rows)."""
+    the persistent index of earlier runs too; writes duplicates.jsonl and shards/<k>/keep.npy.
+    Returns the summary (per-shard counts, LSH bands x rows)."""
     ws, d = Workspace(cfg, paths, shared), cfg.data.dedup
     if ws.is_marked("dedup"):
         return ws.read_json("shards/dedup.json")
     plan = ws.read_json("shards/plan.json")
     n_shards = len(plan["shards"])
     use_index = uses_index(cfg)
-    dd = Deduplicator(d, None, paths.run_id)
+    dd = Deduplicator(d, None, paths.run_id, decode_source=json.loads)
     query = insert = run_bands = None
     if d.near:  # pass 1: which documents share an LSH band with another one of this run
         from .minhash import band_keys, is_empty
@@ -193,7 +194,7 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
             folder = shard_dir(k)
             table = pq.read_table(ws.fetch(f"{folder}/docs.parquet"), columns=["origin", "source_id", "key"])
             ids, keys = table.column("origin").to_pylist(), table.column("key").to_numpy()
-            sources = [json.loads(x) for x in table.column("source_id").to_pylist()]
+            sources = table.column("source_id").to_pylist()  # JSON text (Deduplicator decodes what it records)
             if d.exact or d.near:
                 sigs = np.load(ws.fetch(f"{folder}/sigs.npy")) if d.near else None
                 part = slice(bounds[k], bounds[k + 1]) if d.near else slice(None)
@@ -214,19 +215,50 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     ws.publish("duplicates.jsonl")
     if sum(s["kept"] for s in per_shard) == 0:
         _nothing_kept(cfg, ws, n_shards, per_shard, from_earlier, dd.prior)
-    segment = []
-    if use_index:
-        ids, keys, sigs, sources = dd.segment()
-        meta = segment_meta(cfg, paths.run_id, len(ids), sigs is not None, plan["files"])
-        segment = write_segment(ws.local("shards/segment"), meta, ids, keys, sigs, sources)
-        ws.publish(*[f"shards/segment/{n}" for n in segment])
-    summary = {"shards": per_shard, "bands": dd.bands, "rows": dd.rows, "segment": segment,
+    summary = {"shards": per_shard, "bands": dd.bands, "rows": dd.rows,
                "prior_docs": len(dd.prior) if dd.prior is not None else 0,
                "prior_runs": dd.prior.runs if dd.prior is not None else [],
                "rerun_of": dd.prior.reruns if dd.prior is not None else []}
     ws.write_json("shards/dedup.json", summary)
     ws.mark("dedup")
     return summary
+
+
+SEGMENT = "shards/segment"
+
+
+def stage_index_segment(cfg, paths, *, shared: bool = True) -> list[str]:
+    """This run's segment of the persistent dedup index (its kept documents' origins, exact keys,
+    signatures and source ids, in input order, as the dedup decisions left them), written to
+    shards/segment/ and staged in the index (dedup_index.stage_segment: row store and partition
+    entries, which every reader ignores until finalize_data_stage publishes the segment's meta.json).
+    It needs no tokenizer: the stage runs it while the tokenizer trains. Returns the segment's file
+    names ([] without an incremental index)."""
+    ws = Workspace(cfg, paths, shared)
+    if ws.is_marked("segment"):
+        return ws.read_json(f"{SEGMENT}.json")["names"]
+    names = []
+    if uses_index(cfg):
+        d, plan = cfg.data.dedup, ws.read_json("shards/plan.json")
+        ids, keys, sigs, sources = [], [], [], []
+        for k in range(len(plan["shards"])):
+            folder = shard_dir(k)
+            keep = np.load(ws.fetch(f"{folder}/keep.npy")) == 0
+            table = pq.read_table(ws.fetch(f"{folder}/docs.parquet"), columns=["origin", "source_id", "key"])
+            ids += [x for x, kept in zip(table.column("origin").to_pylist(), keep) if kept]
+            sources += [x for x, kept in zip(table.column("source_id").to_pylist(), keep) if kept]  # JSON text
+            keys.append(table.column("key").to_numpy()[keep])
+            if d.near:
+                sigs.append(np.load(ws.fetch(f"{folder}/sigs.npy"))[keep])
+        sig = (np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32)) if d.near else None
+        meta = segment_meta(cfg, paths.run_id, len(ids), sig is not None, plan["files"])
+        names = write_segment(ws.local(SEGMENT), meta, ids, np.concatenate(keys) if keys else np.zeros(0, np.uint64), sig,
+                              source_json=sources)
+        ws.publish(*[f"{SEGMENT}/{n}" for n in names])
+        stage_segment(ws.local(SEGMENT), names, index_uri(cfg), paths.run_id, ws.endpoint)
+    ws.write_json(f"{SEGMENT}.json", {"names": names})
+    ws.mark("segment")
+    return names
 
 
 def _nothing_kept(cfg, ws: Workspace, n_shards: int, per_shard: list[dict], from_earlier: int, prior) -> None:

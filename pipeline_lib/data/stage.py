@@ -35,11 +35,11 @@ from functools import partial
 from ..lifetime import exit_when_gone
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import sha256_file
-from .dedup_index import commit_segment, index_uri
+from .dedup_index import index_uri, publish_segment
 from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
                      tokenize_shard, write_cleaned_shard, write_mindrecord_files, write_mindrecord_shard)
 from .errors import ConservationError
-from .prep import dedup_stage, plan_data_stage, prep_shard, shard_dir
+from .prep import SEGMENT, dedup_stage, plan_data_stage, prep_shard, shard_dir, stage_index_segment
 from .stats import attribute_rows, build_stats
 from .workspace import Workspace, atomic_path
 
@@ -87,11 +87,8 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
     ws.write_json("stats.json", stats)
     if not stats["balanced"]:
         raise ConservationError(f"read != rejected + filtered + duplicates + kept; see {ws.uri_of('stats.json')}")
-    if dedup["segment"]:
-        folder = ws.local("shards/segment")
-        for name in dedup["segment"]:
-            ws.fetch(f"shards/segment/{name}")
-        commit_segment(folder, dedup["segment"], index_uri(cfg), paths.run_id, ws.endpoint)
+    if stage_index_segment(cfg, paths, shared=shared):  # staged while the tokenizer trained
+        publish_segment(ws.fetch(f"{SEGMENT}/meta.json").parent, index_uri(cfg), paths.run_id, ws.endpoint)
     outputs = ["quarantine.jsonl", "excluded.jsonl", "duplicates.jsonl", "stats.json",
                "tokenizer/tokenizer.model", "tokenizer/tokenizer_config.json"]
     outputs += [f"cleaned/part-{k:05d}.jsonl.gz" for k in range(n)]
@@ -252,6 +249,20 @@ def in_mindrecord_writer(fn, *args, **kwargs):
     return _in_shared_pool(_WRITER, _new_writer, fn, *args, **kwargs)
 
 
+def start_workers(pool: cf.ProcessPoolExecutor | None, n: int) -> None:
+    """Have `pool` start its n workers now, from a background thread: the first start waits for the
+    fork server to import this package (~0.5-0.7 s), which then overlaps with listing the inputs."""
+    def start():
+        try:
+            for _ in range(n):
+                pool.submit(int)
+        except RuntimeError:  # shut down meanwhile (a failed plan)
+            pass
+
+    if pool is not None:
+        threading.Thread(target=start, name="start-workers", daemon=True).start()
+
+
 def preload(*modules: str) -> None:
     """Import `modules` in a background thread of this process, while it only waits on its pool (the
     shard steps): the single-threaded step that needs them (datasketch: the dedup step) starts without
@@ -263,9 +274,12 @@ def preload(*modules: str) -> None:
 
 
 def tokenizer_and_cleaned(cfg, paths, pool, n_shards: int, *, shared: bool = True) -> dict:
-    """build_tokenizer here while `pool` (if any) writes the cleaned parts, which need no tokenizer:
-    sentencepiece's BPE training keeps about one core busy, the pool uses the other."""
-    futures = [pool.submit(write_cleaned_shard, cfg, paths, k, shared=shared) for k in range(n_shards)] if pool else []
+    """build_tokenizer here while `pool` (if any) writes the cleaned parts and stages the dedup index
+    segment, which need no tokenizer: sentencepiece's BPE training keeps about one core busy, the
+    pool uses the other. Not in threads of this process: they would slow the training several
+    times over (it takes the GIL back often; measured in bench/data.md)."""
+    side = [(write_cleaned_shard, k) for k in range(n_shards)] + [(stage_index_segment,)]
+    futures = [pool.submit(fn, cfg, paths, *args, shared=shared) for fn, *args in side] if pool else []
     try:
         described = build_tokenizer(cfg, paths, shared=shared)
         for f in futures:
@@ -273,6 +287,8 @@ def tokenizer_and_cleaned(cfg, paths, pool, n_shards: int, *, shared: bool = Tru
     finally:
         for f in futures:
             f.cancel()
+    if pool is None:
+        stage_index_segment(cfg, paths, shared=shared)
     return described
 
 
@@ -285,6 +301,7 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
     workers = workers or cfg.data.num_workers
     report = _Progress(run.progress)
     pool = _make_pool(workers) if workers > 1 else None
+    start_workers(pool, workers)
     writer = None  # the MindRecord step's own process, warmed while dedup and the tokenizer run
     shared = False  # one machine runs every step: on S3 only the deliverables are uploaded
     try:
