@@ -92,6 +92,9 @@ class Deduplicator:
             return [np.zeros(0, np.int64)] * len(sigs)
         return self.prior.candidates(band_keys(sigs, self.bands, self.rows))
 
+    def _removed(self, source, origin: str) -> dict:
+        return {"id": self.decode(source), "origin": origin}
+
     def _kept(self, index: int) -> dict:
         return {"kept_id": self.decode(self.kept_sources[index]), "kept_origin": self.kept_ids[index], "kept_run": None}
 
@@ -136,12 +139,12 @@ class Deduplicator:
             key = int(keys[i])
             if self.cfg.exact and key in self.seen:
                 decisions[i] = EXACT
-                records.append({"id": self.decode(sources[i]), "origin": doc_id, **self._kept(self.seen[key]), "kind": "exact",
+                records.append({**self._removed(sources[i], doc_id), **self._kept(self.seen[key]), "kind": "exact",
                                 "jaccard": 1.0})
                 continue
             if prior_exact[i] >= 0:
                 decisions[i] = EXACT
-                records.append({"id": self.decode(sources[i]), "origin": doc_id, **self._prior_kept(int(prior_exact[i])),
+                records.append({**self._removed(sources[i], doc_id), **self._prior_kept(int(prior_exact[i])),
                                 "kind": "exact", "jaccard": 1.0})
                 continue
             sig = sigs[i] if sigs is not None else None
@@ -151,7 +154,7 @@ class Deduplicator:
                 hit = self._best_near(sig, bool(query[i]), prior_near[i])
                 if hit is not None:
                     decisions[i] = NEAR
-                    records.append({"id": self.decode(sources[i]), "origin": doc_id, **hit[1], "kind": "near",
+                    records.append({**self._removed(sources[i], doc_id), **hit[1], "kind": "near",
                                     "jaccard": round(hit[0], 4)})
                     continue
             index = len(self.kept_ids)
@@ -170,4 +173,5 @@ class Deduplicator:
         sigs = np.stack(self.kept_sigs) if self.kept_sigs else None
         if self.cfg.near and sigs is None:
             sigs = np.zeros((0, self.cfg.num_perm), np.uint32)
-        return self.kept_ids, np.asarray(self.kept_keys, dtype=np.uint64), sigs, [self.decode(s) for s in self.kept_sources]
+        sources = [self.decode(s) for s in self.kept_sources]
+        return self.kept_ids, np.asarray(self.kept_keys, dtype=np.uint64), sigs, sources

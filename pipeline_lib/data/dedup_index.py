@@ -20,11 +20,11 @@ block by block, keeps the hits and fetches only the hit documents' rows (ranged 
 depends on this run, not on the index (bench/dedup_index.md). A commit (`commit_segment`) merges
 the run's entries into each partition as one conditional write (storage.generations: a new
 generation created only if absent; on conflict re-read, merge, retry), so two runs committing at
-once lose nothing. The data stage does it in two steps: `stage_segment` (row store and partition
-entries) while the tokenizer trains, `publish_segment` (meta.json) once the whole stage succeeded.
-Until then every reader ignores the run's entries (a failed run is never deduplicated against;
-its entries stay as dead weight in the partitions until its resume replaces them or the index is
-cleared), and a run never reads its own entries (a resumed run is not deduplicated against itself).
+once lose nothing. The data stage does it in two steps: `stage_segment` (the partition entries)
+while the tokenizer trains, `publish_segment` (row store, meta.json last) once the whole stage
+succeeded. Readers ignore entries whose run has no segment, so a failed run is never deduplicated
+against (its entries stay as dead weight in the partitions until its resume replaces them or the
+index is cleared), and a run never reads its own entries (a resumed run is not deduplicated against itself).
 The rerun rule: a run skips the runs whose input files (uri, size, fingerprint) are all among its
 own inputs: that run read the same data, it is a rerun, not data seen before (so running a config
 twice gives the same dataset twice, while new files are checked against everything).
@@ -207,22 +207,25 @@ def commit_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoi
                    after_read=None, migrating: bool = False) -> str:
     """Add a local segment to the index: stage_segment, then publish_segment. Idempotent: a retried
     commit replaces its own entries. Returns the segment's folder in the index."""
-    target = stage_segment(folder, names, uri, run_id, endpoint_url, after_read=after_read, migrating=migrating)
-    publish_segment(folder, uri, run_id, endpoint_url)
+    stage_segment(folder, names, uri, run_id, endpoint_url, after_read=after_read, migrating=migrating)
+    return publish_segment(folder, names, uri, run_id, endpoint_url)
+
+
+def publish_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoint_url: str | None = None) -> str:
+    """The staged segment's row store under segments/<run_id>/, meta.json last: from then on readers
+    see the run. Returns that folder."""
+    store, target = store_for(uri, endpoint_url), join(uri, "segments", run_id)
+    for name in [n for n in names if n != "meta.json"] + ["meta.json"]:
+        store.put_file(Path(folder) / name, join(target, name))
     return target
 
 
-def publish_segment(folder: Path, uri: str, run_id: str, endpoint_url: str | None = None) -> None:
-    """Write the staged segment's meta.json: from now on readers see the run."""
-    store_for(uri, endpoint_url).put_file(Path(folder) / "meta.json", join(uri, "segments", run_id, "meta.json"))
-
-
 def stage_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoint_url: str | None = None, *,
-                  after_read=None, migrating: bool = False) -> str:
-    """Everything of a commit but meta.json: the segment's row store under segments/<run_id>/ and
-    its exact and band keys merged into the partitions (one conditional write per partition,
-    re-read and merged again when another run committed in between). Readers ignore the run until
-    publish_segment. Idempotent: a retry replaces the run's own entries.
+                  after_read=None, migrating: bool = False) -> None:
+    """A commit's expensive part: the segment's exact and band keys merged into the partitions (one
+    conditional write per partition, re-read and merged again when another run committed in
+    between). Readers ignore the entries of a run without a segment: until publish_segment, the
+    run leaves no trace anyone sees. Idempotent: a retry replaces the run's own entries.
     Raises CommitConflict (storage.generations) when a partition kept losing to other writers."""
     store = store_for(uri, endpoint_url)
     meta = json.loads((Path(folder) / "meta.json").read_text())
@@ -231,10 +234,6 @@ def stage_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoin
         old = [m for m in list_segments_at(store, uri) if m.get("format") != FORMAT]
         if old:
             raise _old_format_error(uri, old[0])
-    target = join(uri, "segments", run_id)
-    for name in names:
-        if name != "meta.json":
-            store.put_file(Path(folder) / name, join(target, name))
     tag = run_tag(run_id)
     sigs = np.load(Path(folder) / "sigs.npy", mmap_mode="r") if "sigs.npy" in names else None
     exact, near = _run_entries(np.load(Path(folder) / "keys.npy"), sigs, params["bands"], params["rows"], tag)
@@ -245,7 +244,6 @@ def stage_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoin
         params = _read_index_json(store, uri)
         if params["prefix_bits"] == bits:
             break
-    return target
 
 
 def _merge_into_partitions(store, uri: str, kind: str, bits: int, adds: np.ndarray, drop, run_id: str,

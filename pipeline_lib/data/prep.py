@@ -230,8 +230,8 @@ SEGMENT = "shards/segment"
 def stage_index_segment(cfg, paths, *, shared: bool = True) -> list[str]:
     """This run's segment of the persistent dedup index (its kept documents' origins, exact keys,
     signatures and source ids, in input order, as the dedup decisions left them), written to
-    shards/segment/ and staged in the index (dedup_index.stage_segment: row store and partition
-    entries, which every reader ignores until finalize_data_stage publishes the segment's meta.json).
+    shards/segment/, and its entries merged into the index partitions (dedup_index.stage_segment;
+    every reader ignores them until finalize_data_stage publishes the segment itself).
     It needs no tokenizer: the stage runs it while the tokenizer trains. Returns the segment's file
     names ([] without an incremental index)."""
     ws = Workspace(cfg, paths, shared)

@@ -8,7 +8,8 @@ whose completion marker exists, each reading and writing only the stage folder):
     shards = plan_data_stage(cfg, paths)                      # -> list of shard specs
     prep_shard(cfg, paths, k)        for k in range(len(shards))
     dedup_stage(cfg, paths)
-    build_tokenizer(cfg, paths)      (tokenizer_and_cleaned: with write_cleaned_shard meanwhile)
+    build_tokenizer(cfg, paths)      (tokenizer_and_cleaned: with write_cleaned_shard and
+                                      stage_index_segment meanwhile, in the pool)
     tokenize_shard(cfg, paths, k)    for k in range(len(shards))
     write_mindrecord_shard(cfg, paths, split, j)  for (split, j) in plan_mindrecord(cfg, paths)
         (or write_mindrecord_files(cfg, paths, group) for each group of mindrecord_groups(items, n))
@@ -17,7 +18,8 @@ Step functions default to shared=True (work files and markers in the stage folde
 tasks may run on other machines); run_data_stage passes shared=False (see workspace.py). A
 script using the process pool must guard its entry point (if __name__ == "__main__").
 The output does not depend on the number of workers. Finalizing checks conservation
-(stats.json), commits this run's additions to the persistent dedup index and removes the work
+(stats.json), publishes this run's segment of the persistent dedup index (its entries were merged
+while the tokenizer trained, unseen by readers until then) and removes the work
 files under shards/; the registry (pipeline_lib.stages.record_stage) then writes manifest.json.
 Raises: DataStageError (config/data problems, naming the field), ConservationError (a bug).
 """
@@ -56,7 +58,7 @@ def _concat(ws: Workspace, n: int, name: str) -> None:
 
 
 def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
-    """Merge quarantine/exclusion files, write stats.json, commit the index; returns the outputs."""
+    """Merge quarantine/exclusion files, write stats.json, publish the index segment; returns the outputs."""
     ws = Workspace(cfg, paths, shared)
     plan = ws.read_json("shards/plan.json")
     n = len(plan["shards"])
@@ -87,8 +89,12 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
     ws.write_json("stats.json", stats)
     if not stats["balanced"]:
         raise ConservationError(f"read != rejected + filtered + duplicates + kept; see {ws.uri_of('stats.json')}")
-    if stage_index_segment(cfg, paths, shared=shared):  # staged while the tokenizer trained
-        publish_segment(ws.fetch(f"{SEGMENT}/meta.json").parent, index_uri(cfg), paths.run_id, ws.endpoint)
+    names = stage_index_segment(cfg, paths, shared=shared)  # staged while the tokenizer trained
+    if names:
+        folder = ws.fetch(f"{SEGMENT}/{names[-1]}").parent
+        for name in names[:-1]:
+            ws.fetch(f"{SEGMENT}/{name}")
+        publish_segment(folder, names, index_uri(cfg), paths.run_id, ws.endpoint)
     outputs = ["quarantine.jsonl", "excluded.jsonl", "duplicates.jsonl", "stats.json",
                "tokenizer/tokenizer.model", "tokenizer/tokenizer_config.json"]
     outputs += [f"cleaned/part-{k:05d}.jsonl.gz" for k in range(n)]
@@ -179,7 +185,18 @@ def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
     server and resource tracker) waiting on their task queue forever."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["pipeline_lib.data._warm"])
-    return cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=exit_when_gone, initargs=(os.getpid(),))
+    return cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),))
+
+
+WORKER_NICE = 5
+
+
+def _init_worker(parent: int) -> None:
+    """A pool worker: it ends with `parent`, and yields the CPU to it (nice +WORKER_NICE): the
+    single-threaded steps of the parent (dedup, tokenizer training) are the stage's critical path,
+    while what the workers do meanwhile (cleaned parts, the index segment, MindSpore's import) is not."""
+    exit_when_gone(parent)
+    os.nice(WORKER_NICE)
 
 
 _SHARED_POOLS: dict[object, cf.ProcessPoolExecutor] = {}

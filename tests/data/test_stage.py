@@ -191,10 +191,13 @@ def test_incremental_dedup_against_an_earlier_run_and_failed_runs_leave_no_trace
     day2 = write_jsonl(tmp_path / "in" / "day2.jsonl", texts[150:260] + [zh[0] + "。", zh[1].replace("，", "，并且", 1)])
     run(make_cfg(tmp_path, inputs=[str(day1)]), "night1", workers=1)
     failing = make_cfg(tmp_path, inputs=[str(day2)])
-    failing.tokenizer.vocab_size = 50_000
-    with pytest.raises(DataStageError, match="tokenizer.vocab_size"):
-        run(failing, "night2", workers=1)
-    index = tmp_path / "runs" / "_dedup_index" / "tiny-cpu" / "segments"  # the lineage defaults to run.name
+    failing.model.seq_length, failing.data.remainder = 1_000_000, "drop"  # fails after merging its entries
+    parts = tmp_path / "runs" / "_dedup_index" / "tiny-cpu" / "parts"  # the lineage defaults to run.name
+    before = sorted(parts.rglob("*.bin"))
+    with pytest.raises(DataStageError, match="model.seq_length"):
+        run(failing, "night2", workers=2)
+    assert sorted(parts.rglob("*.bin")) != before  # ... and no reader sees them without a segment:
+    index = tmp_path / "runs" / "_dedup_index" / "tiny-cpu" / "segments"
     assert sorted(p.name for p in index.iterdir()) == ["night1"]
     m = run(make_cfg(tmp_path, inputs=[str(day2)]), "night2", workers=1)
     dups = [json.loads(x) for x in (stage_dir(failing, "night2") / "duplicates.jsonl").read_text().splitlines()]
@@ -415,6 +418,63 @@ if __name__ == "__main__":
     time.sleep(300)
 """, within=10)
     assert len(fields) >= 3 and alive == []  # 2 workers + the fork server (+ the resource tracker)
+
+
+def test_pool_workers_start_before_the_first_task_and_yield_the_cpu_to_the_stage_process():
+    """The workers boot while the inputs are listed, and run at a lower priority: what they do during
+    the stage process's own single-threaded steps (dedup, tokenizer training) is not on its critical path."""
+    import os
+    import time
+
+    import psutil
+
+    from pipeline_lib.data.stage import WORKER_NICE, _make_pool, start_workers
+
+    pool = _make_pool(2)
+    try:
+        start_workers(pool, 2)
+        deadline = time.monotonic() + 60
+        while len(pool._processes or {}) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pool._processes) == 2  # no task of ours submitted yet
+        assert {pool.submit(os.nice, 0).result() for _ in range(4)} == {os.nice(0) + WORKER_NICE}
+        assert all(psutil.Process(pid).nice() == os.nice(0) + WORKER_NICE for pid in pool._processes)
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_a_staged_index_segment_is_seen_only_once_published(tmp_path):
+    """Its entries are merged while the tokenizer trains; a run that fails after that is never
+    deduplicated against, and finalizing publishes exactly the documents the dedup step kept."""
+    from pipeline_lib.data.dedup_index import load_prior
+    from pipeline_lib.data.encode import build_tokenizer, plan_mindrecord, tokenize_shard, write_mindrecord_shard
+    from pipeline_lib.data.stage import finalize_data_stage
+
+    cfg = make_cfg(tmp_path, docs_per_shard=100)
+    paths = RunPaths(cfg.run.output_root, "r1")
+    n = len(prep.plan_data_stage(cfg, paths))
+    for k in range(n):
+        prep.prep_shard(cfg, paths, k)
+    prep.dedup_stage(cfg, paths)
+    names = prep.stage_index_segment(cfg, paths)
+    assert "meta.json" in names and prep.stage_index_segment(cfg, paths) == names  # marked: not redone
+
+    def prior(run_id):
+        return load_prior(cfg, run_id, 14, 9, inputs=[], keys=np.arange(3, dtype=np.uint64))
+
+    assert prior("other").runs == [] and list_segments(cfg) == []
+    build_tokenizer(cfg, paths)
+    for k in range(n):
+        tokenize_shard(cfg, paths, k)
+    for split, j in plan_mindrecord(cfg, paths):
+        write_mindrecord_shard(cfg, paths, split, j)
+    out = finalize_data_stage(cfg, paths)
+    assert prior("other").runs == ["r1"] and [m["run_id"] for m in list_segments(cfg)] == ["r1"]
+    segment = Path(index_uri(cfg)) / "segments" / "r1"
+    kept = cleaned_docs(stage_dir(cfg))
+    assert (segment / "ids.txt").read_text().splitlines() == [d["origin"] for d in kept]
+    assert [json.loads(x) for x in (segment / "source_ids.jsonl").read_text().splitlines()] == [d["id"] for d in kept]
+    assert len(np.load(segment / "keys.npy")) == len(np.load(segment / "sigs.npy")) == out.metrics["kept"]
 
 
 def test_in_worker_runs_in_a_shared_process_pool_and_inline_for_one_worker():
