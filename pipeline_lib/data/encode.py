@@ -24,12 +24,11 @@ import math
 import os
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from .. import killpoints
 from .errors import DataStageError
 from .packing import count_rows, gather_tokens, heldout_mask, join_with_eos, rows_from_tokens, write_mindrecord
-from .prep import shard_dir
+from .prep import read_docs, shard_dir
 from .tokenizer import CONFIG_NAME, Tokenizer, check_loaded, load_base, train_tokenizer, write_config
 from .workspace import Workspace, atomic_path
 
@@ -37,9 +36,8 @@ SPLITS = ("train", "heldout")
 
 
 def _kept(ws: Workspace, k: int, columns: list[str]):
-    folder = shard_dir(k)
-    table = pq.read_table(ws.fetch(f"{folder}/docs.parquet"), columns=columns)
-    keep = np.load(ws.fetch(f"{folder}/keep.npy")) == 0
+    table = read_docs(ws, k, columns)
+    keep = np.load(ws.fetch(f"{shard_dir(k)}/keep.npy")) == 0
     return {c: np.asarray(table.column(c).to_numpy(zero_copy_only=False))[keep] for c in columns}
 
 

@@ -38,6 +38,12 @@ def shard_dir(index: int) -> str:
     return f"shards/{index:05d}"
 
 
+def read_docs(ws: Workspace, index: int, columns: list[str]) -> pa.Table:
+    """Columns of shard `index`'s prepared documents (docs.parquet). pq.ParquetFile, not pq.read_table:
+    the same table without importing pyarrow.dataset (~0.2 s of CPU per process)."""
+    return pq.ParquetFile(ws.fetch(f"{shard_dir(index)}/docs.parquet")).read(columns=columns)
+
+
 def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     """List the inputs and split them into shards (shards/plan.json); returns the shard specs."""
     ws = Workspace(cfg, paths, shared)
@@ -180,7 +186,7 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
         del parts
     if use_index:  # the index is looked up with this run's keys, partition by partition
         run_keys = np.concatenate([np.zeros(0, np.uint64)] + [
-            pq.read_table(ws.fetch(f"{shard_dir(k)}/docs.parquet"), columns=["key"]).column("key").to_numpy()
+            read_docs(ws, k, ["key"]).column("key").to_numpy()
             for k in range(n_shards)]) if d.exact else None
         dd.prior = load_prior(cfg, paths.run_id, dd.bands, dd.rows, ws.endpoint, inputs=plan["files"],
                               keys=run_keys, band_keys_=run_bands)
@@ -192,7 +198,7 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     with open(tmp, "w", encoding="utf-8") as out:
         for k in range(n_shards):
             folder = shard_dir(k)
-            table = pq.read_table(ws.fetch(f"{folder}/docs.parquet"), columns=["origin", "source_id", "key"])
+            table = read_docs(ws, k, ["origin", "source_id", "key"])
             ids, keys = table.column("origin").to_pylist(), table.column("key").to_numpy()
             sources = table.column("source_id").to_pylist()  # JSON text (Deduplicator decodes what it records)
             if d.exact or d.near:
@@ -211,6 +217,7 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
                               "near_duplicates": int((decisions == NEAR).sum()), "kept": int((decisions == 0).sum())})
             if progress:
                 progress("dedup", k + 1, n_shards)
+    dd.close()
     os.replace(tmp, out_path)
     ws.publish("duplicates.jsonl")
     if sum(s["kept"] for s in per_shard) == 0:
@@ -244,7 +251,7 @@ def stage_index_segment(cfg, paths, *, shared: bool = True) -> list[str]:
         for k in range(len(plan["shards"])):
             folder = shard_dir(k)
             keep = np.load(ws.fetch(f"{folder}/keep.npy")) == 0
-            table = pq.read_table(ws.fetch(f"{folder}/docs.parquet"), columns=["origin", "source_id", "key"])
+            table = read_docs(ws, k, ["origin", "source_id", "key"])
             ids += [x for x, kept in zip(table.column("origin").to_pylist(), keep) if kept]
             sources += [x for x, kept in zip(table.column("source_id").to_pylist(), keep) if kept]  # JSON text
             keys.append(table.column("key").to_numpy()[keep])

@@ -161,8 +161,9 @@ def _run_all(pool, fn, items: list[tuple], step: str, progress: _Progress, inlin
 
 _POOL_MINDRECORD_BYTES = 1 << 30
 # what the dedup step imports first in this process: datasketch (dedup.RunLSH; its scipy import is most of
-# its ~0.5 s) and pyarrow.dataset (pq.read_table imports it, and pandas with it: ~0.3 s)
-DEDUP_IMPORTS = ("datasketch", "pyarrow.dataset")
+# its ~0.5 s) and pandas (pyarrow imports it on first use, ~0.2 s; pyarrow.dataset is not needed, see
+# prep.read_docs)
+DEDUP_IMPORTS = ("datasketch", "pandas")
 
 
 def _mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple:

@@ -139,3 +139,42 @@ def test_run_lsh_finds_what_datasketch_minhashlsh_finds():
         ours.insert(i, s)
         theirs.insert(i, lean)
     assert hits > 50  # the copies did meet their originals
+
+
+def test_source_ids_given_as_json_text_are_decoded_only_into_the_records():
+    """The dedup step passes the source ids as the JSON text the shards hold: the records carry their values."""
+    import json
+
+    docs = ["同一段文字重复出现，用来检查记录里的来源编号。" * 3] * 2 + ["另一段完全不同的文字内容，不会被去重。" * 3]
+    sources = [json.dumps(x) for x in (17, {"k": "甲"}, None)]
+    cfg = DedupConfig()
+    dd = Deduplicator(cfg, None, "run", decode_source=json.loads)
+    keys = np.array([exact_key(t) for t in docs], dtype=np.uint64)
+    sigs = signatures(*shingle_hashes([dedup_form(t) for t in docs], cfg.ngram), cfg.num_perm)
+    decisions, records = dd.process([f"f:{i}" for i in range(3)], keys, sigs, sources=sources)
+    assert list(decisions) == [KEEP, EXACT, KEEP]
+    assert [(r["id"], r["kept_id"]) for r in records] == [({"k": "甲"}, 17)]
+    assert dd.segment()[3] == [17, None]
+
+
+def test_closing_frees_the_run_lsh_without_a_cyclic_collection():
+    """datasketch's MinHashLSH refers to itself (a bound method): without close() its hash tables outlive
+    the dedup step until a full cyclic collection (or the interpreter's exit) walks them."""
+    import gc
+
+    from datasketch import MinHashLSH
+
+    docs, _ = planted_corpus()
+    gc.collect()
+    gc.disable()
+    try:
+        for close in (False, True):
+            dd, _, _ = decide(docs)
+            assert len(vars(dd.lsh.lsh)["keys"]) > 0  # documents were inserted
+            if close:
+                dd.close()
+            del dd
+            assert any(isinstance(o, MinHashLSH) for o in gc.get_objects()) is not close
+            gc.collect()
+    finally:
+        gc.enable()
