@@ -31,14 +31,26 @@ from .minhash import EMPTY, SCHEME, SEED, band_keys, lsh_params
 KEEP, EXACT, NEAR = 0, 1, 2
 
 
-def collision_flags(keys: np.ndarray, empty: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def collision_flags(keys: np.ndarray, empty: np.ndarray, exact: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """(has_earlier, has_later): documents sharing at least one band key (columns of `keys`,
-    rows in input order) with an earlier / a later document. Empty signatures never collide."""
+    rows in input order) with an earlier / a later document. Empty signatures never collide.
+
+    exact: the documents' exact keys, when exact dedup runs before the LSH (`Deduplicator` with
+    exact on). Then a band whose documents all have one exact key is no collision: the copies of a
+    kept document are removed by the exact check before they could query, and copies none of which
+    is kept are never inserted. Only whole bands of one key are left out, so the flags stay a
+    superset of the collisions that matter (in a corpus with many exact copies, most of them)."""
     n = len(keys)
     earlier, later = np.zeros(n, bool), np.zeros(n, bool)
     for b in range(keys.shape[1] if n else 0):
         order = np.argsort(keys[:, b], kind="stable")  # stable: equal keys stay in input order
         same = keys[order[1:], b] == keys[order[:-1], b]
+        if exact is not None and same.any():
+            starts = np.flatnonzero(np.concatenate([[True], ~same]))  # the bands' groups, in sorted order
+            ex = exact[order]
+            mixed = np.minimum.reduceat(ex, starts) != np.maximum.reduceat(ex, starts)
+            same &= mixed[np.cumsum(np.concatenate([[True], ~same]))[1:] - 1]
         earlier[order[1:][same]] = True
         later[order[:-1][same]] = True
     return earlier & ~empty, later & ~empty

@@ -173,6 +173,8 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     use_index = uses_index(cfg)
     dd = Deduplicator(d, None, paths.run_id, decode_source=json.loads)
     query = insert = run_bands = None
+    run_keys = np.concatenate([np.zeros(0, np.uint64)] + [
+        read_docs(ws, k, ["key"]).column("key").to_numpy() for k in range(n_shards)]) if d.exact else None
     if d.near:  # pass 1: which documents share an LSH band with another one of this run
         from .minhash import band_keys, is_empty
 
@@ -181,16 +183,13 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
             sig = np.load(ws.fetch(f"{shard_dir(k)}/sigs.npy"))
             parts.append((band_keys(sig, dd.bands, dd.rows), is_empty(sig)))
         run_bands = np.concatenate([p[0] for p in parts])
-        query, insert = collision_flags(run_bands, np.concatenate([p[1] for p in parts]))
+        query, insert = collision_flags(run_bands, np.concatenate([p[1] for p in parts]), run_keys)
         bounds = np.concatenate([[0], np.cumsum([len(p[1]) for p in parts])])
         del parts
     if use_index:  # the index is looked up with this run's keys, partition by partition
-        run_keys = np.concatenate([np.zeros(0, np.uint64)] + [
-            read_docs(ws, k, ["key"]).column("key").to_numpy()
-            for k in range(n_shards)]) if d.exact else None
         dd.prior = load_prior(cfg, paths.run_id, dd.bands, dd.rows, ws.endpoint, inputs=plan["files"],
                               keys=run_keys, band_keys_=run_bands)
-        del run_keys
+    del run_keys
     del run_bands
     per_shard, from_earlier = [], 0
     out_path = ws.local("duplicates.jsonl")

@@ -178,3 +178,38 @@ def test_closing_frees_the_run_lsh_without_a_cyclic_collection():
             gc.collect()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("exact_on", [True, False])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_collision_flags_with_exact_keys_decide_as_querying_and_inserting_everything(seed, exact_on):
+    """Flags leave out bands shared only by exact copies; the decisions and records stay those of
+    querying and inserting every document: copies of kept, near-removed and copied-again documents,
+    in random order, with exact dedup on (the flags use the keys) and off (they must not)."""
+    import random
+
+    from pipeline_lib.data.dedup import collision_flags
+    from pipeline_lib.data.minhash import band_keys, is_empty
+
+    docs, pairs = planted_corpus(seed=seed)
+    rng = random.Random(seed)
+    copies = [docs[rng.randrange(len(docs))] for _ in range(120)]  # of bases, of near copies, of copies
+    copies += [c for c in copies[:30]]
+    docs = docs + copies
+    rng.shuffle(docs)
+    cfg = DedupConfig(exact=exact_on)
+    keys = np.array([exact_key(t) for t in docs], dtype=np.uint64)
+    sigs = signatures(*shingle_hashes([dedup_form(t) for t in docs], cfg.ngram), cfg.num_perm)
+    ids = [f"f:{i}" for i in range(len(docs))]
+    everything = Deduplicator(cfg, None, "run").process(ids, keys, sigs)
+    dd = Deduplicator(cfg, None, "run")
+    bands = band_keys(sigs, dd.bands, dd.rows)
+    query, insert = collision_flags(bands, is_empty(sigs), keys if exact_on else None)
+    flagged = dd.process(ids, keys, sigs, query, insert)
+    assert (flagged[0] == everything[0]).all() and flagged[1] == everything[1]
+    assert (everything[0] == EXACT).sum() >= 100 * exact_on and (everything[0] == NEAR).sum() >= 50
+    plain_query, plain_insert = collision_flags(bands, is_empty(sigs))
+    if exact_on:  # exact copies no longer count as collisions
+        assert insert.sum() < plain_insert.sum() and query.sum() < plain_query.sum()
+    else:
+        assert (insert == plain_insert).all() and (query == plain_query).all()
