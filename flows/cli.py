@@ -170,7 +170,7 @@ class embedded_api:
         self.launch()
         if self.server is None:
             return self
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
         try:
             self._wait_ready()
@@ -178,7 +178,10 @@ class embedded_api:
             self.stop()
             raise
         os.environ["PREFECT_API_URL"] = self.server.api_url
-        self.settings = temporary_settings({PREFECT_API_URL: self.server.api_url})
+        # No flow-run heartbeats: they let a server tell that a run's process died, and this server dies with
+        # this process; ending each flow waits for its heartbeat thread's 1-second sleep (~0.5-1 s per flow,
+        # three flows in a data-stage run).
+        self.settings = temporary_settings({PREFECT_API_URL: self.server.api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
         self.settings.__enter__()
         # Threads started without this context (a worker's output reader logging to the run, Prefect's own
         # services) read Prefect's process-global settings, made at import without the URL: they would
@@ -252,10 +255,27 @@ def run_main(argv: list[str]) -> int:
         print(f"{said.get(action, f'not resubmitted ({action}): run')} {run_id}: {url}")
         print(f"resume: llm-pipeline run ... --run-id {run_id} --submit, or Retry in the UI")
         return 0
+    if api.server is not None and not args.dispatch and "data" in stages:
+        _warm_data_stage(cfg, run_id)
     with api:
         state = llm_pipeline(config=public_config(cfg), run_id=run_id, stages=stages,
                              dispatch=args.dispatch, return_state=True)
         return _report(state, cfg, run_id, stages, embedded=api.server is not None)
+
+
+def _warm_data_stage(cfg, run_id: str) -> None:
+    """While the embedded API server boots (~3-4 s, one core): the data stage's worker pool and imports
+    (tasks.data_tasks.warm_shard_work), when this run's data stage is not done already."""
+    from pipeline_lib.stages import stage_done
+    from pipeline_lib.storage import RunPaths
+    from tasks.data_tasks import warm_shard_work
+
+    try:
+        done = stage_done(cfg, RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url), "data")[0]
+    except Exception:  # an unreachable store: the flow says so properly; warming is only a head start
+        return
+    if not done:
+        warm_shard_work(cfg)
 
 
 def _report(state, cfg, run_id: str, stages: list[str], embedded: bool) -> int:

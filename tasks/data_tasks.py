@@ -29,14 +29,23 @@ def _shard_processes(cfg) -> int:
     return 1 if cfg.data.executor == "dask" else cfg.data.num_workers
 
 
+def warm_shard_work(cfg) -> None:
+    """In the background: start the shard pool's workers (the fork server imports the data stage,
+    ~0.6 s) and import what the dedup step needs in this process. For a caller about to wait on
+    something else: the plan task on listing the inputs, the CLI on its Prefect API server."""
+    from pipeline_lib.data.stage import DEDUP_IMPORTS, preload, shard_pool, start_workers
+
+    workers = _shard_processes(cfg)
+    start_workers(shard_pool(workers), workers)
+    preload(*DEDUP_IMPORTS)
+
+
 @task(name="data-plan", task_run_name="data/{run_id}/plan", **_RETRY)
 def plan_task(config: dict, run_id: str) -> int:
-    from pipeline_lib.data.stage import DEDUP_IMPORTS, plan_data_stage, preload, shard_pool, start_workers
+    from pipeline_lib.data.stage import plan_data_stage
 
     cfg, paths = _ctx(config, run_id)
-    workers = _shard_processes(cfg)
-    start_workers(shard_pool(workers), workers)  # the fork server boots while the inputs are listed
-    preload(*DEDUP_IMPORTS)  # while the prep task runs wait on their processes
+    warm_shard_work(cfg)  # nothing new when the CLI did it already
     return len(plan_data_stage(cfg, paths))
 
 

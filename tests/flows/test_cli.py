@@ -56,10 +56,13 @@ def test_embedded_api_boots_while_the_cli_works_and_stops_without_waiting(monkey
         reader.start()
         reader.join()
         assert seen == [api.server.api_url]
+        # no flow-run heartbeats towards a server that ends with the CLI (each flow's end waited on one)
+        assert get_current_settings().flows.heartbeat_frequency is None
         t0 = time.monotonic()
     assert proc.wait(timeout=20) is not None  # it ends on its own
     assert "PREFECT_API_URL" not in __import__("os").environ
     assert get_current_settings().api.url != api_url  # the process-global settings restored
+    assert get_current_settings().flows.heartbeat_frequency is not None
 
 
 def test_embedded_api_is_not_started_when_prefect_api_url_is_set(monkeypatch):
