@@ -15,8 +15,9 @@ origin, the kept document's source id and origin, the earlier run that kept it (
 
 Speed: `collision_flags` finds, with numpy over the band keys of the whole run, which documents
 share a band with an earlier one (only those are queried) or a later one (only those are
-inserted): in a corpus of mostly unique documents MinHashLSH handles a small minority, and the
-decisions are exactly those of querying and inserting everything.
+inserted), not counting bands shared only by exact copies when exact dedup runs first: in a
+corpus of mostly unique documents MinHashLSH handles a small minority, and the decisions are
+exactly those of querying and inserting everything. `close()` frees the LSH when the step ends.
 
 The LSH of this run is datasketch's MinHashLSH (`RunLSH`), imported only by the dedup step.
 
