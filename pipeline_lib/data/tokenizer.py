@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from pathlib import Path
 from typing import Iterable
@@ -44,6 +45,7 @@ from ..model.token_ids import (CONFIG_NAME, ID_FIELDS, TRAINED_IDS, TokenIds, co
                                id_mismatches, model_ids, trained_ids)
 from ..model.tokenizer import Tokenizer
 from .errors import DataStageError
+from .workspace import atomic_path
 
 MAX_PIECE_CHARS = 2000
 TRAIN_THREADS = 4  # fixed: unigram training results depend on the thread count
@@ -60,9 +62,20 @@ def _lines(texts: Iterable[str], seen: dict) -> Iterable[str]:
                     yield line[i:i + MAX_PIECE_CHARS]
 
 
+def _write_whole(path: Path, data: bytes) -> None:
+    """`data` at `path`, never partial under that name (a full disk fails the temp file's write)."""
+    tmp = atomic_path(path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_config(tok: Tokenizer, source: str, **extra) -> None:
     meta = {**tok.describe(), "special_tokens": tok.special_tokens, "source": source, **extra}
-    Path(tok.model_file).with_name(CONFIG_NAME).write_text(json.dumps(meta, indent=2, ensure_ascii=False))
+    _write_whole(Path(tok.model_file).with_name(CONFIG_NAME), json.dumps(meta, indent=2, ensure_ascii=False).encode())
 
 
 def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer:
@@ -91,7 +104,7 @@ def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer
             num_threads=TRAIN_THREADS, **ids)
     except RuntimeError as err:
         raise training_error(err, cfg) from None
-    (out_dir / "tokenizer.model").write_bytes(model.getvalue())
+    _write_whole(out_dir / "tokenizer.model", model.getvalue())
     tok = Tokenizer(out_dir / "tokenizer.model", pad_id=ids["pad_id"], special_tokens=list(cfg.special_tokens))
     write_config(tok, "trained", sample={"docs": seen["docs"], "lines": seen["lines"],
                                          "lines_trained": min(seen["lines"], cfg.sample_lines)})

@@ -92,7 +92,7 @@ def check_nothing_corrupt_left_as_done(stage: Path, never_full: dict) -> None:
 
 # (tmpfs size, where space runs out) -- measured on the tiny corpus: the whole stage writes ~0.9 MB, and the
 # MindRecord writer refuses below 10 MB free, so every size below that fails by the MindRecord step at the latest.
-OUTPUT_ROOT_SIZES = [("200k", "shard prep (numpy's short write)"), ("500k", "dedup segment"),
+OUTPUT_ROOT_SIZES = [("200k", "shard prep (numpy's short write)"), ("500k", "index segment or tokenizer"),
                      ("2m", "MindRecord's free-disk check")]
 
 
