@@ -173,8 +173,9 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     use_index = uses_index(cfg)
     dd = Deduplicator(d, None, paths.run_id, decode_source=json.loads)
     query = insert = run_bands = None
-    run_keys = np.concatenate([np.zeros(0, np.uint64)] + [
-        read_docs(ws, k, ["key"]).column("key").to_numpy() for k in range(n_shards)]) if d.exact else None
+    run_keys = np.concatenate([np.zeros(0, np.uint64)] + [  # for the LSH flags and the index lookups
+        read_docs(ws, k, ["key"]).column("key").to_numpy() for k in range(n_shards)]) \
+        if d.exact and (d.near or use_index) else None
     if d.near:  # pass 1: which documents share an LSH band with another one of this run
         from .minhash import band_keys, is_empty
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Iterable
@@ -44,8 +43,8 @@ import sentencepiece as spm
 from ..model.token_ids import (CONFIG_NAME, ID_FIELDS, TRAINED_IDS, TokenIds, configured_ids,  # noqa: F401
                                id_mismatches, model_ids, trained_ids)
 from ..model.tokenizer import Tokenizer
+from ..storage.store import LocalStore
 from .errors import DataStageError
-from .workspace import atomic_path
 
 MAX_PIECE_CHARS = 2000
 TRAIN_THREADS = 4  # fixed: the trained model depends on the thread count (BPE too: 1, 2, 4, 16 give 4 models)
@@ -64,13 +63,7 @@ def _lines(texts: Iterable[str], seen: dict) -> Iterable[str]:
 
 def _write_whole(path: Path, data: bytes) -> None:
     """`data` at `path`, never partial under that name (a full disk fails the temp file's write)."""
-    tmp = atomic_path(path)
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    LocalStore().put_bytes(str(path), data)
 
 
 def write_config(tok: Tokenizer, source: str, **extra) -> None:
