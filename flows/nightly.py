@@ -16,7 +16,7 @@ from prefect.states import Completed
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
-                                  new_files, next_base_checkpoint, night_lock, nightly_overrides, no_new_documents)
+                                  new_files, next_base_checkpoint, night_lock, night_tokenizer, nightly_overrides, no_new_documents)
 from pipeline_lib.stages import SPECS, available
 
 from flows.common import resolve_config
@@ -62,7 +62,7 @@ def _night(cfg, run_id: str, dispatch: bool):
         return _no_new_data(cfg, state, files, run_id, found)
     summary = run.result()
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
-    commit_night(cfg, state, files, run_id, checkpoint)
+    commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id))
     return {"run_id": run_id, "new_files": len(files), "checkpoint": checkpoint, "summary": summary}
 
 

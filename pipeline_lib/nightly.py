@@ -4,7 +4,8 @@ State lives in the run store under <output_root>/_nightly/state/ as numbered gen
 (storage.generations; <output_root>/_nightly/state.json is a readable copy of the newest one, and
 what earlier versions wrote):
   consumed: {input URI: size} of every raw file a successful night has trained on
-  latest:   {run_id, checkpoint, finished_at} of the last night where EVERY stage succeeded
+  latest:   {run_id, checkpoint, tokenizer, finished_at} of the last night where EVERY stage succeeded; the
+            next night continues that checkpoint with that tokenizer (one tokenizer per lineage)
 It is updated only after a night succeeds, so a failed night leaves the watermark and the
 `latest` pointer where they were and its data is picked up again tomorrow. An update applies the
 night's change to the newest state in one conditional write, so two nights finishing at once
@@ -187,6 +188,8 @@ def nightly_overrides(state: dict, files: dict[str, int]) -> dict:
     latest = state.get("latest")
     if latest and latest.get("checkpoint"):
         changes["model"] = {"base_checkpoint": latest["checkpoint"], "hf_checkpoint": None}
+        if latest.get("tokenizer"):  # one tokenizer per lineage: never a new one trained on tonight's files
+            changes["tokenizer"] = {"path": latest["tokenizer"]}
         changes["evaluate"] = {"compare_checkpoints": {f"last night ({latest['run_id']})": latest["checkpoint"]}}
     return changes
 
@@ -200,13 +203,25 @@ def next_base_checkpoint(cfg: PipelineConfig, run_id: str, log=None) -> str | No
     return pretrain_checkpoint(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url), None, log)
 
 
+def night_tokenizer(cfg: PipelineConfig, run_id: str) -> str | None:
+    """The tokenizer tonight's weights were trained with, as the pretrain manifest records it (beside the weights:
+    model.tokenizer_lineage); tomorrow's night loads it as tokenizer.path."""
+    from .storage import RunPaths, read_manifest
+
+    m = read_manifest(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("pretrain"),
+                      cfg.run.s3_endpoint_url)
+    found = (m.metrics or {}).get("tokenizer") if m else None
+    return found.get("uri") if isinstance(found, dict) else None
+
+
 def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
-                 checkpoint: str | None) -> dict:
-    """Advance the watermark and the `latest` pointer; call only after every stage succeeded.
-    `state` is what the night read at its start; the change is applied to the newest state."""
+                 checkpoint: str | None, tokenizer: str | None = None) -> dict:
+    """Advance the watermark and the `latest` pointer (the checkpoint and the lineage's tokenizer); call only
+    after every stage succeeded. `state` is what the night read at its start; the change is applied to the
+    newest state."""
     def change(state: dict) -> dict:
         state.setdefault("consumed", {}).update(files)
-        state["latest"] = {"run_id": run_id, "checkpoint": checkpoint,
+        state["latest"] = {"run_id": run_id, "checkpoint": checkpoint, "tokenizer": tokenizer,
                            "finished_at": dt.datetime.now(dt.timezone.utc).isoformat()}
         state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint})
         return state

@@ -29,7 +29,8 @@ from .. import killpoints
 from .errors import DataStageError
 from .packing import count_rows, gather_tokens, heldout_mask, join_with_eos, rows_from_tokens, write_mindrecord
 from .prep import read_docs, shard_dir
-from .tokenizer import CONFIG_NAME, Tokenizer, check_loaded, load_base, train_tokenizer, write_config
+from .tokenizer import (CONFIG_NAME, Tokenizer, check_loaded, lineage_tokenizer_checked, load_base, train_tokenizer,
+                        write_config)
 from .workspace import Workspace, atomic_path
 
 SPLITS = ("train", "heldout")
@@ -47,13 +48,14 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
     if ws.is_marked("tokenizer"):
         return ws.read_json(f"tokenizer/{CONFIG_NAME}")
     out = ws.local("tokenizer/tokenizer.model")
-    if t.path:
+    given = lineage_tokenizer_checked(cfg)  # tokenizer.path, else the base weights' own: never a new one for them
+    if given:
         from ..storage import store_for
 
-        store_for(t.path, ws.endpoint).get_file(t.path, out)
+        store_for(given, ws.endpoint).get_file(given, out)
         tok = load_base(out, t, cfg.sft.template)
         check_loaded(tok, t, cfg.model.vocab_size)
-        write_config(tok, f"loaded from {t.path}")
+        write_config(tok, f"loaded from {given}")
     else:
         summary = ws.read_json("shards/dedup.json")["shards"]
         kept = sum(s["kept"] for s in summary)

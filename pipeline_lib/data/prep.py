@@ -26,6 +26,7 @@ from .minhash import shingle_hashes, signatures
 from .readers import iter_shard_batches
 from .sources import ShardSpec, list_inputs, plan_shards
 from .text import dedup_form, key_of_form
+from .tokenizer import lineage_tokenizer_checked
 from .workspace import Workspace, atomic_path
 
 
@@ -49,6 +50,7 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     ws = Workspace(cfg, paths, shared)
     if ws.is_marked("plan"):
         return ws.read_json("shards/plan.json")["shards"]
+    lineage_tokenizer_checked(cfg)  # refused before any record is read, not after dedup
     for rel in STAGE_OUTPUTS:  # a fresh start: nothing of an attempt with another config survives
         ws.remove(rel)
     files = list_inputs(cfg.data.inputs, ws.endpoint)

@@ -122,6 +122,16 @@ def training_error(err: RuntimeError, cfg) -> DataStageError:
                           "lower tokenizer.vocab_size (the corpus is too small for it) or add data")
 
 
+def lineage_tokenizer_checked(cfg) -> str | None:
+    """model.tokenizer_lineage.lineage_tokenizer, its refusal as the data stage's own error."""
+    from ..model.tokenizer_lineage import TokenizerMismatch, lineage_tokenizer
+
+    try:
+        return lineage_tokenizer(cfg)
+    except TokenizerMismatch as err:
+        raise DataStageError(err.field, err.value, err.problem, err.fix) from None
+
+
 def load_base(model_file, cfg, template: str) -> Tokenizer:
     """A base model's tokenizer.model as the pipeline uses it: its own ids (pad: its pad piece, else unk;
     a tokenizer.*_id set must agree, see check_loaded) and, of tokenizer.special_tokens, only the pieces

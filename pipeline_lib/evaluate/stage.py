@@ -37,6 +37,7 @@ from ..config.platform import device_target
 from ..runtime.contract import StageOutput, StageRun
 from ..runtime.stage_folder import StageFolder, files_under
 from ..model.checkpoint_cache import pretrain_checkpoint
+from ..model.tokenizer_lineage import require_same_tokenizer
 from ..runtime.upstream import InputNotFound, default_checkpoints, find_heldout, find_tokenizer, localize, localize_ref
 from ..runtime.worker import as_log, run_worker
 from . import report as rep
@@ -79,6 +80,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
     tokenizer_path = tokenizer_path or find_tokenizer(cfg, paths, upstream)
     if not tokenizer_path:
         raise InputNotFound("no tokenizer: pass tokenizer_path, set tokenizer.path or run the data stage")
+    for label, ref in checkpoints.items():  # every compared model must read the ids as the run's tokenizer writes them
+        require_same_tokenizer(ref, tokenizer_path, paths.endpoint_url, what=f"evaluate checkpoint {label!r}")
     heldout_dir = heldout_dir if heldout_dir is not None else find_heldout(paths, upstream)
     if heldout_dir is None:
         emit("evaluate: no held-out split found; perplexity is skipped")

@@ -34,6 +34,7 @@ from ..config.schema import PipelineConfig
 from ..runtime.contract import StageOutput, StageRun
 from ..runtime.stage_folder import StageFolder, files_under
 from ..model.checkpoint_cache import pretrain_checkpoint
+from ..model.tokenizer_lineage import require_same_tokenizer
 from ..runtime.upstream import InputNotFound, find_sft, find_tokenizer, localize
 from ..runtime.worker import as_log, run_worker
 from ..storage import Manifest, RunPaths
@@ -69,6 +70,7 @@ def run_export_stage(run: StageRun, base_ckpt: str | None = None, adapter_ckpt: 
     tokenizer_path = tokenizer_path or find_tokenizer(cfg, paths, run.upstream)
     if not tokenizer_path:
         emit("export: no tokenizer found; the serving folder will not contain one")
+    require_same_tokenizer(base_ckpt, tokenizer_path, paths.endpoint_url, what="the exported base")
     started = time.time()
     with StageFolder(paths, STAGE) as folder, \
             tempfile.TemporaryDirectory(prefix="export-work-", ignore_cleanup_errors=True) as tmp:

@@ -27,7 +27,6 @@ TrainingLaunchError.
 """
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from functools import partial
@@ -39,7 +38,7 @@ from ..config.validate import preflight_steps_issues
 from .sft_data import prepare_sft_data, table_rows
 from ..model.token_ids import TokenIds
 from ..runtime.contract import StageOutput, StageRun
-from ..storage import is_absolute, join, sha256_file, store_for
+from ..storage import join, sha256_file, store_for
 from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
 from .checkpoints import check_free_disk
 from .session import Batch, TrainingSession, loss_history, work_dir, write_training_yaml
@@ -47,7 +46,6 @@ from .session import Batch, TrainingSession, loss_history, work_dir, write_train
 STAGE = "sft"
 SFT_YAML = "sft.yaml"
 LOSS_PNG = "loss.png"
-_NUMBERS = re.compile(r"(\d+)")
 
 
 class SFTStageError(ValueError):
@@ -90,21 +88,6 @@ def run_sft_stage(run: StageRun, *, base_checkpoint: str | None = None) -> Stage
 
 # ---------------------------------------------------------------- 1. inputs
 
-def _upstream_file(run: StageRun, stage: str, keys: tuple[str, ...], suffix: str) -> str | None:
-    """A file an upstream manifest names: metrics[key] (str, or dict with uri/path), else its output ending in
-    `suffix` with the highest numbers in its path; relative values are resolved in that stage's folder."""
-    m = run.upstream.get(stage)
-    if m is None:
-        return None
-    values = [v.get("uri") or v.get("path") if isinstance(v, dict) else v for v in (m.metrics.get(k) for k in keys)]
-    found = [o["path"] for o in m.outputs if o["path"].endswith(suffix) and "trainable" not in o["path"]]
-    value = next((str(v) for v in values if v), None) or max(
-        found, key=lambda p: [int(x) for x in _NUMBERS.findall(p)], default=None)
-    if value is None:
-        return None
-    return value if is_absolute(value) else join(run.upstream_uri(stage), value)
-
-
 def find_base_checkpoint(run: StageRun, explicit: str | None = None) -> str | None:
     """The base .ckpt: `explicit`, else the pretrain stage's latest checkpoint, else model.base_checkpoint."""
     from ..model.checkpoint_cache import pretrain_checkpoint
@@ -113,16 +96,18 @@ def find_base_checkpoint(run: StageRun, explicit: str | None = None) -> str | No
     return explicit or pretrain_checkpoint(run.paths, run.upstream, run.log) or run.cfg.model.base_checkpoint
 
 
-def find_tokenizer(run: StageRun) -> str | None:
-    """tokenizer.path, else the data stage's tokenizer.model."""
-    return run.cfg.tokenizer.path or _upstream_file(run, "data", ("tokenizer",), "tokenizer.model")
-
-
 def _resolve_inputs(run: StageRun, base_checkpoint: str | None) -> tuple[str, str]:
-    base_ref, tok_ref = find_base_checkpoint(run, base_checkpoint), find_tokenizer(run)
+    from ..model.tokenizer_lineage import TokenizerMismatch, require_same_tokenizer
+    from ..runtime.upstream import find_tokenizer
+
+    base_ref, tok_ref = find_base_checkpoint(run, base_checkpoint), find_tokenizer(run.cfg, run.paths, run.upstream)
     if not (base_ref and tok_ref):
         raise SFTStageError(f"model.base_checkpoint={base_ref!r}, tokenizer.path={tok_ref!r}: SFT needs both; run the "
                             "data and pretrain stages (their manifests name them) or set these fields")
+    try:  # the base's own tokenizer (a pipeline checkpoint carries it) must be the one SFT encodes with
+        require_same_tokenizer(base_ref, tok_ref, run.endpoint, what="the SFT base")
+    except TokenizerMismatch as err:
+        raise SFTStageError(str(err)) from None
     return base_ref, tok_ref
 
 

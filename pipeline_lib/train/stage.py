@@ -82,6 +82,7 @@ LOSS_PNG = "loss_curve.png"
 PROFILE_FILE = "profile_summary.json"
 PLANNER_CHECK_FILE = "planner_check.json"
 TABLE_STEPS = 10
+TOKENIZER_DIR = "checkpoint"  # the lineage's tokenizer lives beside the weights (model.tokenizer_lineage)
 
 
 class PretrainStageError(ValueError):
@@ -106,6 +107,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     remote = run.uri if run.remote else None
     out.mkdir(parents=True, exist_ok=True)
     data_dir, rows, token_ids = _data_inputs(run, out, log)
+    tokenizer = _lineage_tokenizer(run, out)
     steps, steps_per_epoch = _schedule(cfg, rows)
     session = TrainingSession(cfg, stage=STAGE, out=out, remote=remote, endpoint=run.endpoint, steps=steps, log=log,
                               progress=run.progress, env=env, error=PretrainStageError, preflight_error=PreflightFailed)
@@ -137,7 +139,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     # 6. publish, 7. summarise (the registry writes the manifest)
     records = loss_history(out, out / LOSS_PNG, title=f"pretraining loss ({cfg.model.name})")
     _measured_reports(cfg, out, records, trained, session)
-    outputs = _publish(run, out, trained.latest)
+    outputs = _publish(run, out, trained.latest, tokenizer)
     metrics = _metrics(run, out, trained, records, steps=steps, rows=rows, base_info=base_info, preflight=preflight,
                        session=session, started=started)
     if _scratch(run):  # everything is in the run store now; a 7B run would otherwise leave its checkpoints in /tmp
@@ -186,6 +188,27 @@ def _data_inputs(run: StageRun, work: Path, log) -> tuple[Path, int, object]:
     # the special ids the data stage recorded: the tokenizer's, not the config's
     token_ids = TokenIds.from_meta(json.loads(store.get_bytes(join(uri, "tokenizer", CONFIG_NAME))))
     return local, int(rows), token_ids
+
+
+def _lineage_tokenizer(run: StageRun, work: Path) -> Path:
+    """The data stage's tokenizer.model, local (with its config), after refusing base weights trained with another
+    one: it travels with this stage's checkpoints (checkpoint/, model.tokenizer_lineage)."""
+    from ..model.token_ids import CONFIG_NAME
+    from ..model.tokenizer_lineage import TokenizerMismatch, base_weights, require_same_tokenizer
+
+    uri = join(run.upstream_uri("data"), "tokenizer", "tokenizer.model")
+    base, field = base_weights(run.cfg)
+    try:
+        require_same_tokenizer(base, uri, run.endpoint, what=field)
+    except TokenizerMismatch as err:
+        raise PretrainStageError(str(err)) from None
+    store = store_for(uri, run.endpoint)
+    if not store.remote:
+        return Path(uri).resolve()
+    local = work / "_data" / "tokenizer"
+    for name in ("tokenizer.model", CONFIG_NAME):
+        store.get_file(join(run.upstream_uri("data"), "tokenizer", name), local / name)
+    return local / "tokenizer.model"
 
 
 def _base_inputs(cfg) -> tuple[Path | None, dict]:
@@ -298,13 +321,17 @@ def _scratch(run: StageRun) -> bool:
     return run.remote or run.node_rank > 0
 
 
-def _publish(run: StageRun, out: Path, latest: dict) -> list[dict]:
+def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path) -> list[dict]:
     """Describe (size, sha256) the stage's files and copy them to the stage folder when trained elsewhere. A node
-    rank > 0 publishes only its own ranks' checkpoints (and strategy files): the run's yaml, loss history and
-    pointers are node 0's (runtime/nodes.py)."""
+    rank > 0 publishes only its own ranks' checkpoints (and strategy files): the run's yaml, loss history,
+    pointers and the lineage's tokenizer (checkpoint/tokenizer.model, beside the weights) are node 0's
+    (runtime/nodes.py)."""
+    from ..model.tokenizer_lineage import attach
+
     remote = _scratch(run)
     rels = [] if run.node_rank else [RUN_YAML, IDENTITY_FILE, LATEST_FILE]
     if not run.node_rank:
+        rels += [p.relative_to(out).as_posix() for p in attach(tokenizer, out / TOKENIZER_DIR)]
         rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE, PROFILE_FILE,
                                   PLANNER_CHECK_FILE) if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
@@ -350,6 +377,7 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
              for r in records[-TABLE_STEPS:]]
     return {
         "latest_checkpoint": latest_ref,
+        "tokenizer": _tokenizer_print(out, ref) if not session.node_rank else None,
         "checkpoint_layout": checkpoint_layout(cfg, latest, out, ref),
         "latest_checkpoint_step": latest["step"], "latest_checkpoint_sha256": latest["sha256"],
         "checkpoints": {r: ref(i["path"]) for r, i in latest["ranks"].items()},
@@ -370,6 +398,14 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
         "profile": profile, "planner_check": check, "warnings": check["warnings"] if check else [],
         "peak_rss_bytes": trained.peak_rss_bytes or None,
     }
+
+
+def _tokenizer_print(out: Path, ref) -> dict:
+    """{uri, sha256, vocab_size} of the tokenizer published beside the weights: what tomorrow's night loads."""
+    from ..model.tokenizer_lineage import TokenizerPrint
+
+    local = out / TOKENIZER_DIR / "tokenizer.model"
+    return {**TokenizerPrint.of(str(local)).to_json(), "uri": ref(str(local))}
 
 
 def strategy_files(out: Path) -> list[str]:

@@ -8,7 +8,7 @@ from pipeline_lib.runtime.contract import StageRun
 from pipeline_lib.stages import upstream_manifests
 from pipeline_lib.storage import Manifest, RunPaths, write_manifest
 from pipeline_lib.train.adapter import AdapterError, expected_lora_shapes, is_lora_param, target_dims, trainable_count
-from pipeline_lib.train.sft_stage import SFTStageError, find_base_checkpoint, find_tokenizer, run_sft_stage
+from pipeline_lib.train.sft_stage import SFTStageError, find_base_checkpoint, run_sft_stage
 
 
 def test_lora_shapes_follow_mindformers_a_rank_by_in_b_out_by_rank():
@@ -57,16 +57,6 @@ def test_base_checkpoint_precedence_and_relative_paths(tmp_path):
                                                          metrics={"latest_checkpoint": "/abs/latest.ckpt"}))
     assert find_base_checkpoint(_run(cfg, paths)) == "/abs/latest.ckpt"  # the pretrained weights beat the pretrain start
     assert find_base_checkpoint(_run(cfg, paths), explicit="/given.ckpt") == "/given.ckpt"
-
-
-def test_tokenizer_comes_from_the_data_stage_unless_configured(tmp_path):
-    paths = _paths(tmp_path)
-    assert find_tokenizer(_run(PipelineConfig(), paths)) is None
-    write_manifest(paths.stage_uri("data"), Manifest("data", "r1", "h", outputs=[
-        {"path": "stats.json", "size": 1, "sha256": ""}, {"path": "tokenizer/tokenizer.model", "size": 1, "sha256": ""}]))
-    assert find_tokenizer(_run(PipelineConfig(), paths)) == str(tmp_path / "runs/r1/data/tokenizer/tokenizer.model")
-    cfg = PipelineConfig.model_validate({"tokenizer": {"path": "/tok/tokenizer.model"}})
-    assert find_tokenizer(_run(cfg, paths)) == "/tok/tokenizer.model"
 
 
 def test_stage_without_base_or_tokenizer_names_the_fields(tmp_path):
