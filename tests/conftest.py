@@ -76,8 +76,33 @@ def s3_bucket(s3_endpoint):
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
-    """A real `prefect server start` (SQLite, analytics off, UI on) on a free loopback port.
+def prefect_database(tmp_path_factory):
+    """The shared server's database: a real PostgreSQL (tests/postgres.py), what a team's server runs on
+    (SQLite answered 503 to a busy UI form). Where PostgreSQL cannot run, SQLite with a warning, except in CI,
+    where that fails the session's server tests (suite_rules.machine_skip)."""
+    from postgres import PostgresCluster, available
+    from suite_rules import in_ci
+
+    why = available()
+    if why:
+        if in_ci():
+            pytest.fail(f"{why}: the server-backed tests run on PostgreSQL in CI", pytrace=False)
+        import warnings
+
+        warnings.warn(f"{why}: the Prefect server of this session uses SQLite")
+        yield f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('prefect_db')}/prefect.db"
+        return
+    cluster = PostgresCluster.start()
+    try:
+        yield cluster.url
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory, prefect_database):
+    """A real `prefect server start` on PostgreSQL (prefect_database), analytics off, UI on, on a free loopback
+    port.
 
     Yields the API URL; this process and every subprocess the tests start talk to it.
     """
@@ -86,7 +111,7 @@ def prefect_server(tmp_path_factory):
     env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_API_PORT=str(port),
                PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_UI_ENABLED="true",  # the browser tests (tests/ui) open the UI; starts no slower
-               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home}/prefect.db")
+               PREFECT_API_DATABASE_CONNECTION_URL=prefect_database)
     env.pop("PREFECT_API_URL", None)
     log = home / "server.log"
     proc = subprocess.Popen([str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1",

@@ -124,11 +124,11 @@ def training_error(err: RuntimeError, cfg) -> DataStageError:
 
 def lineage_tokenizer_checked(cfg) -> str | None:
     """model.tokenizer_lineage.lineage_tokenizer, its refusal as the data stage's own error."""
-    from ..model.tokenizer_lineage import TokenizerMismatch, lineage_tokenizer
+    from ..model.tokenizer_lineage import LineageRefused, lineage_tokenizer
 
     try:
         return lineage_tokenizer(cfg)
-    except TokenizerMismatch as err:
+    except LineageRefused as err:
         raise DataStageError(err.field, err.value, err.problem, err.fix) from None
 
 

@@ -17,7 +17,7 @@ tokenizer:
 Identity is the sha256 of the tokenizer.model bytes; the vocabulary size is reported beside it (two
 tokenizers of one size are still different tokenizers). Storage only: no MindSpore, no sentencepiece
 unless a tokenizer_config.json is missing.
-Raises TokenizerMismatch (a ValueError with field, value, problem and fix).
+Raises LineageRefused / its TokenizerMismatch (ValueErrors with field, value, problem and fix).
 """
 from __future__ import annotations
 
@@ -33,15 +33,19 @@ MODEL_NAME = "tokenizer.model"
 _NESTED = re.compile(r"^(rank_\d+|merged)$")  # folders under checkpoint/ that hold weights
 
 
-class TokenizerMismatch(ValueError):
-    """A checkpoint would be loaded with a tokenizer it was not trained with (a config problem: no retry)."""
+class LineageRefused(ValueError):
+    """A run cannot know which tokenizer its weights need (a config problem: no retry)."""
 
     def __init__(self, field: str, value, problem: str, fix: str):
         self.field, self.value, self.problem, self.fix = field, value, problem, fix
         super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
 
     def __reduce__(self):  # raised in pool workers and subprocess reports: must survive pickling
-        return TokenizerMismatch, (self.field, self.value, self.problem, self.fix)
+        return type(self), (self.field, self.value, self.problem, self.fix)
+
+
+class TokenizerMismatch(LineageRefused):
+    """Weights would be loaded with a tokenizer they were not trained with."""
 
 
 @dataclass(frozen=True)
@@ -156,9 +160,13 @@ def lineage_tokenizer(cfg) -> str | None:
         return cfg.tokenizer.path
     if not base:
         return None
+    store = store_for(base, endpoint)
+    if not store.exists(base):
+        raise LineageRefused(field, base, "no such file or folder",
+                             f"point {field} at the weights to continue, or set it to null to train from scratch")
     beside = tokenizer_beside(base, endpoint)
     if beside is None:
-        raise TokenizerMismatch(
+        raise LineageRefused(
             "tokenizer.path", None,
             f"{field}={base!r} continues trained weights, and no {MODEL_NAME} is recorded beside them; training a "
             "new tokenizer would give every token id of those weights another meaning",

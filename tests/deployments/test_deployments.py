@@ -103,12 +103,14 @@ def test_worker_picks_up_a_run_and_completes_it(workers, tmp_path):
 
 
 def test_dispatch_failing_child_in_other_pool_fails_parent(workers, tmp_path):
-    """Parent on the cpu pool dispatches data (cpu) then pretrain (ascend pool); pretrain fails."""
+    """Parent on the cpu pool dispatches data (cpu) then pretrain (ascend pool); pretrain fails (the data makes
+    fewer rows than one step of 1000)."""
     run = run_deployment("llm-pipeline/default", timeout=300, poll_interval=1,
                          parameters={"config": "configs/pipelines/tiny-cpu.yaml", "run_id": "dispatch-run",
                                      "stages": ["data", "pretrain"], "dispatch": True,
                                      "overrides": [f"run.output_root={tmp_path}",
-                                                   f"model.base_checkpoint={tmp_path}/missing.ckpt"]})
+                                                   "training.micro_batch_size=1000",
+                                                   "training.global_batch_size=1000"]})
     assert run.state.type == StateType.FAILED, run.state
     assert "pretrain/default" in run.state.message or "pretrain" in run.state.message
     with get_client(sync_client=True) as client:

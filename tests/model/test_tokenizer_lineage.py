@@ -123,3 +123,9 @@ def test_the_tokenizer_travels_on_s3(s3_bucket, two_tokenizers, tmp_path):
     assert require_same_tokenizer(ref, f"{run}/tokenizer.model", endpoint).vocab_size == 1200
     with pytest.raises(TokenizerMismatch):
         require_same_tokenizer(ref, str(b), endpoint)
+
+
+def test_a_missing_base_is_named_as_missing(tmp_path):
+    with pytest.raises(DataStageError) as caught:
+        lineage_tokenizer_checked(config_from_dict({"model": {"base_checkpoint": str(tmp_path / "gone.ckpt")}}))
+    assert caught.value.field == "model.base_checkpoint" and caught.value.problem == "no such file or folder"
