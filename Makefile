@@ -1,4 +1,4 @@
-# make setup : create .venv and install the pinned stack, plus Debian's chromium for the browser tests
+# make setup : create .venv and install the pinned stack, plus Debian's chromium and postgresql for the tests
 #              (idempotent; a second run is a no-op)
 # make demo  : the Python setup + run the whole pipeline on the bundled tiny CPU default (no browser needed)
 # make test  : setup + the test suite
@@ -8,22 +8,25 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-stamp
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup browser demo test test-two-node bench clean
+.PHONY: setup test-debs demo test test-two-node bench clean
 
-setup: $(STAMP) browser
+setup: $(STAMP) test-debs
 
-# The UI tests (tests/ui) drive Debian's chromium through Playwright (Playwright's own browser download
-# cannot reach its CDN here). Installed with apt-get when missing and we are root (CI on a fresh machine);
-# elsewhere the tests skip and say why.
-browser:
-	@command -v chromium >/dev/null 2>&1 || { \
+# Debian packages the tests need: chromium for the UI tests (tests/ui drive it through Playwright, whose own
+# browser download cannot reach its CDN here) and postgresql for the session's Prefect server (tests/postgres.py:
+# a team's shared server runs on PostgreSQL). Installed with apt-get when missing and we are root (CI on a fresh
+# machine); elsewhere the UI tests skip and say why, and the server falls back to SQLite (in CI both fail).
+DEBS := chromium:chromium postgresql:/usr/lib/postgresql/*/bin/pg_ctl
+test-debs:
+	@for want in $(DEBS); do pkg=$${want%%:*}; probe=$${want#*:}; \
+	  if command -v $$probe >/dev/null 2>&1 || ls $$probe >/dev/null 2>&1; then continue; fi; \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	    echo "installing chromium (browser tests)"; \
-	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
-	      || echo "note: apt-get could not install chromium: the browser tests (tests/ui) will be skipped"; \
+	    echo "installing $$pkg (tests)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkg >/dev/null; } \
+	      || echo "note: apt-get could not install $$pkg: the tests that need it skip (and fail in CI)"; \
 	  else \
-	    echo "note: no chromium and no root apt-get: the browser tests (tests/ui) will be skipped"; \
-	  fi; }
+	    echo "note: no $$pkg and no root apt-get: the tests that need it skip (and fail in CI)"; \
+	  fi; done
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)

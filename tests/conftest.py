@@ -224,3 +224,37 @@ def llama2_layout_tokenizer(out_dir: Path, vocab_size: int = 1000) -> Path:
 def llama2_tokenizer(tmp_path_factory) -> Path:
     """tokenizer.model with Llama-2's id layout (see llama2_layout_tokenizer), trained once per session."""
     return llama2_layout_tokenizer(tmp_path_factory.mktemp("llama2_tok"))
+
+
+# ---------------------------------------------------------------- markers that select truthfully (suite_rules)
+
+_SETUP_S = pytest.StashKey[float]()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers a whole folder earns: tests/ui opens a browser, tests/acceptance runs the product as a user does."""
+    by_folder = {"ui": "browser", "acceptance": "e2e"}
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(ROOT / "tests").parts
+        if parts and parts[0] in by_folder:
+            item.add_marker(by_folder[parts[0]])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Fail a test that took longer than SLOW_SECONDS (its setup included: a session fixture it builds first
+    counts) without a selecting marker: `-m "not (slow or train or e2e or browser)"` must stay fast."""
+    from suite_rules import SELECTING_MARKERS, SLOW_SECONDS
+
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "setup":
+        item.stash[_SETUP_S] = call.duration
+    elif report.when == "call" and report.passed:
+        took = item.stash.get(_SETUP_S, 0.0) + call.duration
+        if took > SLOW_SECONDS and not any(item.get_closest_marker(m) for m in SELECTING_MARKERS):
+            report.outcome = "failed"
+            report.longrepr = (f"{item.nodeid} took {took:.1f} s (setup {item.stash.get(_SETUP_S, 0.0):.1f} s) and "
+                               f"carries none of the markers {', '.join(SELECTING_MARKERS)}: mark it (`train` when it "
+                               "trains, `e2e` when it runs the CLI or a flow end to end, else `slow`) or make it "
+                               f"faster than {SLOW_SECONDS:.0f} s")

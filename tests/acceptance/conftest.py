@@ -17,9 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from suite_rules import machine_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(sys.prefix)
+USER_ENV = ("PATH", "LANG", "LC_ALL", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR", "TZ")
 
 
 def tracked_files(root: Path) -> list[str]:
@@ -44,9 +46,12 @@ class UserRepo:
 
     def __init__(self, path: Path, home: Path):
         self.path, self.home = path, home
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PYTEST"))}
+        # a user's shell, not the suite's: none of the suite's LOG_MF_PATH / MS_OM_PATH / GLOG_v / PREFECT_* /
+        # AWS_* settings, so litter a user's run would leave in the checkout shows here (leftovers())
+        self.env = {k: os.environ[k] for k in USER_ENV if k in os.environ}
         self.env.update(PYTHONPATH=str(path), PREFECT_HOME=str(home / ".prefect"),
                         PREFECT_SERVER_ANALYTICS_ENABLED="false", HOME=str(home))
+        self.tracked = set(tracked_files(path))
 
     def run(self, cmd: str | list[str], timeout: float = 900, check: bool = True,
             env: dict | None = None) -> subprocess.CompletedProcess:
@@ -57,6 +62,18 @@ class UserRepo:
             raise AssertionError(f"`{cmd}` exited {proc.returncode}:\n{proc.stdout[-6000:]}")
         return proc
 
+    def leftovers(self) -> list[str]:
+        """Files in the checkout that are neither tracked nor under runs/ (what a user's run may write), nor
+        Python's own caches: what a run littered the user's checkout with."""
+        out = []
+        for p in self.path.rglob("*"):
+            rel = p.relative_to(self.path)
+            if rel.parts[0] in (".venv", "runs") or "__pycache__" in rel.parts or not (p.is_file() or p.is_symlink()):
+                continue
+            if rel.as_posix() not in self.tracked:
+                out.append(rel.as_posix())
+        return sorted(out)
+
     def make(self, target_cmd: str, **kw) -> subprocess.CompletedProcess:
         """A README `make X` command; setup is already done (the .venv is the installed one), so
         make is told not to remake its stamp (it would reinstall into the shared .venv)."""
@@ -65,13 +82,15 @@ class UserRepo:
 
 
 @pytest.fixture
-def user_repo(tmp_path) -> UserRepo:
+def user_repo(tmp_path):
     if not (VENV / "bin" / "llm-pipeline").exists():
-        pytest.skip(f"no installed .venv at {VENV} (run `make setup`)")
+        machine_skip(f"no installed .venv at {VENV} (run `make setup`)")
     repo = tmp_path / "llm-pipeline"
     for rel in tracked_files(ROOT):
         dst = repo / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, dst)
     (repo / ".venv").symlink_to(VENV)
-    return UserRepo(repo, tmp_path)
+    user = UserRepo(repo, tmp_path)
+    yield user
+    assert user.leftovers() == [], "a user's run left files in the checkout outside runs/"

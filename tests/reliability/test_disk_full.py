@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from suite_rules import machine_skip
 
 from pipeline_lib.config import load_config
 from pipeline_lib.doctor.classify import diagnose_exception
@@ -33,7 +34,7 @@ def mount_tmpfs(where: Path, size: str) -> None:
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {proc.stderr.strip()}")
+        machine_skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {proc.stderr.strip()}")
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from suite_rules import machine_skip
 
 CHROMIUM = os.environ.get("LLM_PIPELINE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 VIEWPORT = {"width": 1600, "height": 1000}
@@ -38,9 +39,9 @@ def browser():
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright is not installed: pip install -c constraints.txt -e '.[test]'")
+        machine_skip("playwright is not installed: pip install -c constraints.txt -e '.[test]'")
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no chromium at {CHROMIUM}: `make setup` installs Debian's chromium when run as root "
+        machine_skip(f"no chromium at {CHROMIUM}: `make setup` installs Debian's chromium when run as root "
                     "(or apt-get install chromium; LLM_PIPELINE_CHROMIUM=<path> for another build)")
     with sync_playwright() as pw:
         # --no-sandbox: CI runs as root, where chromium's sandbox refuses to start
