@@ -32,7 +32,7 @@ class StageLog:
         self.path = folder / name
         self.uri = f"{paths.run_uri}/logs/{name}" if self.remote else str(self.path)
         self.fh = open(self.path, "a", encoding="utf-8")
-        self.last_step_sent = 0.0
+        self.last_step_sent: float | None = None  # monotonic time is small on a freshly booted machine: not 0.0
         self.held: str | None = None  # the newest step line not sent yet
         self.held_count = 0
 
@@ -45,7 +45,7 @@ class StageLog:
             pass
         if _STEP.search(line):
             now = time.monotonic()
-            if now - self.last_step_sent >= self.step_every_s:
+            if self.last_step_sent is None or now - self.last_step_sent >= self.step_every_s:
                 self._send_step(line, skipped=self.held_count)
                 self.last_step_sent = now
             else:
