@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import urllib.error
 import urllib.request
 
 from pipeline_lib.config import config_from_dict, load_config
-from pipeline_lib.config.secrets import redact_url, secret_value
+from pipeline_lib.config.secrets import redact_url, secret_value, webhook_problem
 from pipeline_lib.doctor.retry import parse_headline
 
 
@@ -42,13 +44,45 @@ def notify_no_new_data(url: str | None, payload: dict) -> None:
     _post(url, payload)
 
 
-def _post(url: str | None, payload: dict) -> None:
+DEADLINE_S = 10.0  # the whole POST, headers dripped by a slow server included
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A 30x is an answer, not a delivery: following it would resend (as a GET) to wherever it points."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect {code} not followed", headers, fp)
+
+
+def _post(url: str | None, payload: dict, deadline_s: float = DEADLINE_S) -> bool:
+    """POST `payload` to the webhook; True when it answered 2xx within DEADLINE_S. A notice never masks the real
+    failure and never shows the URL (its token) or an error that may quote it: the log gets the scheme and host.
+    `deadline_s` bounds the whole exchange (urllib's timeout is per socket read: a dripping server resets it)."""
     if not url:
-        return
-    body = json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        urllib.request.urlopen(req, timeout=10).close()
-    except Exception as err:  # a notice must never mask the real failure
-        # neither the URL (its token) nor the error (urllib may quote the URL) goes to the log
-        print(f"webhook {redact_url(url)} not reached: {type(err).__name__}")
+        return False
+    problem = webhook_problem(url)
+    if problem:
+        print(f"webhook not posted: {problem}")
+        return False
+    outcome: dict = {}
+
+    def send() -> None:
+        try:
+            req = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+            with urllib.request.build_opener(_NoRedirects).open(req, timeout=deadline_s) as answer:
+                outcome["status"] = answer.status
+        except urllib.error.HTTPError as err:
+            outcome["error"] = f"HTTP {err.code}"
+        except Exception as err:  # noqa: BLE001 (the class name only: a message may quote the URL)
+            outcome["error"] = type(err).__name__
+
+    sender = threading.Thread(target=send, name="webhook", daemon=True)
+    sender.start()
+    sender.join(deadline_s)
+    if sender.is_alive():
+        outcome["error"] = f"no answer within {deadline_s:g} s"
+    if "error" in outcome or not 200 <= outcome.get("status", 0) < 300:
+        print(f"webhook {redact_url(url)} not reached: {outcome.get('error') or outcome.get('status')}")
+        return False
+    return True

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from .errors import ConfigError, ConfigIssue
 from .schema import PipelineConfig
+from .secrets import SECRET_FIELDS, redacted
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -60,7 +61,8 @@ def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
         field = ".".join(str(p) if str(p).strip() and str(p).isprintable() else repr(p) for p in e["loc"]) or "(config)"
         fix = "remove it or check its spelling against `llm-pipeline validate --explain`" \
             if e["type"] == "extra_forbidden" else "see the field's description in `llm-pipeline validate --explain`"
-        issues.append(ConfigIssue(field, e.get("input"), e["msg"], fix))
+        value = redacted(e.get("input")) if tuple(map(str, e["loc"][:2])) in SECRET_FIELDS else e.get("input")
+        issues.append(ConfigIssue(field, value, e["msg"], fix))
     return issues
 
 

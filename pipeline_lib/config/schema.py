@@ -487,12 +487,22 @@ class ExportConfig(_Section):
     atol: float = Field(1e-4, gt=0, description="Absolute tolerance of the logits check.")
 
 
+def _webhook_url(value: str | None) -> str | None:
+    from .secrets import webhook_problem
+
+    problem = webhook_problem(value) if value else None
+    if problem:
+        raise ValueError(problem)
+    return value or None
+
+
 class OrchestrationConfig(_Section):
     nightly_cron: str = Field("0 2 * * *", description="Cron of the nightly continued-pretraining deployment.")
     timezone: str = Field("Asia/Shanghai", description="IANA time zone of nightly_cron (the deployment's schedule; "
                           "shown by `llm-pipeline deploy` and in the deployment description).")
-    failure_webhook_url: str | None = Field(None, json_schema_extra=SECRET,
-                                            description="POSTed on a failed run (off when None).")
+    failure_webhook_url: Annotated[str | None, AfterValidator(_webhook_url)] = Field(
+        None, json_schema_extra=SECRET, description="POSTed on a failed run (off when None): an http(s) URL, or "
+        "env:LLM_PIPELINE_SECRET_<NAME> naming the variable that holds it (a URL carries its token: a secret).")
     task_retries: int = Field(2, ge=0, description="Retries of a task on transient errors.")
     retry_delay_seconds: float = Field(2.0, ge=0, description="Base of the exponential backoff.")
 

@@ -2,7 +2,7 @@
 
 `orchestration.failure_webhook_url` is one: a webhook URL usually carries its token. A config may name
 it as `env:NAME` (read from the environment of the process that posts: the way to give a worker the
-secret), or as the URL itself: then `public_config(cfg)`, the config as the JSON dict flows pass on as
+secret; NAME must start with LLM_PIPELINE_SECRET_), or as the URL itself (http or https only): then `public_config(cfg)`, the config as the JSON dict flows pass on as
 parameters, moves the URL into this process's environment (inherited by its subprocesses, never
 written) and puts `env:NAME` in its place. Overrides are parameters of a submitted run as they are:
 `secret_overrides(overrides)` finds a literal secret among them (`--submit` refuses it). `secret_value(value)` reads either form back, where the
@@ -13,10 +13,29 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import urllib.parse
 
 SECRET_FIELDS = (("orchestration", "failure_webhook_url"),)
 ENV_REF = "env:"
+# `env:` reads only variables meant as secrets: a config (or a deployment form) must not make a worker post
+# any variable of its environment (AWS_SECRET_ACCESS_KEY, ...) to a URL of its choosing
+ENV_PREFIX = "LLM_PIPELINE_SECRET_"
+_ENV_NAME = re.compile(rf"^{ENV_PREFIX}[A-Za-z0-9_]+$")
+WEBHOOK_SCHEMES = ("https", "http")
+
+
+def webhook_problem(value: str) -> str | None:
+    """Why `value` is not a usable orchestration.failure_webhook_url (None when it is); never quotes it."""
+    if value.startswith(ENV_REF):
+        if not _ENV_NAME.match(value[len(ENV_REF):]):
+            return (f"an env: reference must name a variable starting with {ENV_PREFIX} (e.g. "
+                    f"env:{ENV_PREFIX}WEBHOOK); other variables of the worker are never read")
+        return None
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme.lower() not in WEBHOOK_SCHEMES or not parts.hostname:
+        return "not an http(s) URL with a host (the value is a secret: not shown)"
+    return None
 
 
 def public_config(cfg) -> dict:
@@ -45,8 +64,16 @@ def secret_overrides(overrides) -> list[str]:
 def secret_value(value: str | None) -> str | None:
     """The secret itself: `value`, or the environment variable an `env:NAME` value names (None if unset)."""
     if isinstance(value, str) and value.startswith(ENV_REF):
-        return os.environ.get(value[len(ENV_REF):]) or None
+        name = value[len(ENV_REF):]
+        return (os.environ.get(name) or None) if _ENV_NAME.match(name) else None
     return value
+
+
+def redacted(value) -> str:
+    """What an error message may show of a secret field's value."""
+    if isinstance(value, str) and value.startswith(ENV_REF):
+        return value  # a reference names a variable, not its content
+    return redact_url(value) if isinstance(value, str) and "://" in value else "(a secret: not shown)"
 
 
 def redact_url(url: str | None) -> str:

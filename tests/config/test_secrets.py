@@ -4,7 +4,10 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from pipeline_lib.config import config_from_dict
+from pipeline_lib.config.errors import ConfigError
 from pipeline_lib.config.secrets import public_config, redact_url, secret_value
 
 HOOK = "https://hooks.example.com/services/T0KEN-abc?key=s3cr3t"
@@ -23,12 +26,28 @@ def test_public_config_moves_the_webhook_url_into_the_environment(monkeypatch):
 
 
 def test_a_config_may_name_the_variable_itself(monkeypatch):
-    monkeypatch.setenv("MY_HOOK", HOOK)
-    cfg = config_from_dict({"orchestration": {"failure_webhook_url": "env:MY_HOOK"}})
-    assert public_config(cfg)["orchestration"]["failure_webhook_url"] == "env:MY_HOOK"
-    assert secret_value("env:MY_HOOK") == HOOK and secret_value("env:UNSET_HOOK_VAR") is None
+    monkeypatch.setenv("LLM_PIPELINE_SECRET_MY_HOOK", HOOK)
+    cfg = config_from_dict({"orchestration": {"failure_webhook_url": "env:LLM_PIPELINE_SECRET_MY_HOOK"}})
+    assert public_config(cfg)["orchestration"]["failure_webhook_url"] == "env:LLM_PIPELINE_SECRET_MY_HOOK"
+    assert secret_value("env:LLM_PIPELINE_SECRET_MY_HOOK") == HOOK
+    assert secret_value("env:LLM_PIPELINE_SECRET_UNSET") is None
     assert secret_value(None) is None and public_config(config_from_dict({}))["orchestration"][
         "failure_webhook_url"] is None
+
+
+def test_env_reads_only_the_secret_prefix_and_urls_are_http(monkeypatch):
+    """A deployment form's `env:AWS_SECRET_ACCESS_KEY` would post the worker's S3 key to a URL of its choosing;
+    a value without a scheme raised urllib's `unknown url type: '<the value>'` into the UI's log."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-K7MDENG")
+    assert secret_value("env:AWS_SECRET_ACCESS_KEY") is None
+    for value in ("env:AWS_SECRET_ACCESS_KEY", "ftp://hooks.example.com/T0KEN", "file:///etc/passwd",
+                  "T0KEN-no-scheme", "https:///T0KEN"):
+        with pytest.raises(ConfigError) as caught:
+            config_from_dict({"orchestration": {"failure_webhook_url": value}})
+        text = str(caught.value)
+        assert "orchestration.failure_webhook_url" in text and "T0KEN" not in text and "/etc/passwd" not in text
+        assert "wJalr" not in text
+    assert "LLM_PIPELINE_SECRET_" in str(caught.value) or "http(s)" in str(caught.value)
 
 
 def test_redact_url_keeps_scheme_and_host_only():
@@ -40,5 +59,5 @@ def test_secret_overrides_finds_literal_secrets_only():
     from pipeline_lib.config.secrets import secret_overrides
 
     assert secret_overrides([f"orchestration.failure_webhook_url={HOOK}", "training.steps=3",
-                             "orchestration.failure_webhook_url=env:HOOK", "orchestration.failure_webhook_url="]) == \
+                             "orchestration.failure_webhook_url=env:LLM_PIPELINE_SECRET_HOOK", "orchestration.failure_webhook_url="]) == \
         ["orchestration.failure_webhook_url"]
