@@ -131,7 +131,11 @@ def dedup_index_main(argv: list[str]) -> int:
         print(f"migrated {len(done)} run(s) to the partitioned format" + (f": {', '.join(done)}" if done else
                                                                           " (nothing to do)"))
         return 0
-    n = clear_index(cfg, endpoint)
+    try:
+        n = clear_index(cfg, endpoint)
+    except ValueError as err:  # DataStageError: not an index folder, nothing deleted
+        print(err, file=sys.stderr)
+        return 2
     print(f"cleared: {n} run(s), {sum(m['docs'] for m in segments)} documents; the next run of this lineage "
           "is deduplicated against nothing earlier")
     return 0

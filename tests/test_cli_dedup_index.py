@@ -76,3 +76,25 @@ def test_repartition_grows_the_partition_count_and_refuses_to_shrink(tmp_path):
     shrink = cli("repartition", TINY, root, "--bits", "3")
     assert shrink.returncode == 2 and "prefix_bits=5; it can only grow" in shrink.stderr and "Fix:" in shrink.stderr
     assert "2^N" in cli("repartition", TINY, root).stderr
+
+
+def test_clear_removes_only_a_folder_that_is_an_index(tmp_path):
+    """`index_uri=.` (a typo) used to remove the working directory: only an index folder is removed."""
+    work = tmp_path / "work"
+    (work / "src").mkdir(parents=True)
+    (work / "src" / "keep.py").write_text("print(1)")
+    (work / "notes.txt").write_text("mine")
+    res = subprocess.run([sys.executable, "-m", "flows.cli", "dedup-index", "clear", str(ROOT / TINY),
+                          "data.dedup.index_uri=.", f"run.output_root={tmp_path / 'runs'}"], cwd=work,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "data.dedup.index_uri" in res.stderr and "not a dedup index folder" in res.stderr and "nothing was deleted" in res.stderr
+    assert (work / "src" / "keep.py").exists() and (work / "notes.txt").exists()
+    # an index with a stray file in it is not removed either; a real one is
+    cfg = load_config(TINY, [f"run.output_root={tmp_path / 'runs'}"])
+    add_segment(cfg, "r1", 3, tmp_path)
+    (Path(index_uri(cfg)) / "thesis.tex").write_text("not index data")
+    assert cli("clear", TINY, f"run.output_root={tmp_path / 'runs'}").returncode == 2
+    (Path(index_uri(cfg)) / "thesis.tex").unlink()
+    done = cli("clear", TINY, f"run.output_root={tmp_path / 'runs'}")
+    assert done.returncode == 0 and "cleared: 1 run(s)" in done.stdout and not Path(index_uri(cfg)).exists()

@@ -100,14 +100,29 @@ def list_segments_at(store, uri: str) -> list[dict]:
     return [json.loads(store.get_bytes(m)) | {"uri": m.rsplit("/", 1)[0]} for m in metas]
 
 
+INDEX_ENTRIES = ("index.json", "segments", "parts")  # everything an index folder holds at its top
+
+
 def clear_index(cfg, endpoint_url: str | None = None) -> int:
-    """Delete the lineage's whole index; returns how many segments it held."""
-    n = len(list_segments(cfg, endpoint_url))
+    """Delete the lineage's whole index; returns how many segments it held. Only a folder that is an index is
+    removed: it has index.json or segments/<run>/meta.json, and nothing at its top but INDEX_ENTRIES (a typo such
+    as data.dedup.index_uri=. must not remove a working directory). Raises DataStageError otherwise."""
     uri = index_uri(cfg)
     store = store_for(uri, endpoint_url)
-    if store.exists(uri) or store.list(uri.rstrip("/") + "/"):
-        store.delete(uri)
-    return n
+    files = store.list(uri.rstrip("/") + "/")
+    if not files:
+        return 0
+    prefix = uri.rstrip("/") + "/"
+    tops = sorted({f[len(prefix):].split("/", 1)[0] for f in files if f.startswith(prefix)})
+    strangers = [t for t in tops if t not in INDEX_ENTRIES]
+    segments = list_segments(cfg, endpoint_url)
+    if strangers or not ("index.json" in tops or segments):
+        shown = ", ".join(strangers[:5]) or "no index.json and no segments/<run>/meta.json"
+        raise DataStageError("data.dedup.index_uri", uri, f"is not a dedup index folder ({shown}); nothing was "
+                             "deleted", "point data.dedup.index_uri at the index itself (default "
+                             "<output_root>/_dedup_index/<lineage>), or delete the folder by hand if you mean it")
+    store.delete(uri)
+    return len(segments)
 
 
 def _line_offsets(lines_text: str) -> np.ndarray:
