@@ -36,6 +36,7 @@ from .config.schema import PipelineConfig
 from . import killpoints
 from .storage import generations, join, store_for
 from .storage.input_files import find_inputs
+from .storage.errors import PicklableError
 
 
 def state_uri(cfg: PipelineConfig) -> str:
@@ -50,7 +51,7 @@ LOCK_HEARTBEAT_SECONDS = 60
 LOCK_STALE_SECONDS = 15 * 60  # 15 missed heartbeats: the holder is gone (a store outage that long fails the night too)
 
 
-class NightBusy(RuntimeError):
+class NightBusy(PicklableError, RuntimeError):
     """Another night holds the nightly lock of this output root; `holder` is what it wrote."""
 
     def __init__(self, message: str, holder: dict):

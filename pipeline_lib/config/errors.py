@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..storage.errors import PicklableError
+
 
 @dataclass(frozen=True)
 class ConfigIssue:
@@ -15,7 +17,7 @@ class ConfigIssue:
         return f"{self.field}={self.value!r}: {self.problem}. Fix: {self.fix}"
 
 
-class ConfigError(ValueError):
+class ConfigError(PicklableError, ValueError):
     """Raised with every issue found, so a user fixes them all in one edit."""
 
     def __init__(self, issues: list[ConfigIssue]):

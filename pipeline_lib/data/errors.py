@@ -5,8 +5,10 @@ Prefect task wrapper fails at once instead of retrying.
 """
 from __future__ import annotations
 
+from ..storage.errors import PicklableError
 
-class DataStageError(ValueError):
+
+class DataStageError(PicklableError, ValueError):
     """A data-stage problem a user must fix: bad config value, unreadable input, broken index."""
 
     def __init__(self, field: str, value: object, problem: str, fix: str):

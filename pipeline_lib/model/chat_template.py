@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple, Protocol, Sequence
 
+from ..storage.errors import PicklableError
+
 MARKER_ROLES = ("system", "user", "assistant", "end")
 IGNORE = -100
 POLICIES = ("drop", "truncate_prompt", "truncate_end")
@@ -59,7 +61,7 @@ class Turn(NamedTuple):
     content: str
 
 
-class ChatTemplateError(ValueError):
+class ChatTemplateError(PicklableError, ValueError):
     """The tokenizer cannot express the chat template: a config problem (no retry), naming the field."""
 
     def __init__(self, field: str, value: object, problem: str, fix: str):

@@ -28,20 +28,18 @@ from dataclasses import dataclass
 
 from ..storage import join, store_for
 from .token_ids import CONFIG_NAME
+from ..storage.errors import PicklableError
 
 MODEL_NAME = "tokenizer.model"
 _NESTED = re.compile(r"^(rank_\d+|merged)$")  # folders under checkpoint/ that hold weights
 
 
-class LineageRefused(ValueError):
+class LineageRefused(PicklableError, ValueError):
     """A run cannot know which tokenizer its weights need (a config problem: no retry)."""
 
     def __init__(self, field: str, value, problem: str, fix: str):
         self.field, self.value, self.problem, self.fix = field, value, problem, fix
         super().__init__(f"{field}={value!r}: {problem}. Fix: {fix}")
-
-    def __reduce__(self):  # raised in pool workers and subprocess reports: must survive pickling
-        return type(self), (self.field, self.value, self.problem, self.fix)
 
 
 class TokenizerMismatch(LineageRefused):

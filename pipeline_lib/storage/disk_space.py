@@ -15,6 +15,8 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import PicklableError
+
 SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")  # numpy ndarray.tofile on a full disk
 # MindSpore 2.9's MindRecord ShardWriter refuses to write below 10 MB free (measured on tmpfs: 8 MB free fails, 10
 # passes), before any byte is written; MS_FREE_DISK_CHECK=false turns the check off.
@@ -23,7 +25,7 @@ MINDRECORD_MIN_FREE = 10 * 2**20
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
-class DiskFull(RuntimeError):
+class DiskFull(PicklableError, RuntimeError):
     """A write ran out of space; the message names the path, the bytes and the fix."""
 
     def __init__(self, message: str, path: str):

@@ -17,9 +17,10 @@ supported file.
 from __future__ import annotations
 
 from .store import list_matching, store_for
+from .errors import PicklableError
 
 
-class NoInputFiles(ValueError):
+class NoInputFiles(PicklableError, ValueError):
     """An input entry matches no supported file: the user must fix the path (not worth a retry)."""
 
     def __init__(self, field: str, value: object, problem: str, fix: str):
