@@ -229,6 +229,18 @@ def llama2_tokenizer(tmp_path_factory) -> Path:
 # ---------------------------------------------------------------- markers that select truthfully (suite_rules)
 
 _SETUP_S = pytest.StashKey[float]()
+_SHARED_S = pytest.StashKey[float]()  # setup of fixtures shared beyond the test (module/session): not its own cost
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    started = time.perf_counter()
+    yield
+    if fixturedef.scope != "function":
+        node = request.node
+        item = node if isinstance(node, pytest.Item) else getattr(request, "_pyfuncitem", None)
+        if item is not None:
+            item.stash[_SHARED_S] = item.stash.get(_SHARED_S, 0.0) + time.perf_counter() - started
 
 
 def pytest_collection_modifyitems(config, items):
@@ -242,19 +254,19 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Fail a test that took longer than SLOW_SECONDS (its setup included: a session fixture it builds first
-    counts) without a selecting marker: `-m "not (slow or train or e2e or browser)"` must stay fast."""
+    """Fail a test that took longer than SLOW_SECONDS (its own setup included; a module or session fixture it
+    happens to build first is shared, not counted) without a selecting marker: `-m "not (slow or train or e2e or browser)"` must stay fast."""
     from suite_rules import SELECTING_MARKERS, SLOW_SECONDS
 
     outcome = yield
     report = outcome.get_result()
     if report.when == "setup":
-        item.stash[_SETUP_S] = call.duration
+        item.stash[_SETUP_S] = max(0.0, call.duration - item.stash.get(_SHARED_S, 0.0))
     elif report.when == "call" and report.passed:
         took = item.stash.get(_SETUP_S, 0.0) + call.duration
         if took > SLOW_SECONDS and not any(item.get_closest_marker(m) for m in SELECTING_MARKERS):
             report.outcome = "failed"
-            report.longrepr = (f"{item.nodeid} took {took:.1f} s (setup {item.stash.get(_SETUP_S, 0.0):.1f} s) and "
+            report.longrepr = (f"{item.nodeid} took {took:.1f} s (own setup {item.stash.get(_SETUP_S, 0.0):.1f} s) and "
                                f"carries none of the markers {', '.join(SELECTING_MARKERS)}: mark it (`train` when it "
                                "trains, `e2e` when it runs the CLI or a flow end to end, else `slow`) or make it "
                                f"faster than {SLOW_SECONDS:.0f} s")

@@ -3,7 +3,7 @@
 - A skip for a machine reason (no chromium, no tmpfs mount, no PostgreSQL, no installed .venv) goes through
   `machine_skip`; under CI (`LLM_PIPELINE_CI=1`, set by .ci/run) such a skip fails the test instead, so a CI
   machine that lost a feature cannot turn a part of the suite green by skipping it.
-- Markers select truthfully: a test that takes longer than SLOW_SECONDS (setup included) must carry one of
+- Markers select truthfully: a test that takes longer than SLOW_SECONDS (its own setup included; shared module or session fixtures are not) must carry one of
   SELECTING_MARKERS, else it fails with a message naming the marker to add; `-m "not (slow or train or e2e or
   browser)"` is then a fast subset that really is fast.
 """

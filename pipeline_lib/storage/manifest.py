@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .store import is_s3, join, store_for
+from .names import check_name
 
 MANIFEST = "manifest.json"
 
@@ -34,6 +35,9 @@ class RunPaths:
     output_root: str
     run_id: str
     endpoint_url: str | None = None
+
+    def __post_init__(self):
+        check_name("run_id", self.run_id)  # joined under output_root: a path would leave it (storage.names)
 
     @property
     def run_uri(self) -> str:
