@@ -34,7 +34,7 @@ from typing import Callable
 
 import yaml
 
-from ..config.mindformers_yaml import write_run_yaml
+from .mindformers_yaml import write_run_yaml
 from ..config.platform import device_target
 from ..config.schema import GuardConfig
 from .. import killpoints
@@ -103,7 +103,7 @@ class Batch:
 def write_training_yaml(cfg, path: Path, *, stage: str, batch: Batch, out: Path, data_dir: Path, rows: int,
                         load: Path | None = None, resume_from: Path | None = None, steps: int | None = None,
                         extra_epochs: int = 0, save_steps: int | None = None, token_ids=None) -> Path:
-    """The mindformers yaml of `stage` (config.mindformers_yaml) with the PipelineMetrics / LossGuard callbacks.
+    """The mindformers yaml of `stage` (train.mindformers_yaml) with the PipelineMetrics / LossGuard callbacks.
 
     `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`: the yaml gets `load_checkpoint: <dir>` and
     `resume_training: <name>` (runner.resume_fields: mindformers 1.9 resumes only from a folder). `extra_epochs`

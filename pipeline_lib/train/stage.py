@@ -182,7 +182,7 @@ def _data_inputs(run: StageRun, work: Path, log) -> tuple[Path, int, object]:
         local = Path(uri).resolve() / "mindrecord" / "train"
     rows = m.metrics.get("rows_train")
     if not rows:
-        from ..config.mindformers_yaml import count_mindrecord_rows
+        from .mindformers_yaml import count_mindrecord_rows
 
         rows = count_mindrecord_rows(str(local))
     # the special ids the data stage recorded: the tokenizer's, not the config's
@@ -410,7 +410,7 @@ def _tokenizer_print(out: Path, ref) -> dict:
 
 def strategy_files(out: Path) -> list[str]:
     """The strategy files mindformers wrote for a parallel run (<output_dir>/strategy/, see
-    config/mindformers_yaml.py strategy_ckpt_save_file), relative to `out`."""
+    train/mindformers_yaml.py strategy_ckpt_save_file), relative to `out`."""
     return sorted(p.relative_to(out).as_posix() for p in (out / "strategy").glob("*.ckpt"))
 
 

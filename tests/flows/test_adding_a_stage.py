@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib import stages
-from pipeline_lib.stages import StageSpec, StageUnavailable, manifest_fingerprint, parse_stages, run_stage
+from pipeline_lib.stages import StageSpec, UpstreamMissing, manifest_fingerprint, parse_stages, run_stage
 from pipeline_lib.storage import RunPaths, read_manifest
 
 
@@ -25,7 +25,7 @@ def tally_row(stage_doubles):
 
 def test_added_stage_runs_through_the_registry_which_writes_its_manifest(tally_row, tiny_cfg):
     paths = RunPaths(tiny_cfg.run.output_root, "r-tally", None)
-    with pytest.raises(StageUnavailable, match=r"needs \['data'\] first"):
+    with pytest.raises(UpstreamMissing, match=r"needs \['data'\] first"):
         run_stage(tiny_cfg, paths, "tally")
     data, _ = run_stage(tiny_cfg, paths, "data")
     manifest, skipped = run_stage(tiny_cfg, paths, "tally")

@@ -241,7 +241,7 @@ LOGITS_SCRIPT = textwrap.dedent("""
 
 
 def test_mindformers_logits_equal_transformers_forward_and_export_round_trips(tmp_path):
-    from pipeline_lib.config.mindformers_yaml import write_run_yaml
+    from pipeline_lib.train.mindformers_yaml import write_run_yaml
 
     runs, ids = [], np.random.default_rng(2).integers(1, 100, size=(2, 16)).astype(np.int32)
     np.save(tmp_path / "ids.npy", ids)

@@ -1,9 +1,11 @@
 """The run overview's content: every stage, one state vocabulary, rounded figures, links that open."""
 import urllib.request
 
+from pipeline_lib.key_figures import fmt
+from pipeline_lib.stages import key_figures
 from pipeline_lib.storage import RunPaths
 
-from tasks.overview import RunOverview, fmt
+from tasks.overview import RunOverview
 
 PRETRAIN = {"outputs": [{"path": "loss_curve.png"}],
             "metrics": {"steps": 60, "loss_first": 7.631234567, "final_loss": 3.7412345678}}
@@ -67,8 +69,6 @@ def test_numbers_are_rounded_for_reading():
 
 
 def test_pretrain_figures_name_what_strays_from_the_planner_only():
-    from tasks.overview import key_figures
-
     rows = [{"figure": "step time", "predicted": 46.0, "measured": 251.3, "unit": "ms", "alert": True},
             {"figure": "memory per device", "predicted": 2.01, "measured": 2.55, "unit": "GB", "alert": False}]
     figures = key_figures("pretrain", {**PRETRAIN["metrics"], "planner_check": {"rows": rows}})

@@ -83,7 +83,7 @@ def _texts() -> list[str]:
 
 
 def make_sft_base(root: Path) -> SFTBase:
-    from pipeline_lib.config.mindformers_yaml import write_run_yaml
+    from pipeline_lib.train.mindformers_yaml import write_run_yaml
     from pipeline_lib.config.schema import PipelineConfig
     from pipeline_lib.data.packing import join_with_eos, rows_from_tokens
     from pipeline_lib.data.tokenizer import train_tokenizer

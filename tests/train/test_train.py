@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from pipeline_lib.config import config_from_dict
-from pipeline_lib.config.mindformers_yaml import write_run_yaml
+from pipeline_lib.train.mindformers_yaml import write_run_yaml
 
 pytestmark = pytest.mark.slow
 

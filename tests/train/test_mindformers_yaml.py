@@ -13,7 +13,7 @@ import yaml
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.load import load_config
-from pipeline_lib.config.mindformers_yaml import (build_run_config, count_mindrecord_rows, lora_target_regex,
+from pipeline_lib.train.mindformers_yaml import (build_run_config, count_mindrecord_rows, lora_target_regex,
                                                   write_run_yaml)
 from pipeline_lib.config.platform import CPU_MODEL_OVERRIDES
 
