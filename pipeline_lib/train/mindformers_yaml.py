@@ -2,8 +2,8 @@
 
 What: `build_run_config(cfg, stage=..., dataset_dir=..., output_dir=...)` returns the dict that
 `mindformers.tools.MindFormerConfig` loads and `pipeline_lib.train.entry` (or mindformers'
-`run_mindformer.py`) runs; `write_run_yaml` writes it (with a header stating the command and the
-batch/step arithmetic) into the run folder. Stage "pretrain" is `run_mode: train` over packed
+`run_mindformer.py`) runs; `write_run_yaml(cfg, path, run, stage=...)` writes such a dict once (with a
+header stating the command and the batch/step arithmetic) into the run folder. Stage "pretrain" is `run_mode: train` over packed
 `input_ids`; stage "sft" is a LoRA finetune (`pet_config` under `model.model_config`,
 `run_mode: finetune`, `load_checkpoint` = the base checkpoint, columns `input_ids` + `labels`).
 
@@ -297,9 +297,9 @@ def _needs_pipeline_lib(run: dict) -> str:
             f"# above, or import those modules before building mindformers.Trainer in your own script.\n")
 
 
-def write_run_yaml(cfg: PipelineConfig, path: str | Path, *, stage: Stage, **kwargs) -> Path:
-    """Build the run config (kwargs as in build_run_config) and write it to `path`; returns the path."""
-    run = build_run_config(cfg, stage=stage, **kwargs)
+def write_run_yaml(cfg: PipelineConfig, path: str | Path, run: dict, *, stage: Stage) -> Path:
+    """Write the run config `run` (build_run_config's dict, patched by the caller) to `path` once, atomically:
+    the header comment, then the yaml mindformers loads. Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
