@@ -115,10 +115,10 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
                                      keep=("_data",))
     _check_disk(cfg, session, checkpoint_bytes)
     load = _materialize_base(cfg, base, base_info, out, run.endpoint, log)
-    t = cfg.training
+    t = cfg.training  # the mindformers yaml: one recipe for the fresh start, the preflight and every resume
     yaml = StageYaml(cfg, STAGE, Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard), data_dir, rows,
                      RUN_YAML, RESUME_YAML, load=load, token_ids=token_ids)
-    yaml.write(out / RUN_YAML, out)  # the fresh start from the base, published also when this run resumes
+    yaml.write(out / RUN_YAML, out)  # the fresh start's, published with the stage also when this run resumes
     # 4. preflight (a fresh start only; it writes no checkpoint)
     preflight = session.preflight(yaml, out, fresh=latest is None, memory_check=True)
     # 5. train (resumed attempts launch run_resume.yaml; a rollback also adds the epochs its skipped data needs)
