@@ -56,8 +56,9 @@ SPECS: dict[str, StageSpec] = {}
 
 
 def register(spec: StageSpec) -> StageSpec:
-    """Add a row to the table (after the existing ones: pipeline order is table order). Its upstream
-    stages must already be in the table, so the order is always one the pipeline can run."""
+    """Add a row to the table (after the existing ones: pipeline order is table order) and its
+    `<name>.before_manifest` kill point (record_stage reaches it). Its upstream stages must already be in
+    the table, so the order is always one the pipeline can run."""
     unknown = [u for u in spec.upstream + spec.optional if u not in SPECS]
     if unknown:
         raise ValueError(f"stage '{spec.name}': upstream {unknown} not in the stage table {list(SPECS)}; "
@@ -186,9 +187,14 @@ def parse_stages(text: str | None) -> list[str]:
 
 
 def _function(ref: str) -> Callable:
-    """The function a table entry names as "module:function"."""
+    """The function a table entry names as "module:function". Raises AttributeError naming the entry when the
+    module has no such function (a missing module raises ModuleNotFoundError as an import does)."""
     module, _, func = ref.partition(":")
-    return getattr(importlib.import_module(module), func)
+    fn = getattr(importlib.import_module(module), func, None)
+    if fn is None:
+        raise AttributeError(f"stage table entry {ref!r}: module {module} has no function {func!r}; "
+                             "Fix: name an existing function as 'module:function' in its StageSpec")
+    return fn
 
 
 def runner(stage: str) -> Callable[..., StageOutput]:
