@@ -26,8 +26,8 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from pipeline_lib.cli import dedup_index_main, doctor_main, plan_main, print_warnings, validate_main  # noqa: E402
-from pipeline_lib.config.inputs import validate_inputs  # noqa: E402
-from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
+from pipeline_lib.checks import refuse_bad_config  # noqa: E402
+from pipeline_lib.config import ConfigError, load_config  # noqa: E402
 from pipeline_lib.config.secrets import public_config  # noqa: E402
 from pipeline_lib.doctor.retry import parse_headline  # noqa: E402
 from pipeline_lib.stages import SPECS, parse_stages  # noqa: E402
@@ -230,9 +230,9 @@ def run_main(argv: list[str]) -> int:
     # boots while the config loads, the inputs are listed and the flows import (--submit talks to a real server)
     api = embedded_api() if args.submit else embedded_api().launch()
     try:
-        cfg = validate(load_config(args.config, args.overrides))
+        cfg = load_config(args.config, args.overrides)
         stages = parse_stages(args.stages)
-        print_warnings(validate_inputs(cfg, stages), file=sys.stderr)
+        print_warnings(refuse_bad_config(cfg, stages), file=sys.stderr)
     except (ConfigError, ValueError) as err:
         api.stop()
         print(err, file=sys.stderr)

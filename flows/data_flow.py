@@ -20,11 +20,10 @@ from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from pipeline_lib.config.secrets import public_config
-from pipeline_lib.runtime.contract import StageOutput
+from pipeline_lib.runtime.contract import StageOutput, StageRun
 from pipeline_lib.doctor.retry import attach_diagnosis
-from pipeline_lib.stages import record_stage, stage_done, written_folders
-from pipeline_lib.storage.disk_space import named_disk_full
-from pipeline_lib.storage import RunPaths, invalidate, read_manifest
+from pipeline_lib.stages import run_stage
+from pipeline_lib.storage import RunPaths
 
 from tasks import data_tasks as t
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
@@ -65,24 +64,23 @@ def _task_runner(cfg):
 
 
 def run_mapped_data(cfg, run_id: str) -> dict:
-    """Run (or skip) the data stage with shard mapping; returns the stage-task-shaped result."""
+    """Run (or skip) the data stage with shard mapping through the registry (stages.run_stage: skip rule,
+    invalidation, manifest); returns the stage-task-shaped result, a Cached state when skipped."""
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
     started = time.time()
-    done, why = stage_done(cfg, paths, "data")
-    uri = paths.stage_uri("data")
-    if done:
-        result = {"stage": "data", "run_id": run_id, "skipped": True, "seconds": 0.0, "stage_uri": uri,
-                  "manifest": read_manifest(uri, paths.endpoint_url).__dict__}
-        return Completed(message="data: manifest complete, not redone", name="Cached", data=result)
-    get_run_logger().info(f"data: running ({why})")
-    invalidate(uri, paths.endpoint_url)
-    try:
-        with named_disk_full(written_folders(uri, paths.endpoint_url)):  # as run_stage does for the local executor
+
+    def shard_tasks(run: StageRun) -> StageOutput:
+        try:
             raw = _shard_steps.with_options(task_runner=_task_runner(cfg))(config=public_config(cfg), run_id=run_id)
-    except Exception as exc:  # the doctor's category and first remedy in the message, as the stage task does
-        attach_diagnosis(exc, cfg, "data")
-        raise
-    manifest = record_stage(cfg, paths, "data", StageOutput(**raw))
+        except Exception as exc:  # the doctor's category and first remedy in the message, as the stage task does
+            attach_diagnosis(exc, cfg, "data")
+            raise
+        return StageOutput(**raw)
+
+    manifest, skipped = run_stage(cfg, paths, "data", log=get_run_logger().info, work=shard_tasks)
+    result = {"stage": "data", "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
+              "stage_uri": paths.stage_uri("data"), "manifest": manifest.__dict__}
+    if skipped:
+        return Completed(message="data: manifest complete, not redone", name="Cached", data={**result, "seconds": 0.0})
     publish_stage_artifacts(cfg, paths, "data", manifest)
-    return {"stage": "data", "run_id": run_id, "skipped": False, "seconds": round(time.time() - started, 2),
-            "stage_uri": uri, "manifest": manifest.__dict__}
+    return result

@@ -17,7 +17,7 @@ from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   new_files, next_base_checkpoint, night_lock, night_tokenizer, nightly_overrides, no_new_documents)
-from pipeline_lib.stages import SPECS, available
+from pipeline_lib.stages import SPECS
 
 from flows.common import resolve_config
 from flows.notify import notify_failure, notify_no_new_data
@@ -52,7 +52,7 @@ def _night(cfg, run_id: str, dispatch: bool):
     night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(state, files)))
     get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
                           f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
-    stages = [s for s, spec in SPECS.items() if spec.nightly and available(s)]
+    stages = [s for s, spec in SPECS.items() if spec.nightly]
     run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
     if not run.is_completed():

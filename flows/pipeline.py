@@ -20,7 +20,7 @@ from prefect import flow, get_run_logger
 from pipeline_lib.config.schema import (DataConfig, EvaluateConfig, ExportConfig, ModelConfig, OrchestrationConfig,
                                         ParallelConfig, RunConfig, SFTConfig, TokenizerConfig, TrainingConfig)
 from pipeline_lib.config.secrets import public_config
-from pipeline_lib.stages import SPECS, StageUnavailable, available, parse_stages, stage_done
+from pipeline_lib.stages import SPECS, parse_stages, stage_done
 from pipeline_lib.storage import RunPaths, read_manifest
 
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections
@@ -107,11 +107,6 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     overview = RunOverview(paths, list(wanted), earlier=earlier)
     for stage in wanted:
         entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
-        if not available(stage):
-            entry.update(state="missing", note="not implemented in this build")
-            logger.warning(f"{stage}: not implemented in this build, not run")
-            overview.not_run(stage, entry["note"])
-            continue
         missing = _upstream_missing(stage, summary["stages"], paths)
         if missing:
             entry.update(state="missing", note=f"needs {missing} first")
@@ -141,10 +136,7 @@ def stage_states(cfg, run_id: str) -> dict:
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
     out = {}
     for stage in SPECS:
-        try:
-            done, why = stage_done(cfg, paths, stage)
-        except StageUnavailable as err:
-            done, why = False, str(err)
+        done, why = stage_done(cfg, paths, stage)
         out[stage] = {"state": "complete" if done else "not complete", "note": why,
                       "stage_uri": paths.stage_uri(stage)}
     return out

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import ConfigError, check, load_config
-from .config.inputs import check_inputs
+from .checks import problems
+from .config import ConfigError, load_config
 from .config.validate import warnings
 from .config.platform import device_target
 from .config.schema import PipelineConfig
@@ -161,11 +161,7 @@ def validate_main(argv: list[str]) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    issues = check(cfg, for_run=not args.plan_only)
-    warnings = []
-    if not args.plan_only:  # a plan is checked for another machine: its files are not here
-        errors, warnings = check_inputs(cfg)
-        issues += errors
+    issues, warnings = problems(cfg, for_run=not args.plan_only)
     if issues:
         print(f"{args.config}: {len(issues)} problem(s):", file=sys.stderr)
         for issue in issues:

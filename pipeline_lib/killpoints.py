@@ -23,12 +23,11 @@ KILL_AT = "LLM_PIPELINE_KILL_AT"
 KILL_ROOT = "LLM_PIPELINE_KILL_ROOT"
 KILL_REPORT = "LLM_PIPELINE_KILL_REPORT"
 
-# Every point the code exposes and where it sits. Points in code shared by pretrain and sft (checkpoints,
+# Every point the code exposes and where it sits; each row of the stage table adds its
+# `<stage>.before_manifest` (stages.register). Points in code shared by pretrain and sft (checkpoints,
 # resume) fire in whichever training stage reaches them first: the suite picks the stage by which
 # upstream stages it lets finish before the kill.
 POINTS: dict[str, str] = {
-    **{f"{stage}.before_manifest": f"{stage}: every output written, manifest.json not yet (stages.record_stage)"
-       for stage in ("data", "pretrain", "sft", "evaluate", "export")},
     "data.prep.between_shards": "data: a prep shard finished and marked, others not (prep step)",
     "data.after_tokenizer": "data: tokenizer trained and saved, nothing tokenized yet",
     "data.mindrecord.mid_file": "data: a MindRecord file half written (rows written, not committed)",

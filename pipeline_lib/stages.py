@@ -12,7 +12,7 @@ import hashlib
 import importlib
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from pydantic import BaseModel
 
@@ -26,17 +26,17 @@ from .storage import Manifest, RunPaths, invalidate, manifest_matches, read_mani
 from .storage.disk_space import named_disk_full
 
 
-class StageUnavailable(RuntimeError):
-    """The stage's engine is not part of this build (yet)."""
-
-
+class UpstreamMissing(RuntimeError):
+    """A stage was asked to run before the upstream stages it reads are complete."""
 
 
 @dataclass(frozen=True)
 class StageSpec:
-    """One row of the stage table. Everything that lists stages (the CLI's --stages, the Prefect
-    stage flows and their deployments, the pools, dispatch, the nightly, the docs) reads SPECS; the
-    config fields of a stage's identity are marked on the schema (config/schema.py `identity`)."""
+    """One row of the stage table: every fact that differs per stage. Everything that lists stages (the
+    CLI's --stages and its pre-run checks, the Prefect stage flows and their deployments, the pools,
+    dispatch, the nightly, the run overview, the UI artifacts, the kill points, the docs) reads SPECS;
+    the config fields of a stage's identity are marked on the schema (config/schema.py `identity`).
+    Functions are named "module:function" and imported when used, so reading the table stays cheap."""
 
     name: str
     runner: str  # "module:function" of the stage, run_<name>_stage(run: StageRun) -> StageOutput
@@ -46,31 +46,47 @@ class StageSpec:
     multi_node: bool = False  # a training job: spans parallel.num_nodes when dispatched (one child per
                               # node rank) and holds its node's one-training-at-a-time slot
     nightly: bool = False     # part of the nightly continued-pretraining round
+    checks: tuple[str, ...] = ()  # input checks run once before any flow: check(c: checks.inputs.InputChecks)
+    figures: str | None = None    # the overview's key figures: figures(metrics: dict) -> list[str]
+    key_files: tuple[str, ...] = ()  # outputs the overview links to (relative to the stage folder)
+    tables: str | None = None     # UI tables read from the stage folder: tables(stage_uri, store) -> dict
 
 
 SPECS: dict[str, StageSpec] = {}
 
 
 def register(spec: StageSpec) -> StageSpec:
-    """Add a row to the table (after the existing ones: pipeline order is table order). Its upstream
-    stages must already be in the table, so the order is always one the pipeline can run."""
+    """Add a row to the table (after the existing ones: pipeline order is table order) and its
+    `<name>.before_manifest` kill point (record_stage reaches it). Its upstream stages must already be in
+    the table, so the order is always one the pipeline can run."""
     unknown = [u for u in spec.upstream + spec.optional if u not in SPECS]
     if unknown:
         raise ValueError(f"stage '{spec.name}': upstream {unknown} not in the stage table {list(SPECS)}; "
                          "Fix: register those stages first")
     SPECS[spec.name] = spec
+    killpoints.POINTS[f"{spec.name}.before_manifest"] = (f"{spec.name}: every output written, manifest.json "
+                                                         "not yet (stages.record_stage)")
     return spec
 
 
+_INPUTS, _FIGURES = "pipeline_lib.checks.inputs", "pipeline_lib.key_figures"
 for _spec in (
-    StageSpec("data", "pipeline_lib.data.stage:run_data_stage", "cpu", nightly=True),
+    StageSpec("data", "pipeline_lib.data.stage:run_data_stage", "cpu", nightly=True,
+              checks=(f"{_INPUTS}:data_inputs", f"{_INPUTS}:tokenizer"), figures=f"{_FIGURES}:data_figures",
+              tables="pipeline_lib.data.stats:stats_tables"),
     StageSpec("pretrain", "pipeline_lib.train.stage:run_pretrain_stage", "ascend", ("data",),
-              multi_node=True, nightly=True),
-    StageSpec("sft", "pipeline_lib.train.sft_stage:run_sft_stage", "ascend", ("data", "pretrain"), multi_node=True),
+              multi_node=True, nightly=True, checks=(f"{_INPUTS}:base_weights",),
+              figures=f"{_FIGURES}:training_figures", key_files=("loss_curve.png",)),
+    StageSpec("sft", "pipeline_lib.train.sft_stage:run_sft_stage", "ascend", ("data", "pretrain"), multi_node=True,
+              checks=(f"{_INPUTS}:sft_inputs", f"{_INPUTS}:tokenizer"), figures=f"{_FIGURES}:training_figures",
+              key_files=("loss.png",)),
     StageSpec("evaluate", "pipeline_lib.evaluate.stage:run_evaluate_stage", "ascend", ("data",),
-              optional=("pretrain", "sft"), nightly=True),
+              optional=("pretrain", "sft"), nightly=True,
+              checks=(f"{_INPUTS}:prompt_files", f"{_INPUTS}:tokenizer", f"{_INPUTS}:compare_checkpoints"),
+              figures=f"{_FIGURES}:evaluate_figures", key_files=("report.html", "report.md")),
     StageSpec("export", "pipeline_lib.export.stage:run_export_stage", "ascend", ("data", "sft"),
-              optional=("pretrain",)),
+              optional=("pretrain",), checks=(f"{_INPUTS}:tokenizer",), figures=f"{_FIGURES}:export_figures",
+              key_files=("serving/serving.json",)),
 ):
     register(_spec)
 
@@ -170,26 +186,38 @@ def parse_stages(text: str | None) -> list[str]:
     return [s for s in SPECS if s in wanted]
 
 
-def runner(stage: str) -> Callable[..., StageOutput]:
-    module, _, func = SPECS[stage].runner.partition(":")
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name and (err.name == module or module.startswith(err.name + ".")):
-            raise StageUnavailable(f"stage '{stage}' is not implemented in this build ({module} missing)") from None
-        raise
-    fn = getattr(mod, func, None)
+def _function(ref: str) -> Callable:
+    """The function a table entry names as "module:function". Raises AttributeError naming the entry when the
+    module has no such function (a missing module raises ModuleNotFoundError as an import does)."""
+    module, _, func = ref.partition(":")
+    fn = getattr(importlib.import_module(module), func, None)
     if fn is None:
-        raise StageUnavailable(f"stage '{stage}' is not implemented in this build ({SPECS[stage].runner} missing)")
+        raise AttributeError(f"stage table entry {ref!r}: module {module} has no function {func!r}; "
+                             "Fix: name an existing function as 'module:function' in its StageSpec")
     return fn
 
 
-def available(stage: str) -> bool:
-    try:
-        runner(stage)
-        return True
-    except StageUnavailable:
-        return False
+def runner(stage: str) -> Callable[..., StageOutput]:
+    return _function(SPECS[stage].runner)
+
+
+def stage_checks(stages: Iterable[str] | None = None) -> list[Callable]:
+    """The input checks of `stages` (None: every stage), each once, in table order."""
+    wanted = SPECS if stages is None else set(stages)
+    refs = [ref for name, spec in SPECS.items() if name in wanted for ref in spec.checks]
+    return [_function(ref) for ref in dict.fromkeys(refs)]
+
+
+def key_figures(stage: str, metrics: dict | None) -> list[str]:
+    """The few numbers that say how a stage went (its row's `figures`), from its manifest's metrics."""
+    spec = SPECS.get(stage)
+    return _function(spec.figures)(metrics or {}) if spec and spec.figures else []
+
+
+def stage_tables(stage: str, stage_uri: str, store) -> dict:
+    """The UI tables a stage's row reads from its folder (`tables`), besides its manifest's own."""
+    spec = SPECS.get(stage)
+    return _function(spec.tables)(stage_uri, store) if spec and spec.tables else {}
 
 
 def upstream_manifests(paths: RunPaths, stage: str) -> dict[str, Manifest]:
@@ -200,19 +228,21 @@ def upstream_manifests(paths: RunPaths, stage: str) -> dict[str, Manifest]:
 
 
 def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, progress=None,
-              force: bool = False, **options) -> tuple[Manifest, bool]:
+              force: bool = False, work: Callable[[StageRun], StageOutput] | None = None,
+              **options) -> tuple[Manifest, bool]:
     """Run one stage unless its manifest already matches. Returns (manifest, skipped).
-    options go to the stage function as keyword arguments (e.g. data's workers=1)."""
+    options go to the stage function as keyword arguments (e.g. data's workers=1); `work` replaces the
+    row's runner with another way of doing the same steps (the data flow's shard tasks)."""
     done, why = stage_done(cfg, paths, stage)
     if done and not force:
         log(f"{stage}: cached, manifest complete, not redone ({paths.stage_uri(stage)})")
         return read_manifest(paths.stage_uri(stage), paths.endpoint_url), True
     missing = [u for u, fp in stage_inputs(paths, stage).items() if fp is None]
     if missing:
-        raise StageUnavailable(f"stage '{stage}' needs {missing} first: run with --stages "
+        raise UpstreamMissing(f"stage '{stage}' needs {missing} first: run with --stages "
                                f"{','.join([*missing, stage])} or the whole pipeline")
     log(f"{stage}: running ({why})")
-    fn = runner(stage)
+    fn = work or runner(stage)
     nodes = cfg.parallel.num_nodes if SPECS[stage].multi_node else 1
     rank = node_rank(cfg) if nodes > 1 else 0
     uri = paths.stage_uri(stage)

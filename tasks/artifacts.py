@@ -4,7 +4,8 @@ Stages put what they want shown into their manifest's `metrics`:
   metrics["tables"] = {"key": {"description": str, "rows": [dict, ...]}}
   metrics["images"] = {"key": "relative/path.png"}   (files in the stage folder)
   metrics["markdown"] = {"key": "markdown text"}
-so this module stays generic and the engine stays free of Prefect.
+and a stage's row in the stage table may name tables read from its folder (`StageSpec.tables`), so this
+module stays generic and the engine stays free of Prefect.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from prefect.artifacts import (create_link_artifact, create_markdown_artifact, create_progress_artifact,
                                create_table_artifact, update_progress_artifact)
 
+from pipeline_lib.stages import stage_tables
 from pipeline_lib.storage import join
 
 
@@ -71,27 +73,11 @@ def _image_markdown(stage_uri: str, rel: str, store) -> str:
     return f"![{rel}](data:image/png;base64,{base64.b64encode(data).decode()})\n\n`{uri}`"
 
 
-def _data_stats_table(stage_uri: str, store) -> dict | None:
-    """The data stage's accounting (per input file and total) from its stats.json."""
-    import json
-
-    from pipeline_lib.data.stats import table_rows
-
-    uri = join(stage_uri, "stats.json")
-    if not store.exists(uri):
-        return None
-    rows = table_rows(json.loads(store.get_bytes(uri)))
-    return {"description": "data: read = rejected + filtered + duplicates + kept, per input file", "rows": rows}
-
-
 def publish_stage_artifacts(cfg, paths, stage: str, manifest) -> None:
     metrics = dict(manifest.metrics or {})
     stage_uri = paths.stage_uri(stage)
     store = paths.store()
-    if stage == "data" and "stats" not in (metrics.get("tables") or {}):
-        table = _data_stats_table(stage_uri, store)
-        if table:
-            metrics["tables"] = {**(metrics.get("tables") or {}), "stats": table}
+    metrics["tables"] = {**stage_tables(stage, stage_uri, store), **(metrics.get("tables") or {})}
     for name, table in (metrics.get("tables") or {}).items():
         create_table_artifact([readable_row(r) for r in table["rows"]], key=_key(stage, name),
                               description=table.get("description", name))

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks.overview import fmt
+from pipeline_lib.key_figures import fmt
 
 LIVE_EVERY_S = 30.0
 TABLE_STEPS = 10

@@ -1,8 +1,8 @@
 """The run overview: one markdown artifact on the parent flow run (`llm-pipeline/<run_id>`).
 
-Every requested stage with its state, duration, key figures (tokens, final loss, perplexity per
-checkpoint) and where its outputs are; rewritten in place as each stage ends, and on failure with
-the failed stage and its error. The words for states are the ones the CLI summary and the task
+Every requested stage with its state, duration, key figures (its stage table row's `figures`: tokens,
+final loss, perplexity per checkpoint ...) and where its outputs are (links to its row's `key_files`);
+rewritten in place as each stage ends, and on failure with the failed stage and its error. The words for states are the ones the CLI summary and the task
 state names use: Completed, Cached (finished earlier, not redone), Failed, Not run, Running, Pending.
 
 Links must open from a browser: for S3 run stores they are presigned HTTPS URLs (Store.share_url);
@@ -13,57 +13,12 @@ from __future__ import annotations
 import re
 import time
 
+from pipeline_lib.key_figures import fmt
+from pipeline_lib.stages import SPECS, key_figures
+
 STATE_WORDS = {"completed": "Completed", "cached": "Cached", "failed": "Failed", "missing": "Not run",
                "running": "Running", "pending": "Pending"}
 ERROR_CHARS = 2000
-# files worth a direct link per stage (relative to the stage folder), besides manifest.json
-KEY_FILES = {"evaluate": ("report.html", "report.md"), "pretrain": ("loss_curve.png",), "sft": ("loss.png",),
-             "export": ("serving/serving.json",)}
-
-
-def fmt(value, digits: int = 4) -> str:
-    """Numbers a person reads: floats to `digits` significant digits, ints with thousands separators."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def key_figures(stage: str, metrics: dict) -> list[str]:
-    """The few numbers that say how a stage went, from its manifest's metrics."""
-    m = metrics or {}
-    out = []
-    if stage == "data":
-        for k, label in (("tokens", "tokens"), ("kept", "documents kept"), ("rows_train", "train rows")):
-            if m.get(k) is not None:
-                out.append(f"{label} {fmt(m[k])}")
-    elif stage in ("pretrain", "sft"):
-        if m.get("steps") is not None:
-            out.append(f"steps {fmt(m['steps'])}")
-        final = m.get("final_loss", m.get("loss_last"))
-        if final is not None:
-            first = m.get("loss_first")
-            out.append(f"loss {fmt(first)} → {fmt(final)}" if first is not None else f"final loss {fmt(final)}")
-        for row in (m.get("planner_check") or {}).get("rows") or []:  # only what strays from the planner
-            if row.get("alert"):
-                out.append(f"{row['figure']} {fmt(row['measured'])} {row['unit']} vs planner "
-                           f"{fmt(row['predicted'])} {row['unit']} (off)")
-    elif stage == "evaluate":
-        for row in m.get("checkpoints") or []:
-            out.append(f"perplexity {row.get('checkpoint')} {fmt(row.get('perplexity'))}")
-    elif stage == "export":
-        rows = ((m.get("tables") or {}).get("checks") or {}).get("rows") or []
-        if rows:
-            out.append(f"logits checks ok {sum(bool(r.get('ok')) for r in rows)}/{len(rows)}")
-            diffs = [r["max_abs_diff"] for r in rows if isinstance(r.get("max_abs_diff"), (int, float))]
-            if diffs:
-                out.append(f"max logits diff {fmt(max(diffs), 3)}")
-    return out
 
 
 def _md(text: str) -> str:
@@ -118,7 +73,7 @@ class RunOverview:
             return parts[0]
         store = self.paths.store()
         links = []
-        for rel in ("manifest.json", *KEY_FILES.get(stage, ())):
+        for rel in ("manifest.json", *(SPECS[stage].key_files if stage in SPECS else ())):
             if rel != "manifest.json" and rel not in row.get("outputs", []):
                 continue
             try:

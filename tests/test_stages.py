@@ -2,9 +2,13 @@
 input files reached through another folder keep the stage's identity."""
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
+import pytest
+
+from pipeline_lib import stages
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.stages import stage_hash
 
@@ -46,3 +50,10 @@ def test_data_loader_knobs_that_do_not_change_weights_keep_the_pretrain_identity
     assert _changes("pretrain", training={"shuffle": False})
     for knob in ({"dataset_workers": 4}, {"prefetch_size": 2}, {"profile": True}):
         assert not _changes("pretrain", training=knob), knob
+
+
+def test_a_row_naming_a_function_that_does_not_exist_fails_naming_the_entry(monkeypatch):
+    bad = dataclasses.replace(stages.SPECS["data"], figures="pipeline_lib.key_figures:no_such_figures")
+    monkeypatch.setitem(stages.SPECS, "data", bad)
+    with pytest.raises(AttributeError, match=r"'pipeline_lib.key_figures:no_such_figures'.*Fix: name an existing"):
+        stages.key_figures("data", {"tokens": 1})

@@ -4,13 +4,17 @@ Per file and in total: read, rejected (malformed lines, by reason), filtered (by
 exact_duplicates, near_duplicates, kept (train + heldout), tokens (documents' tokens + their EOS),
 rows (packed rows, each counted for the file holding its first token), and `balanced`:
 read == rejected + filtered + exact_duplicates + near_duplicates + kept.
-`table_rows(stats)` flattens it for a table artifact (one row per file, then the total).
+`table_rows(stats)` flattens it for a table artifact (one row per file, then the total); `stats_tables`
+reads it from a finished stage's folder for the UI (the stage table's `tables` of the data row).
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
+
+from ..storage import join
 
 FIELDS = ("read", "rejected", "filtered", "exact_duplicates", "near_duplicates", "kept", "kept_train",
           "kept_heldout", "tokens_train", "tokens_heldout", "rows_train", "rows_heldout")
@@ -72,3 +76,12 @@ def table_rows(stats: dict) -> list[dict]:
                 "tokens": e["tokens"], "rows": e["rows"], "balanced": e["balanced"]}
 
     return [row(name, e) for name, e in stats["files"].items()] + [row("TOTAL", stats["total"])]
+
+
+def stats_tables(stage_uri: str, store) -> dict:
+    """The data stage's accounting (per input file and total) from its stats.json, as a UI table."""
+    uri = join(stage_uri, "stats.json")
+    if not store.exists(uri):
+        return {}
+    return {"stats": {"description": "data: read = rejected + filtered + duplicates + kept, per input file",
+                      "rows": table_rows(json.loads(store.get_bytes(uri)))}}

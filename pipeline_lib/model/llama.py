@@ -10,8 +10,8 @@ Only worker processes (evaluate, export) call into it (MindSpore is imported ins
 the orchestrating process never holds MindSpore state. Run from a scratch cwd: mindformers writes
 ./output otherwise.
 
-The LlamaConfig keys are config.mindformers_yaml.llama_model_config, the same definition the
-training yaml's model_config uses. Raises CheckpointMismatch naming the missing/misshaped parameters and the likely fix.
+The LlamaConfig keys are `llama_model_config`, the same definition the training yaml's model_config
+uses (train/mindformers_yaml.py). Raises CheckpointMismatch naming the missing/misshaped parameters and the likely fix.
 """
 from __future__ import annotations
 
@@ -20,8 +20,31 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.mindformers_yaml import llama_model_config
+from ..config.platform import CPU_MODEL_OVERRIDES
 from ..config.schema import PipelineConfig
+
+
+def llama_model_config(cfg: PipelineConfig, *, batch_size: int, seq_length: int, on_cpu: bool, token_ids) -> dict:
+    """The LlamaConfig keys of the pipeline's model: the yaml's `model.model_config` (without its `type`)
+    and the keyword arguments of the LlamaConfig the evaluate/export workers build (pipeline_lib.model.llama),
+    so training and inference build the same network. No KV cache (use_past), no checkpoint loading by
+    the model itself; on CPU the measured overrides (platform.CPU_MODEL_OVERRIDES) apply."""
+    m = cfg.model
+    mc = {
+        "batch_size": batch_size, "seq_length": seq_length,
+        "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_heads": m.num_heads,
+        "n_kv_heads": m.n_kv_heads, "intermediate_size": m.intermediate_size, "vocab_size": m.vocab_size,
+        "rms_norm_eps": m.rms_norm_eps, **token_ids.model_config(), "ignore_token_id": -100,
+        "tie_word_embeddings": m.tie_word_embeddings,
+        "compute_dtype": m.compute_dtype, "param_init_type": m.param_init_type,
+        "layernorm_compute_type": m.layernorm_compute_type, "softmax_compute_type": m.softmax_compute_type,
+        "rotary_dtype": m.rotary_dtype, "use_flash_attention": m.use_flash_attention, "use_past": False,
+        "checkpoint_name_or_path": "", "offset": 0,
+    }
+    if on_cpu:
+        mc.update(CPU_MODEL_OVERRIDES)
+    return mc
+
 
 
 class CheckpointMismatch(ValueError):

@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..config.mindformers_yaml import lora_target_regex
+from .mindformers_yaml import lora_target_regex
 from ..config.validate import lora_model_name
 from ..model.lora_merge import LORA_MARK
 from ..model.shapes import PROJECTIONS as MODULE_PATHS

@@ -1,6 +1,6 @@
 """Training entry point that runs inside the trainer process (one per rank under msrun).
 
-What: reads a yaml written by `pipeline_lib.config.mindformers_yaml`, points mindformers' and
+What: reads a yaml written by `pipeline_lib.train.mindformers_yaml`, points mindformers' and
 MindSpore's logs/dumps into the run's output_dir (before importing them), imports the CPU wrapper
 shim and the pipeline's callbacks (StopAtStep, PipelineMetrics, LossGuard), then does what mindformers' run_mindformer.py does:
 `MindFormerConfig(yaml)` -> `build_context(cfg)` -> `Trainer(cfg).train()`.

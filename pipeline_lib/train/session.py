@@ -9,15 +9,16 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   else an emptied `out`; with training.upload_checkpoints on an s3:// store, a rerun on another machine downloads
   the uploaded latest checkpoint of the same run first: every rank of this node gets its own file back into
   checkpoint/rank_N/ (a tensor/pipeline shard each), from this node's own pointer (checkpoints.remote_latest_name).
-- `session.preflight(write_yaml, folder, fresh=...)`: on a fresh start, training.preflight_steps steps in
-  `<folder>/preflight`; a crash or a NaN is a verdict; `<folder>/preflight.json`; a bad verdict raises the
+- `session.preflight(yaml, folder, fresh=...)`: on a fresh start, training.preflight_steps steps in
+  `<folder>/preflight` (the stage's `StageYaml` without checkpoints); a crash or a NaN is a verdict; `<folder>/preflight.json`; a bad verdict raises the
   stage's preflight error.
-- `session.train(latest, yaml_for, origin=...)`: the attempt loop. Resumes from `latest`, syncs checkpoints
+- `session.train(latest, yaml, origin=...)`: the attempt loop; each attempt launches the stage's `StageYaml`
+  (`name` for the fresh start, `resume_name` for a resume) written for it. Resumes from `latest`, syncs checkpoints
   on each tick (runner.CheckpointTicker: CPU budget, tolerates a checkpoint rotated away mid-check) and after
   each attempt; the loss guard's diagnosis (runner.describe_guard with the stage's name) stops the stage, or
   with a rollback policy resumes past the bad data window.
-- `write_training_yaml(cfg, path, ...)`: the mindformers yaml of either stage plus the metrics and guard
-  callbacks, resume fields, extra epochs and checkpoint interval.
+- `StageYaml`: the mindformers yaml of either stage, a dict built once per attempt with the metrics and guard
+  callbacks, resume fields, extra epochs and checkpoint interval, then written once (header + yaml).
 Errors a user must fix are raised as the stage's own error class (`error`), naming the field and the fix.
 """
 from __future__ import annotations
@@ -30,11 +31,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
-import yaml
-
-from ..config.mindformers_yaml import write_run_yaml
+from .mindformers_yaml import build_run_config, write_run_yaml
 from ..config.platform import device_target
 from ..config.schema import GuardConfig
 from .. import killpoints
@@ -100,45 +99,62 @@ class Batch:
     guard: GuardConfig
 
 
-def write_training_yaml(cfg, path: Path, *, stage: str, batch: Batch, out: Path, data_dir: Path, rows: int,
-                        load: Path | None = None, resume_from: Path | None = None, steps: int | None = None,
-                        extra_epochs: int = 0, save_steps: int | None = None, token_ids=None) -> Path:
-    """The mindformers yaml of `stage` (config.mindformers_yaml) with the PipelineMetrics / LossGuard callbacks.
+NO_CHECKPOINTS = 10 ** 9
+"""save_steps of a preflight: beyond its steps, so it writes no checkpoint."""
 
-    `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`: the yaml gets `load_checkpoint: <dir>` and
-    `resume_training: <name>` (runner.resume_fields: mindformers 1.9 resumes only from a folder). `extra_epochs`
-    lets a rollback (which skips data) reach the same optimizer-step budget; `save_steps` overrides the interval.
-    """
-    dp = cfg.parallel.data_parallel
-    on_cpu = device_target(cfg) == "CPU"
-    # tokens per optimizer step across all ranks (rows hold seq_length + 1 tokens, seq_length are predicted)
-    tokens = batch.micro_batch_size * batch.accumulation * dp * cfg.model.seq_length
-    callbacks = training_callbacks(out, tokens_per_step=tokens, data_parallel=dp, num_rows=rows,
-                                   batch_size=batch.micro_batch_size * (batch.accumulation if on_cpu else 1),
-                                   spike_factor=batch.guard.spike_factor, window=batch.guard.window,
-                                   shuffle_seed=cfg.run.seed if cfg.training.shuffle else None)
-    resume = resume_fields(resume_from) if resume_from is not None else {}
-    load = resume.get("load_checkpoint", load)
-    write_run_yaml(cfg, path, stage=stage, dataset_dir=str(data_dir), output_dir=str(out),
-                   load_checkpoint=str(load) if load else None, resume=bool(resume), train_rows=rows,
-                   steps=steps, extra_callbacks=callbacks, token_ids=token_ids)
-    text = path.read_text(encoding="utf-8")
-    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
-    run = yaml.safe_load(text)
-    # the loss rank and normalisation come from the values mindformers reads in this yaml (metrics.LossRule)
-    rule = LossRule.from_run_yaml(run).to_json()
-    if resume or extra_epochs or save_steps or rule != LossRule().to_json():
+
+@dataclass(frozen=True)
+class StageYaml:
+    """The recipe of a stage's mindformers yaml: the fresh start, the preflight and every resumed attempt
+    are this run config (train.mindformers_yaml) with the PipelineMetrics / LossGuard callbacks and a few
+    fields changed, built as a dict and written once. `name` is the fresh start's file name, `resume_name`
+    a resumed attempt's; `load` the weights a fresh start loads (None: random init)."""
+
+    cfg: Any
+    stage: str
+    batch: Batch
+    data_dir: Path
+    rows: int
+    name: str
+    resume_name: str
+    load: Path | None = None
+    token_ids: Any = None
+
+    def run_config(self, out: Path, *, resume_from: Path | None = None, steps: int | None = None,
+                   extra_epochs: int = 0, save_steps: int | None = None) -> dict:
+        """The run config of an attempt in `out`. `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`:
+        the yaml gets `load_checkpoint: <dir>` and `resume_training: <name>` (runner.resume_fields: mindformers 1.9
+        resumes only from a folder). `extra_epochs` lets a rollback (which skips data) reach the same
+        optimizer-step budget; `save_steps` overrides the checkpoint interval."""
+        cfg, batch = self.cfg, self.batch
+        dp = cfg.parallel.data_parallel
+        on_cpu = device_target(cfg) == "CPU"
+        # tokens per optimizer step across all ranks (rows hold seq_length + 1 tokens, seq_length are predicted)
+        tokens = batch.micro_batch_size * batch.accumulation * dp * cfg.model.seq_length
+        callbacks = training_callbacks(out, tokens_per_step=tokens, data_parallel=dp, num_rows=self.rows,
+                                       batch_size=batch.micro_batch_size * (batch.accumulation if on_cpu else 1),
+                                       spike_factor=batch.guard.spike_factor, window=batch.guard.window,
+                                       shuffle_seed=cfg.run.seed if cfg.training.shuffle else None)
+        resume = resume_fields(resume_from) if resume_from is not None else {}
+        load = resume.get("load_checkpoint", self.load)
+        run = build_run_config(cfg, stage=self.stage, dataset_dir=str(self.data_dir), output_dir=str(out),
+                               load_checkpoint=str(load) if load else None, resume=bool(resume), train_rows=self.rows,
+                               steps=steps, extra_callbacks=callbacks, token_ids=self.token_ids)
+        # the loss rank and normalisation come from the values mindformers reads in this config (metrics.LossRule)
+        rule = LossRule.from_run_yaml(run).to_json()
         for cb in run["callbacks"]:
             if cb["type"] in ("PipelineMetrics", "LossGuard"):
                 cb["loss_rule"] = rule
+            if cb["type"] == "CheckpointMonitor" and save_steps:
+                cb["save_checkpoint_steps"] = save_steps
         if resume:
             run["resume_training"] = resume["resume_training"]
         run["runner_config"]["epochs"] += extra_epochs
-        for cb in run["callbacks"]:
-            if cb["type"] == "CheckpointMonitor" and save_steps:
-                cb["save_checkpoint_steps"] = save_steps
-        path.write_text(header + yaml.safe_dump(run, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    return path
+        return run
+
+    def write(self, path: Path, out: Path, **changes) -> Path:
+        """Write the run config of an attempt in `out` (changes as in run_config) to `path`; returns the path."""
+        return write_run_yaml(self.cfg, path, self.run_config(out, **changes), stage=self.stage)
 
 
 @dataclass
@@ -226,10 +242,9 @@ class TrainingSession:
 
     # ------------------------------------------------------------ preflight
 
-    def preflight(self, write_yaml: Callable[[Path, int], Path], folder: Path, *, fresh: bool,
-                  memory_check: bool) -> dict | None:
+    def preflight(self, yaml: StageYaml, folder: Path, *, fresh: bool, memory_check: bool) -> dict | None:
         """On a fresh start with training.preflight_steps > 0, that many steps in `<folder>/preflight`
-        (`write_yaml(pre_dir, steps)` writes its yaml) -> `<folder>/preflight.json`; `memory_check` also holds the
+        (the stage's yaml there, writing no checkpoint) -> `<folder>/preflight.json`; `memory_check` also holds the
         peak RSS against parallel.device_memory_gb and the planner's prediction. A resumed run returns the report
         its first attempt wrote (or None)."""
         cfg, steps, pre = self.cfg, self.cfg.training.preflight_steps, folder / "preflight"
@@ -237,7 +252,7 @@ class TrainingSession:
             earlier = folder / PREFLIGHT_FILE
             return json.loads(earlier.read_text(encoding="utf-8")) if earlier.exists() else None
         shutil.rmtree(pre, ignore_errors=True)
-        yaml_path = write_yaml(pre, steps)
+        yaml_path = yaml.write(pre / yaml.name, pre, steps=steps, save_steps=NO_CHECKPOINTS)
         self.log(f"{self.stage}: preflight of {steps} steps in {pre}")
         crash = None
         try:
@@ -284,10 +299,11 @@ class TrainingSession:
 
     # ------------------------------------------------------------ the attempt loop
 
-    def train(self, latest: dict | None, yaml_for: Callable[[Path | None, int], Path], *, origin: str,
+    def train(self, latest: dict | None, yaml: StageYaml, *, origin: str,
               rollback: GuardConfig | None = None, steps_per_epoch: int = 1) -> Trained:
-        """Train until optimizer step `steps`, resuming from `latest`. `yaml_for(resume_from, extra_epochs)` gives
-        each attempt's yaml (resume_from None: the fresh start from `origin`). `rollback` (a guard with
+        """Train until optimizer step `steps`, resuming from `latest`. Each attempt launches `yaml` written for it in
+        `out`: `yaml.name` for the fresh start from `origin`, `yaml.resume_name` for a resume (with the epochs the
+        data skipped by rollbacks needs). `rollback` (a guard with
         on_failure=rollback) resumes past a bad data window at most max_rollbacks times; else the guard stops."""
         steps, out, manager = self.steps, self.out, self.manager
         done = Trained(latest, latest["step"] if latest else None)
@@ -299,11 +315,12 @@ class TrainingSession:
         while latest is None or (latest.get("global_step") or 0) < steps:
             done.attempts += 1
             if latest is None:
-                yaml_path = yaml_for(None, 0)
+                yaml_path = yaml.write(out / yaml.name, out)
                 self.log(f"{self.stage}: training {steps} steps from {origin}")
             else:
                 start = Path(latest.get("rollback_path") or latest["path"])
-                yaml_path = yaml_for(start, math.ceil(skipped / steps_per_epoch) if skipped else 0)
+                yaml_path = yaml.write(out / yaml.resume_name, out, resume_from=start,
+                                       extra_epochs=math.ceil(skipped / steps_per_epoch) if skipped else 0)
                 self.log(f"{self.stage}: training {steps} steps from {start.name} (resume), resuming at data step "
                          f"{latest.get('data_step', latest['step'])} (optimizer step {latest.get('global_step')}) "
                          f"of {steps}")

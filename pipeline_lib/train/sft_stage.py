@@ -11,7 +11,7 @@
    and `train/latest_checkpoint.json` names a verified checkpoint; a preflight of training.preflight_steps on a
    fresh start (`preflight.json`; a bad verdict raises SFTPreflightFailed); `train/sft.yaml` is the mindformers LoRA
    finetune (pet_config, run_mode finetune, load_checkpoint = the base) plus the PipelineMetrics / LossGuard
-   callbacks, copied to `sft.yaml`; checkpoints verified on ticks within a CPU budget. The loss guard (sft.guard)
+   callbacks, its fresh start also written as `sft.yaml`; checkpoints verified on ticks within a CPU budget. The loss guard (sft.guard)
    stops the stage with the diagnosis naming sft.* knobs (its on_failure=rollback is not applied to SFT).
 4. adapter (train/adapter.py): `adapter/adapter.ckpt` holds the LoRA factors only, `adapter/adapter_config.json`
    rank, alpha, targets and the base's sha256; extraction checks that only LoRA was trained and every frozen
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from functools import partial
 from pathlib import Path
 
 from ..config.load import config_hash
@@ -41,7 +40,7 @@ from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
 from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
 from .checkpoints import check_free_disk
-from .session import Batch, TrainingSession, loss_history, work_dir, write_training_yaml
+from .session import Batch, StageYaml, TrainingSession, loss_history, work_dir
 
 STAGE = "sft"
 SFT_YAML = "sft.yaml"
@@ -147,19 +146,11 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
                                                   "rows": stats["rows_sha256"]}))
     check_free_disk(out, int(base.stat().st_size * 1.2), copies=2, ranks_on_node=len(session.ranks))
     # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
-    write_yaml = partial(write_training_yaml, cfg, stage=STAGE, data_dir=out / "data", rows=rows, load=base,
-                         batch=Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard),
-                         token_ids=TokenIds.from_meta(stats["token_ids"]))
-    preflight = session.preflight(lambda pre, n: write_yaml(pre / SFT_YAML, out=pre, steps=n, save_steps=10 ** 9),
-                                  out, fresh=latest is None, memory_check=False)
-
-    def yaml_for(resume_from: Path | None, extra_epochs: int) -> Path:
-        path = write_yaml(train_dir / SFT_YAML, out=train_dir, resume_from=resume_from)
-        if resume_from is None or not (out / SFT_YAML).exists():  # the stage's yaml is the run from the base
-            shutil.copyfile(path, out / SFT_YAML)
-        return path
-
-    trained = session.train(latest, yaml_for, origin=str(base))
+    yaml = StageYaml(cfg, STAGE, Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard), out / "data",
+                     rows, SFT_YAML, SFT_YAML, load=base, token_ids=TokenIds.from_meta(stats["token_ids"]))
+    yaml.write(out / SFT_YAML, train_dir)  # the stage's yaml: the run from the base (attempts write train/sft.yaml)
+    preflight = session.preflight(yaml, out, fresh=latest is None, memory_check=False)
+    trained = session.train(latest, yaml, origin=str(base))
     records = loss_history(train_dir, out / LOSS_PNG, title=f"SFT loss (LoRA r={cfg.sft.lora_rank})")
     rank = min(trained.latest["ranks"], key=int)
     return {"checkpoint": trained.latest["ranks"][rank]["path"], "steps": trained.latest.get("global_step"),

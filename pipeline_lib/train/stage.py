@@ -61,7 +61,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from functools import partial
 from pathlib import Path
 
 from ..config.load import config_hash
@@ -72,8 +71,8 @@ from .checkpoints import LATEST_FILE, check_disk
 from .metrics import METRICS_FILE
 from .preflight import GB, summarize_steps
 from .runner import TrainerKilled  # noqa: F401  (re-exported: raised by this stage)
-from .session import IDENTITY_FILE, PREFLIGHT_FILE, Batch, TrainingSession, finite, loss_history, work_dir, \
-    write_json, write_training_yaml
+from .session import IDENTITY_FILE, PREFLIGHT_FILE, Batch, StageYaml, TrainingSession, finite, loss_history, \
+    work_dir, write_json
 
 STAGE = "pretrain"
 RUN_YAML = "run.yaml"
@@ -116,23 +115,14 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
                                      keep=("_data",))
     _check_disk(cfg, session, checkpoint_bytes)
     load = _materialize_base(cfg, base, base_info, out, run.endpoint, log)
-    t = cfg.training
-    write_yaml = partial(write_training_yaml, cfg, stage=STAGE, data_dir=data_dir, rows=rows, token_ids=token_ids,
-                         batch=Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard))
-    write_yaml(out / RUN_YAML, out=out, load=load)  # the fresh start from the base
-    # 4. preflight (a fresh start only; no checkpoints: save_steps beyond its steps)
-    preflight = session.preflight(lambda pre, n: write_yaml(pre / RUN_YAML, out=pre, load=load, steps=n,
-                                                            save_steps=10 ** 9),
-                                  out, fresh=latest is None, memory_check=True)
-
+    t = cfg.training  # the mindformers yaml: one recipe for the fresh start, the preflight and every resume
+    yaml = StageYaml(cfg, STAGE, Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard), data_dir, rows,
+                     RUN_YAML, RESUME_YAML, load=load, token_ids=token_ids)
+    yaml.write(out / RUN_YAML, out)  # the fresh start's, published with the stage also when this run resumes
+    # 4. preflight (a fresh start only; it writes no checkpoint)
+    preflight = session.preflight(yaml, out, fresh=latest is None, memory_check=True)
     # 5. train (resumed attempts launch run_resume.yaml; a rollback also adds the epochs its skipped data needs)
-
-    def yaml_for(resume_from: Path | None, extra_epochs: int) -> Path:
-        if resume_from is None:
-            return out / RUN_YAML
-        return write_yaml(out / RESUME_YAML, out=out, resume_from=resume_from, extra_epochs=extra_epochs)
-
-    trained = session.train(latest, yaml_for, origin=str(load) if load else "random init",
+    trained = session.train(latest, yaml, origin=str(load) if load else "random init",
                             steps_per_epoch=steps_per_epoch,
                             rollback=t.guard if t.guard.on_failure == "rollback" else None)
 
@@ -182,7 +172,7 @@ def _data_inputs(run: StageRun, work: Path, log) -> tuple[Path, int, object]:
         local = Path(uri).resolve() / "mindrecord" / "train"
     rows = m.metrics.get("rows_train")
     if not rows:
-        from ..config.mindformers_yaml import count_mindrecord_rows
+        from .mindformers_yaml import count_mindrecord_rows
 
         rows = count_mindrecord_rows(str(local))
     # the special ids the data stage recorded: the tokenizer's, not the config's
@@ -410,7 +400,7 @@ def _tokenizer_print(out: Path, ref) -> dict:
 
 def strategy_files(out: Path) -> list[str]:
     """The strategy files mindformers wrote for a parallel run (<output_dir>/strategy/, see
-    config/mindformers_yaml.py strategy_ckpt_save_file), relative to `out`."""
+    train/mindformers_yaml.py strategy_ckpt_save_file), relative to `out`."""
     return sorted(p.relative_to(out).as_posix() for p in (out / "strategy").glob("*.ckpt"))
 
 

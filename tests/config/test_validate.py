@@ -154,47 +154,6 @@ def test_training_never_registers_a_config_with_transformers():
     assert "EXTRA 0 0" in res.stdout, res.stderr[-2000:]
 
 
-def test_vocab_covers_tokenizer():
-    found = issues(model={"vocab_size": 1000}, tokenizer={"vocab_size": 2000})
-    assert "model.vocab_size" in found and ">= 2000" in found["model.vocab_size"].fix
-
-
-def test_pad_is_not_a_real_token():
-    found = issues(tokenizer={"pad_id": 3, "eos_id": 3})
-    assert "tokenizer.pad_id" in found and "eos_id" in found["tokenizer.pad_id"].problem
-
-
-def test_pad_defaults_to_our_layout_and_may_only_repeat_unk_for_a_loaded_tokenizer():
-    assert "tokenizer.pad_id" in issues(tokenizer={"eos_id": 0})  # trained: default pad 0 collides with eos
-    assert "tokenizer.pad_id" in issues(tokenizer={"pad_id": 1})  # trained: pad = unk is refused (we set pad)
-
-
-def test_a_llama2_layout_tokenizer_passes_with_its_own_ids(llama2_tokenizer):
-    """Llama-2: unk 0, bos 1, eos 2, no pad piece. Before the contract no pad id passed validate and the data
-    stage together; now the ids come from the model (pad = unk = 0) and only a contradicting value fails."""
-    base = dict(tokenizer={"path": str(llama2_tokenizer)}, model={"vocab_size": 1024}, sft={"template": "llama2"})
-    assert issues(**base) == {}
-    assert issues(**{**base, "tokenizer": {"path": str(llama2_tokenizer), "pad_id": 0, "unk_id": 0,
-                                           "bos_id": 1, "eos_id": 2}}) == {}
-    found = issues(**{**base, "tokenizer": {"path": str(llama2_tokenizer), "bos_id": 2}})
-    assert set(found) == {"tokenizer.bos_id"}
-    assert found["tokenizer.bos_id"].value == 2 and "has bos_id=1" in found["tokenizer.bos_id"].problem
-    assert "remove tokenizer.bos_id" in found["tokenizer.bos_id"].fix
-    found = issues(**{**base, "tokenizer": {"path": str(llama2_tokenizer), "pad_id": 2}})
-    assert "tokenizer.pad_id" in found and "eos_id" in found["tokenizer.pad_id"].problem
-    found = issues(**{**base, "model": {"vocab_size": 512}})
-    assert "model.vocab_size" in found and ">= 1000" in found["model.vocab_size"].fix
-
-
-def test_chat_markers_template_needs_the_marker_pieces_in_a_loaded_tokenizer(llama2_tokenizer):
-    found = issues(tokenizer={"path": str(llama2_tokenizer)}, model={"vocab_size": 1024})
-    issue = found["sft.template"]
-    assert issue.value == "chat_markers" and "<|user|>" in issue.problem
-    assert "sft.template=llama2" in issue.fix
-    assert "sft.template" not in issues(tokenizer={"path": str(llama2_tokenizer)}, model={"vocab_size": 1024},
-                                        sft={"template": "llama2"})
-
-
 def test_cpu_refuses_model_and_pipeline_parallel_for_runs_only():
     sections = dict(run={"device_target": "CPU"}, model={"num_layers": 2},
                     parallel={"devices": 4, "model_parallel": 2, "pipeline_stage": 2, "micro_batch_num": 2,
@@ -251,17 +210,6 @@ def test_preflight_needs_three_steps_or_none():
 def test_one_source_of_base_weights(tmp_path):
     found = issues(model={"base_checkpoint": "s3://b/base.ckpt", "hf_checkpoint": "s3://b/hf"})
     assert "keep one of model.base_checkpoint and model.hf_checkpoint" in found["model.hf_checkpoint"].fix
-
-
-def test_filters_are_built_as_the_data_stage_builds_them():
-    found = issues(data={"filters": [{"name": "nfkc"}, {"name": "lenght"}]})
-    assert "length" in found["data.filters[1].name"].fix
-    found = issues(data={"filters": [{"name": "length", "params": {"min_char": 3}}]})
-    assert "min_chars" in found["data.filters[0].params"].fix
-
-
-def test_trained_tokenizer_needs_four_distinct_special_ids():
-    assert "tokenizer.pad_id/unk_id/bos_id/eos_id" in issues(tokenizer={"bos_id": 3, "eos_id": 3})
 
 
 def test_dask_address_without_dask_executor_is_a_warning():

@@ -241,7 +241,7 @@ LOGITS_SCRIPT = textwrap.dedent("""
 
 
 def test_mindformers_logits_equal_transformers_forward_and_export_round_trips(tmp_path):
-    from pipeline_lib.config.mindformers_yaml import write_run_yaml
+    from pipeline_lib.train.mindformers_yaml import build_run_config, write_run_yaml
 
     runs, ids = [], np.random.default_rng(2).integers(1, 100, size=(2, 16)).astype(np.int32)
     np.save(tmp_path / "ids.npy", ids)
@@ -251,8 +251,9 @@ def test_mindformers_logits_equal_transformers_forward_and_export_round_trips(tm
         t = hf_tensors(cfg.model, seed=3 if tie else 4)
         folder = write_hf(tmp_path / f"hf_{name}", cfg.model, t)
         ckpt = convert_hf_to_mindformers(folder, tmp_path / f"{name}.ckpt", cfg.model)
-        yaml_path = write_run_yaml(cfg, tmp_path / f"{name}.yaml", stage="pretrain", dataset_dir=str(tmp_path),
-                                   output_dir=str(tmp_path / f"out_{name}"), train_rows=64)
+        run = build_run_config(cfg, stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path / f"out_{name}"),
+                               train_rows=64)
+        yaml_path = write_run_yaml(cfg, tmp_path / f"{name}.yaml", run, stage="pretrain")
         runs.append((name, str(yaml_path), str(ckpt)))
         cases[name] = (cfg.model, t, ckpt)
     env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3", LOG_MF_PATH=str(tmp_path / "log"),

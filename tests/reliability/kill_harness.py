@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline_lib.killpoints import KILL_AT, KILL_REPORT, KILL_ROOT, POINTS
+from pipeline_lib.stages import SPECS  # noqa: F401  (each row adds its <stage>.before_manifest to POINTS)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/pipelines/tiny-cpu.yaml"

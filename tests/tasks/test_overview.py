@@ -3,7 +3,7 @@ import urllib.request
 
 from pipeline_lib.storage import RunPaths
 
-from tasks.overview import RunOverview, fmt
+from tasks.overview import RunOverview
 
 PRETRAIN = {"outputs": [{"path": "loss_curve.png"}],
             "metrics": {"steps": 60, "loss_first": 7.631234567, "final_loss": 3.7412345678}}
@@ -60,18 +60,3 @@ def test_s3_outputs_get_presigned_links_that_open(s3_bucket):
     assert link.startswith(endpoint) and "s3://" not in link
     with urllib.request.urlopen(link) as resp:
         assert resp.read() == b"<h1>eval</h1>"
-
-
-def test_numbers_are_rounded_for_reading():
-    assert fmt(3.741234567) == "3.741" and fmt(1234567) == "1,234,567" and fmt(None) == "-"
-
-
-def test_pretrain_figures_name_what_strays_from_the_planner_only():
-    from tasks.overview import key_figures
-
-    rows = [{"figure": "step time", "predicted": 46.0, "measured": 251.3, "unit": "ms", "alert": True},
-            {"figure": "memory per device", "predicted": 2.01, "measured": 2.55, "unit": "GB", "alert": False}]
-    figures = key_figures("pretrain", {**PRETRAIN["metrics"], "planner_check": {"rows": rows}})
-    assert "step time 251.3 ms vs planner 46 ms (off)" in figures
-    assert not any("memory" in f for f in figures)
-    assert not any("planner" in f for f in key_figures("pretrain", PRETRAIN["metrics"]))

@@ -66,7 +66,7 @@ class SFTBase:
         paths = RunPaths(str(self.output_root), run_id or self.run_id)
         if read_manifest(paths.stage_uri("pretrain")) is None:
             write_manifest(paths.stage_uri("data"), Manifest("data", paths.run_id, "test",
-                                                             metrics={"tokenizer": str(self.tokenizer)}))
+                                                             metrics={"tokenizer_model": str(self.tokenizer)}))
             write_manifest(paths.stage_uri("pretrain"), Manifest("pretrain", paths.run_id, "test",
                                                                  metrics={"latest_checkpoint": str(self.checkpoint)}))
         return paths
@@ -83,7 +83,7 @@ def _texts() -> list[str]:
 
 
 def make_sft_base(root: Path) -> SFTBase:
-    from pipeline_lib.config.mindformers_yaml import write_run_yaml
+    from pipeline_lib.train.mindformers_yaml import build_run_config, write_run_yaml
     from pipeline_lib.config.schema import PipelineConfig
     from pipeline_lib.data.packing import join_with_eos, rows_from_tokens
     from pipeline_lib.data.tokenizer import train_tokenizer
@@ -105,8 +105,8 @@ def make_sft_base(root: Path) -> SFTBase:
     subprocess.run([sys.executable, "-c", code, str(root / "rows.npy"), str(data_dir / "pretrain.mindrecord")],
                    check=True, env=env, cwd=root, capture_output=True)
     out = root / "pretrain"
-    yaml_path = write_run_yaml(cfg, out / "pretrain.yaml", stage="pretrain", dataset_dir=str(data_dir),
-                               output_dir=str(out), train_rows=len(rows))
+    run = build_run_config(cfg, stage="pretrain", dataset_dir=str(data_dir), output_dir=str(out), train_rows=len(rows))
+    yaml_path = write_run_yaml(cfg, out / "pretrain.yaml", run, stage="pretrain")
     lines: list[str] = []
     launch(build_command(cfg.parallel, yaml_path), log=lines.append, cwd=out / "cwd", timeout_s=300)
     ckpt = list_checkpoints(out)[-1].path

@@ -14,8 +14,8 @@ import yaml
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.schema import sft_accumulation
-from pipeline_lib.train.session import (IDENTITY_FILE, WORK_DIR_ENV, Batch, TrainingSession, work_dir,
-                                        write_training_yaml)
+from pipeline_lib.train.metrics import LossRule
+from pipeline_lib.train.session import IDENTITY_FILE, WORK_DIR_ENV, Batch, StageYaml, TrainingSession, work_dir
 
 
 class Refused(ValueError):
@@ -81,28 +81,31 @@ def test_a_bad_node_rank_is_the_stage_error_naming_the_variable(tmp_path, monkey
         _session(_cfg(tmp_path), tmp_path / "stage")
 
 
-def test_one_yaml_writer_for_both_stages(tmp_path):
+def test_one_yaml_recipe_for_both_stages_written_once_per_attempt(tmp_path):
     cfg = _cfg(tmp_path, training={"guard": {"spike_factor": 4.0}, "save_steps": 10},
                sft={"guard": {"spike_factor": 9.0, "window": 7}, "micro_batch_size": 2})
     data, out = tmp_path / "data", tmp_path / "out"
     t = cfg.training
-    pre = Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard)
+    pre = StageYaml(cfg, "pretrain", Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard), data, 400,
+                    "run.yaml", "run_resume.yaml")
     start = out / "checkpoint" / "rank_0" / "m_rank_0-1_8.ckpt"
-    path = write_training_yaml(cfg, out / "run_resume.yaml", stage="pretrain", batch=pre, out=out, data_dir=data,
-                               rows=400, resume_from=start, extra_epochs=2, save_steps=3)
+    path = pre.write(out / pre.resume_name, out, resume_from=start, extra_epochs=2, save_steps=3)
     text = path.read_text()
     run = yaml.safe_load(text)
     assert "python -m pipeline_lib.train.entry --yaml" in text.splitlines()[1]
+    assert run == pre.run_config(out, resume_from=start, extra_epochs=2, save_steps=3)  # the dict, written as is
     assert (run["load_checkpoint"], run["resume_training"]) == (str(out / "checkpoint"), start.name)
-    fresh = yaml.safe_load(write_training_yaml(cfg, out / "run.yaml", stage="pretrain", batch=pre, out=out,
-                                               data_dir=data, rows=400).read_text())
+    fresh = yaml.safe_load(pre.write(out / pre.name, out).read_text())
     assert run["runner_config"]["epochs"] == fresh["runner_config"]["epochs"] + 2
     assert [c["save_checkpoint_steps"] for c in run["callbacks"] if c["type"] == "CheckpointMonitor"] == [3]
+    assert [c["save_checkpoint_steps"] for c in fresh["callbacks"] if c["type"] == "CheckpointMonitor"] == [10]
     assert [c["spike_factor"] for c in run["callbacks"] if c["type"] == "LossGuard"] == [4.0]
+    assert {c["type"]: c["loss_rule"] for c in fresh["callbacks"] if "loss_rule" in c} == \
+        dict.fromkeys(("PipelineMetrics", "LossGuard"), LossRule.from_run_yaml(fresh).to_json())
 
-    sft = Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard)
-    run = yaml.safe_load(write_training_yaml(cfg, out / "sft.yaml", stage="sft", batch=sft, out=out, data_dir=data,
-                                             rows=400, load=tmp_path / "base.ckpt").read_text())
+    sft = StageYaml(cfg, "sft", Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard), data, 400,
+                    "sft.yaml", "sft.yaml", load=tmp_path / "base.ckpt")
+    run = yaml.safe_load(sft.write(out / sft.name, out).read_text())
     assert run["load_checkpoint"] == str(tmp_path / "base.ckpt") and run["resume_training"] is False
     guard = next(c for c in run["callbacks"] if c["type"] == "LossGuard")
     assert (guard["spike_factor"], guard["window"]) == (9.0, 7)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from pipeline_lib.config import config_from_dict
-from pipeline_lib.config.mindformers_yaml import write_run_yaml
+from pipeline_lib.train.mindformers_yaml import build_run_config, write_run_yaml
 
 pytestmark = pytest.mark.slow
 
@@ -91,8 +91,8 @@ def start(tmp: Path, name: str, stage: str, data: Path, overrides: dict | None =
     cfg = config_from_dict(sections)
     run_dir = tmp / name
     out = kw.pop("output_dir", run_dir / "out")
-    yaml_path = write_run_yaml(cfg, run_dir / f"{stage}.yaml", stage=stage, dataset_dir=str(data),
-                               output_dir=str(out), **kw)
+    run = build_run_config(cfg, stage=stage, dataset_dir=str(data), output_dir=str(out), **kw)
+    yaml_path = write_run_yaml(cfg, run_dir / f"{stage}.yaml", run, stage=stage)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                LOG_MF_PATH=str(run_dir / "log"), MS_OM_PATH=str(run_dir / "om"), GLOG_v="3")
     proc = subprocess.Popen([sys.executable, "-m", "pipeline_lib.train.entry", "--yaml", str(yaml_path)],

@@ -1,7 +1,9 @@
 """Checks of a config's input files: what `validate` can find out without training.
 
-`check_inputs(cfg)` returns (errors, warnings), both lists of ConfigIssue naming the field the user
-set (data.inputs[1], sft.inputs[0], evaluate.prompt_files[2] ...):
+`check_inputs(cfg, stages)` runs the input checks the stage table names for those stages
+(`StageSpec.checks`, each `check(c: InputChecks)`, each run once) and returns (errors, warnings),
+both lists of ConfigIssue naming the field the user set (data.inputs[1], sft.inputs[0],
+evaluate.prompt_files[2] ...):
 - local inputs are listed with the lister the stages use (`storage.input_files.list_inputs`), prompt sets
   are parsed with the evaluate stage's reader, a tokenizer.path is loaded and checked as the data
   stage checks it, an hf_checkpoint folder is checked as the pretrain stage checks it (config.json and
@@ -10,7 +12,8 @@ set (data.inputs[1], sft.inputs[0], evaluate.prompt_files[2] ...):
   otherwise (or without credentials) they are a warning, and the stage checks them when it runs;
 - a tokenizer to train gets a warning when a bounded sample of the local data.inputs already has
   more characters than tokenizer.vocab_size can hold (sentencepiece refuses that: CJK corpora).
-Kept apart from validate.py, whose rules are pure, so configs built in memory never touch files.
+Kept out of config/ (whose rules are pure, so configs built in memory never touch files): these read
+files and call the stages' own readers. Raises nothing for a bad input: every finding is an issue.
 """
 from __future__ import annotations
 
@@ -23,8 +26,11 @@ from collections import Counter
 from typing import Iterable
 from urllib.parse import urlparse
 
-from .errors import ConfigError, ConfigIssue
-from .schema import PipelineConfig
+from ..config.errors import ConfigIssue
+from ..config.schema import PipelineConfig
+from ..stages import stage_checks
+from ..storage import store_for
+from ..storage.input_files import NoInputFiles, kind_of, list_inputs
 
 S3_CONNECT_TIMEOUT_S = 2.0
 SAMPLE_BYTES = 2 << 20      # characters are counted on about this much text ...
@@ -42,7 +48,9 @@ def _s3_reachable(endpoint_url: str | None) -> tuple[bool, str]:
         return False, url
 
 
-class _Checker:
+class InputChecks:
+    """What a stage's input check is given: the config and helpers that record issues by field."""
+
     def __init__(self, cfg: PipelineConfig):
         self.cfg, self.endpoint = cfg, cfg.run.s3_endpoint_url
         self.errors: list[ConfigIssue] = []
@@ -64,8 +72,6 @@ class _Checker:
                                          f"{err})", "check the S3 credentials (AWS_ACCESS_KEY_ID ...) and the bucket"))
 
     def listed(self, field: str, entries: list[str]) -> None:
-        from ..storage.input_files import NoInputFiles, list_inputs
-
         for i, entry in enumerate(entries):
             name = f"{field}[{i}]"
             if entry.startswith("s3://") and not self.s3_ok(name, entry):
@@ -83,8 +89,6 @@ class _Checker:
             return False
         if uri.startswith("s3://"):
             if self.s3_ok(field, uri):
-                from ..storage import store_for
-
                 try:
                     if not store_for(uri, self.endpoint).exists(uri):
                         self.errors.append(ConfigIssue(field, uri, "no such object or prefix on the store",
@@ -173,8 +177,6 @@ def required_chars(texts: list[str], coverage: float) -> int:
 
 def sample_texts(entries: list[str], text_field: str) -> list[str]:
     """Texts of the first records of the local input files (SAMPLE_BYTES / SAMPLE_RECORDS at most)."""
-    from ..storage.input_files import kind_of, list_inputs
-
     texts, size = [], 0
     local = [e for e in entries if not e.startswith("s3://")]
     try:
@@ -214,39 +216,41 @@ def _file_texts(path: str, kind: str | None, text_field: str):
                 yield value
 
 
+def data_inputs(c: InputChecks) -> None:
+    c.listed("data.inputs", c.cfg.data.inputs)
+
+
+def sft_inputs(c: InputChecks) -> None:
+    c.listed("sft.inputs", c.cfg.sft.inputs)
+
+
+def prompt_files(c: InputChecks) -> None:
+    c.prompts()
+
+
+def tokenizer(c: InputChecks) -> None:
+    c.tokenizer()
+
+
+def base_weights(c: InputChecks) -> None:
+    m = c.cfg.model
+    c.exists("model.base_checkpoint", m.base_checkpoint, what="mindformers .ckpt")
+    if c.exists("model.hf_checkpoint", m.hf_checkpoint, folder=True,
+                what="folder with a Hugging Face config.json and model.safetensors"):
+        c.hf_folder()
+
+
+def compare_checkpoints(c: InputChecks) -> None:
+    for label, path in c.cfg.evaluate.compare_checkpoints.items():
+        c.exists(f"evaluate.compare_checkpoints.{label}", path, what=".ckpt", otherwise="remove that entry")
+
+
 def check_inputs(cfg: PipelineConfig, stages: Iterable[str] | None = None
                  ) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
     """(errors, warnings) about the files the config names (see the module docstring); with `stages`,
     only the files those stages read (`run --stages data` on a CPU host need not see the base weights
     that the Ascend host's pretrain stage reads)."""
-    wanted = None if stages is None else set(stages)  # None: every stage
-
-    def want(*names: str) -> bool:
-        return wanted is None or bool(wanted.intersection(names))
-
-    c = _Checker(cfg)
-    if want("data"):
-        c.listed("data.inputs", cfg.data.inputs)
-    if want("sft"):
-        c.listed("sft.inputs", cfg.sft.inputs)
-    if want("evaluate"):
-        c.prompts()
-    if want("data", "sft", "evaluate", "export"):
-        c.tokenizer()
-    if want("pretrain"):
-        c.exists("model.base_checkpoint", cfg.model.base_checkpoint, what="mindformers .ckpt")
-        if c.exists("model.hf_checkpoint", cfg.model.hf_checkpoint, folder=True,
-                    what="folder with a Hugging Face config.json and model.safetensors"):
-            c.hf_folder()
-    if want("evaluate"):
-        for label, path in cfg.evaluate.compare_checkpoints.items():
-            c.exists(f"evaluate.compare_checkpoints.{label}", path, what=".ckpt", otherwise="remove that entry")
+    c = InputChecks(cfg)
+    for check in stage_checks(stages):
+        check(c)
     return c.errors, c.warnings
-
-
-def validate_inputs(cfg: PipelineConfig, stages: Iterable[str] | None = None) -> list[ConfigIssue]:
-    """Raise ConfigError with every input error (of the files `stages` read); return the warnings."""
-    errors, warnings = check_inputs(cfg, stages)
-    if errors:
-        raise ConfigError(errors)
-    return warnings

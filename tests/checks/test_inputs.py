@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib.config import config_from_dict
-from pipeline_lib.config.inputs import check_inputs
+from pipeline_lib.checks.inputs import check_inputs
 from pipeline_lib.data.errors import DataStageError
 from pipeline_lib.data.tokenizer import train_tokenizer
 

@@ -13,7 +13,7 @@ import yaml
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.load import load_config
-from pipeline_lib.config.mindformers_yaml import (build_run_config, count_mindrecord_rows, lora_target_regex,
+from pipeline_lib.train.mindformers_yaml import (build_run_config, count_mindrecord_rows, lora_target_regex,
                                                   write_run_yaml)
 from pipeline_lib.config.platform import CPU_MODEL_OVERRIDES
 
@@ -37,7 +37,7 @@ def write_and_load(mf_config, tmp_path, cfg, stage="pretrain", **kw):
     kw.setdefault("dataset_dir", str(tmp_path / "data"))
     kw.setdefault("output_dir", str(tmp_path / "out"))
     kw.setdefault("train_rows", 256)
-    path = write_run_yaml(cfg, tmp_path / f"{stage}.yaml", stage=stage, **kw)
+    path = write_run_yaml(cfg, tmp_path / f"{stage}.yaml", build_run_config(cfg, stage=stage, **kw), stage=stage)
     return path, mf_config(str(path))
 
 
@@ -200,8 +200,9 @@ def _epoch_orders(mf_config, tmp_path, data_dir, *, seed, shuffle=True, skip=0, 
     from mindformers.dataset import build_dataset, check_dataset_config
 
     cfg = cpu_cfg(run={"seed": seed}, training={"shuffle": shuffle, "steps": 6})
-    path = write_run_yaml(cfg, tmp_path / f"order-{seed}-{shuffle}-{skip}.yaml", stage="pretrain",
-                          dataset_dir=str(data_dir), output_dir=str(tmp_path / "out"), train_rows=24)
+    run = build_run_config(cfg, stage="pretrain", dataset_dir=str(data_dir), output_dir=str(tmp_path / "out"),
+                           train_rows=24)
+    path = write_run_yaml(cfg, tmp_path / f"order-{seed}-{shuffle}-{skip}.yaml", run, stage="pretrain")
     mf = mf_config(str(path))
     check_dataset_config(mf)
     dataset = build_dataset(mf.train_dataset_task)
@@ -252,20 +253,22 @@ def test_header_names_what_needs_pipeline_lib(tmp_path):
     from pipeline_lib.train.metrics import training_callbacks
 
     extra = training_callbacks("o", tokens_per_step=256, batch_size=4, data_parallel=1)
-    path = write_run_yaml(cpu_cfg(), tmp_path / "run.yaml", stage="pretrain", dataset_dir="d", output_dir="o",
-                          train_rows=64, extra_callbacks=extra)
+    run = build_run_config(cpu_cfg(), stage="pretrain", dataset_dir="d", output_dir="o", train_rows=64,
+                           extra_callbacks=extra)
+    path = write_run_yaml(cpu_cfg(), tmp_path / "run.yaml", run, stage="pretrain")
     header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
     assert "# Names CPUTrainOneStepCell, StopAtStep, PipelineMetrics, LossGuard: registered on import of " \
            "pipeline_lib.train.callbacks, pipeline_lib.train.cpu_wrappers, pipeline_lib.train.mf_callbacks" in header
     assert "run_mindformer.py does not import it" in header
     epochs_only = config_from_dict({"run": {"device_target": "Ascend"}, "training": {"steps": None}})
-    path = write_run_yaml(epochs_only, tmp_path / "plain.yaml", stage="pretrain", dataset_dir="d", output_dir="o")
+    run = build_run_config(epochs_only, stage="pretrain", dataset_dir="d", output_dir="o")
+    path = write_run_yaml(epochs_only, tmp_path / "plain.yaml", run, stage="pretrain")
     assert "# Names" not in path.read_text()  # stock mindformers types only: runs with any mindformers launcher
 
 
 def test_written_yaml_is_plain_yaml(tmp_path):
-    path = write_run_yaml(cpu_cfg(), tmp_path / "run.yaml", stage="pretrain", dataset_dir="d", output_dir="o",
-                          train_rows=64)
+    run = build_run_config(cpu_cfg(), stage="pretrain", dataset_dir="d", output_dir="o", train_rows=64)
+    path = write_run_yaml(cpu_cfg(), tmp_path / "run.yaml", run, stage="pretrain")
     assert yaml.safe_load(path.read_text())["runner_config"]["sink_mode"] is False
 
 

@@ -1,0 +1,35 @@
+"""The checks run once before any flow (`llm-pipeline validate` and `run`): every problem a config has
+that can be found without running a stage, each a ConfigIssue naming the field, the value and the fix.
+
+`problems(cfg, stages, for_run=...)` returns (errors, warnings): the config's pure rules
+(config.validate.check), the rules that need stage code or read a file (the tokenizer's ids, the data
+filters) and, for a run here (`for_run`), the input checks the stage table names for `stages` (None:
+every stage). `refuse_bad_config(cfg, stages)` raises ConfigError with every error and returns the
+warnings. Unlike config/, this package may import the stages: nothing below it imports it.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..config.errors import ConfigError, ConfigIssue
+from ..config.schema import PipelineConfig
+from ..config.validate import check
+from .filters import filter_issues
+from .inputs import check_inputs
+from .token_ids import token_id_issues
+
+
+def problems(cfg: PipelineConfig, stages: Iterable[str] | None = None, *, for_run: bool = True
+             ) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
+    errors = check(cfg, for_run=for_run) + token_id_issues(cfg) + filter_issues(cfg)
+    if not for_run:  # a plan is checked for another machine: its files are not here
+        return errors, []
+    input_errors, warnings = check_inputs(cfg, stages)
+    return errors + input_errors, warnings
+
+
+def refuse_bad_config(cfg: PipelineConfig, stages: Iterable[str] | None = None) -> list[ConfigIssue]:
+    errors, warnings = problems(cfg, stages)
+    if errors:
+        raise ConfigError(errors)
+    return warnings
