@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from pipeline_lib.config import config_from_dict
-from pipeline_lib.stages import stage_hash
+from pipeline_lib.config.identity import stage_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 

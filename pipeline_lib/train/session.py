@@ -36,7 +36,7 @@ import yaml
 
 from ..config.mindformers_yaml import write_run_yaml
 from ..config.platform import device_target
-from ..config.schema import GuardConfig
+from ..config.schema import GuardConfig, global_batch
 from .. import killpoints
 from ..storage import join, store_for
 from .checkpoints import CheckpointManager
@@ -112,7 +112,7 @@ def write_training_yaml(cfg, path: Path, *, stage: str, batch: Batch, out: Path,
     dp = cfg.parallel.data_parallel
     on_cpu = device_target(cfg) == "CPU"
     # tokens per optimizer step across all ranks (rows hold seq_length + 1 tokens, seq_length are predicted)
-    tokens = batch.micro_batch_size * batch.accumulation * dp * cfg.model.seq_length
+    tokens = global_batch(cfg, stage) * cfg.model.seq_length
     callbacks = training_callbacks(out, tokens_per_step=tokens, data_parallel=dp, num_rows=rows,
                                    batch_size=batch.micro_batch_size * (batch.accumulation if on_cpu else 1),
                                    spike_factor=batch.guard.spike_factor, window=batch.guard.window,

@@ -36,6 +36,7 @@ from typing import IO, Iterable
 
 import numpy as np
 
+from ..config.load import is_utf8_text
 from ..model.chat_template import IGNORE, fit_to_row, labels_for, template_for
 from ..model.token_ids import TokenIds
 from ..model.tokenizer import Tokenizer
@@ -148,11 +149,7 @@ def _utf8_json(obj) -> str:
     """JSON for a UTF-8 file: non-ASCII as written, unless a lone surrogate (from a \\udXXX escape in the
     input) is inside: then everything is escaped (valid JSON; the surrogate cannot be written as UTF-8)."""
     text = json.dumps(obj, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(obj)
-    return text
+    return text if is_utf8_text(text) else json.dumps(obj)
 
 
 def summarize(files: dict[str, dict], rows: PackedRows) -> dict:

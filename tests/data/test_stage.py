@@ -17,7 +17,8 @@ from pipeline_lib.data.dedup_index import index_uri, list_segments
 from pipeline_lib.data.errors import DataStageError, NoNewDocuments
 from pipeline_lib.data.packing import read_mindrecord
 from pipeline_lib.data.tokenizer import Tokenizer
-from pipeline_lib.stages import run_stage, stage_hash
+from pipeline_lib.config.identity import stage_hash
+from pipeline_lib.stages import run_stage
 from pipeline_lib.storage import RunPaths, read_manifest
 
 
