@@ -400,6 +400,14 @@ def test_identity_fields_are_part_of_the_stage_identity(tmp_path, field, value):
     assert stage_hash(base, "data") != stage_hash(other, "data") and work_hash(base) != work_hash(other)
 
 
+def test_the_work_hash_is_the_data_identity_so_where_the_work_runs_does_not_change_it(tmp_path):
+    from pipeline_lib.data.workspace import work_hash
+
+    base = make_cfg(tmp_path, executor="prefect")
+    elsewhere = make_cfg(tmp_path, executor="dask", dask_address="tcp://scheduler:8786", num_workers=7)
+    assert work_hash(base) == work_hash(elsewhere) == stage_hash(base, "data")
+
+
 def test_pool_workers_fork_server_and_tracker_end_when_the_stage_process_is_sigkilled(sigkill_parent):
     """Without a watch on the stage process, its forkserver workers wait on their task queue forever."""
     alive, fields = sigkill_parent("""
