@@ -12,10 +12,10 @@ from prefect.tasks import exponential_backoff
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.storage import RunPaths
 
-from tasks.stage_task import retry_only_transient
+from tasks.stage_task import retry_by_cause
 
 _RETRY = dict(retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_jitter_factor=0.5,
-              retry_condition_fn=retry_only_transient, persist_result=False, cache_policy=None)
+              retry_condition_fn=retry_by_cause, persist_result=False, cache_policy=None)
 
 
 def _ctx(config: dict, run_id: str):

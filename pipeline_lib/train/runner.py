@@ -1,7 +1,7 @@
 """The launcher's surroundings for the training stages: ranks, launch, resume fields, ticks, guard text, rollback copies
 (session.py composes them into the runner both stages use).
 
-- `node_rank(cfg)` / `local_ranks(cfg, rank)`: this node's rank ($LLM_PIPELINE_NODE_RANK) and the global ranks it runs.
+- `local_ranks(cfg, rank)`: the global ranks node `rank` runs (its rank: runtime.nodes.node_rank).
 - `launch_trainer(cfg, yaml, out, ...)`: build_command + launch in its own process group with timeout
   training.timeout_seconds, logs/dumps of the trainer under `out` (GLOG_v=3, LOG_MF_PATH, MS_OM_PATH), msrun logs
   followed in `out/msrun`, the guard's diagnosis read from `out`. A trainer killed by a signal raises
@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 from ..runtime.contract import TransientError
-from ..runtime.nodes import NODE_RANK_ENV, node_rank  # noqa: F401  (re-exported: session, doctor)
 from ..storage import store_for
 from .checkpoints import CheckpointManager, list_checkpoints
 from .launch import ENTRY_MODULE, GuardTripped, LaunchResult, TrainingLaunchError, build_command, child_env, launch

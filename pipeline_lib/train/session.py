@@ -39,12 +39,12 @@ from ..config.platform import device_target
 from ..config.schema import GuardConfig, global_batch
 from .. import killpoints
 from ..storage import join, store_for
+from ..runtime.nodes import node_rank
 from .checkpoints import CheckpointManager
 from .launch import GuardTripped, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight
-from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, node_rank, resume_fields, \
-    rollback_checkpoint
+from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, resume_fields, rollback_checkpoint
 
 WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 IDENTITY_FILE = "identity.json"

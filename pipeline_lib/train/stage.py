@@ -72,7 +72,6 @@ from ..storage import join, sha256_file, store_for
 from .checkpoints import LATEST_FILE, check_disk
 from .metrics import METRICS_FILE
 from .preflight import GB, summarize_steps
-from .runner import TrainerKilled  # noqa: F401  (re-exported: raised by this stage)
 from .session import IDENTITY_FILE, PREFLIGHT_FILE, Batch, TrainingSession, finite, loss_history, work_dir, \
     write_json, write_training_yaml
 

@@ -12,11 +12,11 @@ from datagen import TINY, make_cfg, write_jsonl
 from make_tiny_corpus import PLANTED, make_corpus
 
 import pipeline_lib.data.prep as prep
-from pipeline_lib.data import table_rows
+from pipeline_lib.data.stats import table_rows
 from pipeline_lib.data.dedup_index import index_uri, list_segments
 from pipeline_lib.data.errors import DataStageError, NoNewDocuments
 from pipeline_lib.data.packing import read_mindrecord
-from pipeline_lib.data.tokenizer import Tokenizer
+from pipeline_lib.model.tokenizer import Tokenizer
 from pipeline_lib.config.identity import stage_hash
 from pipeline_lib.stages import run_stage
 from pipeline_lib.storage import RunPaths, read_manifest
