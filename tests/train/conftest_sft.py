@@ -66,7 +66,7 @@ class SFTBase:
         paths = RunPaths(str(self.output_root), run_id or self.run_id)
         if read_manifest(paths.stage_uri("pretrain")) is None:
             write_manifest(paths.stage_uri("data"), Manifest("data", paths.run_id, "test",
-                                                             metrics={"tokenizer": str(self.tokenizer)}))
+                                                             metrics={"tokenizer_model": str(self.tokenizer)}))
             write_manifest(paths.stage_uri("pretrain"), Manifest("pretrain", paths.run_id, "test",
                                                                  metrics={"latest_checkpoint": str(self.checkpoint)}))
         return paths
