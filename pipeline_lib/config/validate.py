@@ -16,9 +16,9 @@ from .schema import DTYPE_FIELDS, PipelineConfig, global_batch, precision_dtypes
 def _batch(cfg: PipelineConfig) -> list[ConfigIssue]:
     """A stated global_batch_size only checks the derived one (schema.global_batch)."""
     issues = []
-    for stage, name, section, accum in (("pretrain", "training", cfg.training, cfg.training.gradient_accumulation_steps),
-                                        ("sft", "sft", cfg.sft, sft_accumulation(cfg))):
-        want = global_batch(cfg, stage)
+    for name, stage, accum in (("training", "pretrain", cfg.training.gradient_accumulation_steps),
+                               ("sft", "sft", sft_accumulation(cfg))):
+        section, want = getattr(cfg, name), global_batch(cfg, stage)
         if section.global_batch_size not in (None, want):
             issues.append(ConfigIssue(
                 f"{name}.global_batch_size", section.global_batch_size,

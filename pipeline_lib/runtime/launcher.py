@@ -71,7 +71,8 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
            on_line: Callable[[str], None] | None = None, env: dict[str, str] | None = None,
            log_dir: str | Path | None = None, follow: Callable[[bool], list[tuple[str, str]]] | None = None,
            on_tick: Callable[[], None] | None = None, tick_s: float = 5.0, grace_s: float = 10.0,
-           tail_lines: int = 60, parent_death_signal: int = signal.SIGTERM, output_name: str = "output") -> LaunchResult:
+           tail_lines: int = 60, parent_death_signal: int = signal.SIGTERM,
+           output_name: str = "output") -> LaunchResult:
     """Run `command` to completion or timeout (see the module docstring); returns a LaunchResult.
 
     cwd: created if missing (None: this process's). timeout_s: None waits as long as it takes. env: variables
