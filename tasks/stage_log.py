@@ -32,7 +32,7 @@ class StageLog:
         self.path = folder / name
         self.uri = f"{paths.run_uri}/logs/{name}" if self.remote else str(self.path)
         self.fh = open(self.path, "a", encoding="utf-8")
-        self.last_step_sent = 0.0
+        self.last_step_sent = float("-inf")  # the first step line is always shown (monotonic time starts near boot)
         self.held: str | None = None  # the newest step line not sent yet
         self.held_count = 0
 
