@@ -94,6 +94,7 @@ class ProcessTreeSampler:
 
 
 def alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie (False once it is gone)."""
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
