@@ -356,7 +356,7 @@ def main() -> None:
     if args.stage_only:
         return one_stage_run(args)
 
-    from pipeline_lib.data import Tokenizer
+    from pipeline_lib.model.tokenizer import Tokenizer
     from pipeline_lib.stages import run_stage
     from pipeline_lib.storage import RunPaths
 

@@ -68,7 +68,7 @@ def run_stage(cfg, paths) -> dict:
 def run_bare(stage_yaml: Path, workdir: Path) -> dict:
     import yaml
 
-    from pipeline_lib.train.launch import child_env
+    from pipeline_lib.runtime.env import subprocess_env
 
     out = workdir / "bare"
     shutil.rmtree(out, ignore_errors=True)
@@ -78,7 +78,7 @@ def run_bare(stage_yaml: Path, workdir: Path) -> dict:
     run["output_dir"] = str(out)
     bare_yaml = out / "bare.yaml"
     bare_yaml.write_text(yaml.safe_dump(run, sort_keys=False), encoding="utf-8")
-    env = child_env({"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om")})
+    env = subprocess_env(extra={"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om")})
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.entry", "--yaml", str(bare_yaml)], cwd=out,
                           env=env, capture_output=True, text=True, timeout=1800)

@@ -13,12 +13,12 @@ from .checks import problems
 from .config import ConfigError, load_config
 from .config.validate import warnings
 from .config.platform import device_target
-from .config.schema import PipelineConfig
+from .config.schema import PipelineConfig, global_batch
 
 
 def token_arithmetic(cfg: PipelineConfig) -> dict:
     t, m = cfg.training, cfg.model
-    tokens_per_step = t.global_batch_size * m.seq_length
+    tokens_per_step = global_batch(cfg) * m.seq_length
     out = {"tokens_per_step": tokens_per_step, "steps": t.steps,
            "total_tokens": tokens_per_step * t.steps if t.steps else None}
     return out
@@ -41,9 +41,9 @@ def summary_lines(cfg: PipelineConfig) -> list[str]:
         f"{m.num_heads}/{m.kv_heads} kv, ffn {m.intermediate_size}, vocab {m.vocab_size}",
         f"layout: dp {p.data_parallel} x mp {p.model_parallel} x pp {p.pipeline_stage} = {p.devices} devices "
         f"on {p.num_nodes} node(s)",
-        f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} x accumulation "
+        f"batch: global {global_batch(cfg)} = micro {t.micro_batch_size} x accumulation "
         f"{t.gradient_accumulation_steps} x dp {p.data_parallel}",
-        f"tokens per step: {arith['tokens_per_step']:,} = {t.global_batch_size} x seq {m.seq_length}",
+        f"tokens per step: {arith['tokens_per_step']:,} = {global_batch(cfg)} x seq {m.seq_length}",
     ]
     if arith["steps"]:
         lines.append(f"steps: {arith['steps']:,}; total tokens: {arith['total_tokens']:,}")

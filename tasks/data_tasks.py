@@ -12,10 +12,10 @@ from prefect.tasks import exponential_backoff
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.storage import RunPaths
 
-from tasks.stage_task import retry_only_transient
+from tasks.stage_task import retry_by_cause
 
 _RETRY = dict(retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_jitter_factor=0.5,
-              retry_condition_fn=retry_only_transient, persist_result=False, cache_policy=None)
+              retry_condition_fn=retry_by_cause, persist_result=False, cache_policy=None)
 
 
 def _ctx(config: dict, run_id: str):
@@ -42,7 +42,7 @@ def warm_shard_work(cfg) -> None:
 
 @task(name="data-plan", task_run_name="data/{run_id}/plan", **_RETRY)
 def plan_task(config: dict, run_id: str) -> int:
-    from pipeline_lib.data.stage import plan_data_stage
+    from pipeline_lib.data.prep import plan_data_stage
 
     cfg, paths = _ctx(config, run_id)
     warm_shard_work(cfg)  # nothing new when the CLI did it already
@@ -51,7 +51,8 @@ def plan_task(config: dict, run_id: str) -> int:
 
 @task(name="data-prep", task_run_name="data/{run_id}/prep-{index:05d}", **_RETRY)
 def prep_task(config: dict, run_id: str, index: int) -> dict:
-    from pipeline_lib.data.stage import in_worker, prep_shard
+    from pipeline_lib.data.prep import prep_shard
+    from pipeline_lib.data.stage import in_worker
 
     cfg, paths = _ctx(config, run_id)  # the work runs in a process pool: data.num_workers shards at once
     return in_worker(prep_shard, cfg, paths, index, workers=_shard_processes(cfg))
@@ -59,7 +60,8 @@ def prep_task(config: dict, run_id: str, index: int) -> dict:
 
 @task(name="data-dedup", task_run_name="data/{run_id}/dedup", **_RETRY)
 def dedup_task(config: dict, run_id: str) -> dict:
-    from pipeline_lib.data.stage import dedup_stage, warm_mindrecord_writer
+    from pipeline_lib.data.prep import dedup_stage
+    from pipeline_lib.data.stage import warm_mindrecord_writer
 
     cfg, paths = _ctx(config, run_id)
     if _shard_processes(cfg) > 1:
@@ -78,7 +80,8 @@ def tokenizer_task(config: dict, run_id: str, n_shards: int) -> dict:
 
 @task(name="data-tokenize", task_run_name="data/{run_id}/tokenize-{index:05d}", **_RETRY)
 def tokenize_task(config: dict, run_id: str, index: int) -> dict:
-    from pipeline_lib.data.stage import in_worker, tokenize_shard
+    from pipeline_lib.data.encode import tokenize_shard
+    from pipeline_lib.data.stage import in_worker
 
     cfg, paths = _ctx(config, run_id)
     return in_worker(tokenize_shard, cfg, paths, index, workers=_shard_processes(cfg))
@@ -86,14 +89,15 @@ def tokenize_task(config: dict, run_id: str, index: int) -> dict:
 
 @task(name="data-mindrecord-plan", task_run_name="data/{run_id}/mindrecord-plan", **_RETRY)
 def mindrecord_plan_task(config: dict, run_id: str) -> list[tuple[str, int]]:
-    from pipeline_lib.data.stage import plan_mindrecord
+    from pipeline_lib.data.encode import plan_mindrecord
 
     return [tuple(x) for x in plan_mindrecord(*_ctx(config, run_id))]
 
 
 @task(name="data-mindrecord", task_run_name="data/{run_id}/mindrecord-{split}-{j:05d}", **_RETRY)
 def mindrecord_task(config: dict, run_id: str, split: str, j: int) -> str:
-    from pipeline_lib.data.stage import in_mindrecord_writer, write_mindrecord_shard
+    from pipeline_lib.data.encode import write_mindrecord_shard
+    from pipeline_lib.data.stage import in_mindrecord_writer
 
     cfg, paths = _ctx(config, run_id)
     if _shard_processes(cfg) > 1:  # the process warmed by the dedup task

@@ -62,9 +62,6 @@ def retry_by_cause(task, task_run, state) -> bool:
     return False
 
 
-retry_only_transient = retry_by_cause  # the name tasks/data_tasks.py imports
-
-
 def _last_attempt(exc: BaseException) -> bool:
     """No retry of this task run follows: the cause is not retried, or the retries are used up."""
     from prefect.context import TaskRunContext

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline_lib import stages
 from pipeline_lib.config import config_from_dict
-from pipeline_lib.stages import stage_hash
+from pipeline_lib.config.identity import stage_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 

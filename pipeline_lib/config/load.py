@@ -66,9 +66,10 @@ def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
     return issues
 
 
-def _is_text(key: str) -> bool:
+def is_utf8_text(text: str) -> bool:
+    """False for a str holding a lone surrogate (from a \\udXXX escape): it cannot be written as UTF-8."""
     try:
-        key.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
@@ -78,7 +79,7 @@ def _non_unicode_keys(node: dict, prefix: str = "") -> list[ConfigIssue]:
     """Keys holding a lone surrogate (a YAML "\\udXXX" escape): pydantic can name no field for them."""
     issues = []
     for key, value in node.items():
-        text = isinstance(key, str) and _is_text(key)
+        text = isinstance(key, str) and is_utf8_text(key)
         name = prefix + (key if text else repr(key))
         if isinstance(key, str) and not text:
             issues.append(ConfigIssue(name, key, "the key is not Unicode text (a lone \\udXXX escape)",

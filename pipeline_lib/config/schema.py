@@ -343,9 +343,11 @@ class ProfileConfig(_Section):
 class TrainingConfig(_Section):
     micro_batch_size: int = Field(4, ge=1, description="Samples per device per micro step.")
     gradient_accumulation_steps: int = Field(1, ge=1, description="Micro steps accumulated per optimizer step.")
-    global_batch_size: int = Field(
-        4, ge=1, description="Samples per optimizer step = micro_batch_size x gradient_accumulation_steps x data_parallel."
-    )
+    global_batch_size: int | None = Field(
+        None, ge=1, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Optional check, never used as a value: samples per optimizer step are derived "
+        "(micro_batch_size x gradient_accumulation_steps x parallel.data_parallel, schema.global_batch); "
+        "when set, validate refuses a config whose product differs.")
     steps: int | None = Field(60, ge=1, description="Optimizer steps; if None, `epochs` decides.")
     epochs: int = Field(1, ge=1, description="Epochs over the packed data when steps is None.")
     optimizer: OptimizerConfig = Field(json_schema_extra=identity("pretrain", "sft"), default_factory=OptimizerConfig)
@@ -444,8 +446,10 @@ class SFTConfig(_Section):
         None, ge=1, description="SFT micro steps per optimizer step; None = 1, or parallel.micro_batch_num under "
         "pipeline parallel (there they are the pipeline's micro batches: a multiple of parallel.pipeline_stage).")
     global_batch_size: int | None = Field(
-        None, ge=1, description="SFT samples per optimizer step; None = micro_batch_size x "
-        "gradient_accumulation_steps x data_parallel (set it to have validate check the arithmetic).")
+        None, ge=1, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Optional check, never used as a value: SFT samples per optimizer step are derived "
+        "(sft.micro_batch_size x sft gradient accumulation x parallel.data_parallel, schema.global_batch); "
+        "when set, validate refuses a config whose product differs.")
     guard: GuardConfig = Field(default_factory=GuardConfig,
                                description="SFT loss guard (stop on NaN/spike; rollback is not applied to SFT).")
     allow_demo_data: bool = Field(
@@ -458,6 +462,16 @@ def sft_accumulation(cfg: "PipelineConfig") -> int:
     """sft.gradient_accumulation_steps, else 1 (pipeline parallel: parallel.micro_batch_num)."""
     p = cfg.parallel
     return cfg.sft.gradient_accumulation_steps or (p.micro_batch_num if p.pipeline_stage > 1 else 1)
+
+
+def global_batch(cfg: "PipelineConfig", stage: Literal["pretrain", "sft"] = "pretrain") -> int:
+    """Samples per optimizer step of `stage`: micro batch x gradient accumulation x parallel.data_parallel
+    (training.* for pretrain, sft.* with sft_accumulation for sft). The one place it is computed; a
+    `global_batch_size` stated in the config is only checked against it (validate.py)."""
+    if stage == "sft":
+        return cfg.sft.micro_batch_size * sft_accumulation(cfg) * cfg.parallel.data_parallel
+    t = cfg.training
+    return t.micro_batch_size * t.gradient_accumulation_steps * cfg.parallel.data_parallel
 
 
 class EvaluateConfig(_Section):

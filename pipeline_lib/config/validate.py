@@ -11,19 +11,23 @@ from __future__ import annotations
 
 from .errors import ConfigError, ConfigIssue
 from .platform import device_target
-from .schema import DTYPE_FIELDS, PipelineConfig, precision_dtypes, sft_accumulation
+from .schema import DTYPE_FIELDS, PipelineConfig, global_batch, precision_dtypes, sft_accumulation
 
 
 def _batch(cfg: PipelineConfig) -> list[ConfigIssue]:
-    t, p = cfg.training, cfg.parallel
-    want = t.micro_batch_size * t.gradient_accumulation_steps * p.data_parallel
-    if t.global_batch_size != want:
-        return [ConfigIssue(
-            "training.global_batch_size", t.global_batch_size,
-            f"global_batch_size must equal micro_batch_size x gradient_accumulation_steps x data_parallel "
-            f"= {t.micro_batch_size} x {t.gradient_accumulation_steps} x {p.data_parallel} = {want}",
-            f"set training.global_batch_size={want}, or change micro_batch_size / gradient_accumulation_steps")]
-    return []
+    """A stated global_batch_size only checks the derived one (schema.global_batch)."""
+    issues = []
+    for name, stage, accum in (("training", "pretrain", cfg.training.gradient_accumulation_steps),
+                               ("sft", "sft", sft_accumulation(cfg))):
+        section, want = getattr(cfg, name), global_batch(cfg, stage)
+        if section.global_batch_size not in (None, want):
+            issues.append(ConfigIssue(
+                f"{name}.global_batch_size", section.global_batch_size,
+                f"the global batch is derived: micro_batch_size x gradient_accumulation_steps x data_parallel = "
+                f"{section.micro_batch_size} x {accum} x {cfg.parallel.data_parallel} = {want}",
+                f"remove {name}.global_batch_size (it is derived) or set {name}.global_batch_size={want}; to change "
+                f"the batch, change {name}.micro_batch_size / {name}.gradient_accumulation_steps"))
+    return issues
 
 
 def _devices(cfg: PipelineConfig) -> list[ConfigIssue]:
@@ -65,28 +69,21 @@ def _pipeline(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 def _heads(cfg: PipelineConfig) -> list[ConfigIssue]:
     p, m = cfg.parallel, cfg.model
-    issues = []
-    if m.num_heads % p.model_parallel:
-        issues.append(ConfigIssue("model.num_heads", m.num_heads,
-                                  f"not divisible by parallel.model_parallel={p.model_parallel}",
-                                  "choose a model_parallel that divides num_heads"))
-    if m.kv_heads % p.model_parallel:
-        issues.append(ConfigIssue("model.n_kv_heads", m.kv_heads,
-                                  f"not divisible by parallel.model_parallel={p.model_parallel}",
-                                  "choose a model_parallel that divides n_kv_heads"))
-    if m.hidden_size % m.num_heads:
-        issues.append(ConfigIssue("model.hidden_size", m.hidden_size,
-                                  f"not divisible by model.num_heads={m.num_heads}",
-                                  f"use a hidden_size that is a multiple of {m.num_heads}"))
-    if m.num_heads % m.kv_heads:
-        issues.append(ConfigIssue("model.n_kv_heads", m.kv_heads,
-                                  f"model.num_heads={m.num_heads} is not a multiple of it (grouped-query attention)",
-                                  "use an n_kv_heads that divides num_heads"))
-    if m.intermediate_size % p.model_parallel:
-        issues.append(ConfigIssue("model.intermediate_size", m.intermediate_size,
-                                  f"not divisible by parallel.model_parallel={p.model_parallel}",
-                                  "use an intermediate_size that is a multiple of model_parallel"))
-    return issues
+    mp = f"not divisible by parallel.model_parallel={p.model_parallel}"
+    checks = (  # (field, value, remainder that must be 0, relation, fix)
+        ("model.num_heads", m.num_heads, m.num_heads % p.model_parallel, mp,
+         "choose a model_parallel that divides num_heads"),
+        ("model.n_kv_heads", m.kv_heads, m.kv_heads % p.model_parallel, mp,
+         "choose a model_parallel that divides n_kv_heads"),
+        ("model.hidden_size", m.hidden_size, m.hidden_size % m.num_heads,
+         f"not divisible by model.num_heads={m.num_heads}", f"use a hidden_size that is a multiple of {m.num_heads}"),
+        ("model.n_kv_heads", m.kv_heads, m.num_heads % m.kv_heads,
+         f"model.num_heads={m.num_heads} is not a multiple of it (grouped-query attention)",
+         "use an n_kv_heads that divides num_heads"),
+        ("model.intermediate_size", m.intermediate_size, m.intermediate_size % p.model_parallel, mp,
+         "use an intermediate_size that is a multiple of model_parallel"),
+    )
+    return [ConfigIssue(field, value, why, fix) for field, value, rest, why, fix in checks if rest]
 
 
 def _headroom(cfg: PipelineConfig) -> list[ConfigIssue]:
@@ -195,13 +192,6 @@ def _sft(cfg: PipelineConfig) -> list[ConfigIssue]:
                                   f"not below sft.steps={s.steps}: the whole finetune would be warm-up",
                                   f"set sft.warmup_steps to about {max(1, s.steps // 20)} (5% of sft.steps)"))
     accum = sft_accumulation(cfg)
-    want = s.micro_batch_size * accum * p.data_parallel
-    if s.global_batch_size is not None and s.global_batch_size != want:
-        issues.append(ConfigIssue(
-            "sft.global_batch_size", s.global_batch_size,
-            f"must equal sft.micro_batch_size x sft.gradient_accumulation_steps x data_parallel = "
-            f"{s.micro_batch_size} x {accum} x {p.data_parallel} = {want}",
-            f"set sft.global_batch_size={want} (or leave it empty)"))
     if p.pipeline_stage > 1 and accum % p.pipeline_stage:
         issues.append(ConfigIssue(
             "sft.gradient_accumulation_steps", accum,

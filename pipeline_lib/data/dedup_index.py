@@ -89,6 +89,20 @@ def is_rerun_of(meta: dict, inputs: list[dict] | None) -> bool:
     return bool(theirs) and all(f[2] for f in theirs) and theirs <= _file_ids(inputs)
 
 
+def _prior_segments(segments: list[dict], exclude_run: str, inputs: list[dict] | None) -> tuple[list[dict], list[str]]:
+    """(the segments a run deduplicates against: all but `exclude_run`'s and those it reruns, in the
+    given order; the run ids it reruns)."""
+    prior, reruns = [], []
+    for meta in segments:
+        if meta["run_id"] == exclude_run:
+            continue
+        if is_rerun_of(meta, inputs):
+            reruns.append(meta["run_id"])
+        else:
+            prior.append(meta)
+    return prior, reruns
+
+
 def list_segments(cfg, endpoint_url: str | None = None) -> list[dict]:
     """The meta.json of every committed segment of the lineage's index, in commit-name order."""
     uri = index_uri(cfg)
@@ -364,13 +378,9 @@ def load_prior_in_memory(cfg, exclude_run: str, bands: int, rows: int, endpoint_
     uri, d = index_uri(cfg), cfg.data.dedup
     store = store_for(uri, endpoint_url)
     ids: list[str] = []
-    keys, sigs, runs, reruns, sources = [], [], [], [], []
-    for meta in list_segments(cfg, endpoint_url):
-        if meta["run_id"] == exclude_run:
-            continue
-        if is_rerun_of(meta, inputs):
-            reruns.append(meta["run_id"])
-            continue
+    keys, sigs, runs, sources = [], [], [], []
+    prior_metas, reruns = _prior_segments(list_segments(cfg, endpoint_url), exclude_run, inputs)
+    for meta in prior_metas:
         _check_params(meta, uri, d)
         base = meta["uri"]
         keys.append(np.load(io.BytesIO(store.get_bytes(join(base, "keys.npy")))))
@@ -390,12 +400,6 @@ def load_prior_in_memory(cfg, exclude_run: str, bands: int, rows: int, endpoint_
                        sources)
     prior.reruns = reruns
     return prior
-
-
-def _check_segment(meta: dict, uri: str, d) -> None:
-    if meta.get("format") != FORMAT:
-        raise _old_format_error(uri, meta)
-    _check_params(meta, uri, d)
 
 
 def _check_params(meta: dict, uri: str, d) -> None:
@@ -494,18 +498,14 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
     decisions equal load_prior_in_memory's; len() is the number of documents in the index."""
     uri, d = index_uri(cfg), cfg.data.dedup
     store = store_for(uri, endpoint_url)
-    runs, reruns, metas = [], [], {}
-    for meta in list_segments_at(store, uri):
+    segments = list_segments_at(store, uri)
+    for meta in segments:
         if meta.get("format") != FORMAT:  # refused here, not at the commit after the whole stage ran
             raise _old_format_error(uri, meta)
-        if meta["run_id"] == exclude_run:
-            continue
-        if is_rerun_of(meta, inputs):
-            reruns.append(meta["run_id"])
-            continue
-        _check_segment(meta, uri, d)
-        runs.append(meta["run_id"])
-        metas[meta["run_id"]] = meta
+    prior_metas, reruns = _prior_segments(segments, exclude_run, inputs)
+    for meta in prior_metas:
+        _check_params(meta, uri, d)
+    runs, metas = [m["run_id"] for m in prior_metas], {m["run_id"]: m for m in prior_metas}
     params = _read_index_json(store, uri) if runs else None
     if runs and params is None:
         raise DataStageError("data.dedup.index_uri", uri, "the index has runs but no index.json (its metadata was "

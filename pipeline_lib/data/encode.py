@@ -26,11 +26,12 @@ import os
 import numpy as np
 
 from .. import killpoints
+from ..model.token_ids import CONFIG_NAME
+from ..model.tokenizer import Tokenizer
 from .errors import DataStageError
 from .packing import count_rows, gather_tokens, heldout_mask, join_with_eos, rows_from_tokens, write_mindrecord
 from .prep import read_docs, shard_dir
-from .tokenizer import (CONFIG_NAME, Tokenizer, check_loaded, lineage_tokenizer_checked, load_base, train_tokenizer,
-                        write_config)
+from .tokenizer import check_loaded, lineage_tokenizer_checked, load_base, train_tokenizer, write_config
 from .workspace import Workspace, atomic_path
 
 SPLITS = ("train", "heldout")

@@ -39,7 +39,7 @@ from ..runtime.contract import StageOutput, StageRun
 from ..storage import sha256_file
 from .dedup_index import index_uri, publish_segment
 from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
-                     tokenize_shard, write_cleaned_shard, write_mindrecord_files, write_mindrecord_shard)
+                     tokenize_shard, write_cleaned_shard, write_mindrecord_files)
 from .errors import ConservationError
 from .prep import SEGMENT, dedup_stage, plan_data_stage, prep_shard, shard_dir, stage_index_segment
 from .stats import attribute_rows, build_stats

@@ -1,7 +1,7 @@
 """The pipeline's tokenizer, data-stage side: training one, and checking a base model's (tokenizer.path).
 
 The loaded model (`Tokenizer`: encode, decode, special ids) is pipeline_lib.model.tokenizer, what SFT,
-evaluate and export use; it is importable from here too.
+evaluate and export use.
 
 Ids (the tokenizer contract): the ids are the tokenizer's own. A trained model gets our layout
 (`TRAINED_IDS`: pad 0, unk 1, bos 2, eos 3, or the tokenizer.*_id fields set), pad as a *control*
@@ -38,10 +38,7 @@ from typing import Iterable
 
 import sentencepiece as spm
 
-# the id conventions and the loaded Tokenizer live with the model; also importable from here, where the
-# data stage and its tests look
-from ..model.token_ids import (CONFIG_NAME, ID_FIELDS, TRAINED_IDS, TokenIds, configured_ids,  # noqa: F401
-                               id_mismatches, model_ids, trained_ids)
+from ..model.token_ids import CONFIG_NAME, id_mismatches, model_ids, trained_ids
 from ..model.tokenizer import Tokenizer
 from ..storage.store import LocalStore
 from .errors import DataStageError

@@ -25,18 +25,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..config.load import config_hash
+from ..config.identity import stage_hash
 from ..storage import join, store_for
 
 
 def work_hash(cfg) -> str:
-    """Hash of the config fields the stage's output depends on (not workers, batch or thread counts)."""
-    data = cfg.data.model_dump(mode="json")
-    for knob in ("num_workers", "read_batch_size"):
-        data.pop(knob)
-    tok = cfg.tokenizer.model_dump(mode="json")
-    tok.pop("encode_threads")
-    return config_hash({"data": data, "tokenizer": tok, "seq_length": cfg.model.seq_length})
+    """The data stage's identity hash (config.identity.stage_hash: the fields the schema marks as
+    defining the data stage's outputs; not workers, executor or thread counts)."""
+    return stage_hash(cfg, "data")
 
 
 class Workspace:

@@ -159,7 +159,8 @@ def _disk(diag, cfg) -> list[dict]:
 
     from ..planner.disk import checkpoint_disk
     from ..planner.memory import GB
-    from ..train.runner import local_ranks, node_rank
+    from ..runtime.nodes import node_rank
+    from ..train.runner import local_ranks
 
     need = checkpoint_disk(cfg, local_ranks(cfg, node_rank(cfg)))
     keep = cfg.training.keep_checkpoint_max

@@ -6,7 +6,6 @@
 - `checkpoints`: checkpoint references (a .ckpt, a parallel run's folder, + a LoRA adapter) and
   `resolve_params`, the plain-model parameters of one;
 - `lora_merge` (numpy) and `shard_merge` (MindSpore transform_checkpoints);
-- `random_init`: random-init checkpoints and a tiny tokenizer for smoke tests of the serving path;
 - the text interface: `token_ids` (pad/unk/bos/eos), `tokenizer` (a loaded sentencepiece model) and
   `chat_template` (conversations -> ids and trained tokens, what SFT trains on and evaluate prompts with).
 Importing this package imports nothing heavy; modules are imported by name.

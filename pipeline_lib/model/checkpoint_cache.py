@@ -16,11 +16,9 @@ tool's last output.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from ..runtime.env import subprocess_env
+from ..runtime.launcher import launch_module
 from ..storage import join, sha256_file, store_for
 from .checkpoints import CheckpointRef
 
@@ -86,11 +84,10 @@ def full_checkpoint(ref: CheckpointRef, scratch: Path, endpoint_url: str | None 
             (strategy / name).symlink_to(local.resolve())
     out = scratch / "merged.ckpt"
     log(f"checkpoint: merging {len(ref.shards)} rank files (layout {ref.layout}) into one checkpoint")
-    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.model.shard_merge", str(src), str(out),
-                           "--strategy", str(strategy)], capture_output=True, text=True, env=subprocess_env())
-    if proc.returncode != 0 or not out.exists():
-        raise ShardMergeFailed(f"merging the rank files of {ref.ckpt} failed (exit {proc.returncode}): "
-                               f"{proc.stderr.strip()[-800:]}")
+    merged = launch_module("pipeline_lib.model.shard_merge", [str(src), str(out), "--strategy", str(strategy)],
+                           cwd=None, timeout_s=None)
+    if not merged.ok or not out.exists():
+        raise ShardMergeFailed(f"merging the rank files of {ref.ckpt} failed: " + merged.describe("shard_merge"))
     meta = {"sha256": sha256_file(out), "size": out.stat().st_size, "key": ref.shard_key(), "layout": ref.layout,
             "shards": {r: i["sha256"] for r, i in ref.shards.items()}}
     store = store_for(uri, endpoint_url)

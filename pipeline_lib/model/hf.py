@@ -38,7 +38,6 @@ import json
 import os
 import re
 import struct
-import subprocess
 import sys
 from pathlib import Path
 from typing import Literal
@@ -46,7 +45,7 @@ from typing import Literal
 import numpy as np
 
 from . import shapes as llama_shapes
-from ..runtime.env import subprocess_env
+from ..runtime.launcher import launch_module
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -353,12 +352,10 @@ def mindformers_to_hf(params: dict[str, np.ndarray], model_cfg) -> dict[str, np.
 # ---------------------------------------------------------------- file conversion (MindSpore in a subprocess)
 
 def _run_tool(args: list[str], workdir: Path) -> None:
-    env = subprocess_env(log_dir=workdir / "log")
-    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.model.hf", *args], capture_output=True,
-                          text=True, env=env, cwd=str(workdir), timeout=3600)
-    if proc.returncode:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise HFImportError(f"pipeline_lib.model.hf {args[0]} failed: {tail[0]}\n{proc.stderr[-3000:]}")
+    result = launch_module("pipeline_lib.model.hf", args, cwd=workdir, timeout_s=3600, log_dir=workdir / "log")
+    if not result.ok:
+        last = (result.tail or ["(no output)"])[-1]
+        raise HFImportError(f"pipeline_lib.model.hf {args[0]} failed: {last}\n" + result.describe(args[0]))
 
 
 def convert_hf_to_mindformers(folder: str | Path, out_ckpt: str | Path, model_cfg,

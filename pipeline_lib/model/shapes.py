@@ -2,7 +2,7 @@
 
 Every weight is written [out, in] (mindformers Linear, transpose_b=True). Shapes are given by the
 symbolic dimensions below, each tied to the config field(s) that set it, so a check can name the
-field to change. Users: model.random_init (random checkpoints), model.hf (HF <-> mindformers
+field to change. Users: the tests' random checkpoints (tests/random_init.py), model.hf (HF <-> mindformers
 shape checks), train.adapter (LoRA factor shapes), planner.params (parameter counts).
 `m` is anything with vocab_size, hidden_size, num_layers, num_heads, kv_heads, intermediate_size and
 tie_word_embeddings (config.schema.ModelConfig, planner.params.ModelShape).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config.schema import PipelineConfig, headroom_gb
+from ..config.schema import PipelineConfig, global_batch, headroom_gb
 from ..config.validate import check
 from .activations import RECOMPUTE_MODES
 from .cost import Cost, Hardware, step_cost
@@ -94,7 +94,7 @@ class PlanRequest:
     devices_per_node: int
     device_memory_gb: float
     seq_length: int | None = None  # None: the config's model.seq_length
-    global_batch: int | None = None  # None: the config's training.global_batch_size
+    global_batch: int | None = None  # None: the config's (schema.global_batch)
     reserve_gb: float = DEFAULT_RESERVE_BYTES / GB
     max_micro_batch_size: int = 8
     hardware: Hardware = Hardware()
@@ -144,8 +144,10 @@ def enumerate_layouts(devices: int, global_batch: int, *, flash_attention: bool 
 
 
 def with_request(cfg: PipelineConfig, req: PlanRequest) -> PipelineConfig:
+    """`cfg` with the request applied; the target global batch is stated as training.global_batch_size, so
+    every layout applied to it is checked against the target (validate.py) while choosing its own batch."""
     model = cfg.model.model_copy(update=dict(seq_length=req.seq_length or cfg.model.seq_length))
-    tr = cfg.training.model_copy(update=dict(global_batch_size=req.global_batch or cfg.training.global_batch_size))
+    tr = cfg.training.model_copy(update=dict(global_batch_size=req.global_batch or global_batch(cfg)))
     par = cfg.parallel.model_copy(update=dict(devices=req.devices, devices_per_node=req.devices_per_node,
                                               device_memory_gb=req.device_memory_gb,
                                               device_memory_headroom_gb=req.headroom_gb))

@@ -16,7 +16,7 @@ Pure Python (no MindSpore); never raises for a missing figure (the comparison is
 from __future__ import annotations
 
 from ..config.platform import achieved_tflops, device_target
-from ..config.schema import PipelineConfig
+from ..config.schema import PipelineConfig, global_batch
 from .cost import Hardware, step_cost
 from .memory import GB, estimate
 from .params import ModelShape
@@ -27,7 +27,7 @@ def predicted_step_ms(cfg: PipelineConfig) -> tuple[float, float, str]:
     tflops, source = achieved_tflops(cfg)
     p, t, m = cfg.parallel, cfg.training, cfg.model
     mem = estimate(cfg)
-    cost = step_cost(ModelShape.from_config(m), seq_length=m.seq_length, global_batch=t.global_batch_size,
+    cost = step_cost(ModelShape.from_config(m), seq_length=m.seq_length, global_batch=global_batch(cfg),
                      micro_batch_size=t.micro_batch_size, data_parallel=p.data_parallel,
                      model_parallel=p.model_parallel, pipeline_stage=p.pipeline_stage,
                      micro_batch_num=p.micro_batch_num, recompute=m.recompute, flash_attention=m.use_flash_attention,

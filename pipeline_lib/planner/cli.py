@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Memory per device and a ranked parallel layout, before any card is spent.")
     ap.add_argument("--model", required=True, metavar="CONFIG_YAML", help="pipeline config yaml")
     ap.add_argument("--seq-length", type=_positive(int), help="default: model.seq_length")
-    ap.add_argument("--global-batch", type=_positive(int), help="default: training.global_batch_size")
+    ap.add_argument("--global-batch", type=_positive(int),
+                    help="default: the config's (micro_batch_size x gradient_accumulation_steps x data_parallel)")
     ap.add_argument("--devices", type=_positive(int), help="default: parallel.devices")
     ap.add_argument("--devices-per-node", type=_positive(int), help="default: parallel.devices_per_node")
     ap.add_argument("--device-memory-gb", type=_positive(float), help="default: parallel.device_memory_gb")

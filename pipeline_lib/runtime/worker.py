@@ -1,34 +1,28 @@
 """Run a MindSpore worker module in its own process and read back its json result.
 
 What: `run_worker("pipeline_lib.evaluate.worker", request, workdir, timeout_s=..., log=...)` writes
-`request.json`, runs `python -m <module> --request request.json --result result.json` in a new
-session from a scratch cwd (mindformers writes ./output), in the environment of env.subprocess_env
-(logs under workdir/logs, the project root on PYTHONPATH), forwards the worker's progress lines
-(those starting with "[worker]") to `log`, and returns the parsed result. The orchestrating process never imports
-MindSpore, so a crash or leak in the worker cannot take the flow down.
+`request.json` and runs `python -m <module> --request request.json --result result.json` through the one
+launcher (launcher.launch: own session, env.subprocess_env with logs under workdir/logs, the timeout kills
+the whole process tree, SIGTERM then SIGKILL after 10 s; the worker gets SIGTERM when the launching thread
+dies) from a scratch cwd (mindformers writes ./output). It writes every output line to workdir/worker.log,
+forwards the worker's progress lines (those starting with "[worker]") to `log`, and returns the parsed
+result. The orchestrating process never imports MindSpore, so a crash or leak in the worker cannot take the
+flow down.
 
 The worker contract: it writes result.json with {"ok": true, ...} or {"ok": false, "error_type",
 "error"} and exits 0 / 1. Raises WorkerFailed (with the error and the last log lines) when the
-worker fails or dies without a result, and WorkerTimeout after `timeout_s` (the process group is
-killed: SIGTERM, then SIGKILL after 10 s). The worker gets SIGTERM when the launching thread dies (Linux
-parent-death signal), so a flow killed with SIGKILL leaves no worker behind.
+worker fails or dies without a result, and WorkerTimeout after `timeout_s`.
 """
 from __future__ import annotations
 
-import collections
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-from ..lifetime import die_with_parent
-from .env import subprocess_env
+from .launcher import launch_module
 
 PROGRESS_PREFIX = "[worker]"
 
@@ -53,19 +47,6 @@ def as_log(log) -> Callable[[str], None]:
     return log
 
 
-def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: float, log=None,
                keep_log: str | Path | None = None) -> dict:
     """Run the worker; returns its result dict (with "ok": True). keep_log: where the worker's full log is
@@ -81,48 +62,30 @@ def run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: fl
 def _run_worker(module: str, request: dict, workdir: str | Path, *, timeout_s: float, log=None) -> dict:
     emit = as_log(log)
     workdir = Path(workdir).resolve()  # the worker runs in workdir/cwd: its arguments and env must be absolute
-    cwd = workdir / "cwd"
-    cwd.mkdir(parents=True, exist_ok=True)
+    workdir.mkdir(parents=True, exist_ok=True)
     req, res = workdir / "request.json", workdir / "result.json"
     req.write_text(json.dumps(request, indent=1, ensure_ascii=False, default=str), encoding="utf-8")
     res.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", module, "--request", str(req), "--result", str(res)]
-    tail: collections.deque[str] = collections.deque(maxlen=60)
     started = time.time()
     with open(workdir / "worker.log", "w", encoding="utf-8") as full_log:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=subprocess_env(log_dir=workdir / "logs"), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
-                                preexec_fn=die_with_parent(signal.SIGTERM))
+        def on_line(line: str) -> None:
+            full_log.write(line + "\n")
+            if line.startswith(PROGRESS_PREFIX):
+                emit(line[len(PROGRESS_PREFIX):].strip())
 
-        def pump():
-            for line in proc.stdout:
-                line = line.rstrip("\n")
-                full_log.write(line + "\n")
-                tail.append(line)
-                if line.startswith(PROGRESS_PREFIX):
-                    emit(line[len(PROGRESS_PREFIX):].strip())
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            reader.join(5)
-            raise WorkerTimeout(f"{module} did not finish within {timeout_s:.0f} s and was killed; raise "
-                                "training.timeout_seconds or shrink the work (evaluate.perplexity_max_rows, "
-                                "fewer prompts)", "timeout", list(tail)) from None
-        except BaseException:
-            _kill_group(proc)
-            raise
-        reader.join(10)
+        done = launch_module(module, ["--request", str(req), "--result", str(res)], cwd=workdir / "cwd",
+                             timeout_s=timeout_s, log_dir=workdir / "logs", on_line=on_line)
+    if done.timed_out:
+        raise WorkerTimeout(f"{module} did not finish within {timeout_s:.0f} s and was killed; raise "
+                            "training.timeout_seconds or shrink the work (evaluate.perplexity_max_rows, "
+                            "fewer prompts)", "timeout", done.tail)
     result = json.loads(res.read_text(encoding="utf-8")) if res.exists() else None
     if result is None:
-        raise WorkerFailed(f"{module} exited with code {proc.returncode} after {time.time() - started:.0f} s without "
-                           f"a result; last lines:\n" + "\n".join(list(tail)[-25:]), "crash", list(tail))
+        raise WorkerFailed(f"{module} exited with code {done.returncode} after {time.time() - started:.0f} s without "
+                           f"a result; last lines:\n" + "\n".join(done.tail[-25:]), "crash", done.tail)
     if not result.get("ok"):
         raise WorkerFailed(f"{module}: {result.get('error_type', 'Error')}: {result.get('error')}",
-                           result.get("error_type", ""), list(tail))
+                           result.get("error_type", ""), done.tail)
     return result
 
 

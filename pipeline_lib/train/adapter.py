@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from ..config.validate import lora_model_name
 from ..model.lora_merge import LORA_MARK
 from ..model.shapes import PROJECTIONS as MODULE_PATHS
 from ..model.shapes import projection_dims
-from ..runtime.env import subprocess_env
+from ..runtime.launcher import launch_module
 OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.", "moment1.", "moment2.", "accu_grads.", "accumulated_grads.")
 ADAPTER_FILE = "adapter.ckpt"
 CONFIG_FILE = "adapter_config.json"
@@ -102,16 +101,13 @@ def extract_adapter(sft_ckpt: str | Path, base_ckpt: str | Path, out_dir: str | 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     request = {"sft": str(sft_ckpt), "base": str(base_ckpt), "out": str(Path(out_dir) / ADAPTER_FILE),
                "expected": {k: list(v) for k, v in expected.items()}}
-    env = subprocess_env()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.adapter", json.dumps(request)],
-                              capture_output=True, text=True, timeout=timeout_s, env=env, cwd=str(out_dir))
-    except subprocess.TimeoutExpired:
-        raise AdapterError(f"adapter extraction from {sft_ckpt} timed out after {timeout_s:g}s") from None
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARK)]
+    lines: list[str] = []
+    done = launch_module("pipeline_lib.train.adapter", [json.dumps(request)], cwd=out_dir, timeout_s=timeout_s,
+                         on_line=lambda line: lines.append(line) if line.startswith(_MARK) else None)
+    if done.timed_out:
+        raise AdapterError(f"adapter extraction from {sft_ckpt} timed out after {timeout_s:g}s")
     if not lines:
-        raise AdapterError(f"adapter extraction from {sft_ckpt} failed (exit {proc.returncode}): "
-                           f"{proc.stderr.strip()[-1500:]}")
+        raise AdapterError(f"adapter extraction from {sft_ckpt} failed: " + done.describe("adapter extraction"))
     result = json.loads(lines[-1][len(_MARK):])
     if result.get("error"):
         raise AdapterError(result["error"])

@@ -25,14 +25,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..runtime.env import subprocess_env
+from ..runtime.launcher import launch_module
 from .. import killpoints
 from ..storage import join, sha256_file, store_for
 
@@ -103,15 +102,17 @@ def verify_checkpoints(paths: Iterable[str | Path], timeout_s: float = 900) -> l
     todo = [p for p in paths if p not in missing]
     if not todo:
         return [missing[p] for p in paths]
-    env = subprocess_env()
-    try:
-        proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.checkpoints", "verify", *todo],
-                              capture_output=True, text=True, timeout=timeout_s, env=env)
-        found = {d["path"]: d for d in (json.loads(line[len(_MARK):]) for line in proc.stdout.splitlines()
-                                        if line.startswith(_MARK))}
-        crash = f"verifier exited with {proc.returncode}: {proc.stderr.strip()[-500:]}"
-    except subprocess.TimeoutExpired:
-        found, crash = {}, f"verifier timed out after {timeout_s:g}s"
+    found: dict[str, dict] = {}
+
+    def on_line(line: str) -> None:
+        if line.startswith(_MARK):
+            record = json.loads(line[len(_MARK):])
+            found[record["path"]] = record
+
+    done = launch_module("pipeline_lib.train.checkpoints", ["verify", *todo], cwd=None, timeout_s=timeout_s,
+                         on_line=on_line)
+    crash = (f"verifier timed out after {timeout_s:g}s" if done.timed_out else
+             f"verifier exited with {done.returncode}: " + "\n".join(done.tail[-10:])[-500:])
     results = []
     for path in paths:
         if path in missing:

@@ -30,6 +30,7 @@ import json
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from ..config.load import is_utf8_text
 from ..model.chat_template import Turn
 from ..storage import iter_lines, store_for
 from ..storage.input_files import NoInputFiles, kind_of, list_inputs, open_parquet
@@ -186,17 +187,9 @@ def to_turns(obj: dict, *, system_prompt: str | None = None,
     forbidden = [f for f in forbidden if f]
     if any(f in t.content for t in turns for f in forbidden):
         return None, "special_token_in_text"
-    if not all(_is_unicode(t.content) for t in turns):
+    if not all(is_utf8_text(t.content) for t in turns):
         return None, "lone_surrogate"
     return turns, None
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 _FLAT_KEYS = {"alpaca": (("instruction", "input"), "output"), "prompt_response": (("prompt",), "response")}
@@ -220,7 +213,7 @@ def offending_field(obj: dict | None, reason: str, forbidden: Iterable[str] = ()
         bad = [f for f in forbidden if f] if reason == "special_token_in_text" else None
         for k in keys:
             value = obj.get(k)
-            if isinstance(value, str) and (any(f in value for f in bad) if bad is not None else not _is_unicode(value)):
+            if isinstance(value, str) and (any(f in value for f in bad) if bad is not None else not is_utf8_text(value)):
                 return k
         return None
     if shape != "messages":
@@ -235,7 +228,7 @@ def offending_field(obj: dict | None, reason: str, forbidden: Iterable[str] = ()
         for key in ("role", "content"):
             value = m[key]
             if not isinstance(value, str) or (key == "role" and value.strip().lower() not in ROLES) or \
-                    (key == "content" and (not _is_unicode(value) or any(f and f in value for f in forbidden))):
+                    (key == "content" and (not is_utf8_text(value) or any(f and f in value for f in forbidden))):
                 return f"messages[{i}].{key}"
     return "messages"
 

@@ -202,30 +202,6 @@ def parse_loss_line(line: str, tokens_per_step: int | None = None) -> dict | Non
             "rank": 0, "time": time.time(), "source": "log"}
 
 
-class LogMetricsCollector:
-    """Feed it every log line (`launch(log=...)`); it appends each parsed loss line to a metrics.jsonl.
-
-    Only use it when the run has no metrics callback, or the file gets each step twice. In msrun runs
-    only the loss rank's lines (`[worker_<loss_rank>] ...`: rank 0, or a last-stage rank under pipeline parallel,
-    LossRule.loss_rank) are taken; MFLossMonitor has already normalised that loss.
-    """
-
-    def __init__(self, path: str | Path, tokens_per_step: int | None = None, loss_rank: int = 0):
-        self.file = MetricsFile(path)
-        self.tokens_per_step = tokens_per_step
-        self.records: list[dict] = []
-        self.worker = f"[worker_{loss_rank}]"
-
-    def feed(self, line: str) -> dict | None:
-        if line.startswith("[worker_") and not line.startswith(self.worker):
-            return None
-        record = parse_loss_line(line, self.tokens_per_step)
-        if record is not None:
-            self.file.write(record)
-            self.records.append(record)
-        return record
-
-
 def plot_loss(metrics: Iterable[dict], png_path: str | Path, title: str = "training loss") -> Path:
     """Loss (and learning rate on a second axis when present) against step, as a PNG. Non-finite losses
     are marked with a red x at the top of the plot. Raises ValueError when there is no step to plot."""

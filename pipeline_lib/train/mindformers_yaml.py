@@ -44,7 +44,7 @@ from typing import Literal
 import yaml
 
 from ..config.platform import CPU_RUNNER_OVERRIDES, device_target
-from ..config.schema import PipelineConfig, sft_accumulation
+from ..config.schema import PipelineConfig, global_batch, sft_accumulation
 from ..config.validate import lora_model_name
 from ..model.llama import llama_model_config
 from ..model.token_ids import configured_ids
@@ -162,13 +162,12 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     t = cfg.training
     target = target or device_target(cfg)
     on_cpu = target == "CPU"
-    dp = cfg.parallel.data_parallel
     sched = stage_schedule(cfg, stage)
     micro, accum, lr, budget = sched["micro"], sched["accum"], sched["learning_rate"], sched["steps"]
     budget = steps or budget
     # CPU: the wrapper splits one dataset batch into `accum` micro batches inside the graph.
     batch = micro * accum if on_cpu else micro
-    rows_per_step = micro * accum * dp
+    rows_per_step = global_batch(cfg, stage)
 
     epochs, stop_step = t.epochs, None
     if budget is not None:

@@ -1,100 +1,22 @@
-"""Preflight report helpers: process-tree memory sampling and a verdict over a few training steps.
+"""Preflight report helpers: a verdict over a few training steps (the trainer's peak memory is sampled by
+runtime.process_tree.ProcessTreeSampler while it runs).
 
 What:
-- `ProcessTreeSampler(pid)` samples, in a background thread, the summed RSS of a process and all its
-  descendants (msrun, its scheduler and workers) and keeps the peak. It also remembers every process it
-  has seen, which the launcher uses to kill workers that left the process group (msrun `setsid`s them).
 - `summarize_steps(metrics)` turns per-step metric dicts (metrics.jsonl) into step time, tokens/s and loss
   sanity; `evaluate_preflight(...)` turns that into a `PreflightResult` whose message says what to change.
 
-Limits: RSS summed over processes counts shared pages once per process, so the peak is an upper bound;
-a process that lives shorter than the sampling interval is missed. "Loss falling" means the mean of the last
-third of the steps is below the mean of the first third (robust to one noisy step; needs >= 3 steps).
-Raises nothing on vanished processes (they are skipped); ValueError for a non-positive interval.
+Limits: "Loss falling" means the mean of the last third of the steps is below the mean of the first third
+(robust to one noisy step; needs >= 3 steps).
 """
 from __future__ import annotations
 
 import math
 import statistics
-import threading
 from dataclasses import asdict, dataclass, field
-
-import psutil
 
 from ..config.validate import MIN_PREFLIGHT_STEPS
 
 GB = 1e9
-
-
-class ProcessTreeSampler:
-    """Peak summed RSS of `pid` and its descendants, sampled every `interval` seconds while running."""
-
-    def __init__(self, pid: int, interval: float = 0.5):
-        if interval <= 0:
-            raise ValueError(f"interval={interval!r}: must be > 0 seconds")
-        self.pid, self.interval = pid, interval
-        try:  # kept, not looked up again: psutil checks its create time, so a reused pid is never walked
-            self._root: psutil.Process | None = psutil.Process(pid)
-        except psutil.Error:
-            self._root = None
-        self.peak_rss_bytes = 0
-        self.samples = 0
-        self.seen: dict[int, psutil.Process] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _tree(self) -> list[psutil.Process]:
-        try:
-            if self._root is None or not self._root.is_running():
-                return []
-            return [self._root, *self._root.children(recursive=True)]
-        except psutil.Error:
-            return []
-
-    def sample(self) -> int:
-        """Take one sample now; returns the tree's current RSS in bytes (0 when the root is gone)."""
-        total = 0
-        procs = self._tree()
-        for proc in procs:
-            try:
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                total += proc.memory_info().rss
-            except psutil.Error:
-                continue  # exited between listing and reading
-        with self._lock:
-            for proc in procs:
-                self.seen.setdefault(proc.pid, proc)
-            self.peak_rss_bytes = max(self.peak_rss_bytes, total)
-            self.samples += 1
-        return total
-
-    def seen_processes(self) -> list[psutil.Process]:
-        """Every process seen in the tree so far (psutil objects guard against pid reuse)."""
-        with self._lock:
-            return list(self.seen.values())
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
-
-    def start(self) -> "ProcessTreeSampler":
-        self._thread = threading.Thread(target=self._run, name=f"rss-sampler-{self.pid}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> "ProcessTreeSampler":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The launcher's surroundings for the training stages: ranks, launch, resume fields, ticks, guard text, rollback copies
 (session.py composes them into the runner both stages use).
 
-- `node_rank(cfg)` / `local_ranks(cfg, rank)`: this node's rank ($LLM_PIPELINE_NODE_RANK) and the global ranks it runs.
+- `local_ranks(cfg, rank)`: the global ranks node `rank` runs (its rank: runtime.nodes.node_rank).
 - `launch_trainer(cfg, yaml, out, ...)`: build_command + launch in its own process group with timeout
   training.timeout_seconds, logs/dumps of the trainer under `out` (GLOG_v=3, LOG_MF_PATH, MS_OM_PATH), msrun logs
   followed in `out/msrun`, the guard's diagnosis read from `out`. A trainer killed by a signal raises
@@ -26,16 +26,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ..runtime.contract import TransientError
-from ..runtime.nodes import NODE_RANK_ENV, node_rank  # noqa: F401  (re-exported: session, doctor)
+from ..runtime.launcher import LaunchResult, launch_module
 from ..storage import store_for
 from .checkpoints import CheckpointManager, list_checkpoints
-from .launch import ENTRY_MODULE, GuardTripped, LaunchResult, TrainingLaunchError, build_command, child_env, launch
+from .launch import ENTRY_MODULE, GuardTripped, TrainingLaunchError, build_command, launch
 from .metrics import METRICS_FILE
 
 VERIFY_DUTY = 0.05      # share of wall time checkpoint verification may take while the trainer runs
@@ -59,7 +58,7 @@ def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None
                    entry_module: str = ENTRY_MODULE) -> LaunchResult:
     """Run the trainer on `yaml_path` (output_dir `out`) to completion; see the module docstring."""
     command = build_command(cfg.parallel, yaml_path, node_rank=rank, log_dir=out / "msrun", entry_module=entry_module)
-    env = child_env({"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om"), **(env or {})})
+    env = {"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om"), **(env or {})}
     try:
         return launch(command, log=log, cwd=out / "cwd", timeout_s=cfg.training.timeout_seconds,
                       log_dir=out / "msrun", env=env, on_tick=on_tick, guard_dir=out)
@@ -166,12 +165,12 @@ def rollback_checkpoint(latest: dict, dest_dir: Path, step_num: int, steps_per_e
         dst = Path(dest_dir) / f"rank_{rank}" / src.name
         dst.parent.mkdir(parents=True, exist_ok=True)
         pairs += [str(src), str(dst)]
-    env = child_env({"GLOG_v": "3", "LOG_MF_PATH": str(Path(dest_dir) / "log"),
-                     "MS_OM_PATH": str(Path(dest_dir) / "om")})
-    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.train.runner", "set-position", str(step_num),
-                           str(epoch), *pairs], capture_output=True, text=True, env=env, timeout=900)
-    if proc.returncode:
-        raise RuntimeError(f"writing the rollback checkpoint under {dest_dir} failed: {proc.stderr[-2000:]}")
+    env = {"GLOG_v": "3", "LOG_MF_PATH": str(Path(dest_dir) / "log"), "MS_OM_PATH": str(Path(dest_dir) / "om")}
+    result = launch_module("pipeline_lib.train.runner", ["set-position", str(step_num), str(epoch), *pairs],
+                           cwd=None, timeout_s=900, env=env)
+    if not result.ok:
+        raise RuntimeError(f"writing the rollback checkpoint under {dest_dir} failed: "
+                           + result.describe("set-position"))
     return Path(pairs[1])
 
 

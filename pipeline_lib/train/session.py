@@ -35,15 +35,15 @@ from typing import Any
 
 from .mindformers_yaml import build_run_config, write_run_yaml
 from ..config.platform import device_target
-from ..config.schema import GuardConfig
+from ..config.schema import GuardConfig, global_batch
 from .. import killpoints
 from ..storage import join, store_for
+from ..runtime.nodes import node_rank
 from .checkpoints import CheckpointManager
 from .launch import GuardTripped, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight
-from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, node_rank, resume_fields, \
-    rollback_checkpoint
+from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, resume_fields, rollback_checkpoint
 
 WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 IDENTITY_FILE = "identity.json"
@@ -130,7 +130,7 @@ class StageYaml:
         dp = cfg.parallel.data_parallel
         on_cpu = device_target(cfg) == "CPU"
         # tokens per optimizer step across all ranks (rows hold seq_length + 1 tokens, seq_length are predicted)
-        tokens = batch.micro_batch_size * batch.accumulation * dp * cfg.model.seq_length
+        tokens = global_batch(cfg, self.stage) * cfg.model.seq_length
         callbacks = training_callbacks(out, tokens_per_step=tokens, data_parallel=dp, num_rows=self.rows,
                                        batch_size=batch.micro_batch_size * (batch.accumulation if on_cpu else 1),
                                        spike_factor=batch.guard.spike_factor, window=batch.guard.window,

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +34,11 @@ from typing import IO, Iterable
 
 import numpy as np
 
+from ..config.load import is_utf8_text
 from ..model.chat_template import IGNORE, fit_to_row, labels_for, template_for
 from ..model.token_ids import TokenIds
 from ..model.tokenizer import Tokenizer
-from ..runtime.env import subprocess_env
+from ..runtime.launcher import launch_module
 from ..storage.mindrecord import read_mindrecord_columns
 from .instructions import SftDataError, iter_instruction_records, offending_field, shape_of, to_turns
 
@@ -148,11 +147,7 @@ def _utf8_json(obj) -> str:
     """JSON for a UTF-8 file: non-ASCII as written, unless a lone surrogate (from a \\udXXX escape in the
     input) is inside: then everything is escaped (valid JSON; the surrogate cannot be written as UTF-8)."""
     text = json.dumps(obj, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(obj)
-    return text
+    return text if is_utf8_text(text) else json.dumps(obj)
 
 
 def summarize(files: dict[str, dict], rows: PackedRows) -> dict:
@@ -211,13 +206,11 @@ def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpo
         marker.unlink(missing_ok=True)
         npz = out / "data" / ".rows.npz"
         np.savez(npz, input_ids=rows.input_ids, labels=rows.labels)
-        env = subprocess_env()
-        proc = subprocess.run([sys.executable, "-m", "pipeline_lib.storage.mindrecord", str(npz), str(out / DATA_FILE),
-                               "sft"],
-                              capture_output=True, text=True, env=env, timeout=600)
+        written = launch_module("pipeline_lib.storage.mindrecord", [str(npz), str(out / DATA_FILE), "sft"],
+                                cwd=None, timeout_s=600)
         npz.unlink(missing_ok=True)
-        if proc.returncode:
-            raise RuntimeError(f"writing {out / DATA_FILE} failed (exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
+        if not written.ok:
+            raise RuntimeError(f"writing {out / DATA_FILE} failed: " + written.describe("mindrecord writer"))
         marker.write_text(stats["rows_sha256"])
     if log:
         log(f"sft: {t['read']} records -> {t['kept']} samples ({t['rejected_total']} quarantined, "

@@ -140,10 +140,8 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
     remote = join(run.uri, "train") if run.remote else None
     session = TrainingSession(cfg, stage=STAGE, out=train_dir, remote=remote, endpoint=run.endpoint, steps=cfg.sft.steps,
                               log=run.log, progress=run.progress, error=SFTStageError, preflight_error=SFTPreflightFailed)
-    reused = {k: v for k, v in cfg.training.model_dump(mode="json").items()
-              if k not in ("timeout_seconds", "upload_checkpoints", "preflight_steps")}
-    latest = session.resume_or_start(config_hash({"run": run.identity, "training": reused, "base": base_sha,
-                                                  "rows": stats["rows_sha256"]}))
+    # run.identity already holds every training.* field the schema marks as shaping SFT's outputs
+    latest = session.resume_or_start(config_hash({"run": run.identity, "base": base_sha, "rows": stats["rows_sha256"]}))
     check_free_disk(out, int(base.stat().st_size * 1.2), copies=2, ranks_on_node=len(session.ranks))
     # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
     yaml = StageYaml(cfg, STAGE, Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard), out / "data",

@@ -65,12 +65,12 @@ from pathlib import Path
 
 from ..config.load import config_hash
 from ..config.validate import base_weights_issues, preflight_steps_issues, profile_issues
+from ..config.schema import global_batch
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
 from .checkpoints import LATEST_FILE, check_disk
 from .metrics import METRICS_FILE
 from .preflight import GB, summarize_steps
-from .runner import TrainerKilled  # noqa: F401  (re-exported: raised by this stage)
 from .session import IDENTITY_FILE, PREFLIGHT_FILE, Batch, StageYaml, TrainingSession, finite, loss_history, \
     work_dir, write_json
 
@@ -246,7 +246,7 @@ def _schedule(cfg, rows: int) -> tuple[int, int]:
     """(optimizer steps of the run: training.steps, else epochs x steps per epoch; optimizer steps per epoch).
     Refuses data smaller than one step."""
     t = cfg.training
-    rows_per_step = t.micro_batch_size * t.gradient_accumulation_steps * cfg.parallel.data_parallel
+    rows_per_step = global_batch(cfg)
     if rows // rows_per_step < 1:
         raise PretrainStageError(f"the data stage produced {rows} train rows, fewer than one optimizer step needs "
                                  f"({rows_per_step} = training.micro_batch_size x gradient_accumulation_steps x "
@@ -343,7 +343,7 @@ def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path) -> list[di
 
 def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: int, rows: int, base_info: dict,
              preflight: dict | None, session: TrainingSession, started: float) -> dict:
-    cfg, latest, t = run.cfg, trained.latest, run.cfg.training
+    cfg, latest = run.cfg, trained.latest
 
     def ref(path: str) -> str:  # a checkpoint's absolute path, or its URI on an s3:// store
         return join(run.uri, Path(path).resolve().relative_to(out).as_posix()) if _scratch(run) \
@@ -376,8 +376,7 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
         "final_loss": finite(records[-1]["loss"]) if records else None,
         "tokens_per_s": summary.tokens_per_s if summary else None,
         "step_time_ms": summary.step_time_ms if summary else None,
-        "tokens_per_step": t.micro_batch_size * t.gradient_accumulation_steps * cfg.parallel.data_parallel
-        * cfg.model.seq_length,
+        "tokens_per_step": global_batch(cfg) * cfg.model.seq_length,
         "train_rows": rows, "resumed_from_step": trained.resumed_from_step, "attempts": trained.attempts,
         "rollbacks": trained.rollbacks, "base": base_info or None, "preflight": preflight,
         "node_rank": session.node_rank, "ranks": session.ranks, "seconds": round(time.time() - started, 1),

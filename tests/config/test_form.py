@@ -7,7 +7,8 @@ import yaml
 from pipeline_lib.config import ConfigError, load_config
 from pipeline_lib.config.form import form_defaults, form_sections
 from pipeline_lib.config.load import merge_sections
-from pipeline_lib.stages import SPECS, stage_hash
+from pipeline_lib.config.identity import stage_hash
+from pipeline_lib.stages import SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs/pipelines/tiny-cpu.yaml"

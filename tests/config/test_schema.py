@@ -7,7 +7,8 @@ from pydantic import Field
 
 from pipeline_lib.config import ConfigError
 from pipeline_lib.config.schema import NO_OUTPUT_EFFECT, PipelineConfig, _Section, identity
-from pipeline_lib.stages import SPECS, schema_fields
+from pipeline_lib.config.identity import schema_fields
+from pipeline_lib.stages import SPECS
 
 
 def test_every_schema_field_belongs_to_a_stage_identity_or_is_marked_as_not_changing_outputs():

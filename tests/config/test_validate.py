@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib.config import ConfigError, check, config_from_dict, validate
+from pipeline_lib.config.identity import stage_hash
+from pipeline_lib.config.schema import global_batch
+from pipeline_lib.stages import SPECS
 
 
 def issues(for_run=False, **sections):
@@ -29,6 +32,20 @@ def test_global_batch_formula():
     assert issue.value == 7
     assert "micro_batch_size x gradient_accumulation_steps x data_parallel" in issue.problem
     assert "global_batch_size=6" in issue.fix
+
+
+def test_global_batch_is_derived_and_a_stated_one_only_checks_it():
+    sections = {"training": {"micro_batch_size": 2, "gradient_accumulation_steps": 3},
+                "sft": {"micro_batch_size": 3, "gradient_accumulation_steps": 2}}
+    cfg = config_from_dict(sections)
+    assert (global_batch(cfg), global_batch(cfg, "sft")) == (6, 6)
+    assert cfg.training.global_batch_size is None and issues(**sections) == {}
+    sections["training"]["global_batch_size"] = sections["sft"]["global_batch_size"] = 6
+    assert issues(**sections) == {}
+    stated = config_from_dict(sections)  # a check only: no stage reruns for stating it
+    assert {s: stage_hash(stated, s) for s in SPECS} == {s: stage_hash(cfg, s) for s in SPECS}
+    sft = issues(sft={"micro_batch_size": 2, "global_batch_size": 5})["sft.global_batch_size"]
+    assert "2 x 1 x 1 = 2" in sft.problem and "remove sft.global_batch_size" in sft.fix
 
 
 def test_global_batch_counts_data_parallel():

@@ -49,8 +49,9 @@ def test_step_functions_share_their_work_through_s3(s3_bucket, tmp_path):
     and markers on S3; the result equals the one-process run."""
     import shutil
 
-    from pipeline_lib.data import (build_tokenizer, dedup_stage, finalize_data_stage, plan_data_stage,
-                                   plan_mindrecord, prep_shard, tokenize_shard, write_mindrecord_shard)
+    from pipeline_lib.data.encode import build_tokenizer, plan_mindrecord, tokenize_shard, write_mindrecord_shard
+    from pipeline_lib.data.prep import dedup_stage, plan_data_stage, prep_shard
+    from pipeline_lib.data.stage import finalize_data_stage
 
     bucket, endpoint = s3_bucket
     small = tmp_path / "small.jsonl"
@@ -85,7 +86,7 @@ def test_each_shard_reads_only_its_byte_range_of_an_s3_object(s3_bucket, tmp_pat
     import gzip
     import shutil
 
-    from pipeline_lib.data import plan_data_stage, prep_shard
+    from pipeline_lib.data.prep import plan_data_stage, prep_shard
 
     bucket, endpoint = s3_bucket
     store = store_for(bucket, endpoint)

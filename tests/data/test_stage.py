@@ -12,12 +12,13 @@ from datagen import TINY, make_cfg, write_jsonl
 from make_tiny_corpus import PLANTED, make_corpus
 
 import pipeline_lib.data.prep as prep
-from pipeline_lib.data import table_rows
+from pipeline_lib.data.stats import table_rows
 from pipeline_lib.data.dedup_index import index_uri, list_segments
 from pipeline_lib.data.errors import DataStageError, NoNewDocuments
 from pipeline_lib.data.packing import read_mindrecord
-from pipeline_lib.data.tokenizer import Tokenizer
-from pipeline_lib.stages import run_stage, stage_hash
+from pipeline_lib.model.tokenizer import Tokenizer
+from pipeline_lib.config.identity import stage_hash
+from pipeline_lib.stages import run_stage
 from pipeline_lib.storage import RunPaths, read_manifest
 
 
@@ -397,6 +398,14 @@ def test_identity_fields_are_part_of_the_stage_identity(tmp_path, field, value):
 
     base, other = make_cfg(tmp_path), make_cfg(tmp_path, **{field: value})
     assert stage_hash(base, "data") != stage_hash(other, "data") and work_hash(base) != work_hash(other)
+
+
+def test_the_work_hash_is_the_data_identity_so_where_the_work_runs_does_not_change_it(tmp_path):
+    from pipeline_lib.data.workspace import work_hash
+
+    base = make_cfg(tmp_path, executor="prefect")
+    elsewhere = make_cfg(tmp_path, executor="dask", dask_address="tcp://scheduler:8786", num_workers=7)
+    assert work_hash(base) == work_hash(elsewhere) == stage_hash(base, "data")
 
 
 def test_pool_workers_fork_server_and_tracker_end_when_the_stage_process_is_sigkilled(sigkill_parent):

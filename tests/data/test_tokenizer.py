@@ -9,7 +9,9 @@ from datagen import TINY
 
 from pipeline_lib.config.schema import TokenizerConfig
 from pipeline_lib.data.errors import DataStageError
-from pipeline_lib.data.tokenizer import TokenIds, Tokenizer, check_loaded, model_ids, train_tokenizer
+from pipeline_lib.data.tokenizer import check_loaded, train_tokenizer
+from pipeline_lib.model.token_ids import TokenIds, model_ids
+from pipeline_lib.model.tokenizer import Tokenizer
 
 TEXTS = [json.loads(line)["text"] for line in TINY.read_text(encoding="utf-8", errors="replace").splitlines()
          if line.endswith('"source": "tiny"}')]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pipeline_lib.config.load import config_from_dict
-from pipeline_lib.model.random_init import random_llama_params, random_lora_params, save_params, tiny_tokenizer
+from random_init import random_llama_params, random_lora_params, save_params, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ def main(cfg_path: str, ckpt: str) -> None:
     cfg = config_from_dict(json.loads(open(cfg_path, encoding="utf-8").read()))
     set_context("CPU")
     seq, batch, vocab = cfg.model.seq_length, 3, cfg.model.vocab_size
-    from pipeline_lib.data.tokenizer import configured_ids
+    from pipeline_lib.model.token_ids import configured_ids
 
     ids = configured_ids(cfg.tokenizer)  # a trained tokenizer's layout (no tokenizer.path here)
     eos, pad = ids.eos_id, ids.pad_id

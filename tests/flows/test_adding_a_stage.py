@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib import killpoints, stages
+from pipeline_lib.config.identity import stage_hash
 from pipeline_lib.stages import StageSpec, UpstreamMissing, manifest_fingerprint, parse_stages, run_stage
 from pipeline_lib.checks import problems
 from pipeline_lib.storage import RunPaths, read_manifest
@@ -40,7 +41,7 @@ def test_added_stage_runs_through_the_registry_which_writes_its_manifest(tally_r
     manifest, skipped = run_stage(tiny_cfg, paths, "tally")
     assert not skipped
     recorded = read_manifest(paths.stage_uri("tally"))
-    assert recorded.config_hash == stages.stage_hash(tiny_cfg, "tally")
+    assert recorded.config_hash == stage_hash(tiny_cfg, "tally")
     assert recorded.inputs == {"data": manifest_fingerprint(data)}
     assert [o["path"] for o in recorded.outputs] == ["tally.json"]
     tally = json.loads((Path(paths.stage_uri("tally")) / "tally.json").read_text())

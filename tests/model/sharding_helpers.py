@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline_lib.model.random_init import save_params
+from random_init import save_params
 
 
 def write_strategy(path: Path, layouts: dict[str, list[int]], dev_matrix: list[int], stage: int = 0) -> Path:

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline_lib.config.schema import TokenizerConfig
 from pipeline_lib.model.chat_template import ChatTemplate, ChatTemplateError, Turn, template_for
-from pipeline_lib.model.random_init import tiny_tokenizer
+from random_init import tiny_tokenizer
 from pipeline_lib.model.tokenizer import Tokenizer
 
 TEXTS = ["The transformer oil temperature stays below 85 C.", "Check the breaker every year.", "断路器每年检查。"] * 20

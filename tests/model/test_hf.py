@@ -4,7 +4,7 @@
   config.json, a missing head and unknown tensors are refused with the tensor, both shapes and the field to fix;
 - rotary layout: a numpy proof that the interleaved -> half-split permutation turns interleaved RoPE into
   transformers' rotate_half RoPE, and that HF checkpoints need no permutation: the logits of mindformers'
-  LlamaForCausalLM (MindSpore subprocess, model_io.CausalLM) on a converted random checkpoint equal a numpy
+  LlamaForCausalLM (MindSpore subprocess, tests/model_io.CausalLM) on a converted random checkpoint equal a numpy
   transcription of transformers' Llama forward (GQA, tied and untied); its parameter names are exactly the
   converted ones; export back to model.safetensors + config.json gives the original tensors;
 - continued pretraining: the pretrain stage with model.hf_checkpoint starts from those weights (its step-1 loss
@@ -229,7 +229,7 @@ def test_interleaved_permutation_turns_meta_rope_into_rotate_half_rope():
 LOGITS_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from pipeline_lib.train.model_io import CausalLM
+    from model_io import CausalLM  # tests/model_io.py: PYTHONPATH has tests/
     out = {}
     for name, yaml_path, ckpt in json.loads(sys.argv[1]):
         model = CausalLM(yaml_path, ckpt, workdir=sys.argv[3] + "/" + name)
@@ -256,7 +256,8 @@ def test_mindformers_logits_equal_transformers_forward_and_export_round_trips(tm
         yaml_path = write_run_yaml(cfg, tmp_path / f"{name}.yaml", run, stage="pretrain")
         runs.append((name, str(yaml_path), str(ckpt)))
         cases[name] = (cfg.model, t, ckpt)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3", LOG_MF_PATH=str(tmp_path / "log"),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]), GLOG_v="3",
+               LOG_MF_PATH=str(tmp_path / "log"),
                MS_OM_PATH=str(tmp_path / "om"))
     proc = subprocess.run([sys.executable, "-c", LOGITS_SCRIPT, json.dumps(runs), str(tmp_path / "ids.npy"),
                            str(tmp_path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)

@@ -5,7 +5,7 @@ import pytest
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.train.mindformers_yaml import build_run_config
-from pipeline_lib.data.tokenizer import configured_ids
+from pipeline_lib.model.token_ids import configured_ids
 from pipeline_lib.model.llama import llama_kwargs
 
 

@@ -7,7 +7,7 @@ import pytest
 from pipeline_lib.config.schema import ModelConfig
 from pipeline_lib.model.lora_merge import (LORA_A, LORA_B, LoraMergeError, adapter_config, has_lora, lora_scale,
                                             merge_lora)
-from pipeline_lib.model.random_init import random_llama_params, random_lora_params
+from random_init import random_llama_params, random_lora_params
 
 W = "model.layers.0.attention.wq"
 

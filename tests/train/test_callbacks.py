@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from pipeline_lib.train.launch import child_env
+from pipeline_lib.runtime.env import subprocess_env
 from pipeline_lib.train.metrics import batch_rows, guard_diagnosis_path, metrics_path, read_metrics
 
 _TRAIN = r'''
@@ -117,7 +117,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cb")
     script = root / "tiny_train.py"  # graph mode parses the network's source: it must be a file
     script.write_text(_TRAIN, encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script), str(root)], env=child_env(), capture_output=True,
+    proc = subprocess.run([sys.executable, str(script), str(root)], env=subprocess_env(), capture_output=True,
                           text=True, timeout=300)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]

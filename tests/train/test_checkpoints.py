@@ -14,7 +14,7 @@ from pipeline_lib.storage import sha256_file, store_for
 from pipeline_lib.train.checkpoints import (LATEST_FILE, CheckpointManager, InsufficientDiskError, check_free_disk,
                                             estimate_checkpoint_bytes, expected_checkpoint_bytes, list_checkpoints,
                                             verify_checkpoints)
-from pipeline_lib.train.launch import child_env
+from pipeline_lib.runtime.env import subprocess_env
 
 # Weights + two AdamW moments + the step counters mindformers' CheckpointMonitor appends, saved with
 # MindSpore's own save_checkpoint (so the files are byte-for-byte what the trainer writes).
@@ -39,7 +39,7 @@ PARAMS = 64 * 32 + 32  # model.w + model.b
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ckpts")
-    subprocess.run([sys.executable, "-c", _MAKE, str(out)], check=True, env=child_env(), capture_output=True)
+    subprocess.run([sys.executable, "-c", _MAKE, str(out)], check=True, env=subprocess_env(), capture_output=True)
     data = (out / "good_6.ckpt").read_bytes()
     (out / "truncated_10.ckpt").write_bytes(data[: len(data) // 2])  # a write cut short by a full disk
     return out

@@ -15,7 +15,8 @@ import pytest
 
 from pipeline_lib.config.schema import ParallelConfig
 from pipeline_lib.train.launch import (ENTRY_MODULE, GuardTripped, TrainingLaunchError, TrainingTimeout,
-                                       build_command, child_env, launch)
+                                       build_command, launch)
+from pipeline_lib.runtime.env import subprocess_env
 from pipeline_lib.train.metrics import guard_diagnosis_path
 
 
@@ -217,7 +218,7 @@ def test_launcher_killed_with_sigkill_does_not_orphan_the_trainer(tmp_path):
         from pipeline_lib.train.launch import launch
         launch([sys.executable, {str(child)!r}], log=print, cwd={str(tmp_path)!r}, timeout_s=600)
     """)
-    proc = subprocess.Popen([sys.executable, str(launcher)], env=child_env())
+    proc = subprocess.Popen([sys.executable, str(launcher)], env=subprocess_env())
     pid_file = tmp_path / "child.pid"
     deadline = time.time() + 20
     while not pid_file.exists() and time.time() < deadline:
@@ -231,7 +232,7 @@ def _fake_entry(tmp_path: Path, body: str) -> dict:
     mods = tmp_path / "mods"
     mods.mkdir()
     (mods / "fake_entry.py").write_text(textwrap.dedent(body), encoding="utf-8")
-    return child_env({"PYTHONPATH": f"{mods}{os.pathsep}{child_env()['PYTHONPATH']}"})
+    return {"PYTHONPATH": f"{mods}{os.pathsep}{subprocess_env()['PYTHONPATH']}"}
 
 
 def test_msrun_single_worker_runs_and_its_log_is_followed(tmp_path):

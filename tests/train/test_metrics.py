@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pipeline_lib.train.metrics import (LogMetricsCollector, MetricsFile, batch_rows, guard_diagnosis_path,
+from pipeline_lib.train.metrics import (MetricsFile, batch_rows, guard_diagnosis_path,
                                         metrics_path, parse_loss_line, plot_loss, read_guard_diagnoses,
                                         read_metrics, training_callbacks)
 
@@ -48,13 +48,13 @@ def test_real_loss_lines_parse_to_exact_values():
                                                                                                  None, None)
 
 
-def test_collector_appends_each_step_as_it_comes_and_reads_back(tmp_path):
+def test_metrics_file_appends_each_parsed_step_as_it_comes_and_reads_back(tmp_path):
     path = metrics_path(tmp_path)
-    collector = LogMetricsCollector(path, tokens_per_step=256)
-    collector.feed(REAL[0])
+    out = MetricsFile(path)
+    out.write(parse_loss_line(REAL[0], tokens_per_step=256))
     assert [r["step"] for r in read_metrics(path)] == [1]  # flushed per line, readable mid-run
-    for line in REAL[1:] + ["[worker_1] " + REAL[1].split("] ", 1)[-1]]:  # rank 1's line is not taken
-        collector.feed(line)
+    for record in filter(None, map(parse_loss_line, REAL[1:])):
+        out.write(record)
     rows = read_metrics(path)
     assert [r["step"] for r in rows] == [1, 2, 5] and math.isnan(rows[-1]["loss"])
     with open(path, "a", encoding="utf-8") as fh:

@@ -275,7 +275,7 @@ def test_written_yaml_is_plain_yaml(tmp_path):
 def test_special_ids_come_from_the_tokenizer_not_the_config_defaults(llama2_tokenizer, tmp_path):
     """A Llama-2 tokenizer (unk 0, bos 1, eos 2, no pad piece) gives bos 1 / eos 2 / pad 0 in every stage's yaml;
     the stages pass the ids the data stage recorded, which win over anything implied by the config."""
-    from pipeline_lib.data.tokenizer import TokenIds
+    from pipeline_lib.model.token_ids import TokenIds
 
     cfg = cpu_cfg(tokenizer={"path": str(llama2_tokenizer)}, model={"vocab_size": 1024}, sft={"template": "llama2"})
     for stage, kw in (("pretrain", {}), ("sft", {"load_checkpoint": "/base.ckpt"})):

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from pipeline_lib.train.preflight import ProcessTreeSampler, evaluate_preflight, summarize_steps
+from pipeline_lib.runtime.process_tree import ProcessTreeSampler
+from pipeline_lib.train.preflight import evaluate_preflight, summarize_steps
 
 MB = 1 << 20
 

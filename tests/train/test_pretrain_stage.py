@@ -49,7 +49,8 @@ from pipeline_lib.train.checkpoints import InsufficientDiskError  # noqa: E402
 from pipeline_lib.train.launch import GuardTripped  # noqa: E402
 from pipeline_lib.train.metrics import read_metrics  # noqa: E402
 from pipeline_lib.stages import run_stage  # noqa: E402
-from pipeline_lib.train.stage import PreflightFailed, PretrainStageError, TrainerKilled  # noqa: E402
+from pipeline_lib.train.runner import TrainerKilled  # noqa: E402
+from pipeline_lib.train.stage import PreflightFailed, PretrainStageError  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

@@ -235,7 +235,7 @@ def test_cpu_accumulation_equals_full_batch_step():
 
 
 def test_model_io_logits_and_greedy_decode(pretrained, tmp_path):
-    from pipeline_lib.train.model_io import CausalLM
+    from model_io import CausalLM
 
     model = CausalLM(pretrained.yaml, pretrained.checkpoint, workdir=tmp_path)
     row = token_rows(1)[0]["input_ids"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .lora_merge import LORA_A, LORA_B
-from .shapes import llama_param_shapes
+from pipeline_lib.model.lora_merge import LORA_A, LORA_B
+from pipeline_lib.model.shapes import llama_param_shapes
 
 
 def random_llama_params(m, seed: int = 0) -> dict[str, np.ndarray]:
@@ -60,7 +60,7 @@ def tiny_tokenizer(texts: list[str], out_dir: str | Path, tokenizer_cfg, vocab_s
 
     import sentencepiece as spm
 
-    from .token_ids import trained_ids
+    from pipeline_lib.model.token_ids import trained_ids
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
