@@ -37,8 +37,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/llm-pipeline run configs/pipelines/tiny-cpu.yaml
 
+# two workers (pytest-xdist), one test file each at a time: module fixtures stay in one process, and much of
+# the suite waits on subprocesses and servers, so two workers on two cores finish in about half the time
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # the two-node training dispatch alone (real Prefect server + worker, two msrun node ranks; 2-3.5 min)
 test-two-node: setup

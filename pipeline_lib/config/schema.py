@@ -516,7 +516,7 @@ class OrchestrationConfig(_Section):
                           "shown by `llm-pipeline deploy` and in the deployment description).")
     failure_webhook_url: Annotated[str | None, AfterValidator(_webhook_url)] = Field(
         None, json_schema_extra=SECRET, description="POSTed on a failed run (off when None): an http(s) URL, or "
-        "env:LLM_PIPELINE_SECRET_<NAME> naming the variable that holds it (a URL carries its token: a secret).")
+        "env:LLM_PIPELINE_SECRET_NAME naming the variable that holds it (a URL carries its token: a secret).")
     task_retries: int = Field(2, ge=0, description="Retries of a task on transient errors.")
     retry_delay_seconds: float = Field(2.0, ge=0, description="Base of the exponential backoff.")
 

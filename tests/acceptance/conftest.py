@@ -52,6 +52,7 @@ class UserRepo:
         self.env.update(PYTHONPATH=str(path), PREFECT_HOME=str(home / ".prefect"),
                         PREFECT_SERVER_ANALYTICS_ENABLED="false", HOME=str(home))
         self.tracked = set(tracked_files(path))
+        self.owned: set[str] = set()
 
     def run(self, cmd: str | list[str], timeout: float = 900, check: bool = True,
             env: dict | None = None) -> subprocess.CompletedProcess:
@@ -62,13 +63,19 @@ class UserRepo:
             raise AssertionError(f"`{cmd}` exited {proc.returncode}:\n{proc.stdout[-6000:]}")
         return proc
 
+    def own(self, rel: str) -> Path:
+        """A folder of the user's own (raw data they put in the checkout): not a run's litter."""
+        self.owned.add(rel.rstrip("/"))
+        return self.path / rel
+
     def leftovers(self) -> list[str]:
         """Files in the checkout that are neither tracked nor under runs/ (what a user's run may write), nor
         Python's own caches: what a run littered the user's checkout with."""
         out = []
         for p in self.path.rglob("*"):
             rel = p.relative_to(self.path)
-            if rel.parts[0] in (".venv", "runs") or "__pycache__" in rel.parts or not (p.is_file() or p.is_symlink()):
+            if rel.parts[0] in (".venv", "runs", *self.owned) or "__pycache__" in rel.parts \
+                    or not (p.is_file() or p.is_symlink()):
                 continue
             if rel.as_posix() not in self.tracked:
                 out.append(rel.as_posix())

@@ -39,7 +39,7 @@ def _sha(path) -> str:
 
 
 def test_nights_keep_one_tokenizer_then_only_duplicates_then_nothing(user_repo):
-    raw = user_repo.path / "incoming"
+    raw = user_repo.own("incoming")
     raw.mkdir()
     lines = good_lines()
     (raw / "day1.jsonl").write_bytes(b"\n".join(lines[:250]) + b"\n")

@@ -157,6 +157,7 @@ def test_same_base_and_lora_model_name_is_allowed():
     assert issues(model={"name": "llama"}) == {}  # a transformers/mindformers model type is just a label too
 
 
+@pytest.mark.slow
 def test_training_never_registers_a_config_with_transformers():
     """The "'aimv2' is already used by a Transformers config" clash needs an AutoConfig.register call: importing
     everything the trainer process imports must leave transformers' (and mindformers') config mappings as built."""

@@ -105,6 +105,7 @@ def test_minddataset_reads_every_shard_and_rows_hold_the_cleaned_documents(tiny_
     assert len(list((folder / "mindrecord" / "train").glob("*.mindrecord"))) == 2  # 200 rows per file
 
 
+@pytest.mark.slow
 def test_output_does_not_depend_on_the_number_of_workers(tiny_run, tmp_path, monkeypatch):
     cfg, manifest = tiny_run
     other = make_cfg(tmp_path, docs_per_shard=100)
@@ -184,6 +185,7 @@ def test_nothing_left_after_cleaning_is_an_error_naming_the_inputs(tmp_path):
         run(make_cfg(tmp_path, inputs=[str(path)]), workers=1)
 
 
+@pytest.mark.slow
 def test_incremental_dedup_against_an_earlier_run_and_failed_runs_leave_no_trace(tmp_path):
     texts = [json.loads(x)["text"] for x in TINY.read_text(errors="replace").splitlines()
              if x.endswith('"source": "tiny"}')]

@@ -12,6 +12,8 @@ from prefect import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 
+pytestmark = pytest.mark.e2e  # runs the CLI or flows end to end (servers, workers, subprocesses)
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 

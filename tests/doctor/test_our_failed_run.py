@@ -17,7 +17,7 @@ from pipeline_lib.train.callbacks import INJECT_NAN_ENV  # noqa: E402
 from pipeline_lib.train.launch import GuardTripped  # noqa: E402
 from pipeline_lib.stages import run_stage  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.timeout(900)]
 
 
 def test_a_real_nan_stop_is_diagnosed_from_the_exception_and_the_run_folder(pretrain_data, capsys, tmp_path):

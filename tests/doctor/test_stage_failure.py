@@ -19,6 +19,8 @@ from pipeline_lib.stages import TransientError
 from doctor_cases import LOGS, log_text
 from test_classify import EXPECTED
 
+pytestmark = pytest.mark.e2e  # runs the CLI or flows end to end (servers, workers, subprocesses)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib import killpoints, stages
-from pipeline_lib.config.identity import stage_hash
+from pipeline_lib.config.identity import schema_fields, stage_hash
 from pipeline_lib.stages import StageSpec, UpstreamMissing, manifest_fingerprint, parse_stages, run_stage
 from pipeline_lib.checks import problems
 from pipeline_lib.storage import RunPaths, read_manifest
@@ -88,7 +88,7 @@ def test_the_where_to_add_table_of_the_architecture_doc_holds():
     assert [f for f in per_stage if f"`{f}`" not in entry] == []
     for path in re.findall(r"`((?:pipeline_lib|tests)/[\w/.]+\.py)`", entry):
         assert (ROOT / path).is_file(), path
-    marked = {s for _, marker in stages.schema_fields() if marker for s in marker["stages"]}
+    marked = {s for _, marker in schema_fields() if marker for s in marker["stages"]}
     for name, spec in stages.SPECS.items():
         assert spec.runner.endswith(f":run_{name}_stage") and callable(stages.runner(name)), name
         assert name in marked, f"no config field marked identity({name!r})"

@@ -14,6 +14,8 @@ def test_embedded_api_server_ends_and_frees_its_port_when_the_cli_is_killed(sigk
     alive, fields = sigkill_parent("""
 import time, urllib.request
 from flows.cli import embedded_api
+
+pytestmark = pytest.mark.e2e  # runs the CLI or flows end to end (servers, workers, subprocesses)
 with embedded_api() as api:
     urllib.request.urlopen(api.server.api_url + "/health", timeout=10).read()  # up and answering
     print("READY", api.server.server_process.pid, f"port={api.server.port}", flush=True)

@@ -10,7 +10,7 @@ from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 from flows.pipeline import llm_pipeline
 from pipeline_lib.config import load_config
 
-pytestmark = pytest.mark.usefixtures("prefect_server")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
 
 
 def test_mapped_data_stage_matches_local_pool_and_skips_on_rerun(tmp_path):

@@ -8,7 +8,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, Log
 from flows.pipeline import llm_pipeline
 from pipeline_lib import stages
 
-pytestmark = pytest.mark.usefixtures("prefect_server", "stage_doubles")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server", "stage_doubles")]
 
 
 def logs_by_flow_run(run_id: str) -> dict:

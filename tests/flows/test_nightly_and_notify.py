@@ -10,7 +10,7 @@ from flows.nightly import nightly
 from flows.pipeline import llm_pipeline
 from pipeline_lib.nightly import load_state
 
-pytestmark = pytest.mark.usefixtures("prefect_server", "stage_doubles")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server", "stage_doubles")]
 
 
 def night_cfg(tiny_cfg, raw: Path):

@@ -8,7 +8,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
 from flows.pipeline import llm_pipeline
 
-pytestmark = pytest.mark.usefixtures("prefect_server", "stage_doubles")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server", "stage_doubles")]
 
 
 def task_runs_of(flow_run_name: str) -> dict:

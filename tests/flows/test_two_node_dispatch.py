@@ -30,7 +30,7 @@ from pipeline_lib.storage import RunPaths, read_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.e2e]
 
 SHIM = """#!/bin/sh
 # node rank 0's "host" owns 127.0.0.2: msrun starts the scheduler where master_addr is a local address

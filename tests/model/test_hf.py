@@ -240,6 +240,7 @@ LOGITS_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_mindformers_logits_equal_transformers_forward_and_export_round_trips(tmp_path):
     from pipeline_lib.train.mindformers_yaml import build_run_config, write_run_yaml
 
@@ -314,6 +315,7 @@ def test_bf16_safetensors_are_widened_exactly(tmp_path):
 
 # ---------------------------------------------------------------- the stage continues from HF weights
 
+@pytest.mark.train
 def test_stage_continues_pretraining_from_hf_checkpoint(pretrain_data, tmp_path):
 
     from pipeline_lib.train.metrics import read_metrics

@@ -17,7 +17,7 @@ import pytest
 
 from kill_harness import ROOT, STAGES, Case, Pipeline, killed_by_sigkill, known, still_running
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.train]
 FULL = os.environ.get("HYPOTHESIS_PROFILE") == "reliability"
 RELIABILITY_ROW = "kill_points"
 

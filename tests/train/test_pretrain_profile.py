@@ -17,7 +17,7 @@ from pretrain_fixtures import new_run, pretrain_data  # noqa: E402,F401
 from pipeline_lib.stages import run_stage  # noqa: E402
 from pipeline_lib.train.metrics import read_metrics  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

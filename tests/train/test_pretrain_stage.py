@@ -52,7 +52,7 @@ from pipeline_lib.stages import run_stage  # noqa: E402
 from pipeline_lib.train.runner import TrainerKilled  # noqa: E402
 from pipeline_lib.train.stage import PreflightFailed, PretrainStageError  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.train, pytest.mark.timeout(1500)]
 
 
 @dataclass

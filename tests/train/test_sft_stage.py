@@ -30,7 +30,7 @@ from pipeline_lib.train.adapter import expected_lora_shapes, trainable_count  # 
 from pipeline_lib.train.launch import GuardTripped  # noqa: E402
 from pipeline_lib.train.metrics import read_metrics  # noqa: E402
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.train, pytest.mark.timeout(1200)]
 
 # Answers swapped between prompts: every token is known to the base, the pairing is not.
 MEMORIZE = [

@@ -23,7 +23,7 @@ import pytest
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.train.mindformers_yaml import build_run_config, write_run_yaml
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.train]
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 64
