@@ -27,10 +27,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from pipeline_lib.cli import dedup_index_main, doctor_main, plan_main, print_warnings, validate_main  # noqa: E402
 from pipeline_lib.checks import refuse_bad_config  # noqa: E402
-from pipeline_lib.config import ConfigError, load_config  # noqa: E402
+from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
 from pipeline_lib.config.secrets import public_config  # noqa: E402
 from pipeline_lib.doctor.retry import parse_headline  # noqa: E402
 from pipeline_lib.stages import SPECS, parse_stages  # noqa: E402
+from pipeline_lib.storage.names import check_name  # noqa: E402
 
 from flows.common import new_run_id  # noqa: E402
 
@@ -230,6 +231,8 @@ def run_main(argv: list[str]) -> int:
     # boots while the config loads, the inputs are listed and the flows import (--submit talks to a real server)
     api = embedded_api() if args.submit else embedded_api().launch()
     try:
+        if args.run_id:
+            check_name("--run-id", args.run_id)
         cfg = load_config(args.config, args.overrides)
         stages = parse_stages(args.stages)
         print_warnings(refuse_bad_config(cfg, stages), file=sys.stderr)
@@ -301,7 +304,12 @@ def status_main(argv: list[str]) -> int:
     args = ap.parse_intermixed_args(argv)
     from flows.pipeline import stage_states
 
-    cfg = load_config(args.config, args.overrides)
+    try:
+        check_name("--run-id", args.run_id)
+        cfg = load_config(args.config, args.overrides)
+    except (ConfigError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
     for stage, entry in stage_states(cfg, args.run_id).items():
         print(f"{stage:<9} {entry['state']:<13} {entry['note']}")
     return 0
@@ -350,11 +358,22 @@ def nightly_main(argv: list[str]) -> int:
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--run-date", help="the night's date, YYYY-MM-DD (default today); names the run nightly-<date>")
     args = ap.parse_intermixed_args(argv)
+    from flows.nightly import check_run_date
+
+    try:  # refused before anything starts: field, value and fix, exit 2 (as run and validate)
+        if args.run_date:
+            check_run_date(args.run_date)
+        cfg = validate(load_config(args.config, args.overrides))
+    except (ConfigError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
     api = embedded_api().launch()
     from flows.nightly import nightly
 
     with api:
-        state = nightly(config=args.config, overrides=args.overrides, run_date=args.run_date, return_state=True)
+        # the resolved config, its secrets as env: references: the overrides (a webhook URL among them) never
+        # become flow-run parameters
+        state = nightly(config=public_config(cfg), run_date=args.run_date, return_state=True)
     print(f"nightly {state.name}: {state.message}" if state.name in ("Skipped", "NoNewData", "Busy") else
           state.result() if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1

@@ -17,14 +17,25 @@ from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   new_files, next_base_checkpoint, night_lock, night_tokenizer, nightly_overrides, no_new_documents)
+from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.stages import SPECS
 
 from flows.common import resolve_config
 from flows.notify import notify_failure, notify_no_new_data
 from flows.pipeline import llm_pipeline
 
+def check_run_date(run_date: str) -> str:
+    """A night's date is a calendar date (it names the run nightly-<date>: never a path)."""
+    try:
+        return dt.date.fromisoformat(check_name("--run-date", run_date, "give the night's date, YYYY-MM-DD")).isoformat()
+    except ValueError as err:
+        if isinstance(err, BadName):
+            raise
+        raise BadName("--run-date", run_date, "give the night's date, YYYY-MM-DD") from None
+
+
 def _night_id(run_date: str | None) -> str:
-    return f"nightly-{run_date or dt.date.today().isoformat()}"
+    return f"nightly-{check_run_date(run_date) if run_date else dt.date.today().isoformat()}"
 
 
 @flow(name="nightly-pretrain", flow_run_name="nightly/{run_date}", log_prints=True,
