@@ -81,7 +81,13 @@ class _EmbeddedServer:
     keep its port and ~200 MB forever. It reads the same profile and environment as this process."""
 
     def __init__(self):
+        import secrets
+
         self.port = self._free_port()
+        # Prefect's server auth (basic): the port is on 127.0.0.1, but any local account could otherwise read
+        # every run's parameters and artifacts (presigned links) and write variables. Only this process and
+        # its children (the environment) know the string.
+        self.auth = f"llm-pipeline:{secrets.token_urlsafe(24)}"
         self.server_process = self._run_uvicorn_command()
 
     @staticmethod
@@ -105,7 +111,8 @@ class _EmbeddedServer:
     def _run_uvicorn_command(self):
         from pipeline_lib.lifetime import die_with_parent
 
-        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+               "PREFECT_SERVER_API_AUTH_STRING": self.auth}
         env.pop("PREFECT_API_URL", None)
         # Not this process's stdout/stderr: a server outliving the CLI must not hold the pipes of whoever
         # reads the CLI's output (it logs errors only; a failed start shows as its exit code).
@@ -150,7 +157,7 @@ class embedded_api:
         import httpx
 
         server, deadline = self.server, time.monotonic() + timeout
-        with httpx.Client() as client:
+        with httpx.Client(auth=tuple(server.auth.split(":", 1))) as client:
             while time.monotonic() < deadline:
                 code = server.server_process.poll()
                 if code == 3:  # the port was taken meanwhile: another one (as Prefect's start does)
@@ -171,7 +178,8 @@ class embedded_api:
         self.launch()
         if self.server is None:
             return self
-        from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+        from prefect.settings import (PREFECT_API_AUTH_STRING, PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+                                      temporary_settings)
 
         try:
             self._wait_ready()
@@ -179,10 +187,12 @@ class embedded_api:
             self.stop()
             raise
         os.environ["PREFECT_API_URL"] = self.server.api_url
+        os.environ["PREFECT_API_AUTH_STRING"] = self.server.auth  # this process's children talk to it too
         # No flow-run heartbeats: they let a server tell that a run's process died, and this server dies with
         # this process; ending each flow waits for its heartbeat thread's 1-second sleep (~0.5-1 s per flow,
         # three flows in a data-stage run).
-        self.settings = temporary_settings({PREFECT_API_URL: self.server.api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+        self.settings = temporary_settings({PREFECT_API_URL: self.server.api_url, PREFECT_API_AUTH_STRING: self.server.auth,
+                                            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
         self.settings.__enter__()
         # Threads started without this context (a worker's output reader logging to the run, Prefect's own
         # services) read Prefect's process-global settings, made at import without the URL: they would
@@ -211,6 +221,7 @@ class embedded_api:
             self.global_settings.__exit__(*exc)
             self.settings.__exit__(*exc)
             os.environ.pop("PREFECT_API_URL", None)
+            os.environ.pop("PREFECT_API_AUTH_STRING", None)
             self.stop()
         return False
 

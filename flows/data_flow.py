@@ -58,9 +58,12 @@ def _task_runner(cfg):
 
     if cfg.data.dask_address:
         return DaskTaskRunner(address=cfg.data.dask_address)
-    # One thread per worker process: a shard's work is CPU-bound Python (the GIL), one at a time.
+    # One thread per worker process: a shard's work is CPU-bound Python (the GIL), one at a time. The local
+    # cluster listens on 127.0.0.1 only (its dashboard too, on a free port), with temporary TLS credentials (security=True):
+    # a Dask scheduler runs whatever code a client sends it, so another local account must not be one.
     return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.data.num_workers, "threads_per_worker": 1,
-                                          "processes": True, "dashboard_address": ":0"})
+                                          "processes": True, "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0",
+                                          "security": True})
 
 
 def run_mapped_data(cfg, run_id: str) -> dict:

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.e2e  # runs the CLI or flows end to end (servers, workers, subprocesses)
+
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
 def test_embedded_api_server_ends_and_frees_its_port_when_the_cli_is_killed(sigkill_parent):
@@ -15,7 +17,6 @@ def test_embedded_api_server_ends_and_frees_its_port_when_the_cli_is_killed(sigk
 import time, urllib.request
 from flows.cli import embedded_api
 
-pytestmark = pytest.mark.e2e  # runs the CLI or flows end to end (servers, workers, subprocesses)
 with embedded_api() as api:
     urllib.request.urlopen(api.server.api_url + "/health", timeout=10).read()  # up and answering
     print("READY", api.server.server_process.pid, f"port={api.server.port}", flush=True)
@@ -88,3 +89,30 @@ def test_an_orphaned_embedded_server_stops_by_itself():
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the orphaned embedded server is still running"
         time.sleep(0.2)
+
+
+def test_the_embedded_api_answers_only_its_own_processes(tmp_path, monkeypatch):
+    """Any local account could read every flow-run parameter and artifact of the embedded API by scanning
+    127.0.0.1:8000-8999: it now requires a per-run credential that only this process and its children hold."""
+    import urllib.error
+    import urllib.request
+
+    from flows.cli import embedded_api
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    with embedded_api() as api:
+        url = api.server.api_url
+        assert urllib.request.urlopen(url + "/health", timeout=10).status == 200  # liveness stays open
+        for path in ("/flow_runs/filter", "/artifacts/filter", "/variables/filter"):
+            req = urllib.request.Request(url + path, data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(req, timeout=10)
+            assert caught.value.code == 401, path
+        assert os.environ["PREFECT_API_AUTH_STRING"] == api.server.auth  # what children inherit
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            client.read_flow_runs()  # our own client gets in
+    assert "PREFECT_API_AUTH_STRING" not in os.environ

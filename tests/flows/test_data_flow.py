@@ -126,3 +126,22 @@ def test_dask_executor_matches_local_and_records_shard_task_runs(tmp_path):
         time.sleep(1)
     assert shards >= 2 and wanted <= names, sorted(names)
     assert any(n.startswith("data/dask/mindrecord-train-") for n in names), sorted(names)
+
+
+def test_the_local_dask_cluster_serves_only_its_own_clients(tiny_cfg):
+    """The local cluster's dashboard listened on 0.0.0.0 and its scheduler ran code for anyone local: now
+    127.0.0.1 only (dashboard included), and TLS with temporary credentials a stranger's client does not have."""
+    from distributed import Client, LocalCluster
+
+    from flows.data_flow import _task_runner
+
+    kwargs = _task_runner(tiny_cfg.model_copy(update={"data": tiny_cfg.data.model_copy(
+        update={"executor": "dask", "num_workers": 1})})).cluster_kwargs
+    with LocalCluster(**kwargs) as cluster:
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:"), cluster.scheduler_address
+        http = cluster.scheduler.http_server  # the dashboard and its routes
+        assert {sock.getsockname()[0] for sock in http._sockets.values()} == {"127.0.0.1"}
+        with Client(cluster) as ours:
+            assert ours.submit(sum, [1, 2]).result(timeout=60) == 3
+        with pytest.raises(Exception):
+            Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=3)
