@@ -29,7 +29,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
                                        "write section.field=value, e.g. training.steps=100")])
     # YAML parsing gives ints, floats, bools, null and lists ([a,b]) the way users expect.
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_NoAliasLoader) if raw.strip() else ""
     except yaml.YAMLError as err:  # e.g. `training.steps=[` or an unquoted `a: b`: the user's value, named
         problem = " ".join(str(err).split())[:200]
         raise ConfigError([ConfigIssue(key.strip(), raw, f"not a YAML value ({problem})",
@@ -99,6 +99,18 @@ def config_from_dict(raw: dict) -> PipelineConfig:
         raise ConfigError(_pydantic_issues(err)) from None
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """A config has no use for YAML anchors and aliases, and a few nested aliases expand a 435-byte file into
+    gigabytes (and the error message with them): refused at the first alias."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(f"YAML alias *{event.anchor} at line {event.start_mark.line + 1}: aliases are not "
+                                 "allowed in a pipeline config (write the values out)")
+        return super().compose_node(parent, index)
+
+
 def read_config_file(path: str | Path) -> dict:
     """The YAML of a pipeline config as written (nothing resolved, nothing validated)."""
     path = Path(path)
@@ -106,7 +118,7 @@ def read_config_file(path: str | Path) -> dict:
         raise ConfigError([ConfigIssue("CONFIG", str(path), "file not found",
                                        "pass a pipeline yaml such as configs/pipelines/tiny-cpu.yaml")])
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader) or {}
     except UnicodeDecodeError as err:
         raise ConfigError([ConfigIssue("CONFIG", str(path), f"not UTF-8 text ({err})", "save the file as UTF-8")])
     except yaml.YAMLError as err:

@@ -83,7 +83,8 @@ class DedupConfig(_Section):
     exact: bool = Field(True, description="Drop documents whose normalized text hash was seen before.")
     near: bool = Field(True, description="Drop near duplicates found with MinHash LSH.")
     ngram: int = Field(5, ge=1, description="Shingle size: characters for CJK, words for space-separated text.")
-    num_perm: int = Field(128, ge=16, description="MinHash permutations.")
+    num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations (at most 1024: each costs 4 bytes "
+                          "per document in memory and in the dedup index).")
     threshold: float = Field(0.8, gt=0, lt=1, description="Jaccard threshold; bands x rows are chosen for it.")
     incremental: bool = Field(
         True,
@@ -129,8 +130,9 @@ class DataConfig(_Section):
         "of cleaned/part files).")
     docs_per_shard: int | None = Field(None, ge=1, description="Optional cap on the records of a shard (it ends "
                                        "at shard_mb or at this many records, whichever comes first); null: none.")
-    num_workers: int = Field(2, json_schema_extra=NO_OUTPUT_EFFECT,
-                             ge=1, description="Parallel shard workers (output does not depend on it).")
+    num_workers: int = Field(2, json_schema_extra=NO_OUTPUT_EFFECT, ge=1, le=512,
+                             description="Parallel shard workers (output does not depend on it; at most 512: "
+                             "each is a process).")
     executor: Literal["prefect", "local", "dask"] = Field(
         "prefect", json_schema_extra=NO_OUTPUT_EFFECT,
         description="prefect: shard steps are Prefect tasks mapped over shards (a task run per "
@@ -348,8 +350,8 @@ class TrainingConfig(_Section):
         description="Optional check, never used as a value: samples per optimizer step are derived "
         "(micro_batch_size x gradient_accumulation_steps x parallel.data_parallel, schema.global_batch); "
         "when set, validate refuses a config whose product differs.")
-    steps: int | None = Field(60, ge=1, description="Optimizer steps; if None, `epochs` decides.")
-    epochs: int = Field(1, ge=1, description="Epochs over the packed data when steps is None.")
+    steps: int | None = Field(60, ge=1, le=10**9, description="Optimizer steps; if None, `epochs` decides.")
+    epochs: int = Field(1, ge=1, le=10**6, description="Epochs over the packed data when steps is None.")
     optimizer: OptimizerConfig = Field(json_schema_extra=identity("pretrain", "sft"), default_factory=OptimizerConfig)
     learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate.")
     warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
@@ -436,7 +438,7 @@ class SFTConfig(_Section):
     # SFT's own optimizer schedule, batch and guard: a LoRA finetune wants a different learning rate,
     # warm-up and step budget than the pretraining run it starts from (AdamW betas, precision, loss
     # scale, clipping and checkpoint cadence are shared with `training`).
-    steps: int = Field(60, ge=1, description="SFT optimizer steps.")
+    steps: int = Field(60, ge=1, le=10**9, description="SFT optimizer steps.")
     learning_rate: float = Field(5e-3, gt=0, description="SFT peak learning rate (the default suits the tiny "
                                  "demo; LoRA on a 7B base typically uses 1e-4 to 3e-4).")
     warmup_steps: int = Field(6, ge=0, description="SFT linear warm-up steps; must be < sft.steps.")

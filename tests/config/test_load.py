@@ -110,3 +110,28 @@ def test_a_key_that_is_no_unicode_text_is_named(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert err.value.fields() == ["run.'\\ud800x'"]
+
+
+def test_yaml_aliases_are_refused_before_they_expand(tmp_path):
+    """435 bytes of nested aliases made a 58 MB error message: an alias is refused where it appears."""
+    from pipeline_lib.config.errors import ConfigError
+
+    rows = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    rows += [f"{n}: &{n} [{', '.join(['*' + p] * 9)}]" for p, n in zip("abcdefg", "bcdefgh")]
+    path = tmp_path / "laughs.yaml"
+    path.write_text("\n".join(rows + ["run: {name: *h}"]) + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path))
+    assert "aliases are not allowed" in str(caught.value) and len(str(caught.value)) < 1000
+    with pytest.raises(ConfigError, match="aliases are not allowed"):
+        load_config("configs/pipelines/tiny-cpu.yaml", ["run.name=[&x [a, b], *x, *x]"])
+
+
+@pytest.mark.parametrize("override", ["data.num_workers=100000", "data.dedup.num_perm=100000000",
+                                      "training.steps=1e29", "training.steps=100000000000", "sft.steps=10000000000"])
+def test_counts_that_allocate_have_upper_bounds(override):
+    from pipeline_lib.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        load_config("configs/pipelines/tiny-cpu.yaml", [override])
+    assert override.split("=")[0] in str(caught.value)
