@@ -491,6 +491,13 @@ class EvaluateConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Sampling nucleus top-p.")
     batch_size: int = Field(4, ge=1, description="Prompts decoded together.")
     perplexity_max_rows: int = Field(64, ge=1, description="Held-out rows used for perplexity.")
+    reference_sets: list[InputPath] = Field(
+        default_factory=lambda: ["configs/eval/general_zh.jsonl"],
+        json_schema_extra=identity("evaluate", by="contents"), validate_default=True,
+        description="Reference text held out from all training (jsonl, a `text` field per line), tokenized with "
+        "the run's tokenizer; perplexity per checkpoint on each, beside the domain held-out perplexity: the "
+        "measure of forgetting the nightly gate reads (nightly.gate).")
+    reference_max_rows: int = Field(32, ge=1, le=100_000, description="Packed rows of each reference set scored.")
     compare_checkpoints: dict[str, InputPath] = Field(
         default_factory=dict,
         description="Extra checkpoints (label -> .ckpt path) shown side by side, e.g. last night's.")
@@ -523,6 +530,25 @@ class OrchestrationConfig(_Section):
     retry_delay_seconds: float = Field(2.0, ge=0, description="Base of the exponential backoff.")
 
 
+class GateConfig(_Section):
+    max_perplexity_increase: float = Field(
+        0.05, ge=0, le=10, description="The budget of a night: its candidate may raise the perplexity of the domain "
+        "held-out split and of each evaluate.reference_sets file by at most this fraction over the promoted "
+        "model's, measured on the same rows in the same evaluate run (0.05 = 5%).")
+    max_task_drop: float = Field(0.02, ge=0, le=1, description="Largest accepted drop of a task's accuracy "
+                                 "(absolute, per task) against the promoted model.")
+    on_regression: Literal["hold", "ask"] = Field(
+        "hold", description="Over budget: hold (latest stays, the candidate is kept under `held` in the nightly "
+        "state, the night ends Completed `Held`) or ask (the night waits for a person in the Prefect UI: approve "
+        "promotes, reject or timeout holds).")
+    ask_timeout_hours: float = Field(12, gt=0, le=168, description="How long an `ask` night waits before it holds.")
+
+
+class NightlyConfig(_Section):
+    gate: GateConfig = Field(default_factory=GateConfig, description="What a night must not make worse to become "
+                             "tomorrow's base.")
+
+
 class PipelineConfig(_Section):
     run: RunConfig = Field(default_factory=RunConfig)
     data: DataConfig = Field(json_schema_extra=identity("data"), default_factory=DataConfig)
@@ -535,6 +561,7 @@ class PipelineConfig(_Section):
     export: ExportConfig = Field(json_schema_extra=identity("export"), default_factory=ExportConfig)
     orchestration: OrchestrationConfig = Field(json_schema_extra=NO_OUTPUT_EFFECT,
                                                default_factory=OrchestrationConfig)
+    nightly: NightlyConfig = Field(json_schema_extra=NO_OUTPUT_EFFECT, default_factory=NightlyConfig)
 
     @model_validator(mode="after")
     def _derive_from_precision(self):

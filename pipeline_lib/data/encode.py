@@ -29,7 +29,8 @@ from .. import killpoints
 from ..model.token_ids import CONFIG_NAME
 from ..model.tokenizer import Tokenizer
 from .errors import DataStageError
-from .packing import count_rows, gather_tokens, heldout_mask, join_with_eos, rows_from_tokens, write_mindrecord
+from ..model.packing import count_rows, join_with_eos, rows_from_tokens
+from .packing import gather_tokens, heldout_mask, write_mindrecord
 from .prep import read_docs, shard_dir
 from .tokenizer import check_loaded, lineage_tokenizer_checked, load_base, train_tokenizer, write_config
 from .workspace import Workspace, atomic_path

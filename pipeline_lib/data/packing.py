@@ -3,7 +3,7 @@
 - Held-out split: a document is held out when its exact key (a content hash) falls in the first
   `heldout_fraction` of the hash range: deterministic, independent of order and workers, and a
   document keeps its split across nightly runs.
-- Packing: each document's tokens + EOS, concatenated in input order, cut into rows of exactly
+- Packing (model.packing, shared with the evaluate stage): each document's tokens + EOS, concatenated in input order, cut into rows of exactly
   seq_length + 1 tokens. The last partial row is dropped (remainder: drop) or filled with the pad
   id (remainder: pad; the tokenizer's pad, = unk for Llama-2). Pretraining rows have no labels column, so
   mindformers masks by id: every position whose *input* equals pad_token_id is out of the loss (the one
@@ -29,29 +29,10 @@ def heldout_mask(keys: np.ndarray, fraction: float) -> np.ndarray:
     return (keys.astype(np.float64) / _HASH_SPAN) < fraction
 
 
-def join_with_eos(token_lists: list[list[int]], eos_id: int) -> np.ndarray:
-    """Documents' tokens each followed by EOS, as one int32 array."""
-    lengths = np.fromiter((len(t) + 1 for t in token_lists), dtype=np.int64, count=len(token_lists))
-    out = np.full(int(lengths.sum()), eos_id, dtype=np.int32)
-    pos = 0
-    for toks, n in zip(token_lists, lengths):
-        out[pos:pos + n - 1] = toks
-        pos += n
-    return out
 
 
-def count_rows(total_tokens: int, row_len: int, remainder: str) -> int:
-    full, rest = divmod(total_tokens, row_len)
-    return full + (1 if rest and remainder == "pad" else 0)
 
 
-def rows_from_tokens(tokens: np.ndarray, row_len: int, remainder: str, pad_id: int) -> np.ndarray:
-    """(rows, row_len) int32: whole rows, then a padded last row when remainder is pad."""
-    n = count_rows(len(tokens), row_len, remainder)
-    out = np.full(n * row_len, pad_id, dtype=np.int32)
-    take = min(len(tokens), n * row_len)
-    out[:take] = tokens[:take]
-    return out.reshape(n, row_len)
 
 
 def gather_tokens(parts: list[tuple[int, np.ndarray]], start: int, stop: int) -> np.ndarray:

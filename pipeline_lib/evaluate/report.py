@@ -47,6 +47,7 @@ def summary_rows(summary: dict) -> list[dict]:
     for ck in summary["checkpoints"]:
         rows.append({"checkpoint": ck["label"], "perplexity": _ppl(ck),
                      "heldout_tokens": (ck.get("perplexity") or {}).get("tokens"),
+                     "reference": {name: r["perplexity"] for name, r in (ck.get("reference") or {}).items()},
                      "keyword_hits": _hits(ck), "generated_tokens": ck.get("generated_tokens"),
                      "tokens_per_s": ck.get("tokens_per_second"), "lora_merged": bool(ck.get("lora_merged")),
                      "source": _source(ck["ref"])})
@@ -89,7 +90,8 @@ def _md_table(rows: list[dict]) -> str:
 
 def reading_rows(summary: dict) -> list[dict]:
     """The checkpoint table of the reading view: narrow columns (sources are listed under it)."""
-    return [{"checkpoint": r["checkpoint"], "perplexity": r["perplexity"], "keyword hits": r["keyword_hits"],
+    return [{"checkpoint": r["checkpoint"], "perplexity": r["perplexity"],
+             **{f"{name} ppl": _round(v) for name, v in r["reference"].items()}, "keyword hits": r["keyword_hits"],
              "generated tokens": r["generated_tokens"], "tokens/s": _round(r["tokens_per_s"])}
             for r in summary_rows(summary)]
 

@@ -98,7 +98,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
                    "tokenizer": localize(tokenizer_path, cache, paths.endpoint_url),
                    "heldout_dir": localize(heldout_dir, cache, paths.endpoint_url),
                    "out_dir": str(folder.local), "work_dir": str(work), "target": target,
-                   "formats": prompt_formats or {}, "check_generate": check_generate}
+                   "formats": prompt_formats or {}, "check_generate": check_generate,
+                   "reference_sets": [localize(r, cache, paths.endpoint_url) for r in cfg.evaluate.reference_sets]}
         emit(f"evaluate: {len(items)} checkpoints x {len(prompts)} prompts on {target}")
         if progress:
             progress("evaluate", 0, len(items))
@@ -122,7 +123,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
             progress("evaluate", len(items), len(items))
         outputs = folder.publish(files_under(folder.local))
     inputs = {"checkpoints": {i["label"]: checkpoints[i["label"]] for i in items}, "tokenizer": tokenizer_path,
-              "heldout_dir": heldout_dir, "prompt_files": _sha_files(cfg.evaluate.prompt_files)}
+              "heldout_dir": heldout_dir, "prompt_files": _sha_files(cfg.evaluate.prompt_files),
+              "reference_sets": _sha_files(cfg.evaluate.reference_sets)}
     emit(f"evaluate: done in {summary['seconds']} s -> {folder.uri}")
     # the consumed inputs stay in the metrics: the manifest's own `inputs` are the registry's upstream fingerprints
     return StageOutput(outputs, {"checkpoints": rep.summary_rows(summary), "device": summary["device"],

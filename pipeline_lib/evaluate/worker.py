@@ -113,6 +113,11 @@ def run(req: dict) -> dict:
     rows = None
     if req.get("heldout_dir"):
         rows = read_heldout_rows(req["heldout_dir"], cfg.model.seq_length, cfg.evaluate.perplexity_max_rows)
+    from .reference import load_reference_set, reference_rows, set_name
+
+    references = {set_name(path): reference_rows(load_reference_set(path), codec, cfg.model.seq_length,
+                                                 cfg.evaluate.reference_max_rows)
+                  for path in req.get("reference_sets", [])}
     t0 = time.time()
     net = build_llama(cfg, batch_size=cfg.evaluate.batch_size, seq_length=cfg.model.seq_length, target=target,
                       token_ids=codec.ids)
@@ -135,6 +140,10 @@ def run(req: dict) -> dict:
             entry["perplexity"] = perplexity(fn, rows, codec.pad_id, cfg.evaluate.batch_size).to_json()
             progress(f"{label}: perplexity {entry['perplexity']['perplexity']:.3f} on "
                      f"{entry['perplexity']['tokens']} tokens")
+        entry["reference"] = {name: perplexity(fn, ref_rows, codec.pad_id, cfg.evaluate.batch_size).to_json()
+                              for name, ref_rows in references.items()}
+        for name, result in entry["reference"].items():
+            progress(f"{label}: reference {name} perplexity {result['perplexity']:.3f} on {result['tokens']} tokens")
         entry["seconds"] = round(time.time() - started, 2)
         results.append(entry)
         killpoints.reached("evaluate.between_checkpoints")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline_lib.data.packing import (count_rows, gather_tokens, heldout_mask, join_with_eos, read_mindrecord,
-                                       rows_from_tokens, write_mindrecord)
+from pipeline_lib.data.packing import gather_tokens, heldout_mask, read_mindrecord, write_mindrecord
+from pipeline_lib.model.packing import count_rows, join_with_eos, rows_from_tokens
 
 
 def test_documents_are_joined_with_eos_and_packed_into_exact_rows():

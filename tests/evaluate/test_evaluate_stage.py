@@ -64,7 +64,12 @@ def test_evaluate_stage_side_by_side(tiny, forward_path_run):  # forward_path_ru
     assert set(manifest.metrics["tables"]) == {"checkpoints"}
     table = manifest.metrics["tables"]["checkpoints"]["rows"]
     assert [r["checkpoint"] for r in table] == labels and list(table[0]) == [
-        "checkpoint", "perplexity", "keyword hits", "generated tokens", "tokens/s"]
+        "checkpoint", "perplexity", "general_zh ppl", "keyword hits", "generated tokens", "tokens/s"]
+    # the reference set: the same rows for every checkpoint, a perplexity each
+    ref = {c["label"]: c["reference"]["general_zh"] for c in summary["checkpoints"]}
+    assert len({r["tokens"] for r in ref.values()}) == 1 and all(r["perplexity"] > 1 for r in ref.values())
+    assert ref["sft"]["perplexity"] == pytest.approx(ref["sft full ckpt"]["perplexity"], rel=1e-6)
+    assert ref["pretrained"]["perplexity"] != pytest.approx(ref["base"]["perplexity"], rel=1e-6)
     html = open(f"{stage}/report.html", encoding="utf-8").read()
     assert html.count("<tr>") == 1 + len(labels)  # header + checkpoints; the answers are stacked per prompt
     assert html.count('class="prompt"') == 3 and html.count('class="answer"') == 3 * len(labels)

@@ -85,7 +85,7 @@ def _texts() -> list[str]:
 def make_sft_base(root: Path) -> SFTBase:
     from pipeline_lib.train.mindformers_yaml import build_run_config, write_run_yaml
     from pipeline_lib.config.schema import PipelineConfig
-    from pipeline_lib.data.packing import join_with_eos, rows_from_tokens
+    from pipeline_lib.model.packing import join_with_eos, rows_from_tokens
     from pipeline_lib.data.tokenizer import train_tokenizer
     from pipeline_lib.train.checkpoints import list_checkpoints
     from pipeline_lib.train.launch import build_command, launch
