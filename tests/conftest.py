@@ -250,6 +250,15 @@ def pytest_collection_modifyitems(config, items):
         parts = Path(str(item.fspath)).resolve().relative_to(ROOT / "tests").parts
         if parts and parts[0] in by_folder:
             item.add_marker(by_folder[parts[0]])
+    # Long files first (a file stays whole, in its order): two xdist workers then end together instead of
+    # one running the longest file alone at the end. Deterministic, as every worker must collect alike.
+    weight = {"train": 3, "e2e": 2, "browser": 2, "slow": 1}
+    files: dict[str, int] = {}
+    for item in items:
+        marks = [weight[m.name] for m in item.iter_markers() if m.name in weight]
+        files[item.nodeid.split("::")[0]] = max(files.get(item.nodeid.split("::")[0], 0), *marks, 0)
+    order = {f: i for i, f in enumerate(sorted(files, key=lambda f: -files[f]))}
+    items.sort(key=lambda item: order[item.nodeid.split("::")[0]])
 
 
 @pytest.hookimpl(hookwrapper=True)

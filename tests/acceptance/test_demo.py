@@ -14,7 +14,7 @@ import pytest
 
 from .conftest import readme_commands
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.train]
 STAGES = ("data", "pretrain", "sft", "evaluate", "export")
 
 

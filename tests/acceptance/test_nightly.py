@@ -17,7 +17,7 @@ import pytest
 
 from .conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.train]
 FAST = ["training.steps=6", "training.warmup_steps=1", "training.save_steps=3", "training.preflight_steps=0"]
 
 

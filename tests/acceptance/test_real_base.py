@@ -59,6 +59,9 @@ def write_sharded_hf(folder: Path, tensors: dict[str, np.ndarray], m) -> Path:
     return folder
 
 
+pytestmark = [pytest.mark.slow, pytest.mark.train]  # the whole chain, trained, on a Llama-2-layout base
+
+
 @pytest.fixture(scope="module")
 def chain(prefect_server, llama2_tokenizer, tmp_path_factory):
     """One `llm-pipeline run` of all five stages on the Llama-2-layout base; yields (cfg, run folder, tensors, s)."""
