@@ -73,14 +73,14 @@ def run_mapped_data(cfg, run_id: str) -> dict:
     started = time.time()
 
     def shard_tasks(run: StageRun) -> StageOutput:
-        try:
-            raw = _shard_steps.with_options(task_runner=_task_runner(cfg))(config=public_config(cfg), run_id=run_id)
-        except Exception as exc:  # the doctor's category and first remedy in the message, as the stage task does
-            attach_diagnosis(exc, cfg, "data")
-            raise
-        return StageOutput(**raw)
+        return StageOutput(**_shard_steps.with_options(task_runner=_task_runner(cfg))(config=public_config(cfg),
+                                                                                         run_id=run_id))
 
-    manifest, skipped = run_stage(cfg, paths, "data", log=get_run_logger().info, work=shard_tasks)
+    try:
+        manifest, skipped = run_stage(cfg, paths, "data", log=get_run_logger().info, work=shard_tasks)
+    except Exception as exc:  # the doctor's category and first remedy in the message, as the stage task does; here,
+        attach_diagnosis(exc, cfg, "data")  # outside run_stage, which names a full disk (DiskFull) first
+        raise
     result = {"stage": "data", "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
               "stage_uri": paths.stage_uri("data"), "manifest": manifest.__dict__}
     if skipped:

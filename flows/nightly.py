@@ -2,26 +2,38 @@
 dedup against everything seen) -> pretrain from last night's checkpoint -> evaluate side by side
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
-Final states: Completed "Busy" (another night holds this output root's nightly lock: this one did
+After evaluate the night is judged (pipeline_lib/nightly_gate.py, nightly.gate): its candidate against the promoted
+model on the same rows. Within budget: Completed "Promoted" (latest moves). Over budget: with on_regression=hold,
+Completed "Held" (latest stays, the files are consumed, the candidate is listed under `held`, the artifact
+`nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
+with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours.
+Other final states: Completed "Busy" (another night holds this output root's nightly lock: this one did
 nothing, the message names the holder), Completed "Skipped" (no new file), Completed "NoNewData" (new files, but every
 document in them was seen before: they are consumed, nothing is trained, a markdown artifact and
-the webhook say so), Completed (trained), or Failed (watermark unchanged, webhook notice)."""
+the webhook say so), or Failed (watermark unchanged, webhook notice)."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 
 from prefect import flow, get_run_logger
 from prefect.states import Completed
 
+from prefect.artifacts import create_markdown_artifact
+from prefect.input import RunInput
+from pydantic import Field
+
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
-                                  new_files, next_base_checkpoint, night_lock, night_tokenizer, nightly_overrides, no_new_documents)
+                                  evaluate_metrics, new_files, next_base_checkpoint, night_lock, night_tokenizer,
+                                  nightly_overrides, no_new_documents)
 from pipeline_lib.storage.names import BadName, check_name
+from pipeline_lib.nightly_gate import judge
 from pipeline_lib.stages import SPECS
 
 from flows.common import resolve_config
-from flows.notify import notify_failure, notify_no_new_data
+from flows.notify import notify_failure, notify_night
 from flows.pipeline import llm_pipeline
 
 def check_run_date(run_date: str) -> str:
@@ -38,7 +50,14 @@ def _night_id(run_date: str | None) -> str:
     return f"nightly-{check_run_date(run_date) if run_date else dt.date.today().isoformat()}"
 
 
-@flow(name="nightly-pretrain", flow_run_name="nightly/{run_date}", log_prints=True,
+def _run_name() -> str:
+    """nightly/<date>: the date the night runs under, today when none was given (never `nightly/None`)."""
+    from prefect.runtime import flow_run
+
+    return f"nightly/{flow_run.parameters.get('run_date') or dt.date.today().isoformat()}"
+
+
+@flow(name="nightly-pretrain", flow_run_name=_run_name, log_prints=True,
       on_failure=[notify_failure], on_crashed=[notify_failure])
 def nightly(config: str | dict, overrides: list[str] | None = None, run_date: str | None = None,
             dispatch: bool = False) -> dict:
@@ -72,15 +91,88 @@ def _night(cfg, run_id: str, dispatch: bool):
             run.result()  # raises the night's real failure: this flow fails and notifies
         return _no_new_data(cfg, state, files, run_id, found)
     summary = run.result()
+    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id))
+    decision, decided_by = "promoted", None
+    if verdict.regressed:
+        decision, decided_by = (_ask(cfg, run_id, verdict) if cfg.nightly.gate.on_regression == "ask"
+                                else ("held", None))
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
-    commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id))
-    return {"run_id": run_id, "new_files": len(files), "checkpoint": checkpoint, "summary": summary}
+    commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
+                 verdict=verdict.to_json(), decided_by=decided_by)
+    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)
+
+
+PAUSE_GRACE_S = 600  # the pause outlives the night's own deadline by this much
+
+
+class Decision(RunInput):
+    """The form a held-back night shows in the UI (Prefect pause with wait_for_input)."""
+
+    approve: bool = Field(False, description="Promote tonight's candidate anyway (it becomes tomorrow's base).")
+    reason: str = Field("", description="Why (recorded in the nightly state).")
+    who: str = Field("", description="Your name (recorded in the nightly state).")
+
+
+def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
+    """Wait for a person: approve promotes; reject, or no answer within nightly.gate.ask_timeout_hours, holds."""
+    from prefect.exceptions import FlowPauseTimeout
+    from prefect.flow_runs import pause_flow_run
+
+    import contextvars
+
+    from prefect.flow_runs import resume_flow_run
+    from prefect.runtime import flow_run
+
+    hours = cfg.nightly.gate.ask_timeout_hours
+    create_markdown_artifact(key="nightly-gate", markdown=verdict.markdown(run_id, "waiting for a decision"),
+                             description=verdict.message(run_id))
+    get_run_logger().warning(f"{verdict.message(run_id)}; waiting up to {hours:g} h for a person to approve or "
+                             "reject in the Prefect UI (Resume on this flow run)")
+    asked_at = dt.datetime.now(dt.timezone.utc).isoformat()
+    no_answer = f"no decision within {hours:g} h"
+    # The server fails a run whose pause outlived its timeout: the night answers itself (reject) at the deadline,
+    # while its pause still holds, and the pause's own timeout is later (only if this process died meanwhile).
+    timer = threading.Timer(hours * 3600, contextvars.copy_context().run, args=(
+        resume_flow_run, flow_run.id, {"approve": False, "reason": no_answer, "who": ""}))
+    timer.daemon = True
+    timer.start()
+    try:
+        answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
+            description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
+            timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}")
+    except FlowPauseTimeout:
+        return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}
+    finally:
+        timer.cancel()
+    if not answer.approve and answer.reason == no_answer and not answer.who:
+        return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}
+    who = {"who": answer.who or "(not given)", "reason": answer.reason, "asked_at": asked_at,
+           "at": dt.datetime.now(dt.timezone.utc).isoformat()}
+    return ("promoted" if answer.approve else "held"), who
+
+
+def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by):
+    """The night's end: an artifact with the comparison, the webhook for a held night, Completed Promoted/Held."""
+    by = f" (decided by {decided_by['who']}: {decided_by['reason'] or 'no reason given'})" if decided_by else ""
+    name = "Promoted" if decision == "promoted" else "Held"
+    tail = ("latest moves to it; tomorrow continues from it" if name == "Promoted" else
+            "latest stays; the files are consumed; the candidate is kept under `held` in the nightly state "
+            f"(promote it by hand: llm-pipeline nightly promote CONFIG --run-id {run_id})")
+    message = f"{verdict.message(run_id)}{by}. {name}: {tail}"
+    get_run_logger().info(message)
+    create_markdown_artifact(key="nightly-gate", markdown=verdict.markdown(run_id, name), description=message)
+    data = {"run_id": run_id, "new_files": len(files), "checkpoint": checkpoint, "summary": summary,
+            "decision": decision, "verdict": verdict.to_json(), "decided_by": decided_by}
+    if name == "Held":
+        notify_night(secret_value(cfg.orchestration.failure_webhook_url), {
+            "flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Held", "message": message,
+            "failed": [{k: r[k] for k in ("metric", "promoted", "candidate", "change", "budget")}
+                       for r in verdict.failed]})
+    return Completed(name=name, message=message, data=data)
 
 
 def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: dict):
     """Consume the files, train nothing, and say so (UI artifact, state message, webhook)."""
-    from prefect.artifacts import create_markdown_artifact
-
     consume_without_training(cfg, state, files, run_id, found)
     message = (f"{run_id}: no new data: {len(files)} new file(s), {found['read']} documents read, "
                f"{found['duplicates_of_earlier_runs']} duplicates of earlier runs ({', '.join(found['earlier_runs'])}), "
@@ -93,6 +185,6 @@ def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: di
                             f"Dedup index: `{found['index_uri']}` (lineage `{found['lineage']}`)."]))
     payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "NoNewData",
                "message": message, "new_files": len(files), "counts": found}
-    notify_no_new_data(secret_value(cfg.orchestration.failure_webhook_url), payload)
+    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
     return Completed(name="NoNewData", message=message, data={"run_id": run_id, "new_files": len(files),
                                                                "no_new_data": found, "notice": payload})

@@ -1,5 +1,6 @@
 """Notices to orchestration.failure_webhook_url (off by default): a failed run (the run, the failed
-stage, the error, the doctor's category and first remedy), and a nightly that found no new data (state NoNewData, with the counts)."""
+stage, the error, the doctor's category and first remedy), and a nightly that found no new data (state NoNewData, with
+the counts) or was held back by its gate (state Held, with each metric over budget)."""
 from __future__ import annotations
 
 import json
@@ -39,8 +40,9 @@ def notify_failure(flow, flow_run, state) -> None:
     _post(_webhook_url(flow_run.parameters), failure_payload(flow, flow_run, state))
 
 
-def notify_no_new_data(url: str | None, payload: dict) -> None:
-    """{flow, run_id, state: COMPLETED, name: NoNewData, message, counts} to the webhook, if set."""
+def notify_night(url: str | None, payload: dict) -> None:
+    """A night that ended without a failure but needs a person to know: {flow, run_id, state: COMPLETED, name:
+    NoNewData (with its counts) or Held (with the metrics over budget), message} to the webhook, if set."""
     _post(url, payload)
 
 

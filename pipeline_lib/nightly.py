@@ -4,8 +4,12 @@ State lives in the run store under <output_root>/_nightly/state/ as numbered gen
 (storage.generations; <output_root>/_nightly/state.json is a readable copy of the newest one, and
 what earlier versions wrote):
   consumed: {input URI: size} of every raw file a successful night has trained on
-  latest:   {run_id, checkpoint, tokenizer, finished_at} of the last night where EVERY stage succeeded; the
-            next night continues that checkpoint with that tokenizer (one tokenizer per lineage)
+  latest:   {run_id, checkpoint, tokenizer, finished_at} of the promoted night (every stage succeeded and the
+            gate passed, or a person promoted it); the next night continues that checkpoint with that
+            tokenizer (one tokenizer per lineage)
+  held:     the candidates of nights that were over the regression budget (nightly_gate), with the gate's
+            comparison; `llm-pipeline nightly promote CONFIG --run-id ID` promotes one by hand
+  history:  per night its decision (promoted, held, no new data), the gate's metrics, and who decided
 It is updated only after a night succeeds, so a failed night leaves the watermark and the
 `latest` pointer where they were and its data is picked up again tomorrow. An update applies the
 night's change to the newest state in one conditional write, so two nights finishing at once
@@ -191,7 +195,8 @@ def nightly_overrides(state: dict, files: dict[str, int]) -> dict:
         changes["model"] = {"base_checkpoint": latest["checkpoint"], "hf_checkpoint": None}
         if latest.get("tokenizer"):  # one tokenizer per lineage: never a new one trained on tonight's files
             changes["tokenizer"] = {"path": latest["tokenizer"]}
-        changes["evaluate"] = {"compare_checkpoints": {f"last night ({latest['run_id']})": latest["checkpoint"]}}
+        # the promoted model is evaluated as `base` (model.base_checkpoint) beside tonight's candidate: the gate
+        # compares the two (nightly_gate)
     return changes
 
 
@@ -216,18 +221,62 @@ def night_tokenizer(cfg: PipelineConfig, run_id: str) -> str | None:
 
 
 def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
-                 checkpoint: str | None, tokenizer: str | None = None) -> dict:
-    """Advance the watermark and the `latest` pointer (the checkpoint and the lineage's tokenizer); call only
-    after every stage succeeded. `state` is what the night read at its start; the change is applied to the
-    newest state."""
+                 checkpoint: str | None, tokenizer: str | None = None, *, decision: str = "promoted",
+                 verdict: dict | None = None, decided_by: dict | None = None) -> dict:
+    """Advance the watermark and record the night's decision; call only after every stage succeeded.
+    `promoted` moves `latest` (the checkpoint and the lineage's tokenizer); `held` keeps `latest` and lists the
+    candidate under `held` (a person may promote it later: promote_held). `verdict` is the gate's comparison
+    (nightly_gate.Verdict.to_json), `decided_by` who decided when a person did. `state` is what the night read
+    at its start; the change is applied to the newest state."""
+    now = dt.datetime.now(dt.timezone.utc).isoformat()
+    candidate = {"run_id": run_id, "checkpoint": checkpoint, "tokenizer": tokenizer, "finished_at": now}
+
     def change(state: dict) -> dict:
         state.setdefault("consumed", {}).update(files)
-        state["latest"] = {"run_id": run_id, "checkpoint": checkpoint, "tokenizer": tokenizer,
-                           "finished_at": dt.datetime.now(dt.timezone.utc).isoformat()}
-        state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint})
+        if decision == "promoted":
+            state["latest"] = candidate
+        else:
+            state.setdefault("held", []).append({**candidate, "verdict": verdict})
+        state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint,
+                                                "decision": decision, "verdict": verdict,
+                                                "decided_by": decided_by})
         return state
     killpoints.reached("nightly.before_state_commit")
     return update_state(cfg, change)
+
+
+class NotHeld(PicklableError, ValueError):
+    def __init__(self, run_id: str, held: list[str]):
+        self.run_id, self.held = run_id, held
+        super().__init__(f"--run-id={run_id!r}: not a held night of this output root (held: "
+                         f"{', '.join(held) or 'none'}). Fix: pass one of the held run ids "
+                         "(llm-pipeline nightly CONFIG shows them in _nightly/state.json under held)")
+
+
+def promote_held(cfg: PipelineConfig, run_id: str, who: str, reason: str) -> dict:
+    """A person promotes a held candidate: `latest` moves to it, it leaves `held`, history records who and why."""
+    def change(state: dict) -> dict:
+        held = state.get("held", [])
+        found = next((h for h in held if h["run_id"] == run_id), None)
+        if found is None:
+            raise NotHeld(run_id, [h["run_id"] for h in held])
+        state["held"] = [h for h in held if h["run_id"] != run_id]
+        state["latest"] = {k: found[k] for k in ("run_id", "checkpoint", "tokenizer", "finished_at")}
+        state.setdefault("history", []).append({
+            "run_id": run_id, "decision": "promoted by hand", "decided_by": {"who": who, "reason": reason,
+                                                                            "at": dt.datetime.now(
+                                                                                dt.timezone.utc).isoformat()}})
+        return state
+    return update_state(cfg, change)
+
+
+def evaluate_metrics(cfg: PipelineConfig, run_id: str) -> dict:
+    """The night's evaluate manifest metrics (what the gate judges); {} when the stage wrote none."""
+    from .storage import RunPaths, read_manifest
+
+    m = read_manifest(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("evaluate"),
+                      cfg.run.s3_endpoint_url)
+    return (m.metrics or {}) if m else {}
 
 
 def no_new_documents(cfg: PipelineConfig, run_id: str) -> dict | None:

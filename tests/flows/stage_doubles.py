@@ -56,8 +56,21 @@ def _stage(stage: str):
 data = _stage("data")
 pretrain = _stage("pretrain")
 sft = _stage("sft")
-evaluate = _stage("evaluate")
 export = _stage("export")
+
+
+def evaluate(run: StageRun) -> StageOutput:
+    """The evaluate double scores `pretrained` and, when model.base_checkpoint is set (the promoted model of a
+    night), `base`, as the real stage's manifest does (metrics.checkpoints rows). The candidate's perplexities are
+    the promoted one's times the factor in `<output_root>/gate-plan` (default 1.0: no change)."""
+    out = _stage("evaluate")(run)
+    plan = Path(run.paths.output_root) / "gate-plan"
+    factor = float(plan.read_text()) if plan.exists() else 1.0
+    rows = [{"checkpoint": "pretrained", "perplexity": 20.0 * factor, "reference": {"general_zh": 40.0 * factor}}]
+    if run.cfg.model.base_checkpoint:
+        rows.append({"checkpoint": "base", "perplexity": 20.0, "reference": {"general_zh": 40.0}})
+    out.metrics["checkpoints"] = rows
+    return out
 
 
 def _slots_now() -> dict:
@@ -86,3 +99,14 @@ def _training_stage(stage: str):
 
 pretrain = _training_stage("pretrain")
 sft = _training_stage("sft")
+
+
+def pretrain_with_checkpoint(run: StageRun) -> StageOutput:
+    """The pretrain double that leaves a checkpoint file the nightly can promote (its manifest names it)."""
+    out = pretrain(run)
+    ckpt = Path(run.uri) / "checkpoint" / "rank_0" / "double_rank_0-1_1.ckpt"
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    ckpt.write_bytes(b"weights of " + run.paths.run_id.encode())
+    out.outputs += describe_outputs(str(run.uri), ["checkpoint/rank_0/double_rank_0-1_1.ckpt"])
+    out.metrics["latest_checkpoint"] = str(ckpt)
+    return out

@@ -125,7 +125,7 @@ def test_three_nights_new_data_then_only_duplicates_then_nothing(tiny_cfg, tmp_p
     config = cfg.model_dump(mode="json")
     try:
         first = nightly(config=config, run_date="2026-12-01", return_state=True)
-        assert first.is_completed() and first.name == "Completed", first.message
+        assert first.is_completed() and first.name == "Promoted", first.message
         runs = Path(tiny_cfg.run.output_root)
         assert (runs / "nightly-2026-12-01" / "pretrain" / "out.json").exists()
 
