@@ -561,12 +561,19 @@ class S3Store:
     def local_path(self, uri: str) -> None:
         return None
 
-    def share_url(self, uri: str, expires_s: int = 7 * 24 * 3600) -> str:
+    def share_url(self, uri: str, expires_s: int = 7 * 24 * 3600) -> str | None:
         """A presigned HTTPS (or the endpoint's scheme) GET URL for one object, valid expires_s seconds
-        (7 days, the SigV4 maximum): a link in the Prefect UI that opens without credentials."""
+        (7 days, the SigV4 maximum): a link in the Prefect UI that opens without credentials. It names
+        the access key id (every presigned URL does), never the secret key.
+
+        None with temporary credentials (AWS_SESSION_TOKEN: an assumed role, SSO, an instance profile):
+        their URL must carry the session token itself (X-Amz-Security-Token), and artifacts are read by
+        everyone who can open the Prefect UI, long after the run; such a link also dies with the
+        session (often an hour), not after its 7 days. Callers then show the s3:// URI as text."""
         bucket, key = split_s3(uri)
-        return self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
-                                                  ExpiresIn=min(int(expires_s), 7 * 24 * 3600))
+        url = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
+                                                 ExpiresIn=min(int(expires_s), 7 * 24 * 3600))
+        return None if "x-amz-security-token=" in url.lower() else url
 
     @_s3_op("head")
     def fingerprint(self, uri: str) -> str:
