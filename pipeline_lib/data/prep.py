@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import killpoints
+from ..storage import LongLine
 from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import index_uri, lineage, load_prior, segment_meta, stage_segment, write_segment
 from .errors import DataStageError, NoNewDocuments
@@ -28,7 +29,6 @@ from .sources import ShardSpec, list_inputs, plan_shards
 from .text import dedup_form, key_of_form
 from .tokenizer import lineage_tokenizer_checked
 from .workspace import Workspace, atomic_path
-from ..storage import LongLine
 
 
 NO_NEW_DOCUMENTS = "no_new_documents.json"  # left by a run whose documents were all seen before
