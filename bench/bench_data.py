@@ -147,8 +147,11 @@ def bench_config(corpus: Path, out: Path, workers: int, seq_length: int, default
     sample = {"sample_lines": 20000} if "sample_lines" in TokenizerConfig.model_fields else {"sample_docs": 30000}
     if default_sample:
         sample = {}
+    # the recall figures read excluded.jsonl as the list of every filtered document: no cap on it
+    from pipeline_lib.config.schema import DataConfig
+    every = {"max_records_written_per_reason": 10**9} if "max_records_written_per_reason" in DataConfig.model_fields else {}
     return config_from_dict({"run": {"output_root": str(out)},
-                             "data": {"inputs": [str(corpus)], "docs_per_shard": 5000, "num_workers": workers},
+                             "data": {"inputs": [str(corpus)], "docs_per_shard": 5000, "num_workers": workers, **every},
                              "tokenizer": {"vocab_size": 16000, **sample},
                              "model": {"seq_length": seq_length, "vocab_size": 16384}})
 

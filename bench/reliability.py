@@ -13,6 +13,8 @@ key=n)`) plus `tests` / `failed_tests` (a failed test is a crash found, a leak f
   storage_faults  injected, survived, refused_cleanly                   (filled by the fault-injecting proxy)
   disk_full       runs, failed_clearly, resumed
   concurrent      runs, lost_or_half_merged
+  hostile         inputs, stage_runs, input_bytes, written_bytes, worst_input_bytes, worst_written_bytes,
+                  outside_writes   (written: quarantine/exclusion copies naming the file; failed tests = crashes)
 A row no test wrote yet reads "not measured". Exit status: pytest's.
 """
 from __future__ import annotations
@@ -72,6 +74,14 @@ def table(data: dict) -> list[str]:
         lambda r: f"{_n(r, 'failed_clearly')} failed clearly, {_n(r, 'resumed')} resumed")
     add("concurrent runs", "concurrent", lambda r: f"{_n(r, 'runs')} runs",
         lambda r: f"{_n(r, 'lost_or_half_merged')} lost or half-merged")
+    add("hostile inputs", "hostile",
+        lambda r: f"{_n(r, 'inputs')} inputs tried ({_n(r, 'input_bytes'):,} bytes, {_n(r, 'stage_runs')} "
+                  "whole data-stage runs: newline gzip, one-line gzip, huge text, non-finite numbers, link loops)",
+        lambda r: f"{_n(r, 'failed_tests')} crashes; bytes written per input byte: max "
+                  f"{_n(r, 'worst_written_bytes') / max(_n(r, 'worst_input_bytes'), 1):,.0f} "
+                  f"({_n(r, 'worst_input_bytes'):,} B -> {_n(r, 'worst_written_bytes'):,} B, capped per file and "
+                  f"reason), overall {_n(r, 'written_bytes') / max(_n(r, 'input_bytes'), 1):.3f}; "
+                  f"{_n(r, 'outside_writes')} written outside the root")
     return lines
 
 

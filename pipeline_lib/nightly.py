@@ -175,7 +175,7 @@ def list_raw_files(cfg: PipelineConfig) -> dict[str, int]:
     """Every raw input file of data.inputs with its size, listed exactly as the data stage lists
     them (storage.input_files.find_inputs); an entry matching nothing yet is not an error here."""
     found: dict[str, int] = {}
-    for uris in find_inputs(cfg.data.inputs, cfg.run.s3_endpoint_url):
+    for uris in find_inputs(cfg.data.inputs, cfg.run.s3_endpoint_url, cfg.data.follow_symlinks):
         for uri in uris:
             found[uri] = store_for(uri, cfg.run.s3_endpoint_url).size(uri)
     return dict(sorted(found.items()))

@@ -71,13 +71,13 @@ class InputChecks:
         self.warnings.append(ConfigIssue(field, uri, f"not checked: S3 refused the listing ({type(err).__name__}: "
                                          f"{err})", "check the S3 credentials (AWS_ACCESS_KEY_ID ...) and the bucket"))
 
-    def listed(self, field: str, entries: list[str]) -> None:
+    def listed(self, field: str, entries: list[str], follow_symlinks: bool = False) -> None:
         for i, entry in enumerate(entries):
             name = f"{field}[{i}]"
             if entry.startswith("s3://") and not self.s3_ok(name, entry):
                 continue
             try:
-                list_inputs([entry], self.endpoint, field=field)
+                list_inputs([entry], self.endpoint, field=field, follow_symlinks=follow_symlinks)
             except NoInputFiles as err:
                 self.errors.append(ConfigIssue(name, entry, err.problem, err.fix))
             except Exception as err:  # botocore: credentials, access denied, no such bucket
@@ -217,7 +217,7 @@ def _file_texts(path: str, kind: str | None, text_field: str):
 
 
 def data_inputs(c: InputChecks) -> None:
-    c.listed("data.inputs", c.cfg.data.inputs)
+    c.listed("data.inputs", c.cfg.data.inputs, c.cfg.data.follow_symlinks)  # as the data stage lists them
 
 
 def sft_inputs(c: InputChecks) -> None:

@@ -145,6 +145,26 @@ class DataConfig(_Section):
         "workers need this package installed and run.output_root reachable (s3:// across machines). null: a "
         "local cluster of data.num_workers worker processes, started for the stage and closed after it.")
     filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
+    max_line_bytes: int = Field(
+        64 << 20, ge=1024, le=1 << 31,
+        description="Longest jsonl line read, in bytes (default 64 MiB; no document is that long). A longer line is "
+        "streamed past, never held: quarantined with reason line_too_long (its first data.max_copy_bytes only) "
+        "and counted.")
+    max_copy_bytes: int = Field(
+        64 << 10, ge=256, le=64 << 20,
+        description="At most this many bytes of a record are copied into quarantine.jsonl (`raw`) or excluded.jsonl "
+        "(`text`), default 64 KiB: enough to see why; the origin <file>:<line> leads to the whole record. A longer "
+        "copy is cut and says so (`raw_bytes` / `text_chars`: the whole record's size).")
+    max_records_written_per_reason: int = Field(
+        1000, ge=0, le=10**9,
+        description="Per input file and reason, at most this many quarantined or excluded records are written to "
+        "quarantine.jsonl / excluded.jsonl (the first ones, in file order); the rest are counted, not written "
+        "(stats.json: `rejected` / `filtered` count them all, `not_written` the ones beyond this cap). Bounds what "
+        "a small hostile input (1 KB of gzip holding a million newlines) can write.")
+    follow_symlinks: bool = Field(
+        False, description="Follow symbolic links found in input folders and globs (a path named in data.inputs "
+        "itself is always followed). Off by default: a link in a shared folder may point anywhere (another "
+        "user's files); a folder reached twice (a link loop) is listed once either way.")
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     heldout_fraction: float = Field(
         0.05, ge=0, lt=1, description="Share of documents (chosen by hash) held out for perplexity."

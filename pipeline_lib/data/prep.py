@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import killpoints
+from ..storage import LongLine
 from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import index_uri, lineage, load_prior, segment_meta, stage_segment, write_segment
 from .errors import DataStageError, NoNewDocuments
@@ -53,7 +54,7 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     lineage_tokenizer_checked(cfg)  # refused before any record is read, not after dedup
     for rel in STAGE_OUTPUTS:  # a fresh start: nothing of an attempt with another config survives
         ws.remove(rel)
-    files = list_inputs(cfg.data.inputs, ws.endpoint)
+    files = list_inputs(cfg.data.inputs, ws.endpoint, follow_symlinks=cfg.data.follow_symlinks)
     shards = [s.to_dict() for s in plan_shards(files, cfg.data.docs_per_shard, ws.endpoint, cfg.data.shard_mb,
                                                chunks=partial(_gunzip_chunk, ws))]
     from ..storage import store_for
@@ -84,10 +85,43 @@ def uses_index(cfg) -> bool:
     return d.incremental and (d.exact or d.near)
 
 
-def _raw_text(raw) -> str | None:
-    if raw is None or isinstance(raw, str):
-        return raw
-    return raw.decode("utf-8", errors="backslashreplace")
+def _utf8_head(data: bytes, n: int) -> bytes:
+    """The first n bytes of data, without a multi-byte UTF-8 character cut in two at the end."""
+    data = data[:n]
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # the last character's first byte: is the character whole?
+            whole = back >= (4 if byte >= 0xF0 else 3 if byte >= 0xE0 else 2 if byte >= 0xC0 else 1)
+            return data if whole else data[:-back]
+    return data
+
+
+def quarantine_copy(raw, limit: int) -> dict:
+    """The `raw` of a quarantine record, at most `limit` bytes of it, plus `raw_bytes` (the whole record's
+    size) when it was cut; raw is bytes (a jsonl line), str (a parquet value), a LongLine (its head) or None."""
+    if raw is None:
+        return {"raw": None}
+    if isinstance(raw, LongLine):
+        return {"raw": _utf8_head(raw.head, limit).decode("utf-8", "backslashreplace"), "raw_bytes": raw.size}
+    if isinstance(raw, str):
+        if len(raw) <= limit // 4:  # 4 bytes a character at most: short enough without encoding it
+            return {"raw": raw}
+        data = raw.encode("utf-8", "surrogatepass")
+        if len(data) <= limit:
+            return {"raw": raw}
+    else:
+        data = raw
+        if len(data) <= limit:
+            return {"raw": data.decode("utf-8", "backslashreplace")}
+    return {"raw": _utf8_head(data, limit).decode("utf-8", "backslashreplace"), "raw_bytes": len(data)}
+
+
+def excluded_copy(text: str, limit: int) -> dict:
+    """The `text` of an exclusion record, at most `limit` UTF-8 bytes of it, plus `text_chars` (the
+    whole text's length) when it was cut."""
+    if len(text) <= limit // 4 or len(text.encode("utf-8")) <= limit:
+        return {"text": text}
+    return {"text": _utf8_head(text[:limit].encode("utf-8"), limit).decode("utf-8"), "text_chars": len(text)}
 
 
 def record_identity(cfg, label: str, line: int, fields: dict) -> tuple:
@@ -115,27 +149,37 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
     filters = build_filters(d.filters)
     fields = (d.id_field, *d.keep_fields)
     rejected, filtered, read = Counter(), Counter(), 0
+    # copies written per reason: beyond the cap a record is counted only (finalize_data_stage then keeps
+    # the file's first `cap` across its shards); each copy is cut at max_copy_bytes
+    cap, copy = d.max_records_written_per_reason, d.max_copy_bytes
+    wrote_q, wrote_x = Counter(), Counter()
     origins, source_ids, metas, texts, keys, sigs = [], [], [], [], [], []
     with open(ws.local(f"{folder}/quarantine.jsonl"), "w", encoding="utf-8") as qf, \
             open(ws.local(f"{folder}/excluded.jsonl"), "w", encoding="utf-8") as xf:
         # positional arguments: tests wrap iter_shard_batches to count the shards read
-        for batch in iter_shard_batches(spec, d.text_field, d.read_batch_size, ws.endpoint, fields):
+        for batch in iter_shard_batches(spec, d.text_field, d.read_batch_size, ws.endpoint, fields,
+                                        d.max_line_bytes, copy):
             docs, found, forms = [], [], []
             for line, text, reason, raw, values in batch:
                 read += 1
                 sid, origin, meta = record_identity(cfg, spec.label, line, values)
                 if reason:
                     rejected[reason] += 1
-                    qf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
-                                    "reason": reason, "raw": _raw_text(raw)}) + "\n")
+                    if wrote_q[reason] < cap:
+                        wrote_q[reason] += 1
+                        qf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
+                                        "reason": reason, **quarantine_copy(raw, copy)}) + "\n")
                 else:
                     docs.append(Doc(origin, text))
                     found.append((line, text, sid, meta))
             for doc, (line, text, sid, meta), dropped in zip(docs, found, apply_filters_batch(docs, filters)):
                 if dropped:
                     filtered[dropped[1]] += 1
-                    xf.write(_json({"id": sid, "origin": doc.id, "file": spec.uri, "line": line, "filter": dropped[0],
-                                    "reason": dropped[1], "meta": meta, "text": text}) + "\n")
+                    if wrote_x[dropped[1]] < cap:
+                        wrote_x[dropped[1]] += 1
+                        xf.write(_json({"id": sid, "origin": doc.id, "file": spec.uri, "line": line,
+                                        "filter": dropped[0], "reason": dropped[1], "meta": meta,
+                                        **excluded_copy(text, copy)}) + "\n")
                     continue
                 origins.append(doc.id)
                 source_ids.append(_json(sid))
@@ -156,7 +200,8 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         names.append("sigs.npy")
     ws.publish(*[f"{folder}/{n}" for n in names])
     counts = {"label": spec.label, "uri": spec.uri, "read": read, "rejected": dict(rejected),
-              "filtered": dict(filtered), "candidates": len(origins)}
+              "filtered": dict(filtered), "candidates": len(origins),
+              "written": {"quarantine.jsonl": dict(wrote_q), "excluded.jsonl": dict(wrote_x)}}
     ws.write_json(f"{folder}/counts.json", counts)
     ws.mark(f"{index:05d}.prep")
     killpoints.reached("data.prep.between_shards")

@@ -7,9 +7,13 @@ row group by row group through a seekable file that fetches only the byte ranges
 for. Records come in batches of `batch_size` as (line number, text or None, reason, raw).
 
 Malformed records are not errors: they come back with a reason (empty_line, bad_utf8, bad_json,
-not_an_object, missing_text, text_not_string, empty_text, lone_surrogate) for the quarantine file.
-bad_json includes JSON nested deeper than Python's parser goes; lone_surrogate is a `\\udXXX` escape
-without its pair in the text or a carried field (valid JSON, but no Unicode text: nothing could write it).
+not_an_object, missing_text, text_not_string, empty_text, lone_surrogate, non_finite_number,
+line_too_long) for the quarantine file. bad_json includes JSON nested deeper than Python's parser goes;
+lone_surrogate is a `\\udXXX` escape without its pair in the text or a carried field (valid JSON, but no
+Unicode text: nothing could write it); non_finite_number is a NaN / Infinity literal anywhere in the line
+(not JSON) or a number too large for a double (1e999999), or a NaN / inf float in a carried parquet
+column: written back it would be `Infinity` or `NaN`, which no JSON reader takes; line_too_long is a jsonl line longer than
+`max_line` bytes, read past as it streams (its raw is its first `head` bytes, see storage.iter_lines).
 Raises: DataStageError when a parquet file has no column `data.text_field` or a non-string one, or a
 .jsonl.gz file is corrupt or truncated.
 """
@@ -17,11 +21,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from typing import Iterator
 
-from ..storage import iter_lines, store_for
+from ..storage import LongLine, iter_lines, store_for
 from ..storage.input_files import open_parquet
 from .errors import DataStageError
 
@@ -46,6 +51,32 @@ def _has_lone_surrogate(text, found: dict) -> bool:
     return False
 
 
+class _NonFinite(ValueError):
+    """A NaN / Infinity literal: Python's json takes them, JSON does not."""
+
+
+def _refuse_constant(name: str):
+    raise _NonFinite(name)
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):  # 1e999999: valid JSON syntax, but no double holds it
+        raise _NonFinite(literal[:40])
+    return value
+
+
+def _non_finite(value) -> bool:
+    """Whether a parquet value holds a float that is not finite (NaN, inf: a float column)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_non_finite(v) for v in value)
+    return False
+
+
 def parse_record(raw: bytes, text_field: str, fields: tuple[str, ...] = ()) -> tuple[str | None, str | None, dict]:
     """(text, None, fields) for a good jsonl line, else (None, reason, fields); `fields` holds the
     present, non-null values of the named fields ({} when the line is not a JSON object)."""
@@ -56,7 +87,9 @@ def parse_record(raw: bytes, text_field: str, fields: tuple[str, ...] = ()) -> t
     except UnicodeDecodeError:
         return None, "bad_utf8", {}
     try:
-        obj = json.loads(line)
+        obj = json.loads(line, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except _NonFinite:
+        return None, "non_finite_number", {}
     except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return None, "bad_json", {}
     if not isinstance(obj, dict):
@@ -77,12 +110,16 @@ def parse_line(raw: bytes, text_field: str) -> tuple[str | None, str | None]:
     return parse_record(raw, text_field)[:2]
 
 
-def _jsonl_records(spec, text_field: str, endpoint_url, fields: tuple[str, ...]) -> Iterator[Record]:
+def _jsonl_records(spec, text_field: str, endpoint_url, fields: tuple[str, ...], max_line: int | None,
+                   head: int) -> Iterator[Record]:
     fh = open_range(getattr(spec, "source", None) or spec.uri, spec.start, spec.end, endpoint_url)
     i = 0
     try:
         stream = gzip.GzipFile(fileobj=fh) if spec.kind == "jsonl.gz" else fh
-        for i, raw in enumerate(iter_lines(stream)):
+        for i, raw in enumerate(iter_lines(stream, max_line, head)):
+            if isinstance(raw, LongLine):
+                yield spec.first + i, None, "line_too_long", raw, {}  # raw: its head and size
+                continue
             text, reason, found = parse_record(raw, text_field, fields)
             yield spec.first + i, text, reason, (raw if reason else None), found
     except (gzip.BadGzipFile, EOFError, zlib.error) as err:  # a corrupt or truncated .gz: the file, named
@@ -123,7 +160,9 @@ def _parquet_records(spec, text_field: str, batch_size: int, endpoint_url,
         values = {f: batch.column(f).to_pylist() for f in extra}
         for i, text in enumerate(batch.column(text_field).to_pylist()):
             found = {f: _plain(v[i]) for f, v in values.items() if v[i] is not None}
-            if text is None:
+            if _non_finite(found):
+                yield row, None, "non_finite_number", text, {}
+            elif text is None:
                 yield row, None, "missing_text", None, found
             elif not text.strip():
                 yield row, None, "empty_text", text, found
@@ -133,12 +172,14 @@ def _parquet_records(spec, text_field: str, batch_size: int, endpoint_url,
 
 
 def iter_shard_batches(spec, text_field: str, batch_size: int, endpoint_url: str | None = None,
-                       fields: tuple[str, ...] = ()) -> Iterator[list[Record]]:
+                       fields: tuple[str, ...] = (), max_line: int | None = None,
+                       head: int = 1 << 16) -> Iterator[list[Record]]:
     """Batches of at most `batch_size` records of one shard, in file order; `fields`: the names
-    whose values each record carries along (see the module docstring)."""
+    whose values each record carries along; max_line / head: a longer jsonl line is line_too_long with
+    its first `head` bytes as raw (see the module docstring)."""
     fields = tuple(fields)
     records = (_parquet_records(spec, text_field, batch_size, endpoint_url, fields) if spec.kind == "parquet"
-               else _jsonl_records(spec, text_field, endpoint_url, fields))
+               else _jsonl_records(spec, text_field, endpoint_url, fields, max_line, head))
     batch = []
     for rec in records:
         batch.append(rec)

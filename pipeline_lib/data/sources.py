@@ -64,10 +64,10 @@ ChunkSink = Callable[[int], tuple[Path, Callable[[], str]]]
 
 
 def list_inputs(inputs: list[str], endpoint_url: str | None = None,
-                field: str = "data.inputs") -> list[tuple[str, str]]:
+                field: str = "data.inputs", follow_symlinks: bool = False) -> list[tuple[str, str]]:
     """[(uri, label)] of every input file (storage.input_files.list_inputs); a DataStageError names `field`[i]."""
     try:
-        return _list_inputs(inputs, endpoint_url, field=field)
+        return _list_inputs(inputs, endpoint_url, field=field, follow_symlinks=follow_symlinks)
     except NoInputFiles as err:
         raise DataStageError(err.field, err.value, err.problem, err.fix) from None
 

@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import threading
+from collections import Counter
 from functools import partial
 
 from ..lifetime import exit_when_gone
@@ -46,15 +47,48 @@ from .stats import attribute_rows, build_stats
 from .workspace import Workspace, atomic_path
 
 
-def _concat(ws: Workspace, n: int, name: str) -> None:
+def _concat(ws: Workspace, counts: list[dict], name: str, cap: int) -> Counter:
+    """Merge the shards' copies of `name` (quarantine.jsonl or excluded.jsonl) in input order, keeping the
+    first `cap` per input file and reason (a shard caps only its own; the rest of a file's records are
+    counted, not written). Shards whose copies all fit are copied byte for byte. Returns the records
+    written per (file label, reason)."""
     out = ws.local(name)
     tmp = atomic_path(out)
+    kept: Counter = Counter()
     with open(tmp, "wb") as dst:
-        for k in range(n):
+        for k, c in enumerate(counts):
+            label, wrote = c["label"], c.get("written", {}).get(name, {})
             with open(ws.fetch(f"{shard_dir(k)}/{name}"), "rb") as src:
-                shutil.copyfileobj(src, dst, 1 << 20)
+                if all(kept[label, r] + n <= cap for r, n in wrote.items()):
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                    kept.update({(label, r): n for r, n in wrote.items()})
+                    continue
+                for line in src:  # at most `cap` lines a reason: this shard's own cap
+                    reason = json.loads(line)["reason"]
+                    if kept[label, reason] < cap:
+                        kept[label, reason] += 1
+                        dst.write(line)
     os.replace(tmp, out)
     ws.publish(name)
+    return kept
+
+
+def _not_written(stats: dict, written: dict[str, Counter]) -> None:
+    """Add to stats.json, per file and in total, the records counted but not written (beyond
+    data.max_records_written_per_reason): `not_written` {rejected: {reason: n}, filtered: {...}},
+    present only where some were left out (a normal run's stats.json is unchanged)."""
+    total: dict[str, Counter] = {}
+    for label, entry in stats["files"].items():
+        gaps = {}
+        for kind, name in (("rejected", "quarantine.jsonl"), ("filtered", "excluded.jsonl")):
+            left = {r: n - written[name][label, r] for r, n in entry[kind].items() if n > written[name][label, r]}
+            if left:
+                gaps[kind] = dict(sorted(left.items()))
+                total.setdefault(kind, Counter()).update(left)
+        if gaps:
+            entry["not_written"] = gaps
+    if total:
+        stats["total"]["not_written"] = {k: dict(sorted(v.items())) for k, v in total.items()}
 
 
 def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
@@ -62,13 +96,13 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
     ws = Workspace(cfg, paths, shared)
     plan = ws.read_json("shards/plan.json")
     n = len(plan["shards"])
-    for name in ("quarantine.jsonl", "excluded.jsonl"):
-        _concat(ws, n, name)
+    prepared = [ws.read_json(f"{shard_dir(k)}/counts.json") for k in range(n)]
+    written = {name: _concat(ws, prepared, name, cfg.data.max_records_written_per_reason)
+               for name in ("quarantine.jsonl", "excluded.jsonl")}
     dedup, mr = ws.read_json("shards/dedup.json"), ws.read_json("shards/mindrecord.json")
     shards = []
     for k in range(n):
-        s = {**ws.read_json(f"{shard_dir(k)}/counts.json"), **dedup["shards"][k],
-             **ws.read_json(f"{shard_dir(k)}/tokens.json")}
+        s = {**prepared[k], **dedup["shards"][k], **ws.read_json(f"{shard_dir(k)}/tokens.json")}
         shards.append(s)
     labels = [s["label"] for s in shards]
     for split in ("train", "heldout"):
@@ -86,6 +120,7 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
              "dedup": {k: dedup[k] for k in ("bands", "rows", "prior_docs", "prior_runs")} |
              {"threshold": cfg.data.dedup.threshold, "num_perm": cfg.data.dedup.num_perm}}
     stats = build_stats(shards, extra)
+    _not_written(stats, written)
     ws.write_json("stats.json", stats)
     if not stats["balanced"]:
         raise ConservationError(f"read != rejected + filtered + duplicates + kept; see {ws.uri_of('stats.json')}")

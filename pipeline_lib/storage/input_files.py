@@ -4,6 +4,8 @@
   or s3:// (`*`, `?`, `[...]` within one path segment, `**` any depth), all listed by
   store.list_matching; kept are files ending .jsonl, .json (one JSON object per line), .jsonl.gz,
   .json.gz or .parquet (`kind_of`), in config order and sorted within each entry, without repeats.
+  Symbolic links met inside folders and globs are skipped unless `follow_symlinks` (data.follow_symlinks;
+  LocalStore.glob), and a link loop is listed once.
   Relative local paths start at the working directory (the config resolves its paths to absolute
   ones when it is built: config/paths.py). Used by the data stage (data.inputs), SFT (sft.inputs),
   config validation and the nightly job (`find_inputs`: an entry matching nothing is not an error).
@@ -40,13 +42,13 @@ def kind_of(uri: str) -> str | None:
     return None
 
 
-def _expand(entry: str, endpoint_url: str | None) -> list[str]:
-    return [u for u in list_matching(entry, endpoint_url) if kind_of(u)]
+def _expand(entry: str, endpoint_url: str | None, follow_symlinks: bool) -> list[str]:
+    return [u for u in list_matching(entry, endpoint_url, follow_symlinks) if kind_of(u)]
 
 
-def find_inputs(inputs: list[str], endpoint_url: str | None = None) -> list[list[str]]:
+def find_inputs(inputs: list[str], endpoint_url: str | None = None, follow_symlinks: bool = False) -> list[list[str]]:
     """Per entry of `inputs`, the supported files it matches (possibly none)."""
-    return [_expand(entry, endpoint_url) for entry in inputs]
+    return [_expand(entry, endpoint_url, follow_symlinks) for entry in inputs]
 
 
 def _labels(uris: list[str]) -> list[str]:
@@ -63,10 +65,10 @@ def _labels(uris: list[str]) -> list[str]:
 
 
 def list_inputs(inputs: list[str], endpoint_url: str | None = None,
-                field: str = "data.inputs") -> list[tuple[str, str]]:
+                field: str = "data.inputs", follow_symlinks: bool = False) -> list[tuple[str, str]]:
     """[(uri, label)] of every input file, in config order, without repeats; errors name `field`[i]."""
     uris: list[str] = []
-    for i, (entry, found) in enumerate(zip(inputs, find_inputs(inputs, endpoint_url))):
+    for i, (entry, found) in enumerate(zip(inputs, find_inputs(inputs, endpoint_url, follow_symlinks))):
         if not found:
             raise NoInputFiles(f"{field}[{i}]", entry, "matches no .jsonl, .jsonl.gz or .parquet file",
                                "check the path or glob (relative paths start at the working directory) "

@@ -19,7 +19,7 @@ ConnectionError, so Prefect tasks retry it), naming the operation, the URI and w
 from __future__ import annotations
 
 import contextlib
-import glob
+import fnmatch
 import hashlib
 import io
 import os
@@ -60,6 +60,86 @@ def is_absolute(uri: str) -> bool:
     relative to some folder."""
     uri = str(uri)
     return is_s3(uri) or uri.startswith("file://") or Path(uri).is_absolute()
+
+
+def _scan(folder: str) -> list[os.DirEntry]:
+    """A folder's entries; [] when it cannot be read (as glob.glob: a pattern names what it can see)."""
+    try:
+        with os.scandir(folder) as it:
+            return list(it)
+    except OSError:
+        return []
+
+
+def _first_visit(path: str, follow: bool, seen: set, tag=None) -> bool:
+    """Whether the folder at path (its device and inode) is not in `seen` yet; adds it."""
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except OSError:
+        return False
+    key = (st.st_dev, st.st_ino, tag)
+    if key in seen:
+        return False
+    seen.add(key)
+    return True
+
+
+def _files_under(root: str, follow: bool, seen: set) -> list[str]:
+    """Every file under folder `root` (itself followed), temp files excluded; links skipped unless
+    `follow`; a folder already in `seen` is not listed again."""
+    out, todo = [], [root] if _first_visit(root, True, seen) else []
+    while todo:
+        for entry in _scan(todo.pop()):
+            if entry.is_symlink() and not follow:
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=follow):
+                    if _first_visit(entry.path, follow, seen):
+                        todo.append(entry.path)
+                elif entry.is_file(follow_symlinks=follow) and not entry.name.startswith(TMP_PREFIX):
+                    out.append(entry.path)
+            except OSError:  # a dangling link, or gone meanwhile
+                continue
+    return out
+
+
+def _glob_local(path: str, follow: bool) -> Iterator[str]:
+    """Paths (files and folders) a local glob matches, segment by segment as glob.glob does, but with
+    the link policy of LocalStore.glob and a visited set for `**` (glob.glob follows links into
+    folders, so two links to `.` made it walk 2**40 paths)."""
+    segs = path.split(os.sep)
+    lead = next((i for i, seg in enumerate(segs) if has_glob(seg)), len(segs))
+    base = os.sep.join(segs[:lead]) or (os.sep if path.startswith(os.sep) else os.curdir)
+    if not os.path.isdir(base):
+        return
+    yield from _match(base, segs[lead:], follow, set())
+
+
+def _match(base: str, segs: list[str], follow: bool, seen: set) -> Iterator[str]:
+    if not segs:
+        yield base
+        return
+    seg, rest = segs[0], segs[1:]
+    if seg == "**":
+        yield from _match(base, rest, follow, seen)  # no folder at all
+        for entry in _scan(base):
+            if (not entry.name.startswith(".") and not (entry.is_symlink() and not follow)
+                    and entry.is_dir(follow_symlinks=follow) and _first_visit(entry.path, follow, seen, len(segs))):
+                yield from _match(entry.path, segs, follow, seen)
+    elif has_glob(seg):
+        for entry in _scan(base):
+            if entry.name.startswith(".") and not seg.startswith("."):
+                continue
+            if not fnmatch.fnmatchcase(entry.name, seg) or (entry.is_symlink() and not follow):
+                continue
+            if not rest or entry.is_dir(follow_symlinks=follow):
+                yield from _match(entry.path, rest, follow, seen)
+    elif seg == "":  # a trailing or doubled separator
+        yield from _match(base, rest, follow, seen)
+    else:  # a literal segment after a wildcard: named by the user, followed as typed
+        child = os.path.join(base, seg)
+        if os.path.lexists(child):
+            yield from _match(child, rest, follow, seen)
 
 
 class LocalStore:
@@ -160,15 +240,20 @@ class LocalStore:
             return []
         return sorted(str(p) for p in root.rglob("*") if p.is_file() and not p.name.startswith(TMP_PREFIX))
 
-    def glob(self, pattern: str) -> list[str]:
+    def glob(self, pattern: str, follow_symlinks: bool = False) -> list[str]:
         """Every file a pattern names, sorted, temp files excluded, as absolute paths: a file itself;
         a folder: every file under it, recursively; a glob: `*`, `?`, `[...]` match within one path
-        segment, `**` any depth. Nothing matched: []."""
+        segment (not a leading dot, as glob.glob), `**` any depth. Nothing matched: [].
+        Symbolic links met while listing a folder or matching a wildcard are skipped unless
+        follow_symlinks (a link may lead out of the folder, into files its owner did not mean to
+        give); the path's literal part is always followed. Each real folder is listed once (a
+        visited set of device and inode), so a link loop cannot make listing endless."""
         path = str(self._path(pattern))
         found: list[str] = []
-        for p in sorted(glob.glob(path, recursive=True)) if has_glob(path) else [path]:
+        listed: set = set()
+        for p in _glob_local(path, follow_symlinks) if has_glob(path) else [path]:
             if os.path.isdir(p):
-                found += self.list(p)
+                found += _files_under(p, follow_symlinks, listed)
             elif os.path.isfile(p) and not os.path.basename(p).startswith(TMP_PREFIX):
                 found.append(p)
         return sorted({os.path.abspath(p) for p in found})
@@ -441,10 +526,11 @@ class S3Store:
         return sorted(out)
 
     @_s3_op("list")
-    def glob(self, pattern: str) -> list[str]:
+    def glob(self, pattern: str, follow_symlinks: bool = False) -> list[str]:
         """Every object a pattern names, sorted, temp objects excluded, as s3:// URIs: an object
         itself; a prefix read as a folder (s3://b/raw = s3://b/raw/): every object under it; a glob
-        (same rules as LocalStore.glob) over keys. Nothing matched: []."""
+        (same rules as LocalStore.glob) over keys. Nothing matched: []. S3 has no links: follow_symlinks
+        changes nothing."""
         bucket, key = split_s3(pattern)
         if not has_glob(key):
             if key and not key.endswith("/") and self._object_exists(bucket, key):
@@ -475,12 +561,19 @@ class S3Store:
     def local_path(self, uri: str) -> None:
         return None
 
-    def share_url(self, uri: str, expires_s: int = 7 * 24 * 3600) -> str:
+    def share_url(self, uri: str, expires_s: int = 7 * 24 * 3600) -> str | None:
         """A presigned HTTPS (or the endpoint's scheme) GET URL for one object, valid expires_s seconds
-        (7 days, the SigV4 maximum): a link in the Prefect UI that opens without credentials."""
+        (7 days, the SigV4 maximum): a link in the Prefect UI that opens without credentials. It names
+        the access key id (every presigned URL does), never the secret key.
+
+        None with temporary credentials (AWS_SESSION_TOKEN: an assumed role, SSO, an instance profile):
+        their URL must carry the session token itself (X-Amz-Security-Token), and artifacts are read by
+        everyone who can open the Prefect UI, long after the run; such a link also dies with the
+        session (often an hour), not after its 7 days. Callers then show the s3:// URI as text."""
         bucket, key = split_s3(uri)
-        return self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
-                                                  ExpiresIn=min(int(expires_s), 7 * 24 * 3600))
+        url = self.client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key},
+                                                 ExpiresIn=min(int(expires_s), 7 * 24 * 3600))
+        return None if "x-amz-security-token=" in url.lower() else url
 
     @_s3_op("head")
     def fingerprint(self, uri: str) -> str:
@@ -663,20 +756,45 @@ def _class_end(pattern: str, i: int) -> int:
     return pattern.find("]", j)
 
 
-def list_matching(pattern: str, endpoint_url: str | None = None) -> list[str]:
+def list_matching(pattern: str, endpoint_url: str | None = None, follow_symlinks: bool = False) -> list[str]:
     """Every file a pattern names (see LocalStore.glob / S3Store.glob), from the store it lives in."""
-    return store_for(str(pattern), endpoint_url).glob(str(pattern))
+    return store_for(str(pattern), endpoint_url).glob(str(pattern), follow_symlinks)
 
 
-def iter_lines(fh: BinaryIO) -> Iterator[bytes]:
-    """Lines of a binary stream without reading it whole (works on S3 streaming bodies)."""
-    pending = b""
-    while True:
-        chunk = fh.read(1 << 20)
-        if not chunk:
-            break
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        yield from lines
-    if pending:
-        yield pending
+@dataclass(frozen=True)
+class LongLine:
+    """A line longer than iter_lines' `max_line` bounds: its first `head` bytes and its whole length.
+    The rest of it was read past, never held."""
+
+    head: bytes
+    size: int
+
+
+def iter_lines(fh: BinaryIO, max_line: int | None = None, head: int = 1 << 16) -> Iterator[bytes | LongLine]:
+    """Lines of a binary stream without reading it whole (works on S3 streaming bodies), in time
+    linear in the stream's length: each chunk is split once, and a line spanning chunks is kept as
+    a list of its pieces (joined once), never re-split. With `max_line`, a line longer than that
+    many bytes comes back as a LongLine (its first `head` bytes and its length) and is streamed
+    past: at most max_line bytes of it are ever held."""
+    parts: list[bytes] = []  # pieces of the line still open at the end of the last chunk
+    size = 0  # its length so far
+    cut: bytes | None = None  # its head, once it is known to be too long
+    while chunk := fh.read(1 << 20):
+        lines = chunk.split(b"\n")
+        for i, piece in enumerate(lines):
+            size += len(piece)
+            if cut is None and max_line is not None and size > max_line:
+                cut, parts = b"".join([*parts, piece[:head]])[:head], []
+            if i == len(lines) - 1:  # no newline after it yet: the line goes on in the next chunk
+                if cut is None and piece:
+                    parts.append(piece)
+                break
+            if cut is not None:
+                yield LongLine(cut, size)
+            else:
+                yield b"".join([*parts, piece]) if parts else piece
+            parts, size, cut = [], 0, None
+    if cut is not None:
+        yield LongLine(cut, size)
+    elif size:
+        yield b"".join(parts)

@@ -60,3 +60,26 @@ def test_s3_outputs_get_presigned_links_that_open(s3_bucket):
     assert link.startswith(endpoint) and "s3://" not in link
     with urllib.request.urlopen(link) as resp:
         assert resp.read() == b"<h1>eval</h1>"
+
+
+def test_no_presigned_link_carries_a_session_token(s3_bucket, monkeypatch):
+    """Temporary credentials (issue 26, item 9): a presigned URL would embed AWS_SESSION_TOKEN, read by every
+    user of the UI; the overview shows the s3:// URI instead, and the outputs artifact has no link."""
+    import boto3
+
+    import pipeline_lib.storage.store as store_module
+
+    root, endpoint = s3_bucket
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "planted-session-token-123")
+    monkeypatch.setattr(store_module, "_S3_CLIENTS", {})  # a client made with the token: a new client
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # of a new session (a session keeps its credentials)
+    paths = RunPaths(root + "/runs", "r4", endpoint)
+    store = paths.store()
+    store.put_bytes(paths.stage_uri("evaluate") + "/manifest.json", b"{}")  # moto takes the token
+    store.put_bytes(paths.stage_uri("evaluate") + "/report.html", b"<h1>eval</h1>")
+    assert store.share_url(paths.stage_uri("evaluate") + "/report.html") is None
+    ov, published = overview(paths, ["evaluate"])
+    ov.finished("evaluate", "completed", 6.0, EVALUATE)
+    md = published[-1]
+    assert "planted-session-token-123" not in md and "X-Amz-Security-Token" not in md and "](" not in md
+    assert paths.stage_uri("evaluate") in md
