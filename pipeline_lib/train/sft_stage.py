@@ -39,7 +39,7 @@ from ..model.token_ids import TokenIds
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
 from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
-from .checkpoints import check_free_disk
+from ..planner.disk import sft_checkpoint_disk
 from .session import Batch, StageYaml, TrainingSession, loss_history, work_dir
 
 STAGE = "sft"
@@ -134,6 +134,7 @@ def _fetch_inputs(run: StageRun, base_ref: str, tok_ref: str, cache: Path) -> tu
 
 # ---------------------------------------------------------------- 3. train
 
+
 def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> dict:
     """Preflight, then train or resume in out/train; returns the final checkpoint, losses and resume facts."""
     cfg, rows, train_dir = run.cfg, stats["total"]["rows"], out / "train"
@@ -142,7 +143,9 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
                               log=run.log, progress=run.progress, error=SFTStageError, preflight_error=SFTPreflightFailed)
     # run.identity already holds every training.* field the schema marks as shaping SFT's outputs
     latest = session.resume_or_start(config_hash({"run": run.identity, "base": base_sha, "rows": stats["rows_sha256"]}))
-    check_free_disk(out, int(base.stat().st_size * 1.2), copies=2, ranks_on_node=len(session.ranks))
+    # sized from the layout as pretrain's (planner.disk: the ranks' shards of the frozen weights + the LoRA factors
+    # and their moments, x keep_checkpoint_max + 1), not from the base file, whose size may count optimizer state
+    session.check_disk(sft_checkpoint_disk(cfg, session.ranks))
     # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
     yaml = StageYaml(cfg, STAGE, Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard), out / "data",
                      rows, SFT_YAML, SFT_YAML, load=base, token_ids=TokenIds.from_meta(stats["token_ids"]))

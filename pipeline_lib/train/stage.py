@@ -68,9 +68,9 @@ from ..config.validate import base_weights_issues, preflight_steps_issues, profi
 from ..config.schema import global_batch
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
-from .checkpoints import LATEST_FILE, check_disk
+from .checkpoints import LATEST_FILE
 from .metrics import METRICS_FILE
-from .preflight import GB, summarize_steps
+from .preflight import summarize_steps
 from .session import IDENTITY_FILE, PREFLIGHT_FILE, Batch, StageYaml, TrainingSession, finite, loss_history, \
     work_dir, write_json
 
@@ -263,15 +263,12 @@ def _without_remote(base_info: dict) -> dict:
 
 def _check_disk(cfg, session: TrainingSession, checkpoint_bytes: int | None) -> None:
     """Room for the checkpoints this node keeps (planner.disk: the ranks' shards x kept copies)."""
-    from ..planner.disk import CheckpointDisk, checkpoint_disk, disk_fix
+    from ..planner.disk import CheckpointDisk, checkpoint_disk
 
     need = checkpoint_disk(cfg, session.ranks)
     if checkpoint_bytes is not None:
         need = CheckpointDisk({r: int(checkpoint_bytes) for r in session.ranks}, need.copies)
-    where = ("$LLM_PIPELINE_WORK_DIR (s3:// runs train in a local work folder)" if session.remote
-             else "run.output_root")
-    free = check_disk(session.out, need.total, need.explain(), disk_fix(cfg, need, where=where))
-    session.log(f"pretrain: {free / GB:.1f} GB free for {need.explain()} = {need.total / GB:.1f} GB")
+    session.check_disk(need)
 
 
 # ---------------------------------------------------------------- 5b. measured: profile summary, planner check
