@@ -27,6 +27,7 @@ TrainingLaunchError.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
 from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
 from ..planner.disk import sft_checkpoint_disk
+from .mindformers_yaml import sft_base_path_issue
 from .session import Batch, StageYaml, TrainingSession, loss_history, work_dir
 
 STAGE = "sft"
@@ -120,12 +122,27 @@ def _local(uri: str, cache: Path, endpoint_url: str | None, sidecar: str | None 
     return Path(store.get_file(uri, cache / uri.rsplit("/", 1)[-1])).resolve()
 
 
+def _unranked(base: Path, cache: Path) -> Path:
+    """The base under `cache/base/` (a hard link, else a copy): mindformers takes a file with rank_<N> in its path for
+    one rank's shard, which a sharded SFT would load after compile (mindformers_yaml.sft_base_path_issue)."""
+    dest = cache / "base" / base.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.unlink(missing_ok=True)  # made again each time: a stale copy must never stand in for the base
+    try:
+        os.link(base, dest)
+    except OSError:  # another filesystem
+        shutil.copyfile(base, dest)
+    return dest
+
+
 def _fetch_inputs(run: StageRun, base_ref: str, tok_ref: str, cache: Path) -> tuple[Path, Path, str]:
     """(local base .ckpt, local tokenizer.model, the base's sha256)."""
     base = _local(base_ref, cache, run.endpoint)
     if not base.is_file():
         raise SFTStageError(f"base checkpoint {base_ref!r} is not a file: point model.base_checkpoint (or the pretrain "
                             "stage) at a mindformers .ckpt")
+    if sft_base_path_issue(run.cfg, str(base)):
+        base = _unranked(base, cache)
     tok = _local(tok_ref, cache, run.endpoint, sidecar="tokenizer_config.json")
     base_sha = sha256_file(base)
     run.log(f"sft: base {base_ref} (sha256 {base_sha[:12]}), tokenizer {tok_ref}")
