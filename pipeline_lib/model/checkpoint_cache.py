@@ -100,14 +100,18 @@ def full_checkpoint(ref: CheckpointRef, scratch: Path, endpoint_url: str | None 
 
 
 def pretrain_checkpoint(paths, upstream=None, log=None) -> str | None:
-    """The pretrain stage's latest checkpoint as one full .ckpt, what every consumer's default reads: its file, or
-    for a tensor/pipeline-parallel run the merged copy of every rank's file (`full_checkpoint`: merged once, cached
-    next to the shards). Manifests without a checkpoint_layout fall back to runtime.upstream's lookup."""
+    """The pretrain stage's weights as one full .ckpt, what every consumer's default reads: the manifest's
+    `weights_checkpoint` (the model's parameters only), else for a tensor/pipeline-parallel run the weights-only merge
+    of every rank's file (`full_checkpoint`: merged once, cached next to the shards), else its file. Manifests
+    without a checkpoint_layout fall back to runtime.upstream's lookup."""
     import tempfile
 
     from ..runtime.upstream import _manifest, _resolve, find_pretrain_checkpoint
 
     m = _manifest(paths, upstream, "pretrain")
+    weights = (m.metrics or {}).get("weights_checkpoint") if m is not None else None
+    if isinstance(weights, dict) and weights.get("path"):
+        return _resolve(paths.stage_uri("pretrain"), weights["path"])
     if m is None or not (m.metrics or {}).get("checkpoint_layout"):
         return find_pretrain_checkpoint(paths, upstream)
     ref = CheckpointRef.from_manifest(m)

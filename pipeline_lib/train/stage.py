@@ -35,6 +35,9 @@ bottom, as its steps:
 6. publish (`_publish`): `loss_curve.png`, run.yaml, metrics.jsonl, identity.json, latest_checkpoint.json, the latest
    checkpoint file of each rank, preflight.json, profile_summary.json + profile/, planner_check.json, described (size,
    sha256) and uploaded on an s3:// store.
+6b. weights only (`_weights_checkpoint`): when one rank's file holds the whole model, `checkpoint/<name>-weights.ckpt`
+   with the model's parameters only (model.weights_only), published and listed as `weights_checkpoint` {path, size,
+   sha256}: what SFT, evaluate, export and the next night load (a sharded run's is the consumers' cached merge).
 7. summarise (`_metrics`): `latest_checkpoint` (absolute path, or URI on s3://), final loss, steps, tokens/s, a table
    of the last steps, the loss-curve image, `profile` / `planner_check` / `warnings` and their markdown (the Prefect
    artifacts `pretrain-profile`, `pretrain-planner`). The registry writes the manifest from the returned StageOutput.
@@ -129,9 +132,13 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     # 6. publish, 7. summarise (the registry writes the manifest)
     records = loss_history(out, out / LOSS_PNG, title=f"pretraining loss ({cfg.model.name})")
     _measured_reports(cfg, out, records, trained, session)
-    outputs = _publish(run, out, trained.latest, tokenizer)
+    weights = _weights_checkpoint(cfg, out, trained.latest, session, log)
+    outputs = _publish(run, out, trained.latest, tokenizer, weights)
     metrics = _metrics(run, out, trained, records, steps=steps, rows=rows, base_info=base_info, preflight=preflight,
                        session=session, started=started)
+    if weights is not None:  # {path, size, sha256}: the file every consumer of the weights takes
+        metrics["weights_checkpoint"] = next({**o, "path": _ref(run, out, str(out / o["path"]))} for o in outputs
+                                             if o["path"] == weights.relative_to(out).as_posix())
     if _scratch(run):  # everything is in the run store now; a 7B run would otherwise leave its checkpoints in /tmp
         shutil.rmtree(out, ignore_errors=True)
     log(f"pretrain: done in {metrics['seconds']} s: {trained.latest.get('global_step')} steps, loss "
@@ -308,7 +315,29 @@ def _scratch(run: StageRun) -> bool:
     return run.remote or run.node_rank > 0
 
 
-def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path) -> list[dict]:
+def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, log) -> Path | None:
+    """checkpoint/<latest name>-weights.ckpt: the model's parameters only (model.weights_only), what SFT, evaluate,
+    export and the next night load, when one rank's file holds the whole model (one device, or pure data parallel
+    without optimizer sharding); beside the lineage's tokenizer in checkpoint/. A sharded run's weights-only file
+    is the merge consumers make once (model.checkpoint_cache). Node 0 only; resume keeps the per-rank files."""
+    from ..runtime.launcher import launch_module
+
+    p = cfg.parallel
+    if session.node_rank or p.model_parallel * p.pipeline_stage > 1 or (p.optimizer_shard and p.data_parallel > 1):
+        return None
+    src = Path(latest["ranks"][str(min(int(r) for r in latest["ranks"]))]["path"])
+    dst = out / TOKENIZER_DIR / f"{src.stem}-weights.ckpt"
+    done = launch_module("pipeline_lib.model.weights_only", [str(src), str(dst)], cwd=None, timeout_s=3600,
+                         env={"GLOG_v": "3"})
+    if not done.ok:
+        raise PretrainStageError(f"writing the weights-only checkpoint {dst} failed: "
+                                 + done.describe("weights_only"))
+    log(f"pretrain: weights-only checkpoint {dst.name}: {dst.stat().st_size:,} bytes (training checkpoint "
+        f"{src.stat().st_size:,})")
+    return dst
+
+
+def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path, weights: Path | None = None) -> list[dict]:
     """Describe (size, sha256) the stage's files and copy them to the stage folder when trained elsewhere. A node
     rank > 0 publishes only its own ranks' checkpoints (and strategy files): the run's yaml, loss history,
     pointers and the lineage's tokenizer (checkpoint/tokenizer.model, beside the weights) are node 0's
@@ -322,6 +351,8 @@ def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path) -> list[di
         rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE, PROFILE_FILE,
                                   PLANNER_CHECK_FILE) if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
+    if weights is not None:
+        rels.append(weights.relative_to(out).as_posix())
     rels += strategy_files(out)  # needed to merge or reshard the rank files: lost with an s3 run's work folder
     # the profiler's own output (training.profile), for MindStudio Insight: also lost with an s3 run's work folder
     rels += [p.relative_to(out).as_posix() for p in sorted((out / "profile").rglob("*")) if p.is_file()]
@@ -338,13 +369,18 @@ def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path) -> list[di
 
 # ---------------------------------------------------------------- 7. summarise
 
+def _ref(run: StageRun, out: Path, path: str) -> str:
+    """A file of the stage's absolute path, or its URI on an s3:// store."""
+    return join(run.uri, Path(path).resolve().relative_to(out).as_posix()) if _scratch(run) \
+        else str(Path(path).resolve())
+
+
 def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: int, rows: int, base_info: dict,
              preflight: dict | None, session: TrainingSession, started: float) -> dict:
     cfg, latest = run.cfg, trained.latest
 
-    def ref(path: str) -> str:  # a checkpoint's absolute path, or its URI on an s3:// store
-        return join(run.uri, Path(path).resolve().relative_to(out).as_posix()) if _scratch(run) \
-            else str(Path(path).resolve())
+    def ref(path: str) -> str:
+        return _ref(run, out, path)
 
     latest_ref = ref(latest["ranks"][str(min(int(r) for r in latest["ranks"]))]["path"])
     from ..planner.check import planner_markdown

@@ -245,6 +245,25 @@ def test_reference_loss_falls_and_manifest(outcomes):
     layout = m["checkpoint_layout"]  # what CheckpointRef.from_manifest reads (docs/checkpoints.md)
     assert (layout["world_size"], layout["model_parallel"], layout["pipeline_stage"], layout["step"]) == (1, 1, 1, 16)
     assert layout["ranks"]["0"]["path"] == str(latest) and layout["ranks"]["0"]["sha256"] == m["latest_checkpoint_sha256"]
+    # the weights-only file every consumer takes: the model's parameters of the latest checkpoint, bit for bit, and
+    # nothing of the optimizer or the training state; beside the lineage's tokenizer; what the handoff returns
+    import mindspore as ms
+
+    from pipeline_lib.model.checkpoint_cache import pretrain_checkpoint
+    from pipeline_lib.model.tokenizer_lineage import tokenizer_beside
+    from pipeline_lib.storage import sha256_file
+
+    w = m["weights_checkpoint"]
+    assert Path(w["path"]) == o.out / "checkpoint" / "tiny_llama_rank_0-1_16-weights.ckpt"
+    assert w["sha256"] == sha256_file(w["path"]) and w["size"] == Path(w["path"]).stat().st_size < latest.stat().st_size
+    full, only = ms.load_checkpoint(str(latest)), ms.load_checkpoint(w["path"])
+    assert set(only) == {n for n in full if n.startswith(("model.", "lm_head."))}
+    assert not any(n.startswith(("adam_m.", "adam_v.")) or n in ("global_step", "scale_sense", "loss_scale")
+                   for n in only)
+    assert all(only[n].asnumpy().tobytes() == full[n].asnumpy().tobytes() for n in only)
+    assert pretrain_checkpoint(o.paths, {"pretrain": o.manifest}) == w["path"]
+    assert tokenizer_beside(w["path"]) == str(o.out / "checkpoint" / "tokenizer.model")
+    assert "checkpoint/tiny_llama_rank_0-1_16-weights.ckpt" in {x["path"] for x in o.manifest.outputs}
     # keep_checkpoint_max=2: only the two newest checkpoints stay
     assert sorted(p.name for p in (o.out / "checkpoint" / "rank_0").glob("*.ckpt")) == \
         ["tiny_llama_rank_0-1_12.ckpt", "tiny_llama_rank_0-1_16.ckpt"]
