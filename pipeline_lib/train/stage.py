@@ -35,8 +35,8 @@ bottom, as its steps:
 6. publish (`_publish`): `loss_curve.png`, run.yaml, metrics.jsonl, identity.json, latest_checkpoint.json, the latest
    checkpoint file of each rank, preflight.json, profile_summary.json + profile/, planner_check.json, described (size,
    sha256) and uploaded on an s3:// store.
-6b. weights only (`_weights_checkpoint`): when one rank's file holds the whole model, `checkpoint/<name>-weights.ckpt`
-   with the model's parameters only (model.weights_only), published and listed as `weights_checkpoint` {path, size,
+6b. weights only (`_weights_checkpoint`): when one rank's file holds the whole model,
+   `checkpoint/merged/<name>-weights.ckpt` with the model's parameters only (model.weights_only), published and listed as `weights_checkpoint` {path, size,
    sha256}: what SFT, evaluate, export and the next night load (a sharded run's is the consumers' cached merge).
 7. summarise (`_metrics`): `latest_checkpoint` (absolute path, or URI on s3://), final loss, steps, tokens/s, a table
    of the last steps, the loss-curve image, `profile` / `planner_check` / `warnings` and their markdown (the Prefect
@@ -316,17 +316,21 @@ def _scratch(run: StageRun) -> bool:
 
 
 def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, log) -> Path | None:
-    """checkpoint/<latest name>-weights.ckpt: the model's parameters only (model.weights_only), what SFT, evaluate,
-    export and the next night load, when one rank's file holds the whole model (one device, or pure data parallel
-    without optimizer sharding); beside the lineage's tokenizer in checkpoint/. A sharded run's weights-only file
+    """checkpoint/merged/<latest name>-weights.ckpt: the model's parameters only (model.weights_only), what SFT,
+    evaluate, export and the next night load, when one rank's file holds the whole model (one device, or pure data
+    parallel without optimizer sharding); its tokenizer is found from there (model.tokenizer_lineage). A sharded run's weights-only file
     is the merge consumers make once (model.checkpoint_cache). Node 0 only; resume keeps the per-rank files."""
+    from ..model.checkpoint_cache import MERGED_DIR
     from ..runtime.launcher import launch_module
 
     p = cfg.parallel
     if session.node_rank or p.model_parallel * p.pipeline_stage > 1 or (p.optimizer_shard and p.data_parallel > 1):
         return None
     src = Path(latest["ranks"][str(min(int(r) for r in latest["ranks"]))]["path"])
-    dst = out / TOKENIZER_DIR / f"{src.stem}-weights.ckpt"
+    # in checkpoint/merged/, not checkpoint/ itself: mindformers 1.9 resumes from load_checkpoint=checkpoint/ and
+    # loads every .ckpt lying directly in that folder instead of rank_N/<resume_training> (trainer/utils.py:684-691,
+    # tools/ckpt_transform/utils.py:68 check_ckpt_file_exist); tokenizer_lineage finds the tokenizer from merged/
+    dst = out / TOKENIZER_DIR / MERGED_DIR / f"{src.stem}-weights.ckpt"
     done = launch_module("pipeline_lib.model.weights_only", [str(src), str(dst)], cwd=None, timeout_s=3600,
                          env={"GLOG_v": "3"})
     if not done.ok:

@@ -254,7 +254,7 @@ def test_reference_loss_falls_and_manifest(outcomes):
     from pipeline_lib.storage import sha256_file
 
     w = m["weights_checkpoint"]
-    assert Path(w["path"]) == o.out / "checkpoint" / "tiny_llama_rank_0-1_16-weights.ckpt"
+    assert Path(w["path"]) == o.out / "checkpoint" / "merged" / "tiny_llama_rank_0-1_16-weights.ckpt"
     assert w["sha256"] == sha256_file(w["path"]) and w["size"] == Path(w["path"]).stat().st_size < latest.stat().st_size
     full, only = ms.load_checkpoint(str(latest)), ms.load_checkpoint(w["path"])
     assert set(only) == {n for n in full if n.startswith(("model.", "lm_head."))}
@@ -263,7 +263,7 @@ def test_reference_loss_falls_and_manifest(outcomes):
     assert all(only[n].asnumpy().tobytes() == full[n].asnumpy().tobytes() for n in only)
     assert pretrain_checkpoint(o.paths, {"pretrain": o.manifest}) == w["path"]
     assert tokenizer_beside(w["path"]) == str(o.out / "checkpoint" / "tokenizer.model")
-    assert "checkpoint/tiny_llama_rank_0-1_16-weights.ckpt" in {x["path"] for x in o.manifest.outputs}
+    assert "checkpoint/merged/tiny_llama_rank_0-1_16-weights.ckpt" in {x["path"] for x in o.manifest.outputs}
     # keep_checkpoint_max=2: only the two newest checkpoints stay
     assert sorted(p.name for p in (o.out / "checkpoint" / "rank_0").glob("*.ckpt")) == \
         ["tiny_llama_rank_0-1_12.ckpt", "tiny_llama_rank_0-1_16.ckpt"]
