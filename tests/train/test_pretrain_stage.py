@@ -401,3 +401,31 @@ def test_s3_store_uploads_outputs_and_a_rerun_elsewhere_resumes_from_the_upload(
     assert any("downloaded the uploaded checkpoint of step 4" in ln for ln in rerun.lines)
     assert not any("pretrain: training 4 steps" in ln for ln in rerun.lines) and m2["attempts"] == 0
     assert m2["latest_checkpoint"] == m["latest_checkpoint"] and m2["latest_checkpoint_sha256"] == m["latest_checkpoint_sha256"]
+
+
+@pytest.mark.train
+@pytest.mark.e2e
+@pytest.mark.usefixtures("prefect_server")
+def test_a_trainer_killed_mid_run_is_retried_by_the_flow_and_resumes(pretrain_data):
+    """kill -9 of the trainer (not of the run) mid-pretraining, no OOM evidence: the same flow run retries the stage
+    (doctor: killed), the retry resumes from the last verified checkpoint and finishes; metrics.jsonl holds each
+    step once."""
+    from flows.pipeline import llm_pipeline
+
+    cfg, paths = new_run(pretrain_data, "flow-killed",
+                         orchestration={"task_retries": 1, "retry_delay_seconds": 0.1})
+    out = Path(paths.stage_uri("pretrain"))
+    done, record = threading.Event(), {}
+    watcher = threading.Thread(target=_kill_after_checkpoints, args=(out, 2, done, record), daemon=True)
+    watcher.start()
+    try:
+        state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id="flow-killed", stages=["pretrain"],
+                             return_state=True)
+    finally:
+        done.set()
+    assert record.get("killed_pgid"), "the trainer was never killed"
+    assert state.is_completed(), state.message
+    m = read_manifest(str(out)).metrics
+    assert m["resumed_from_step"] in (4, 8, 12) and m["steps"] == 16
+    raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in raw] == list(range(1, 17))
