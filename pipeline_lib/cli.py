@@ -58,6 +58,9 @@ def summary_lines(cfg: PipelineConfig) -> list[str]:
         warning = memory_warning(cfg)
         if warning:
             lines.append(f"WARNING: {warning}")
+        from .planner.disk import disk_lines
+
+        lines += disk_lines(cfg)
     lines += [f"WARNING: {w}" for w in warnings(cfg)]
     return lines
 

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from ..storage.store import is_s3
 from .paths import resolve_input, resolve_output
 
 # Local paths are made absolute when a config is built (see paths.py): workers run elsewhere.
@@ -417,8 +418,10 @@ class TrainingConfig(_Section):
     guard: GuardConfig = Field(default_factory=GuardConfig)
     timeout_seconds: int = Field(3600, json_schema_extra=NO_OUTPUT_EFFECT,
                                  ge=1, description="Launcher timeout; the whole process group is killed.")
-    upload_checkpoints: bool = Field(False, json_schema_extra=NO_OUTPUT_EFFECT,
-                                     description="Copy finished checkpoints to the run store (S3).")
+    upload_checkpoints: bool | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Copy finished checkpoints to the run store (S3), so a retry on another machine resumes from the "
+        "last uploaded one. Empty: on exactly when run.output_root is remote (s3://).")
 
     @model_validator(mode="after")
     def _warmup_inside_steps(self):
@@ -591,6 +594,8 @@ class PipelineConfig(_Section):
         prec = self.training.precision
         derived = [(self.model, name, dtype) for name, dtype in precision_dtypes(prec).items()]
         derived.append((self.training.loss_scale, "type", precision_loss_scale(prec)))
+        # a remote run store: another machine's retry finds the checkpoints only if they were uploaded
+        derived.append((self.training, "upload_checkpoints", is_s3(self.run.output_root)))
         for section, name, value in derived:
             if name not in section.model_fields_set or getattr(section, name) is None:
                 section.__dict__[name] = value

@@ -7,8 +7,12 @@ Works on any mindformers / msrun / MindSpore / HCCL log, ours or not. Categories
 Device OOM is split by phase: a device OOM after a training step line was logged happened in a step
 (`device_oom_step`); before any step it happened while the graph was compiled and its memory laid out
 (`device_oom_compile`): in graph mode MindSpore allocates a graph's memory before the graph's first step.
-A trainer killed by SIGKILL (exit -9 / 137) that no timeout of ours killed is `host_oom`: on Linux that is what the
-kernel's OOM killer sends. No recognised text gives `unknown`, with no evidence: never a guess.
+A trainer killed by SIGKILL (exit -9 / 137, msrun's "Error code: -9") that no timeout of ours killed is `host_oom` only
+with evidence of memory pressure: the kernel's OOM-killer lines in the log, or the launcher's memory evidence
+(runtime/memory_evidence.py: the cgroup's oom_kill count rose, or the tree's last sampled RSS was near the limit),
+passed as `memory=` or read from the launcher's line in the log. Without it the kill is `killed` (a lost node, a
+preemption, an operator's kill -9): retried, and the retry resumes from the last checkpoint. The evidence line that
+decided is in the diagnosis. No recognised text gives `unknown`, with no evidence: never a guess.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ _FAILED_STAGE = re.compile(r"stage '(\w+)' failed")
 SIGKILL_CODES = (-9, 137)
 
 # Retry policy by category: only infrastructure that comes back on its own is retried with the same config.
-RETRY_CATEGORIES = frozenset({"collective_timeout"})
+RETRY_CATEGORIES = frozenset({"collective_timeout", "killed"})
 NO_RETRY_CATEGORIES = frozenset({"device_oom_compile", "device_oom_step", "host_oom", "nan_or_overflow",
                                  "disk_full", "config_name_clash", "missing_kernel", "dataset_schema",
                                  "checkpoint_shape_mismatch"})
@@ -73,8 +77,20 @@ def _lines(text: str) -> list[str]:
     return _ANSI.sub("", text).splitlines()
 
 
-def classify(text: str, *, returncode: int | None = None, timed_out: bool = False) -> tuple[str, list[str]]:
-    """(category, evidence lines) of a log; ("unknown", []) when no known failure text is in it."""
+def _kill_verdict(category: str, evidence: list[str], memory) -> tuple[str, list[str]]:
+    """A kill with the launcher's MemoryEvidence: host_oom when it shows memory pressure, else killed; the sentence
+    that decided goes first in the evidence."""
+    if memory is None:
+        return category, evidence
+    oom, why = memory.verdict()
+    evidence = [ln for ln in evidence if "memory evidence of an OOM kill: " not in ln]  # the object decides
+    return ("host_oom" if oom else "killed"), ([_clip(why)] + evidence)[:MAX_EVIDENCE]
+
+
+def classify(text: str, *, returncode: int | None = None, timed_out: bool = False,
+             memory=None) -> tuple[str, list[str]]:
+    """(category, evidence lines) of a log; ("unknown", []) when no known failure text is in it.
+    `memory`: the launch's runtime.memory_evidence.MemoryEvidence; it decides host_oom vs killed for a SIGKILL."""
     lines = _lines(text)
     hits: dict[str, list[tuple[int, str]]] = {}
     for i, line in enumerate(lines):
@@ -85,9 +101,13 @@ def classify(text: str, *, returncode: int | None = None, timed_out: bool = Fals
     category = next((c for c in CATEGORIES if c in hits), None)
     if category is None:
         if returncode in SIGKILL_CODES and not timed_out:
-            return "host_oom", [f"exit code {returncode}: killed by SIGKILL, not by a timeout of ours (the kernel "
-                                "OOM killer sends SIGKILL)"]
+            line = f"exit code {returncode}: killed by SIGKILL, not by a timeout of ours"
+            if memory is None:
+                line += "; no memory evidence was recorded, so no OOM kill is shown"
+            return _kill_verdict("killed", [line], memory)
         return "unknown", []
+    if category == "killed" and timed_out:
+        return "unknown", []  # our own timeout killed the tree: the kill is not the cause
     found = hits[category]
     evidence = []
     for _, line in found:
@@ -113,6 +133,8 @@ def classify(text: str, *, returncode: int | None = None, timed_out: bool = Fals
             if hint is not None and _clip(hint) not in evidence:
                 evidence.append(_clip(hint))
         evidence = evidence[:MAX_EVIDENCE]
+    if category == "killed":
+        return _kill_verdict(category, evidence, memory)
     return category, evidence
 
 
@@ -129,11 +151,11 @@ def stage_from_text(text: str) -> str | None:
 
 
 def diagnose(text: str, cfg=None, *, stage: str | None = None, returncode: int | None = None,
-             timed_out: bool = False) -> Diagnosis:
+             timed_out: bool = False, memory=None) -> Diagnosis:
     """Classify `text` and compute remedies (with numbers when `cfg`, a PipelineConfig, is given)."""
     from .remedies import remedies_for
 
-    category, evidence = classify(text, returncode=returncode, timed_out=timed_out)
+    category, evidence = classify(text, returncode=returncode, timed_out=timed_out, memory=memory)
     stage = stage or stage_from_text(text)
     diag = Diagnosis(category, stage, evidence)
     diag.remedies = remedies_for(diag, cfg)
@@ -158,4 +180,4 @@ def exception_text(exc: BaseException) -> str:
 def diagnose_exception(exc: BaseException, cfg=None, stage: str | None = None) -> Diagnosis:
     result = getattr(exc, "result", None)
     return diagnose(exception_text(exc), cfg, stage=stage, returncode=getattr(result, "returncode", None),
-                    timed_out=bool(getattr(result, "timed_out", False)))
+                    timed_out=bool(getattr(result, "timed_out", False)), memory=getattr(result, "memory", None))

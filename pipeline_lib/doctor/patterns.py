@@ -27,7 +27,7 @@ def _p(category: str, regex: str, source: str, flags: int = 0) -> Pattern:
 
 # Precedence, most specific root cause first. device_oom_* is decided as "device_oom" and split by phase later.
 CATEGORIES = ("disk_full", "device_oom", "host_oom", "checkpoint_shape_mismatch", "dataset_schema",
-              "config_name_clash", "missing_kernel", "nan_or_overflow", "collective_timeout")
+              "config_name_clash", "missing_kernel", "nan_or_overflow", "killed", "collective_timeout")
 
 PATTERNS: tuple[Pattern, ...] = (
     # ---- disk full
@@ -79,15 +79,21 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("host_oom", r"Cannot allocate memory",
        "Linux ENOMEM strerror ('[Errno 12] Cannot allocate memory'), e.g. JingyunLiang/VRT#49"),
     _p("host_oom", r"\bMemoryError\b|std::bad_alloc", "Python MemoryError / C++ std::bad_alloc"),
-    _p("host_oom", r"Out of memory: Kill(?:ed)? process",
-       "Linux kernel OOM killer (dmesg), quoted in vetter/shoc#38 ('Out of memory: Kill process 2700 ...')"),
-    _p("host_oom", r"Worker process \d+ exit with exception\. Error code: -9\b",
-       "MindSpore 2.9 mindspore/parallel/cluster/process_entity/_api.py (msrun): a worker ended by SIGKILL, "
-       "what the kernel OOM killer sends"),
-    _p("host_oom", r"trainer (?:was killed by signal 9\b|exited with code -9\b)",
-       "ours: pipeline_lib/train/runner.py TrainerKilled / launch.py _describe_failure: SIGKILL from outside the "
-       "launcher (its own timeout says 'timed out'), on Linux the kernel OOM killer"),
-    _p("host_oom", r"exited with code -9 after|exit(?:ed)? (?:with )?(?:code|status) 137\b",
+    _p("host_oom", r"[Oo]ut of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:constraint=",
+       "Linux kernel OOM killer (dmesg / the kernel log: mm/oom_kill.c 'Out of memory: Killed process', "
+       "'Memory cgroup out of memory: Killed process', 'invoked oom-killer', 'oom-kill:constraint='), quoted in "
+       "vetter/shoc#38 ('Out of memory: Kill process 2700 ...')"),
+    _p("host_oom", r"\[launcher\] memory evidence of an OOM kill: ",
+       "ours: pipeline_lib/runtime/launcher.py OOM_LINE: the cgroup's oom_kill count rose during the run, or the "
+       "killed tree's last sampled RSS was near the memory limit (runtime/memory_evidence.py)"),
+    # ---- killed by SIGKILL with no evidence of memory pressure (decided with the launcher's memory evidence:
+    # classify.py turns it into host_oom when that evidence shows an OOM kill)
+    _p("killed", r"Worker process \d+ exit with exception\. Error code: -9\b",
+       "MindSpore 2.9 mindspore/parallel/cluster/process_entity/_api.py (msrun): a worker ended by SIGKILL"),
+    _p("killed", r"trainer (?:was killed by signal 9\b|exited with code -9\b)",
+       "ours: pipeline_lib/train/runner.py TrainerKilled / runtime/launcher.py LaunchResult.how: SIGKILL from "
+       "outside the launcher (its own timeout says 'timed out')"),
+    _p("killed", r"exited with code -9 after|exit(?:ed)? (?:with )?(?:code|status) 137\b",
        "exit status 137 = 128 + SIGKILL (shell convention), -9 = SIGKILL (Python subprocess)"),
     # ---- checkpoint does not fit the network
     _p("checkpoint_shape_mismatch", r"For 'load_param_into_net', .* should have the same shape as",
@@ -135,6 +141,8 @@ CONTEXT = {
     "disk_full": re.compile(r"Failed to save the checkpoint file .*disk space is insufficient"),
     # mindformers 1.9 MFLossMonitor: the loss scale after an overflow step
     "nan_or_overflow": re.compile(r"overflow cond: True"),
+    # ours: runtime/launcher.py NO_OOM_LINE, what the memory evidence showed (and that it showed no OOM kill)
+    "killed": re.compile(r"\[launcher\] no memory evidence of an OOM kill: "),
 }
 
 # Lines that show training reached its steps: a device OOM after one of these happened in a step, not at compile.

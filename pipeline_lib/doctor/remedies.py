@@ -96,10 +96,22 @@ def _device_oom(diag, cfg) -> list[dict]:
     return remedies
 
 
+# The evidence sentences that make a SIGKILL an OOM kill (runtime/memory_evidence.py verdict, the kernel's lines)
+_OOM_KILL_EVIDENCE = re.compile(r"oom_kill count rose|last sampled RSS, .* of the|[Oo]ut of memory: Kill"
+                                r"|invoked oom-killer|oom-kill:constraint=")
+
+
+def _decided(diag) -> list[dict]:
+    """The evidence that made a kill an OOM kill, first: the doctor says what decided."""
+    line = next((ln for ln in diag.evidence if _OOM_KILL_EVIDENCE.search(ln)), None)
+    return [_r(f"an OOM kill, decided by: {line}")] if line else []
+
+
 def _host_oom(diag, cfg) -> list[dict]:
+    decided = _decided(diag)
     if cfg is None:
-        return [_r("the host ran out of RAM (on a CPU device target the model's memory is host RAM); pass the "
-                   "run's config (--config) for the predicted memory", ["training.dataset_workers=1"])]
+        return decided + [_r("the host ran out of RAM (on a CPU device target the model's memory is host RAM); pass "
+                             "the run's config (--config) for the predicted memory", ["training.dataset_workers=1"])]
     from ..config.platform import device_target
     from ..planner.memory import GB
     from ..planner.report import best_per_family, config_patch
@@ -125,7 +137,15 @@ def _host_oom(diag, cfg) -> list[dict]:
     out.append(_r(f"a smaller dataset pipeline (training.dataset_workers={workers if workers is not None else 'auto'}"
                   f", training.prefetch_size={t.prefetch_size})",
                   ["training.dataset_workers=1", "training.prefetch_size=1"]))
-    return out
+    return decided + out
+
+
+def _killed(diag, cfg) -> list[dict]:
+    why = next((ln for ln in diag.evidence if ln.startswith("no memory pressure") or "no memory evidence" in ln),
+               "no evidence of memory pressure")
+    return [_r(f"killed by SIGKILL without an OOM kill ({why}): a lost node, a preempted job or an operator's kill "
+               "-9. The stage is retried with the same config and resumes from the last verified checkpoint; if "
+               "it keeps happening, look at the node (dmesg, the scheduler's events) rather than the config")]
 
 
 def _nan(diag, cfg) -> list[dict]:
@@ -254,7 +274,7 @@ def _collective(diag, cfg) -> list[dict]:
 _BY_CATEGORY = {"device_oom_compile": _device_oom, "device_oom_step": _device_oom, "host_oom": _host_oom,
                 "nan_or_overflow": _nan, "disk_full": _disk, "config_name_clash": _clash,
                 "missing_kernel": _kernel, "dataset_schema": _schema, "checkpoint_shape_mismatch": _shape,
-                "collective_timeout": _collective}
+                "collective_timeout": _collective, "killed": _killed}
 
 
 def remedies_for(diag, cfg=None) -> list[dict]:

@@ -4,9 +4,10 @@ decide whether retrying with the same config can help.
 `attach_diagnosis(exc, cfg, stage)` sets `exc.diagnosis` and, for a known category, appends the doctor's one-line
 headline (`doctor: <category> in <stage>: <first remedy> (overrides: ...)`) to the exception's message, so the
 Prefect failure message, the failure webhook and the CLI summary (all built from that message) carry it.
-`should_retry(exc, transient)`: the category decides when it knows (collective_timeout: yes; OOM, NaN, disk, config,
-data, kernel: no, whatever the exception type, so a trainer the kernel OOM killer SIGKILLed is not retried with the
-same config); for `unknown` the caller's transient-error rule (storage/network errors, lost workers) stands.
+`should_retry(exc, transient)`: the category decides when it knows (collective_timeout, killed: yes; OOM, NaN, disk,
+config, data, kernel: no, whatever the exception type, so a trainer the kernel OOM killer SIGKILLed, as the memory
+evidence shows, is not retried with the same config, while one SIGKILLed without that evidence is, and resumes);
+for `unknown` the caller's transient-error rule (storage/network errors, lost workers) stands.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def category_of(exc: BaseException) -> str:
         return diag.category
     result = getattr(exc, "result", None)
     return classify(exception_text(exc), returncode=getattr(result, "returncode", None),
-                    timed_out=bool(getattr(result, "timed_out", False)))[0]
+                    timed_out=bool(getattr(result, "timed_out", False)), memory=getattr(result, "memory", None))[0]
 
 
 def should_retry(exc: BaseException, transient: bool) -> bool:

@@ -2,8 +2,10 @@
 
 `full_checkpoint(ref, scratch, endpoint_url=None, log=None)` returns a .ckpt path or s3:// URI holding the whole
 model: `ref.ckpt` itself for a full checkpoint; for a sharded set the cache entry
-`<checkpoint folder>/merged/<shard key>.ckpt` (key: sha256 over every rank file's and strategy file's sha256,
-so a different set can never hit it) with its sidecar `<shard key>.json` {sha256, size, key, layout}. A cache
+`<checkpoint folder>/merged/<shard key>-weights.ckpt`, the model's parameters only (model.weights_only: consumers
+load weights; resume reads the per-rank training files, never this) (key: sha256 over every rank file's and
+strategy file's sha256, so a different set can never hit it; `-weights` keeps an older entry that still held the
+optimizer state from being taken) with its sidecar `<shard key>.json` {sha256, size, key, layout}. A cache
 entry is used only when its bytes hash to the sidecar's sha256 (a truncated or replaced file is merged again).
 Otherwise every rank file and strategy file is fetched into `scratch`, checked against the sha256 the manifest
 recorded, merged by `python -m pipeline_lib.model.shard_merge` (MindSpore's transform_checkpoints, in a
@@ -30,7 +32,7 @@ class ShardMergeFailed(RuntimeError):
 
 
 def cache_uri(ref: CheckpointRef) -> str:
-    return join(ref.ckpt, MERGED_DIR, f"{ref.shard_key()[:32]}.ckpt")
+    return join(ref.ckpt, MERGED_DIR, f"{ref.shard_key()[:32]}-weights.ckpt")
 
 
 def _verified_entry(uri: str, scratch: Path, endpoint_url: str | None) -> bool:
@@ -84,12 +86,12 @@ def full_checkpoint(ref: CheckpointRef, scratch: Path, endpoint_url: str | None 
             (strategy / name).symlink_to(local.resolve())
     out = scratch / "merged.ckpt"
     log(f"checkpoint: merging {len(ref.shards)} rank files (layout {ref.layout}) into one checkpoint")
-    merged = launch_module("pipeline_lib.model.shard_merge", [str(src), str(out), "--strategy", str(strategy)],
-                           cwd=None, timeout_s=None)
+    merged = launch_module("pipeline_lib.model.shard_merge",
+                           [str(src), str(out), "--strategy", str(strategy), "--weights-only"], cwd=None, timeout_s=None)
     if not merged.ok or not out.exists():
         raise ShardMergeFailed(f"merging the rank files of {ref.ckpt} failed: " + merged.describe("shard_merge"))
     meta = {"sha256": sha256_file(out), "size": out.stat().st_size, "key": ref.shard_key(), "layout": ref.layout,
-            "shards": {r: i["sha256"] for r, i in ref.shards.items()}}
+            "weights_only": True, "shards": {r: i["sha256"] for r, i in ref.shards.items()}}
     store = store_for(uri, endpoint_url)
     store.put_file(out, uri)
     store.put_bytes(uri[:-len(".ckpt")] + ".json", json.dumps(meta, indent=2).encode())
@@ -98,14 +100,18 @@ def full_checkpoint(ref: CheckpointRef, scratch: Path, endpoint_url: str | None 
 
 
 def pretrain_checkpoint(paths, upstream=None, log=None) -> str | None:
-    """The pretrain stage's latest checkpoint as one full .ckpt, what every consumer's default reads: its file, or
-    for a tensor/pipeline-parallel run the merged copy of every rank's file (`full_checkpoint`: merged once, cached
-    next to the shards). Manifests without a checkpoint_layout fall back to runtime.upstream's lookup."""
+    """The pretrain stage's weights as one full .ckpt, what every consumer's default reads: the manifest's
+    `weights_checkpoint` (the model's parameters only), else for a tensor/pipeline-parallel run the weights-only merge
+    of every rank's file (`full_checkpoint`: merged once, cached next to the shards), else its file. Manifests
+    without a checkpoint_layout fall back to runtime.upstream's lookup."""
     import tempfile
 
     from ..runtime.upstream import _manifest, _resolve, find_pretrain_checkpoint
 
     m = _manifest(paths, upstream, "pretrain")
+    weights = (m.metrics or {}).get("weights_checkpoint") if m is not None else None
+    if isinstance(weights, dict) and weights.get("path"):
+        return _resolve(paths.stage_uri("pretrain"), weights["path"])
     if m is None or not (m.metrics or {}).get("checkpoint_layout"):
         return find_pretrain_checkpoint(paths, upstream)
     ref = CheckpointRef.from_manifest(m)

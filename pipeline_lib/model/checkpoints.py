@@ -62,6 +62,11 @@ class CheckpointRef:
         layout, latest = metrics.get("checkpoint_layout"), metrics.get("latest_checkpoint")
         if not layout:
             return cls(ckpt=str(latest)) if latest else None
+        return cls.from_layout(layout)
+
+    @classmethod
+    def from_layout(cls, layout: dict) -> "CheckpointRef":
+        """The reference a checkpoint_layout (train.stage.checkpoint_layout) describes: see from_manifest."""
         ranks = layout["ranks"]
         whole = layout["model_parallel"] == 1 and layout["pipeline_stage"] == 1 and not layout["optimizer_shard"]
         if len(ranks) == 1 or whole:

@@ -13,8 +13,8 @@ chooses the highest step (or the step asked for) and stages exactly one file per
 scratch folder.
 
 Limits: checkpoints saved with remove_redundancy are not supported by transform_checkpoints; the
-merged file keeps every tensor of the source, optimizer states included (callers filter by the
-network's names). A folder with no strategy and several ranks is taken as data parallel (rank_0 is
+merged file keeps every tensor of the source, optimizer states included, unless `--weights-only` (the handoff to
+consumers, model.checkpoint_cache, asks for it: model.weights_only keeps the network's parameters). A folder with no strategy and several ranks is taken as data parallel (rank_0 is
 used) only if every rank holds identical tensors.
 Raises ShardMergeError naming the folder/file and the fix.
 """
@@ -164,5 +164,12 @@ if __name__ == "__main__":  # run by model.checkpoint_cache: MindSpore stays out
     ap.add_argument("out_file")
     ap.add_argument("--strategy")
     ap.add_argument("--step", type=int)
+    ap.add_argument("--weights-only", action="store_true",
+                    help="keep the model's parameters only (model.weights_only): no optimizer or training state")
     a = ap.parse_args()
-    print(merge_sharded_checkpoint(a.ckpt_dir, a.out_file, a.strategy, a.step))
+    merged = merge_sharded_checkpoint(a.ckpt_dir, a.out_file, a.strategy, a.step)
+    if a.weights_only:
+        from .weights_only import write_weights_only
+
+        write_weights_only(merged, merged)
+    print(merged)

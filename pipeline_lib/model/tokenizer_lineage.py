@@ -7,7 +7,7 @@ tokenizer:
   beside every rank's weights, and records {uri, sha256, vocab_size} in its manifest
   (`metrics.tokenizer`);
 - `tokenizer_beside(ref)` finds that file for any reference to such weights: a `.ckpt` in
-  `checkpoint/rank_N/`, the merged copy `checkpoint/merged/<key>.ckpt`, the `checkpoint/` folder, a
+  `checkpoint/rank_N/`, the merged copy `checkpoint/merged/<key>-weights.ckpt`, the `checkpoint/` folder, a
   Hugging Face folder, or any `.ckpt` with a `tokenizer.model` in its own folder (how to hand a base of
   your own to the pipeline);
 - `lineage_tokenizer(cfg)` is the tokenizer a run must use: `tokenizer.path`, else the base

@@ -99,8 +99,12 @@ def plan_main(argv: list[str]) -> int:
                       headroom_gb=args.headroom_gb if args.headroom_gb is not None else p.device_memory_headroom_gb,
                       hardware=Hardware(args.tflops, args.intra_node_gbps, args.inter_node_gbps))
     result = plan(cfg, req)
+    from .disk import disk_lines
+
     if args.json:
-        print(json.dumps(plan_dict(result, top=args.top), indent=2))
+        print(json.dumps({**plan_dict(result, top=args.top), "disk": disk_lines(cfg)}, indent=2))
     else:
         print(render(result, top=args.top))
+        # the config's own layout: the training checkpoints of a node and the weights-only file consumers take
+        print("\n" + "\n".join(disk_lines(cfg)))
     return 0 if result.best else 1

@@ -10,8 +10,11 @@ What `launch(command, cwd=..., timeout_s=...)` owns:
 - log streaming: every stdout/stderr line, and every line of the extra sources `follow` returns (e.g.
   msrun's per-worker log files), goes to `on_line` in the caller's thread (Prefect's run logger works
   there) and into the result's tails; `on_tick()` runs every `tick_s` between reads;
-- the report: a `LaunchResult` (exit code, timed out, duration, peak tree RSS, last lines per source) whose
-  `describe()` is the failure text every caller raises with.
+- the report: a `LaunchResult` (exit code, timed out, duration, peak tree RSS, last lines per source, the memory
+  evidence: runtime.memory_evidence) whose `describe()` is the failure text every caller raises with. A child
+  that failed by SIGKILL our timeout did not send, or failed while its cgroup's OOM-kill count rose (an msrun
+  whose worker was killed exits 1), gets a `[launcher]` line saying whether the memory evidence shows an OOM
+  kill: the doctor classifies on it, also from a saved log.
 `launch_module(module, args, ...)` runs `python -m module args` this way.
 
 Does not raise for a failed child: the caller classifies (train.launch: TrainingTimeout/TrainingLaunchError,
@@ -34,7 +37,13 @@ from typing import Callable, Sequence
 
 from ..lifetime import die_with_parent
 from .env import subprocess_env
+from .memory_evidence import MemoryEvidence
 from .process_tree import ProcessTreeSampler, alive, kill_tree
+
+SIGKILL_CODES = (-9, 137)  # Popen's -signal, and a shell's 128 + 9
+OOM_LINE = "[launcher] memory evidence of an OOM kill: "
+NO_OOM_LINE = "[launcher] no memory evidence of an OOM kill: "
+
 
 @dataclass
 class LaunchResult:
@@ -47,6 +56,7 @@ class LaunchResult:
     tails: dict[str, list[str]] = field(default_factory=dict)  # last lines per source: output, launcher, worker_N
     peak_rss_bytes: int = 0
     leftover_killed: int = 0  # processes still alive after the main child exited (then killed)
+    memory: MemoryEvidence | None = None  # OOM-kill count before/after, last tree RSS, limit
 
     @property
     def ok(self) -> bool:
@@ -85,6 +95,7 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
         Path(cwd).mkdir(parents=True, exist_ok=True)
     emit_line = on_line or (lambda line: None)
     start = time.monotonic()
+    memory = MemoryEvidence.start()  # before the child: its OOM-kill count must be the one from before it ran
     proc = subprocess.Popen(command, cwd=None if cwd is None else str(cwd),
                             env=subprocess_env(log_dir=log_dir, extra=env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -165,12 +176,18 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
     if follow is not None:
         for source, line in follow(True):
             emit(line, source)
+    memory.finish(sampler.last_rss_bytes)
+    if proc.returncode != 0 and not timed_out:
+        killed = proc.returncode in SIGKILL_CODES
+        oom, why = memory.verdict(rss=killed)  # high RSS says OOM only of a kill, not of any failure
+        if killed or oom:
+            emit((OOM_LINE if oom else NO_OOM_LINE) + why, "launcher")
     if on_tick is not None:
         on_tick()
     return LaunchResult(command=command, returncode=proc.returncode, timed_out=timed_out,
                         duration_s=time.monotonic() - start, timeout_s=timeout_s, tail=list(tail),
                         tails={k: list(v) for k, v in tails.items()}, peak_rss_bytes=sampler.peak_rss_bytes,
-                        leftover_killed=leftover)
+                        leftover_killed=leftover, memory=memory)
 
 
 def launch_module(module: str, args: Sequence[str] = (), **options) -> LaunchResult:

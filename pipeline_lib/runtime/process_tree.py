@@ -2,7 +2,8 @@
 
 - `ProcessTreeSampler(pid)` samples, in a background thread, the summed RSS of a process and all its
   descendants (msrun, its scheduler and workers) and keeps the peak. It also remembers every process it
-  has seen, so a kill reaches workers that left the process group (msrun `setsid`s them).
+  has seen, so a kill reaches workers that left the process group (msrun `setsid`s them), and the last
+  non-zero sample (`last_rss_bytes`: the tree's memory just before it died, evidence for an OOM kill).
 - `kill_tree(root, sampler)`: SIGTERM every tracked process and its process group, SIGKILL what is left
   after `grace_s`.
 
@@ -34,6 +35,7 @@ class ProcessTreeSampler:
         except psutil.Error:
             self._root = None
         self.peak_rss_bytes = 0
+        self.last_rss_bytes = 0  # the last sample that saw the tree alive: what it held just before it ended
         self.samples = 0
         self.seen: dict[int, psutil.Process] = {}
         self._lock = threading.Lock()
@@ -63,6 +65,8 @@ class ProcessTreeSampler:
             for proc in procs:
                 self.seen.setdefault(proc.pid, proc)
             self.peak_rss_bytes = max(self.peak_rss_bytes, total)
+            if total:
+                self.last_rss_bytes = total
             self.samples += 1
         return total
 

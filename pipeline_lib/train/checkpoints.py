@@ -13,7 +13,8 @@ MindSpore writes `<name>.tmp` and renames it: a `.ckpt` name means the write fin
   newest `keep` verified steps; uploads what `upload_uri` lacks; then rewrites `<output_dir>/latest_checkpoint.json`
   (remote copy first) to the newest step that every rank in `ranks` has verified. Call it from
   `launch(on_tick=...)` and once after training; resume from `latest()["path"]`, not from meta.json.
-- `check_free_disk(...)` + `estimate_checkpoint_bytes(...)`: refuse to start when two more checkpoints do not fit.
+- `check_disk(path, needed, what, fix)`: refuse to start when the checkpoints a stage keeps do not fit (the
+  stages size them with planner.disk); `estimate_checkpoint_bytes(...)`: one checkpoint's bytes from a parameter count.
 
 Limits: verification reads the whole file into the verifier's memory and costs a MindSpore import (~4 s) per
 sync that finds new files; `ranks` are the ranks whose files this node holds. Raises InsufficientDiskError,
@@ -169,14 +170,6 @@ def expected_checkpoint_bytes(output_dir: str | Path, param_count: int | None = 
     if param_count is None:
         raise ValueError(f"no checkpoint under {output_dir} to measure and no param_count to estimate from")
     return estimate_checkpoint_bytes(param_count, **estimate)
-
-
-def check_free_disk(path: str | Path, checkpoint_bytes: int, copies: int = 2, ranks_on_node: int = 1) -> int:
-    """Free bytes at `path` (or its nearest existing parent); raises InsufficientDiskError when fewer than
-    copies x checkpoint_bytes x ranks_on_node (each data-parallel rank saves its own copy)."""
-    needed = copies * int(checkpoint_bytes) * ranks_on_node
-    return check_disk(path, needed, f"{copies} x {int(checkpoint_bytes):,} per checkpoint x {ranks_on_node} rank(s)",
-                      "free space there, point run.output_root to a larger disk, or lower training.keep_checkpoint_max")
 
 
 def check_disk(path: str | Path, needed: int, what: str, fix: str) -> int:

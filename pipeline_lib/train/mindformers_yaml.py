@@ -27,6 +27,16 @@ Data order: `train_dataset.data_loader.shuffle` = training.shuffle with `train_d
 (the dataset pipeline's seed in mindformers), so a resume's `set_init_step` skip continues the same order.
 `context.max_device_memory` is the card minus parallel.device_memory_headroom_gb.
 
+A full checkpoint into a sharded SFT (tensor/pipeline parallel): `auto_trans_ckpt: False` and `load_checkpoint` =
+the one full .ckpt. mindformers 1.9 then loads it into the network before the graph is compiled
+(trainer/utils.py:466-468: a path `check_path_include_total_ckpt` calls full goes to load_ckpt before compile_model
+at :488; load_ckpt -> get_load_checkpoint_result loads the file whole, :692-696, -> load_param_into_net, :762), and
+MindSpore slices every parameter that holds data to this rank's piece when it compiles (mindspore/parallel/
+_utils.py:231 `_slice_parameter` -> `_load_tensor_by_layout`, :257/:270). `auto_trans_ckpt: True` is for the
+other case, shards of another strategy (src_strategy_path_or_dir, :507-523). A path with `rank_<N>` anywhere in
+it is not "full" to mindformers (:546-556, the regex `rank_\d+`): it would be loaded after compile into the
+already-sliced parameters, so `sft_base_path_issue` refuses it for a sharded SFT.
+
 Limits: no eval dataset/processor sections (evaluation runs elsewhere). SFT has its own steps, learning
 rate, warm-up, min_lr, micro batch and accumulation (sft.*) and shares the optimizer betas, precision, loss
 scale, clipping, checkpoint cadence and data-loader knobs of `training`. Raises ValueError naming the
@@ -40,6 +50,8 @@ import os
 import sqlite3
 from pathlib import Path
 from typing import Literal
+
+import re
 
 import yaml
 
@@ -137,6 +149,21 @@ def _parallel(cfg: PipelineConfig, on_cpu: bool, accum: int | None) -> tuple[dic
     return parallel, parallel_config
 
 
+RANK_PATH = re.compile(r"rank_\d+")  # mindformers 1.9 trainer/utils.py check_path_include_total_ckpt
+
+
+def sft_base_path_issue(cfg: PipelineConfig, path: str) -> str | None:
+    """Why a sharded SFT cannot load the full checkpoint `path` as given (see the module docstring), else None."""
+    p = cfg.parallel
+    if p.model_parallel * p.pipeline_stage == 1 or not RANK_PATH.search(str(path)):
+        return None  # data parallel and single-device ranks load the full file as it is
+    return (f"the SFT base {path} has 'rank_<N>' in its path: mindformers 1.9 takes such a file for one rank's shard "
+            f"and loads it after compile, into parameters already sliced for parallel.model_parallel="
+            f"{p.model_parallel} x parallel.pipeline_stage={p.pipeline_stage}. Fix: point model.base_checkpoint at "
+            "the merged full checkpoint (the pretrain stage's checkpoint/merged/), or copy the file to a folder "
+            "without rank_<N> in its path")
+
+
 def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, output_dir: str,
                      load_checkpoint: str | None = None, resume: bool = False,
                      train_rows: int | None = None, steps: int | None = None,
@@ -157,6 +184,8 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     if stage == "sft" and not load_checkpoint:
         raise ValueError("stage='sft' needs load_checkpoint (the pretrained base .ckpt): without it "
                          "mindformers silently finetunes a randomly initialised model")
+    if stage == "sft" and not resume and sft_base_path_issue(cfg, load_checkpoint):
+        raise ValueError(sft_base_path_issue(cfg, load_checkpoint))
     if token_ids is None:
         token_ids = configured_ids(cfg.tokenizer)
     t = cfg.training
@@ -212,6 +241,8 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         "run_mode": "finetune" if stage == "sft" else "train",
         "load_checkpoint": str(load_checkpoint or ""),
         "load_ckpt_format": "ckpt",
+        # off for every stage: resume loads its own layout's shards, SFT a full file that MindSpore slices at
+        # compile (see the module docstring); nothing here hands mindformers shards of another strategy
         "auto_trans_ckpt": False,
         "resume_training": bool(resume),
         "only_save_strategy": False,

@@ -47,11 +47,10 @@ class TrainerKilled(TrainingLaunchError, TransientError):
 
 
 def local_ranks(cfg, rank: int) -> list[int]:
-    """Global ranks that node `rank` runs (parallel.devices_per_node per node)."""
-    p = cfg.parallel
-    world = p.data_parallel * p.model_parallel * p.pipeline_stage
-    start = rank * p.devices_per_node
-    return list(range(start, min(world, start + p.devices_per_node)))
+    """Global ranks that node `rank` runs (parallel.devices_per_node per node): planner.disk.node_ranks."""
+    from ..planner.disk import node_ranks
+
+    return node_ranks(cfg, rank)
 
 
 def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None, env: dict[str, str] | None = None,

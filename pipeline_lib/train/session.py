@@ -39,7 +39,7 @@ from ..config.schema import GuardConfig, global_batch
 from .. import killpoints
 from ..storage import join, store_for
 from ..runtime.nodes import node_rank
-from .checkpoints import CheckpointManager
+from .checkpoints import CheckpointManager, check_disk
 from .launch import GuardTripped, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight
@@ -187,6 +187,19 @@ class TrainingSession:
         self.manager = CheckpointManager(self.out, ranks=self.ranks, keep=cfg.training.keep_checkpoint_max,
                                          upload_uri=self.upload, endpoint_url=endpoint, log=log,
                                          node_rank=self.node_rank)
+
+    # ------------------------------------------------------------ free disk
+
+    def check_disk(self, need) -> int:
+        """Room under `out` for `need` (a planner.disk.CheckpointDisk: this node's checkpoints at the worst moment);
+        raises InsufficientDiskError naming the need and the knobs that change it. Returns the free bytes."""
+        from ..planner.disk import disk_fix
+
+        where = ("$LLM_PIPELINE_WORK_DIR (s3:// runs train in a local work folder)" if self.remote
+                 else "run.output_root")
+        free = check_disk(self.out, need.total, need.explain(), disk_fix(self.cfg, need, where=where))
+        self.log(f"{self.stage}: {free / GB:.1f} GB free for {need.explain()} = {need.total / GB:.1f} GB")
+        return free
 
     # ------------------------------------------------------------ resume
 

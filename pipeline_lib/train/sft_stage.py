@@ -27,6 +27,7 @@ TrainingLaunchError.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -39,7 +40,8 @@ from ..model.token_ids import TokenIds
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
 from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
-from .checkpoints import check_free_disk
+from ..planner.disk import sft_checkpoint_disk
+from .mindformers_yaml import sft_base_path_issue
 from .session import Batch, StageYaml, TrainingSession, loss_history, work_dir
 
 STAGE = "sft"
@@ -120,12 +122,27 @@ def _local(uri: str, cache: Path, endpoint_url: str | None, sidecar: str | None 
     return Path(store.get_file(uri, cache / uri.rsplit("/", 1)[-1])).resolve()
 
 
+def _unranked(base: Path, cache: Path) -> Path:
+    """The base under `cache/base/` (a hard link, else a copy): mindformers takes a file with rank_<N> in its path for
+    one rank's shard, which a sharded SFT would load after compile (mindformers_yaml.sft_base_path_issue)."""
+    dest = cache / "base" / base.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.unlink(missing_ok=True)  # made again each time: a stale copy must never stand in for the base
+    try:
+        os.link(base, dest)
+    except OSError:  # another filesystem
+        shutil.copyfile(base, dest)
+    return dest
+
+
 def _fetch_inputs(run: StageRun, base_ref: str, tok_ref: str, cache: Path) -> tuple[Path, Path, str]:
     """(local base .ckpt, local tokenizer.model, the base's sha256)."""
     base = _local(base_ref, cache, run.endpoint)
     if not base.is_file():
         raise SFTStageError(f"base checkpoint {base_ref!r} is not a file: point model.base_checkpoint (or the pretrain "
                             "stage) at a mindformers .ckpt")
+    if sft_base_path_issue(run.cfg, str(base)):
+        base = _unranked(base, cache)
     tok = _local(tok_ref, cache, run.endpoint, sidecar="tokenizer_config.json")
     base_sha = sha256_file(base)
     run.log(f"sft: base {base_ref} (sha256 {base_sha[:12]}), tokenizer {tok_ref}")
@@ -133,6 +150,7 @@ def _fetch_inputs(run: StageRun, base_ref: str, tok_ref: str, cache: Path) -> tu
 
 
 # ---------------------------------------------------------------- 3. train
+
 
 def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> dict:
     """Preflight, then train or resume in out/train; returns the final checkpoint, losses and resume facts."""
@@ -142,7 +160,9 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
                               log=run.log, progress=run.progress, error=SFTStageError, preflight_error=SFTPreflightFailed)
     # run.identity already holds every training.* field the schema marks as shaping SFT's outputs
     latest = session.resume_or_start(config_hash({"run": run.identity, "base": base_sha, "rows": stats["rows_sha256"]}))
-    check_free_disk(out, int(base.stat().st_size * 1.2), copies=2, ranks_on_node=len(session.ranks))
+    # sized from the layout as pretrain's (planner.disk: the ranks' shards of the frozen weights + the LoRA factors
+    # and their moments, x keep_checkpoint_max + 1), not from the base file, whose size may count optimizer state
+    session.check_disk(sft_checkpoint_disk(cfg, session.ranks))
     # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
     yaml = StageYaml(cfg, STAGE, Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard), out / "data",
                      rows, SFT_YAML, SFT_YAML, load=base, token_ids=TokenIds.from_meta(stats["token_ids"]))

@@ -35,6 +35,9 @@ bottom, as its steps:
 6. publish (`_publish`): `loss_curve.png`, run.yaml, metrics.jsonl, identity.json, latest_checkpoint.json, the latest
    checkpoint file of each rank, preflight.json, profile_summary.json + profile/, planner_check.json, described (size,
    sha256) and uploaded on an s3:// store.
+6b. weights only (`_weights_checkpoint`): the model's parameters only (model.weights_only) under checkpoint/merged/
+   (one rank's file cut, or a single-node sharded run's weights-only merge), published and listed as
+   `weights_checkpoint` {path, size, sha256}: what SFT, evaluate, export and the next night load.
 7. summarise (`_metrics`): `latest_checkpoint` (absolute path, or URI on s3://), final loss, steps, tokens/s, a table
    of the last steps, the loss-curve image, `profile` / `planner_check` / `warnings` and their markdown (the Prefect
    artifacts `pretrain-profile`, `pretrain-planner`). The registry writes the manifest from the returned StageOutput.
@@ -68,9 +71,9 @@ from ..config.validate import base_weights_issues, preflight_steps_issues, profi
 from ..config.schema import global_batch
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
-from .checkpoints import LATEST_FILE, check_disk
+from .checkpoints import LATEST_FILE
 from .metrics import METRICS_FILE
-from .preflight import GB, summarize_steps
+from .preflight import summarize_steps
 from .session import IDENTITY_FILE, PREFLIGHT_FILE, Batch, StageYaml, TrainingSession, finite, loss_history, \
     work_dir, write_json
 
@@ -129,9 +132,13 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     # 6. publish, 7. summarise (the registry writes the manifest)
     records = loss_history(out, out / LOSS_PNG, title=f"pretraining loss ({cfg.model.name})")
     _measured_reports(cfg, out, records, trained, session)
-    outputs = _publish(run, out, trained.latest, tokenizer)
+    weights = _weights_checkpoint(cfg, out, trained.latest, session, log)
+    outputs = _publish(run, out, trained.latest, tokenizer, weights)
     metrics = _metrics(run, out, trained, records, steps=steps, rows=rows, base_info=base_info, preflight=preflight,
                        session=session, started=started)
+    if weights:  # {path, size, sha256}: the file every consumer of the weights takes
+        metrics["weights_checkpoint"] = next({**o, "path": _ref(run, out, str(out / o["path"]))} for o in outputs
+                                             if o["path"] == weights[0].relative_to(out).as_posix())
     if _scratch(run):  # everything is in the run store now; a 7B run would otherwise leave its checkpoints in /tmp
         shutil.rmtree(out, ignore_errors=True)
     log(f"pretrain: done in {metrics['seconds']} s: {trained.latest.get('global_step')} steps, loss "
@@ -263,15 +270,12 @@ def _without_remote(base_info: dict) -> dict:
 
 def _check_disk(cfg, session: TrainingSession, checkpoint_bytes: int | None) -> None:
     """Room for the checkpoints this node keeps (planner.disk: the ranks' shards x kept copies)."""
-    from ..planner.disk import CheckpointDisk, checkpoint_disk, disk_fix
+    from ..planner.disk import CheckpointDisk, checkpoint_disk
 
     need = checkpoint_disk(cfg, session.ranks)
     if checkpoint_bytes is not None:
         need = CheckpointDisk({r: int(checkpoint_bytes) for r in session.ranks}, need.copies)
-    where = ("$LLM_PIPELINE_WORK_DIR (s3:// runs train in a local work folder)" if session.remote
-             else "run.output_root")
-    free = check_disk(session.out, need.total, need.explain(), disk_fix(cfg, need, where=where))
-    session.log(f"pretrain: {free / GB:.1f} GB free for {need.explain()} = {need.total / GB:.1f} GB")
+    session.check_disk(need)
 
 
 # ---------------------------------------------------------------- 5b. measured: profile summary, planner check
@@ -311,7 +315,45 @@ def _scratch(run: StageRun) -> bool:
     return run.remote or run.node_rank > 0
 
 
-def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path) -> list[dict]:
+def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, log) -> list[Path]:
+    """The model's parameters only (model.weights_only), what SFT, evaluate, export and the next night load, under
+    checkpoint/merged/ (its tokenizer is found from there, model.tokenizer_lineage): `<latest name>-weights.ckpt`
+    when one rank's file holds the whole model; for a sharded single-node run the weights-only merge consumers
+    would otherwise make first (model.checkpoint_cache: `<shard key>-weights.ckpt` + its sidecar, found by them
+    as a verified cache entry). [] on node ranks > 0 and for a sharded multi-node run (node 0 lacks the other
+    nodes' files: its first consumer merges). Returns the files to publish, the weights file first.
+
+    Not in checkpoint/ itself: mindformers 1.9 resumes from load_checkpoint=checkpoint/ and loads every .ckpt
+    lying directly in that folder instead of rank_N/<resume_training> (trainer/utils.py:684-691,
+    tools/ckpt_transform/utils.py:68 check_ckpt_file_exist)."""
+    import tempfile
+
+    from ..model.checkpoint_cache import MERGED_DIR, full_checkpoint
+    from ..model.checkpoints import CheckpointRef
+    from ..runtime.launcher import launch_module
+
+    if session.node_rank:
+        return []
+    ref = CheckpointRef.from_layout(checkpoint_layout(cfg, latest, out, lambda p: str(Path(p).resolve())))
+    if ref.sharded:
+        if cfg.parallel.num_nodes > 1:
+            return []
+        with tempfile.TemporaryDirectory(prefix="ckpt-merge-") as tmp:
+            merged = Path(full_checkpoint(ref, Path(tmp), None, log))
+        return [merged, merged.with_suffix(".json")]
+    src = Path(ref.ckpt)
+    dst = out / TOKENIZER_DIR / MERGED_DIR / f"{src.stem}-weights.ckpt"
+    done = launch_module("pipeline_lib.model.weights_only", [str(src), str(dst)], cwd=None, timeout_s=3600,
+                         env={"GLOG_v": "3"})
+    if not done.ok:
+        raise PretrainStageError(f"writing the weights-only checkpoint {dst} failed: "
+                                 + done.describe("weights_only"))
+    log(f"pretrain: weights-only checkpoint {dst.name}: {dst.stat().st_size:,} bytes (training checkpoint "
+        f"{src.stat().st_size:,})")
+    return [dst]
+
+
+def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path, weights: list[Path] = ()) -> list[dict]:
     """Describe (size, sha256) the stage's files and copy them to the stage folder when trained elsewhere. A node
     rank > 0 publishes only its own ranks' checkpoints (and strategy files): the run's yaml, loss history,
     pointers and the lineage's tokenizer (checkpoint/tokenizer.model, beside the weights) are node 0's
@@ -325,6 +367,7 @@ def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path) -> list[di
         rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE, PROFILE_FILE,
                                   PLANNER_CHECK_FILE) if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
+    rels += [w.relative_to(out).as_posix() for w in weights]
     rels += strategy_files(out)  # needed to merge or reshard the rank files: lost with an s3 run's work folder
     # the profiler's own output (training.profile), for MindStudio Insight: also lost with an s3 run's work folder
     rels += [p.relative_to(out).as_posix() for p in sorted((out / "profile").rglob("*")) if p.is_file()]
@@ -341,13 +384,18 @@ def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path) -> list[di
 
 # ---------------------------------------------------------------- 7. summarise
 
+def _ref(run: StageRun, out: Path, path: str) -> str:
+    """A file of the stage's absolute path, or its URI on an s3:// store."""
+    return join(run.uri, Path(path).resolve().relative_to(out).as_posix()) if _scratch(run) \
+        else str(Path(path).resolve())
+
+
 def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: int, rows: int, base_info: dict,
              preflight: dict | None, session: TrainingSession, started: float) -> dict:
     cfg, latest = run.cfg, trained.latest
 
-    def ref(path: str) -> str:  # a checkpoint's absolute path, or its URI on an s3:// store
-        return join(run.uri, Path(path).resolve().relative_to(out).as_posix()) if _scratch(run) \
-            else str(Path(path).resolve())
+    def ref(path: str) -> str:
+        return _ref(run, out, path)
 
     latest_ref = ref(latest["ranks"][str(min(int(r) for r in latest["ranks"]))]["path"])
     from ..planner.check import planner_markdown

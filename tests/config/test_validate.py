@@ -250,3 +250,21 @@ def test_profile_window_inside_the_run_and_ordered():
     assert issues(training={"steps": 8, "warmup_steps": 2, "profile": {**on, "start_step": 2, "stop_step": 8}}) == {}
     # off: the window is not checked (the default window 2..6 vs a 4-step run)
     assert issues(training={"steps": 4, "warmup_steps": 2, "profile": {"enabled": False}}) == {}
+
+
+def test_upload_checkpoints_follows_a_remote_run_store_and_turning_it_off_warns():
+    """A retry on another machine resumes only from uploaded checkpoints: on by default for s3://, off for a local
+    store, and a remote run that turns it off gets a warning naming the field, the store and the fix."""
+    from pipeline_lib.config import load_config
+    from pipeline_lib.config.validate import warnings
+
+    shipped = Path(__file__).resolve().parents[2] / "configs/pipelines/llama2-7b-4x64gb.yaml"
+    cfg = load_config(str(shipped))
+    assert cfg.run.output_root.startswith("s3://") and cfg.training.upload_checkpoints is True
+    assert not any("upload_checkpoints" in w for w in warnings(cfg))
+    assert config_from_dict({}).training.upload_checkpoints is False  # a local run store holds them already
+    off = load_config(str(shipped), ["training.upload_checkpoints=false"])
+    (warning,) = [w for w in warnings(off) if "upload_checkpoints" in w]
+    assert "run.output_root=s3://" in warning and "restarts from step 0" in warning and "Fix:" in warning
+    # the config a flow receives (dumped, loaded again) keeps the derived value
+    assert config_from_dict(cfg.model_dump(mode="json")).training.upload_checkpoints is True

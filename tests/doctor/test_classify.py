@@ -21,7 +21,7 @@ EXPECTED = {
     "host_oom_cpu_graph.log": "host_oom",
     "host_oom_cpu_rlimit.log": "host_oom",
     "missing_kernel_cpu.log": "missing_kernel",
-    "msrun_worker_sigkill.log": "host_oom",
+    "msrun_worker_sigkill.log": "killed",  # SIGKILL alone is no OOM: the memory evidence decides (below)
     "nan_mindformers_monitor.log": "nan_or_overflow",
 }
 
@@ -69,11 +69,46 @@ def test_root_cause_outranks_its_echo():
     assert classify(both)[0] == "device_oom_compile"
 
 
-def test_sigkill_without_text_is_host_oom_but_our_timeout_is_not():
-    assert classify("", returncode=-9)[0] == "host_oom"
-    assert classify("", returncode=137)[0] == "host_oom"
+def test_sigkill_without_evidence_is_killed_but_our_timeout_is_not():
+    assert classify("", returncode=-9)[0] == "killed"
+    assert classify("", returncode=137)[0] == "killed"
     assert classify("", returncode=-9, timed_out=True)[0] == "unknown"
     assert classify("", returncode=1)[0] == "unknown"
+
+
+# cgroup v2 memory.events as the kernel writes it (Documentation/admin-guide/cgroup-v2.rst), before and after a kill
+EVENTS_BEFORE = "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n"
+EVENTS_AFTER = "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n"
+
+
+def _evidence(tmp_path, after: str, rss: int = 1 << 30):
+    from pipeline_lib.runtime.memory_evidence import MemoryEvidence, oom_kills
+
+    events = tmp_path / "memory.events"
+    events.write_text(EVENTS_BEFORE)
+    before = oom_kills(events)
+    events.write_text(after)
+    return MemoryEvidence(str(events), before, oom_kills(events), rss, 64 << 30, str(tmp_path / "memory.max"))
+
+
+def test_the_memory_evidence_decides_a_kill(tmp_path):
+    msrun = log_text("msrun_worker_sigkill.log")
+    category, evidence = classify(msrun, memory=_evidence(tmp_path, EVENTS_AFTER))
+    assert category == "host_oom" and evidence[0].startswith("the cgroup's oom_kill count rose from 0 to 1")
+    category, evidence = classify(msrun, memory=_evidence(tmp_path, EVENTS_BEFORE))
+    assert category == "killed" and evidence[0].startswith("no memory pressure: the cgroup's oom_kill count stayed")
+    # no counter rise, but the tree held 95% of the limit at its last sample before the kill
+    category, evidence = classify("", returncode=-9, memory=_evidence(tmp_path, EVENTS_BEFORE, rss=61 << 30))
+    assert category == "host_oom" and "last sampled RSS, 61.00 GB, was 95% of the 64.00 GB" in evidence[0]
+    diag = diagnose(msrun, memory=_evidence(tmp_path, EVENTS_AFTER))
+    assert diag.retry is False and "decided by: the cgroup's oom_kill count rose" in diag.headline()
+    diag = diagnose(msrun, memory=_evidence(tmp_path, EVENTS_BEFORE))
+    assert diag.retry is True and "no memory pressure" in diag.headline()
+
+
+def test_the_kernel_oom_lines_are_evidence_without_the_counter():
+    kernel = "[12345.678] Memory cgroup out of memory: Killed process 4242 (python) total-vm:1234kB"
+    assert classify(log_text("msrun_worker_sigkill.log") + "\n" + kernel)[0] == "host_oom"
 
 
 def test_every_pattern_names_its_source():

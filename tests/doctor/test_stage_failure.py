@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_retry_decision_per_category(name):
     exc = TransientError(log_text(name))  # even an error raised as transient: the cause decides
     retry = should_retry(exc, transient=True)
-    assert retry is (EXPECTED[name] == "collective_timeout")
+    assert retry is (EXPECTED[name] in ("collective_timeout", "killed"))
 
 
 def test_unknown_cause_keeps_the_transient_rule():
@@ -37,7 +37,7 @@ def test_unknown_cause_keeps_the_transient_rule():
 
 
 def test_every_category_has_a_retry_rule():
-    assert set(ALL_CATEGORIES) - NO_RETRY_CATEGORIES == {"collective_timeout", "unknown"}
+    assert set(ALL_CATEGORIES) - NO_RETRY_CATEGORIES == {"collective_timeout", "killed", "unknown"}
 
 
 def test_attach_appends_the_headline_to_the_message():
@@ -51,21 +51,59 @@ def test_attach_appends_the_headline_to_the_message():
     assert attach_diagnosis(plain).category == "unknown" and str(plain) == "no known text"
 
 
-def test_an_oom_killed_trainer_is_not_retried(tmp_path):
-    """A real trainer process killed by SIGKILL through the real launcher: TrainerKilled is a TransientError (the
-    old rule retried it twice with the same config); the doctor calls it host_oom and says no."""
+def fake_cgroup_fs(tmp_path: Path) -> Path:
+    """A cgroup v2 filesystem for this process (its 0:: path from /proc/self/cgroup) with a memory.events as the
+    kernel writes it; tests/doctor/sigkill_entry.py raises its oom_kill count before it dies, as the kernel's OOM
+    killer would, when LLM_PIPELINE_TEST_OOM_EVENTS names the file."""
+    v2 = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+              if line.startswith("0::"))
+    here = tmp_path / "cgroupfs" / v2.strip("/")
+    here.mkdir(parents=True, exist_ok=True)
+    (here / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+    (here / "memory.max").write_text("max\n")
+    return here / "memory.events"
+
+
+def _kill_trainer(tmp_path):
     from pipeline_lib.train.runner import TrainerKilled, launch_trainer
-    from tasks.stage_task import is_transient
 
     cfg = load_config(str(ROOT / "configs/pipelines/tiny-cpu.yaml"), [f"run.output_root={tmp_path}"])
     (tmp_path / "run.yaml").write_text("{}\n")
     with pytest.raises(TrainerKilled) as info:
         launch_trainer(cfg, tmp_path / "run.yaml", tmp_path / "out", 0, lambda line: None,
                        entry_module="tests.doctor.sigkill_entry")
-    exc = info.value
-    assert exc.result.returncode == -9 and is_transient(exc)  # what used to be retried
+    return cfg, info.value
+
+
+def test_a_killed_trainer_without_memory_evidence_is_killed_and_retried(tmp_path, monkeypatch):
+    """A real trainer process killed by SIGKILL through the real launcher, its cgroup's oom_kill count unchanged:
+    a lost node / preemption / kill -9, retried (TrainerKilled is transient; the retry resumes)."""
+    from tasks.stage_task import is_transient
+
+    monkeypatch.setenv("LLM_PIPELINE_CGROUP_FS", str(tmp_path / "cgroupfs"))
+    fake_cgroup_fs(tmp_path)
+    cfg, exc = _kill_trainer(tmp_path)
+    assert exc.result.returncode == -9 and exc.result.memory.oom_kills_before == 0
+    assert "[launcher] no memory evidence of an OOM kill: " in str(exc)
+    diag = attach_diagnosis(exc, cfg, "pretrain")
+    assert diag.category == "killed" and should_retry(exc, is_transient(exc))
+    assert "oom_kill count stayed at 0" in diag.evidence[0] and "doctor: killed in pretrain:" in str(exc)
+
+
+def test_an_oom_killed_trainer_is_host_oom_and_not_retried(tmp_path, monkeypatch):
+    """The same real kill, but the cgroup's memory.events oom_kill count rose while it ran: host_oom, no retry; the
+    saved log alone (the launcher's line) gives the same answer."""
+    from pipeline_lib.doctor.classify import classify
+    from tasks.stage_task import is_transient
+
+    monkeypatch.setenv("LLM_PIPELINE_CGROUP_FS", str(tmp_path / "cgroupfs"))
+    monkeypatch.setenv("LLM_PIPELINE_TEST_OOM_EVENTS", str(fake_cgroup_fs(tmp_path)))
+    cfg, exc = _kill_trainer(tmp_path)
+    assert (exc.result.memory.oom_kills_before, exc.result.memory.oom_kills_after) == (0, 1)
     diag = attach_diagnosis(exc, cfg, "pretrain")
     assert diag.category == "host_oom" and not should_retry(exc, is_transient(exc))
+    assert "decided by: " in diag.headline() and "the cgroup's oom_kill count rose from 0 to 1" in diag.headline()
+    assert classify("\n".join(exc.result.tail))[0] == "host_oom"
 
 
 class _Hook(BaseHTTPRequestHandler):
@@ -81,9 +119,16 @@ class _Hook(BaseHTTPRequestHandler):
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_prefect_runs_an_oom_killed_stage_once_and_reports_the_cause(tmp_path, monkeypatch):
+@pytest.mark.parametrize("oom, attempts", [(True, "1"), (False, "3")])
+def test_prefect_retries_a_killed_stage_unless_it_was_an_oom_kill(tmp_path, monkeypatch, oom, attempts):
+    """OOM-killed (the cgroup's count rose): run once, the cause reported; killed without that evidence: retried
+    (task_retries=2: three attempts; the double is killed every time)."""
     from flows.pipeline import llm_pipeline
 
+    monkeypatch.setenv("LLM_PIPELINE_CGROUP_FS", str(tmp_path / "cgroupfs"))
+    events = fake_cgroup_fs(tmp_path)
+    if oom:
+        monkeypatch.setenv("LLM_PIPELINE_TEST_OOM_EVENTS", str(events))
     for name in ("data", "pretrain"):
         monkeypatch.setitem(stages.SPECS, name, dataclasses.replace(stages.SPECS[name],
                                                                    runner=f"doctor_doubles:{name}"))
@@ -99,10 +144,11 @@ def test_prefect_runs_an_oom_killed_stage_once_and_reports_the_cause(tmp_path, m
     finally:
         server.shutdown()
     assert state.is_failed()
-    assert (tmp_path / "r-oom" / "attempts-pretrain").read_text() == "1"  # not retried with the same config
-    assert "doctor: host_oom in pretrain:" in state.message
+    assert (tmp_path / "r-oom" / "attempts-pretrain").read_text() == attempts
+    category = "host_oom" if oom else "killed"
+    assert f"doctor: {category} in pretrain:" in state.message
     note = _Hook.received[-1]
-    assert note["stage"] == "pretrain" and note["category"] == "host_oom" and note["remedy"]
+    assert note["stage"] == "pretrain" and note["category"] == category and note["remedy"]
 
 
 def test_cli_summary_names_the_cause(capsys):

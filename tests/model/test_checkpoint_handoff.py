@@ -147,3 +147,76 @@ def test_s3_round_trip_of_the_run_folder(tmp_path, s3_bucket, name):
     logs = []
     assert full_checkpoint(ref, tmp_path / "scratch2", endpoint, logs.append) == uri
     assert "sha256 verified" in logs[-1]
+
+
+OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.")  # mindformers AdamW's moments, named after their parameter
+
+
+def _night_shards(stage: Path):
+    """Per-rank files of a dp1 x mp2 x pp2 night under `stage` (weights, AdamW moments sharded like their weight, the
+    step counter; per-stage strategies): (weights, every tensor, the ranks' {path, size, sha256})."""
+    weights = _params(seed=27)
+    params = {**weights, **{p + k: (v * 0.5).astype(np.float32) for p in OPTIMIZER_PREFIXES for k, v in weights.items()}}
+    params["global_step"] = np.array([10], np.int32)
+    layouts = llama_tp_layouts(weights)
+    layouts.update({p + k: layouts[k] for p in OPTIMIZER_PREFIXES for k in weights})
+    layouts["global_step"] = [-1]
+    # layer 0 + its moments (and the step counter) on stage 0, the rest on stage 1, as in build_run
+    stage_of = {k: 0 if "layers.0." in k or k == "global_step" else 1 for k in params}
+    write_sharded(stage, params, layouts, [2], stage_of, ckpt_name=NAME)
+    ranks = {str(r): {"path": str(stage / "checkpoint" / f"rank_{r}" / NAME),
+                      "size": (stage / "checkpoint" / f"rank_{r}" / NAME).stat().st_size,
+                      "sha256": sha256_file(stage / "checkpoint" / f"rank_{r}" / NAME)} for r in range(4)}
+    return weights, params, ranks
+
+
+def test_next_base_checkpoint_of_a_mp2_pp2_night(tmp_path):
+    """nightly.next_base_checkpoint on a night trained at the shipped 7B layout (dp1 x mp2 x pp2): per-rank files
+    that hold what mindformers saves (weights, both AdamW moments sharded like their weight, the step counter) and
+    per-stage strategy files, the pretrain manifest the stage writes; tomorrow's base is one full checkpoint whose
+    weights equal the unsharded ones bit for bit, and it holds no optimizer or training state (model.weights_only):
+    the training checkpoint's moments stay in the per-rank files, for resume."""
+    from pipeline_lib.config import load_config
+    from pipeline_lib.nightly import next_base_checkpoint
+    from pipeline_lib.storage import write_manifest
+
+    cfg = load_config(str(Path(__file__).resolve().parents[2] / "configs/pipelines/tiny-cpu.yaml"),
+                      [f"run.output_root={tmp_path}"])
+    paths = RunPaths(cfg.run.output_root, "night-1")
+    stage = Path(paths.stage_uri("pretrain"))
+    weights, _, ranks = _night_shards(stage)
+    par = SimpleNamespace(parallel=SimpleNamespace(data_parallel=1, model_parallel=2, pipeline_stage=2,
+                                                   optimizer_shard=False))
+    layout = checkpoint_layout(par, {"step": 10, "ranks": ranks}, stage, lambda p: str(Path(p).resolve()))
+    write_manifest(str(stage), _manifest(layout, str(stage)))
+    logs = []
+    base = next_base_checkpoint(cfg, "night-1", logs.append)
+    assert base is not None and Path(base).parent == stage / "checkpoint" / "merged"
+    merged = _load(base)
+    for k, v in weights.items():
+        assert merged[k].dtype == v.dtype and merged[k].tobytes() == v.tobytes(), k
+    assert set(merged) == set(weights)  # no adam_m.*, adam_v.*, global_step
+    shards = sum(Path(i["path"]).stat().st_size for i in ranks.values())
+    assert Path(base).stat().st_size < shards / 2  # the moments were two thirds of the training files
+    # the second night's lookup reuses the verified merge rather than merging again
+    assert next_base_checkpoint(cfg, "night-1", logs.append) == base and "sha256 verified" in logs[-1]
+
+
+def test_a_single_node_sharded_pretrain_lists_its_weights_only_merge(tmp_path):
+    """The pretrain stage's own weights_checkpoint for the shipped 7B layout (one node, dp1 x mp2 x pp2): the
+    weights-only merge, in checkpoint/merged/ with its sidecar, is the verified cache entry consumers find."""
+    from pipeline_lib.config import load_config
+    from pipeline_lib.train.stage import _weights_checkpoint
+
+    cfg = load_config(str(Path(__file__).resolve().parents[2] / "configs/pipelines/llama2-7b-4x64gb.yaml"))
+    stage = tmp_path / "pretrain"
+    weights, _, ranks = _night_shards(stage)
+    logs = []
+    files = _weights_checkpoint(cfg, stage, {"step": 10, "ranks": ranks}, SimpleNamespace(node_rank=0), logs.append)
+    assert [f.parent for f in files] == [stage / "checkpoint" / "merged"] * 2 and files[1].suffix == ".json"
+    merged = _load(files[0])
+    assert set(merged) == set(weights) and all(merged[k].tobytes() == v.tobytes() for k, v in weights.items())
+    layout = checkpoint_layout(cfg, {"step": 10, "ranks": ranks}, stage, lambda p: str(Path(p).resolve()))
+    ref = CheckpointRef.from_manifest(_manifest(layout, str(stage)))
+    assert full_checkpoint(ref, tmp_path / "scratch", log=logs.append) == str(files[0])
+    assert "sha256 verified" in logs[-1]

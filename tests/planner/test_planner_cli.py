@@ -31,6 +31,9 @@ def test_plan_text(cfg7b_file, capsys):
     assert "pure data parallel (dp=4) does not fit: needs" in out
     for term in ("weights", "gradients", "optimizer_states", "activations", "framework_reserve"):
         assert term in out
+    # both checkpoint sizes of the config's layout: the training checkpoints of a node and the weights-only file
+    assert "disk, pretrain checkpoints on node 0: 4 x 80.9 GB" in out
+    assert "disk, weights only (model parameters, no optimizer state): 27.0 GB" in out
 
 
 def test_plan_json_with_overrides(cfg7b_file, capsys):

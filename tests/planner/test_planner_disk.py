@@ -34,3 +34,37 @@ def test_sharded_moments_and_half_weights_shrink_a_rank_file():
     params = plain.rank_bytes[0] // 12
     assert shard.rank_bytes[0] == params * (4 + 8 // 2) and half.rank_bytes[0] == params * (2 + 8)
     assert "parallel.optimizer_shard=true" in disk_fix(config_from_dict(base), plain)
+
+
+def test_7b_sft_disk_is_the_frozen_weights_and_lora_times_kept_copies(cfg7b_raw):
+    """LoRA SFT at the same layout saves the weights once per node (no moments for them) + the small LoRA part:
+    within 2x of the weights-only size x the copies kept, where `base file x 1.2 x 2 copies x 4 ranks` of the
+    81 GB training checkpoint asked for ~776 GB."""
+    from pipeline_lib.planner.disk import sft_checkpoint_disk, weights_bytes
+
+    cfg = config_from_dict(cfg7b_raw)
+    weights = weights_bytes(cfg)
+    assert weights == 6_738_415_616 * 4  # Llama-2 7B's published count, fp32: 27.0 GB
+    need = sft_checkpoint_disk(cfg, [0, 1, 2, 3])
+    assert need.copies == 4 and weights * need.copies <= need.total < 2 * weights * need.copies
+    # the LoRA part: r 8 x (in + out) for wq wk wv wo (4 x 2 x 4096) x 16 layers per stage, weight + 2 moments
+    lora_rank_bytes = 8 * 4 * (2 * 4096) * 16 * 12
+    assert need.rank_bytes[0] - STAGE0 * 4 == lora_rank_bytes
+    old = int(80_864_182_272 * 1.2) * 2 * 4
+    assert round(old / 1e9) == 776 and need.total < old / 5
+
+
+def test_validate_prints_both_checkpoint_sizes_and_the_sft_need():
+    """The shipped 7B config, as `llm-pipeline validate` prints it."""
+    from pathlib import Path
+
+    from pipeline_lib.cli import summary_lines
+    from pipeline_lib.config import load_config
+
+    shipped = Path(__file__).resolve().parents[2] / "configs/pipelines/llama2-7b-4x64gb.yaml"
+    lines = summary_lines(load_config(str(shipped)))
+    assert "disk, pretrain checkpoints on node 0: 4 x 80.9 GB (4 rank shard(s), weights + AdamW moments) = " \
+           "323.5 GB" in lines
+    assert "disk, weights only (model parameters, no optimizer state): 27.0 GB" in lines
+    assert any(line.startswith("disk, SFT checkpoints on node 0: 4 x 27.4 GB") and line.endswith("= 109.4 GB")
+               for line in lines)

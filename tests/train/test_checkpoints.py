@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib.storage import sha256_file, store_for
-from pipeline_lib.train.checkpoints import (LATEST_FILE, CheckpointManager, InsufficientDiskError, check_free_disk,
+from pipeline_lib.train.checkpoints import (LATEST_FILE, CheckpointManager, InsufficientDiskError, check_disk,
                                             estimate_checkpoint_bytes, expected_checkpoint_bytes, list_checkpoints,
                                             verify_checkpoints)
 from pipeline_lib.runtime.env import subprocess_env
@@ -146,9 +146,10 @@ def test_expected_size_prefers_an_existing_checkpoint(tmp_path, made):
 
 
 def test_free_disk_check_names_path_needed_free_and_fix(tmp_path):
-    assert check_free_disk(tmp_path / "not" / "yet", checkpoint_bytes=1000) > 2000
+    assert check_disk(tmp_path / "not" / "yet", 2000, "2 checkpoints", "free space") > 2000
+    need = 2 * estimate_checkpoint_bytes(10**15) * 8
     with pytest.raises(InsufficientDiskError) as err:
-        check_free_disk(tmp_path, checkpoint_bytes=estimate_checkpoint_bytes(10**15), ranks_on_node=8)
+        check_disk(tmp_path, need, "2 x 12e15 per checkpoint x 8 ranks", "point run.output_root to a larger disk")
     msg = str(err.value)
     assert str(tmp_path) in msg and "need 192,000,000,000,000,000 bytes" in msg and "free" in msg
     assert "output_root" in msg

@@ -314,3 +314,36 @@ def test_profile_section_maps_to_the_keys_mindformers_reads(tmp_path):
     assert build_run_config(cfg, stage="sft", load_checkpoint="/base.ckpt", **kw)["profile"] is False
     off = build_run_config(cpu_cfg(), stage="pretrain", **kw)
     assert off["profile"] is False and "profile_start_step" not in off
+
+
+def test_the_shipped_7b_sft_loads_the_full_base_for_mindspore_to_slice(tmp_path):
+    """mp2 x pp2 SFT from one full checkpoint: auto_trans_ckpt off and load_checkpoint the full file, which mindformers
+    1.9's own test calls full (so it is loaded before compile and MindSpore slices it: docs/mindformers-facts.md); a
+    base with rank_<N> in its path is refused for a sharded layout and staged without it by the SFT stage."""
+    from mindformers.trainer.utils import check_path_include_total_ckpt
+
+    from pipeline_lib.train.mindformers_yaml import sft_base_path_issue
+    from pipeline_lib.train.sft_stage import _unranked
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(str(root / "configs/pipelines/llama2-7b-4x64gb.yaml"))
+    base = "/work/runs/llama2-7b/night-1/pretrain/checkpoint/merged/llama2_7b_cpt-ab12cd34.ckpt"
+    run = build_run_config(cfg, stage="sft", dataset_dir=str(tmp_path), output_dir=str(tmp_path / "o"),
+                           load_checkpoint=base, train_rows=4096)
+    assert run["run_mode"] == "finetune" and run["auto_trans_ckpt"] is False and run["load_checkpoint"] == base
+    assert run["use_parallel"] is True and run["load_ckpt_format"] == "ckpt"
+    assert (run["parallel_config"]["model_parallel"], run["parallel_config"]["pipeline_stage"]) == (2, 2)
+    assert run["parallel"]["parallel_mode"] == 1  # semi-auto parallel: parameters are sliced at compile
+    assert check_path_include_total_ckpt(base) and sft_base_path_issue(cfg, base) is None
+    ranked = "/work/runs/llama2-7b/night-1/pretrain/checkpoint/rank_0/llama2_7b_cpt-1_100.ckpt"
+    assert not check_path_include_total_ckpt(ranked)  # mindformers' view: one rank's shard
+    with pytest.raises(ValueError, match=r"rank_<N>.*parallel.model_parallel=2 x parallel.pipeline_stage=2.*Fix: "
+                                         r"point model.base_checkpoint"):
+        build_run_config(cfg, stage="sft", dataset_dir=str(tmp_path), output_dir=str(tmp_path / "o"),
+                         load_checkpoint=ranked, train_rows=4096)
+    src = tmp_path / "pretrain" / "checkpoint" / "rank_0" / "base.ckpt"
+    src.parent.mkdir(parents=True)
+    src.write_bytes(b"weights")
+    staged = _unranked(src, tmp_path / "sft" / "_inputs")
+    assert staged.read_bytes() == b"weights" and sft_base_path_issue(cfg, str(staged)) is None
+    assert check_path_include_total_ckpt(str(staged))

@@ -245,6 +245,25 @@ def test_reference_loss_falls_and_manifest(outcomes):
     layout = m["checkpoint_layout"]  # what CheckpointRef.from_manifest reads (docs/checkpoints.md)
     assert (layout["world_size"], layout["model_parallel"], layout["pipeline_stage"], layout["step"]) == (1, 1, 1, 16)
     assert layout["ranks"]["0"]["path"] == str(latest) and layout["ranks"]["0"]["sha256"] == m["latest_checkpoint_sha256"]
+    # the weights-only file every consumer takes: the model's parameters of the latest checkpoint, bit for bit, and
+    # nothing of the optimizer or the training state; beside the lineage's tokenizer; what the handoff returns
+    import mindspore as ms
+
+    from pipeline_lib.model.checkpoint_cache import pretrain_checkpoint
+    from pipeline_lib.model.tokenizer_lineage import tokenizer_beside
+    from pipeline_lib.storage import sha256_file
+
+    w = m["weights_checkpoint"]
+    assert Path(w["path"]) == o.out / "checkpoint" / "merged" / "tiny_llama_rank_0-1_16-weights.ckpt"
+    assert w["sha256"] == sha256_file(w["path"]) and w["size"] == Path(w["path"]).stat().st_size < latest.stat().st_size
+    full, only = ms.load_checkpoint(str(latest)), ms.load_checkpoint(w["path"])
+    assert set(only) == {n for n in full if n.startswith(("model.", "lm_head."))}
+    assert not any(n.startswith(("adam_m.", "adam_v.")) or n in ("global_step", "scale_sense", "loss_scale")
+                   for n in only)
+    assert all(only[n].asnumpy().tobytes() == full[n].asnumpy().tobytes() for n in only)
+    assert pretrain_checkpoint(o.paths, {"pretrain": o.manifest}) == w["path"]
+    assert tokenizer_beside(w["path"]) == str(o.out / "checkpoint" / "tokenizer.model")
+    assert "checkpoint/merged/tiny_llama_rank_0-1_16-weights.ckpt" in {x["path"] for x in o.manifest.outputs}
     # keep_checkpoint_max=2: only the two newest checkpoints stay
     assert sorted(p.name for p in (o.out / "checkpoint" / "rank_0").glob("*.ckpt")) == \
         ["tiny_llama_rank_0-1_12.ckpt", "tiny_llama_rank_0-1_16.ckpt"]
@@ -382,3 +401,31 @@ def test_s3_store_uploads_outputs_and_a_rerun_elsewhere_resumes_from_the_upload(
     assert any("downloaded the uploaded checkpoint of step 4" in ln for ln in rerun.lines)
     assert not any("pretrain: training 4 steps" in ln for ln in rerun.lines) and m2["attempts"] == 0
     assert m2["latest_checkpoint"] == m["latest_checkpoint"] and m2["latest_checkpoint_sha256"] == m["latest_checkpoint_sha256"]
+
+
+@pytest.mark.train
+@pytest.mark.e2e
+@pytest.mark.usefixtures("prefect_server")
+def test_a_trainer_killed_mid_run_is_retried_by_the_flow_and_resumes(pretrain_data):
+    """kill -9 of the trainer (not of the run) mid-pretraining, no OOM evidence: the same flow run retries the stage
+    (doctor: killed), the retry resumes from the last verified checkpoint and finishes; metrics.jsonl holds each
+    step once."""
+    from flows.pipeline import llm_pipeline
+
+    cfg, paths = new_run(pretrain_data, "flow-killed",
+                         orchestration={"task_retries": 1, "retry_delay_seconds": 0.1})
+    out = Path(paths.stage_uri("pretrain"))
+    done, record = threading.Event(), {}
+    watcher = threading.Thread(target=_kill_after_checkpoints, args=(out, 2, done, record), daemon=True)
+    watcher.start()
+    try:
+        state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id="flow-killed", stages=["pretrain"],
+                             return_state=True)
+    finally:
+        done.set()
+    assert record.get("killed_pgid"), "the trainer was never killed"
+    assert state.is_completed(), state.message
+    m = read_manifest(str(out)).metrics
+    assert m["resumed_from_step"] in (4, 8, 12) and m["steps"] == 16
+    raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in raw] == list(range(1, 17))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -155,3 +156,27 @@ def test_tensor_pipeline_resume_restores_every_rank_of_this_node_from_s3(tmp_pat
     for rank in (2, 3):
         restored = tmp_path / "other-machine" / "checkpoint" / f"rank_{rank}" / f"m_rank_{rank}-1_4.ckpt"
         assert restored.read_bytes() == originals[rank]  # its own shard, not rank 0's
+
+
+def test_the_sft_disk_check_sizes_from_the_layout(tmp_path):
+    """Both stages check the disk through session.check_disk; SFT's need is planner.disk's LoRA SFT arithmetic of the
+    shipped 7B layout (not the base file's size), and too little room names the need and the knobs."""
+    import shutil
+
+    from pipeline_lib.config import load_config
+    from pipeline_lib.planner.disk import CheckpointDisk, sft_checkpoint_disk
+    from pipeline_lib.train.checkpoints import InsufficientDiskError
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(str(root / "configs/pipelines/llama2-7b-4x64gb.yaml"), [f"run.output_root={tmp_path}"])
+    lines = []
+    s = TrainingSession(cfg, stage="sft", out=tmp_path / "sft", remote=None, endpoint=None, steps=8,
+                        log=lines.append, error=Refused)
+    need = sft_checkpoint_disk(cfg, s.ranks)
+    assert s.ranks == [0, 1, 2, 3] and round(need.total / 1e9, 1) == 109.4
+    free = shutil.disk_usage(tmp_path).free
+    small = CheckpointDisk({0: 1000}, 2)
+    assert s.check_disk(small) == pytest.approx(free, rel=0.05) and lines[-1].startswith("sft: ")
+    with pytest.raises(InsufficientDiskError, match=r"need [\d,]+ bytes \(4 checkpoints .* Fix: lower "
+                                                     r"training.keep_checkpoint_max"):
+        s.check_disk(CheckpointDisk({r: free for r in s.ranks}, need.copies))
