@@ -6,6 +6,7 @@
   llm-pipeline status CONFIG --run-id ID               which stages of a run are complete
   llm-pipeline pools [--ascend-hosts node0,node1]     create work pools and per-node limits (idempotent)
   llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
+  llm-pipeline nightly promote CONFIG --run-id ID [--reason R]  a night the gate held becomes latest
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
 
@@ -363,7 +364,34 @@ def deploy_main(argv: list[str]) -> int:
         return code
 
 
+def nightly_promote_main(argv: list[str]) -> int:
+    """`llm-pipeline nightly promote CONFIG --run-id ID [--who NAME] [--reason TEXT]`: a held night becomes latest."""
+    import getpass
+
+    from pipeline_lib.nightly import NotHeld, promote_held
+
+    ap = argparse.ArgumentParser(prog="llm-pipeline nightly promote",
+                                 description="Promote a night the gate held (it becomes tomorrow's base).")
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--run-id", required=True, help="the held night, e.g. nightly-2026-11-02")
+    ap.add_argument("--who", default=None, help="who decides (default: this account)")
+    ap.add_argument("--reason", default="", help="why (recorded in the nightly state)")
+    args = ap.parse_intermixed_args(argv)
+    try:
+        check_name("--run-id", args.run_id)
+        cfg = load_config(args.config, args.overrides)
+        promote_held(cfg, args.run_id, who=args.who or getpass.getuser(), reason=args.reason)
+    except (ConfigError, NotHeld, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(f"promoted {args.run_id}: it is latest now; the next night continues from it")
+    return 0
+
+
 def nightly_main(argv: list[str]) -> int:
+    if argv and argv[0] == "promote":
+        return nightly_promote_main(argv[1:])
     ap = argparse.ArgumentParser(prog="llm-pipeline nightly")
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*")
@@ -385,7 +413,8 @@ def nightly_main(argv: list[str]) -> int:
         # the resolved config, its secrets as env: references: the overrides (a webhook URL among them) never
         # become flow-run parameters
         state = nightly(config=public_config(cfg), run_date=args.run_date, return_state=True)
-    print(f"nightly {state.name}: {state.message}" if state.name in ("Skipped", "NoNewData", "Busy") else
+    ended = ("Skipped", "NoNewData", "Busy", "Promoted", "Held")
+    print(f"nightly {state.name}: {state.message}" if state.name in ended else
           state.result() if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1
 

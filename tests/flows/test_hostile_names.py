@@ -42,3 +42,9 @@ def test_the_cli_refuses_hostile_ids_with_exit_2_and_writes_nothing(tmp_path):
     assert not (tmp_path / "escaped").exists() and not root.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prefect", "work"] or \
         sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_nightly_promote_refuses_a_night_that_is_not_held(tmp_path):
+    res = _cli(tmp_path, "nightly", "promote", str(ROOT / "configs/pipelines/tiny-cpu.yaml"), "--run-id",
+               "nightly-2026-01-01", f"run.output_root={tmp_path / 'runs'}")
+    assert res.returncode == 2 and "not a held night" in res.stderr and "held: none" in res.stderr, res.stderr
