@@ -3,9 +3,6 @@ CLI summary carry the category and the first remedy."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from pipeline_lib.stages import TransientError
 
 from doctor_cases import LOGS, log_text
 from test_classify import EXPECTED
+from webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.e2e  # runs the CLI or flows end to end (servers, workers, subprocesses)
 
@@ -106,18 +104,6 @@ def test_an_oom_killed_trainer_is_host_oom_and_not_retried(tmp_path, monkeypatch
     assert classify("\n".join(exc.result.tail))[0] == "host_oom"
 
 
-class _Hook(BaseHTTPRequestHandler):
-    received: list = []
-
-    def do_POST(self):
-        _Hook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.mark.usefixtures("prefect_server")
 @pytest.mark.parametrize("oom, attempts", [(True, "1"), (False, "3")])
 def test_prefect_retries_a_killed_stage_unless_it_was_an_oom_kill(tmp_path, monkeypatch, oom, attempts):
@@ -132,22 +118,17 @@ def test_prefect_retries_a_killed_stage_unless_it_was_an_oom_kill(tmp_path, monk
     for name in ("data", "pretrain"):
         monkeypatch.setitem(stages.SPECS, name, dataclasses.replace(stages.SPECS[name],
                                                                    runner=f"doctor_doubles:{name}"))
-    server = HTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with WebhookReceiver() as hook:
         cfg = load_config(str(ROOT / "configs/pipelines/tiny-cpu.yaml"),
                           [f"run.output_root={tmp_path}", "orchestration.retry_delay_seconds=0.1",
-                           "orchestration.task_retries=2",
-                           f"orchestration.failure_webhook_url=http://127.0.0.1:{server.server_port}/hook"])
+                           "orchestration.task_retries=2", f"orchestration.failure_webhook_url={hook.url}"])
         state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id="r-oom", stages=["data", "pretrain"],
                              return_state=True)
-    finally:
-        server.shutdown()
     assert state.is_failed()
     assert (tmp_path / "r-oom" / "attempts-pretrain").read_text() == attempts
     category = "host_oom" if oom else "killed"
     assert f"doctor: {category} in pretrain:" in state.message
-    note = _Hook.received[-1]
+    note = hook.received[-1]
     assert note["stage"] == "pretrain" and note["category"] == category and note["remedy"]
 
 

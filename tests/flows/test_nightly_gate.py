@@ -8,7 +8,6 @@ import dataclasses
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,29 +15,16 @@ import pytest
 from flows.nightly import nightly
 from pipeline_lib import stages
 from pipeline_lib.nightly import load_state, promote_held
+from webhook_receiver import WebhookReceiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server", "stage_doubles")]
-
-
-class _Hook(BaseHTTPRequestHandler):
-    received: list = []
-
-    def do_POST(self):
-        _Hook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
 def night(tiny_cfg, tmp_path, monkeypatch):
     monkeypatch.setitem(stages.SPECS, "pretrain", dataclasses.replace(stages.SPECS["pretrain"],
                                                                       runner="stage_doubles:pretrain_with_checkpoint"))
-    server = HTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Hook.received.clear()
+    hook = WebhookReceiver().__enter__()
     raw = tmp_path / "raw"
     raw.mkdir()
     root = Path(tiny_cfg.run.output_root)
@@ -49,13 +35,14 @@ def night(tiny_cfg, tmp_path, monkeypatch):
         (root / "gate-plan").write_text(str(factor))
         cfg = tiny_cfg.model_copy(deep=True)
         cfg.data.inputs = [str(raw / "*.jsonl")]
-        cfg.orchestration.failure_webhook_url = f"http://127.0.0.1:{server.server_port}/hook"
+        cfg.orchestration.failure_webhook_url = hook.url
         for k, v in gate.items():
             setattr(cfg.nightly.gate, k, v)
         return nightly(config=cfg.model_dump(mode="json"), run_date=date, return_state=True)
 
+    run.hook = hook
     yield run
-    server.shutdown()
+    hook.__exit__()
 
 
 def test_within_budget_promotes_over_budget_holds_and_a_held_night_can_be_promoted_by_hand(night, tiny_cfg):
@@ -69,8 +56,8 @@ def test_within_budget_promotes_over_budget_holds_and_a_held_night_can_be_promot
     assert state["latest"]["run_id"] == "nightly-2026-12-01"  # tomorrow's base stays
     assert [h["run_id"] for h in state["held"]] == ["nightly-2026-12-02"]
     assert any(p.endswith("2026-12-02.jsonl") for p in state["consumed"])  # consumed: not retried forever
-    assert [h["name"] for h in _Hook.received] == ["Held"]
-    assert {f["metric"] for f in _Hook.received[0]["failed"]} == {"held-out perplexity", "general_zh perplexity"}
+    assert [h["name"] for h in night.hook.received] == ["Held"]
+    assert {f["metric"] for f in night.hook.received[0]["failed"]} == {"held-out perplexity", "general_zh perplexity"}
     third = night("2026-12-03", 1.02)  # +2%: within budget, against night 1 (the promoted model)
     assert third.name == "Promoted", third.message
     state = load_state(tiny_cfg)
