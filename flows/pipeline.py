@@ -17,8 +17,9 @@ import time
 
 from prefect import flow, get_run_logger
 
-from pipeline_lib.config.schema import (DataConfig, EvaluateConfig, ExportConfig, ModelConfig, OrchestrationConfig,
-                                        ParallelConfig, RunConfig, SFTConfig, TokenizerConfig, TrainingConfig)
+from pipeline_lib.config.schema import (DataConfig, EvaluateConfig, ExportConfig, ModelConfig, NightlyConfig,
+                                        OrchestrationConfig, ParallelConfig, RunConfig, SFTConfig, TokenizerConfig,
+                                        TrainingConfig)
 from pipeline_lib.config.secrets import public_config
 from pipeline_lib.stages import SPECS, parse_stages, stage_done
 from pipeline_lib.storage import RunPaths, read_manifest
@@ -58,7 +59,8 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
                  tokenizer: TokenizerConfig | None = None, model: ModelConfig | None = None,
                  parallel: ParallelConfig | None = None, training: TrainingConfig | None = None,
                  sft: SFTConfig | None = None, evaluate: EvaluateConfig | None = None,
-                 export: ExportConfig | None = None, orchestration: OrchestrationConfig | None = None) -> dict:
+                 export: ExportConfig | None = None, orchestration: OrchestrationConfig | None = None,
+                 nightly: NightlyConfig | None = None) -> dict:
     """Run the requested stages in order; returns per-stage state, seconds and stage folder.
 
     The sections (run ... orchestration) are the run form's typed fields: each one given is applied
@@ -85,10 +87,12 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
         export: The MindIR export and its logits check.
         orchestration: Retries and notifications (the webhook URL is never pre-filled: an empty one keeps
             the config file's).
+        nightly: The nightly's promotion gate (what a night must not make worse to become tomorrow's base).
     """
     logger = get_run_logger()
     given = {"run": run, "data": data, "tokenizer": tokenizer, "model": model, "parallel": parallel,
-             "training": training, "sft": sft, "evaluate": evaluate, "export": export, "orchestration": orchestration}
+             "training": training, "sft": sft, "evaluate": evaluate, "export": export, "orchestration": orchestration,
+             "nightly": nightly}
     sent = any(v is not None for v in given.values())
     inherited = untouched_form_sections(config, given, deployment_parameters()) if sent else []
     if inherited:

@@ -19,6 +19,11 @@ os.environ.setdefault("LOG_MF_PATH", str(_LOGS / "mf_log"))
 os.environ.setdefault("MS_OM_PATH", str(_LOGS / "ms_om"))
 os.environ.setdefault("GLOG_v", "3")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The moto endpoint's credentials from the start: the data stage's pools fork from multiprocessing's forkserver,
+# which keeps the environment of the moment it started (the first pool of this process), whatever test came first.
+for _key, _value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                     ("AWS_DEFAULT_REGION", "us-east-1")):
+    os.environ.setdefault(_key, _value)
 
 
 def free_port() -> int:

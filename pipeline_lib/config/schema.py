@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from ..storage.store import is_s3
+from ..storage.store import is_remote
 from .paths import resolve_input, resolve_output
 
 # Local paths are made absolute when a config is built (see paths.py): workers run elsewhere.
@@ -153,9 +153,9 @@ class DataConfig(_Section):
         "and counted.")
     max_copy_bytes: int = Field(
         64 << 10, ge=256, le=64 << 20,
-        description="At most this many bytes of a record are copied into quarantine.jsonl (`raw`) or excluded.jsonl "
-        "(`text`), default 64 KiB: enough to see why; the origin <file>:<line> leads to the whole record. A longer "
-        "copy is cut and says so (`raw_bytes` / `text_chars`: the whole record's size).")
+        description="At most this many bytes of a record are copied into quarantine.jsonl (its raw field) or "
+        "excluded.jsonl (its text field), default 64 KiB: enough to see why; the record's origin (file:line) leads "
+        "to the whole record. A longer copy is cut and says so (raw_bytes / text_chars: the whole record's size).")
     max_records_written_per_reason: int = Field(
         1000, ge=0, le=10**9,
         description="Per input file and reason, at most this many quarantined or excluded records are written to "
@@ -595,7 +595,7 @@ class PipelineConfig(_Section):
         derived = [(self.model, name, dtype) for name, dtype in precision_dtypes(prec).items()]
         derived.append((self.training.loss_scale, "type", precision_loss_scale(prec)))
         # a remote run store: another machine's retry finds the checkpoints only if they were uploaded
-        derived.append((self.training, "upload_checkpoints", is_s3(self.run.output_root)))
+        derived.append((self.training, "upload_checkpoints", is_remote(self.run.output_root)))
         for section, name, value in derived:
             if name not in section.model_fields_set or getattr(section, name) is None:
                 section.__dict__[name] = value

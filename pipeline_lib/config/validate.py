@@ -9,7 +9,7 @@ runs once before any flow. A rule a stage also enforces at run time lives here a
 """
 from __future__ import annotations
 
-from ..storage.store import is_s3
+from ..storage.store import is_remote
 from .errors import ConfigError, ConfigIssue
 from .platform import device_target
 from .schema import DTYPE_FIELDS, PipelineConfig, global_batch, precision_dtypes, sft_accumulation
@@ -286,7 +286,7 @@ def warnings(cfg: PipelineConfig) -> list[str]:
                    "optimizer states across the data-parallel group, which is one device here (the planner "
                    "counts no saving). Fix: set optimizer_shard=false, or use data_parallel > 1")
     t = cfg.training
-    if is_s3(cfg.run.output_root) and "upload_checkpoints" in t.model_fields_set \
+    if is_remote(cfg.run.output_root) and "upload_checkpoints" in t.model_fields_set \
             and not t.upload_checkpoints:
         out.append(f"training.upload_checkpoints=false with a remote run store (run.output_root="
                    f"{cfg.run.output_root}): the checkpoints stay on the training machine, so a retry on another "

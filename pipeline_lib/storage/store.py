@@ -55,6 +55,12 @@ def split_s3(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+def is_remote(uri: str) -> bool:
+    """A URI on an object store (another machine's disk), as opposed to this machine's file system: what a
+    caller asks instead of testing the scheme itself."""
+    return is_s3(uri)
+
+
 def is_absolute(uri: str) -> bool:
     """A URI that names a place by itself (s3://..., file://..., /abs/path), as opposed to a path
     relative to some folder."""
