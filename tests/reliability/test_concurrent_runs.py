@@ -76,7 +76,7 @@ def test_two_nightlies_at_once_train_each_new_file_once(tmp_path, tally):
     assert ok, (state, results)
     for date, result in zip(dates, results):
         if f"nightly-{date}" == winner:
-            assert result["state"] == "Completed", result
+            assert result["state"] == "Promoted", result
         else:  # started while the winner held the lock, or after it finished
             assert result["state"] in ("Busy", "Skipped"), result
             if result["state"] == "Busy":
