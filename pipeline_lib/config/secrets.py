@@ -51,13 +51,24 @@ def public_config(cfg) -> dict:
 
 
 def secret_overrides(overrides) -> list[str]:
-    """The dotted keys of `key=value` overrides that set a secret field to a literal (not `env:NAME`)."""
-    names = {".".join(f) for f in SECRET_FIELDS}
+    """The dotted names of secret fields that the overrides set to a literal (not `env:NAME`), judged on what the
+    overrides make of a config, not on their text: `orchestration={failure_webhook_url: ...}` or a spaced key set
+    the field as well as `orchestration.failure_webhook_url=...` does."""
+    from .load import apply_overrides
+
+    from .errors import ConfigError
+
     out = []
-    for item in overrides or []:
-        key, _, value = str(item).partition("=")
-        if key.strip() in names and value.strip() and not value.strip().startswith(ENV_REF):
-            out.append(key.strip())
+    for item in overrides or []:  # each one: all of them are stored as parameters, a later one does not hide it
+        try:
+            merged = apply_overrides({}, [item])
+        except ConfigError:  # not an override at all: loading the config names the problem
+            continue
+        for section, name in SECRET_FIELDS:
+            value = merged.get(section).get(name) if isinstance(merged.get(section), dict) else None
+            if isinstance(value, str) and value.strip() and not value.strip().startswith(ENV_REF) \
+                    and f"{section}.{name}" not in out:
+                out.append(f"{section}.{name}")
     return out
 
 

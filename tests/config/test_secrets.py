@@ -61,3 +61,12 @@ def test_secret_overrides_finds_literal_secrets_only():
     assert secret_overrides([f"orchestration.failure_webhook_url={HOOK}", "training.steps=3",
                              "orchestration.failure_webhook_url=env:LLM_PIPELINE_SECRET_HOOK", "orchestration.failure_webhook_url="]) == \
         ["orchestration.failure_webhook_url"]
+
+
+def test_secret_overrides_are_judged_by_what_they_set_not_by_their_text():
+    """`orchestration={failure_webhook_url: ...}` and a spaced key slipped past the refusal of --submit."""
+    from pipeline_lib.config.secrets import secret_overrides
+
+    for given in ([f"orchestration={{failure_webhook_url: '{HOOK}'}}"], [f" orchestration . failure_webhook_url ={HOOK}"]):
+        assert secret_overrides(given) == ["orchestration.failure_webhook_url"], given
+    assert secret_overrides(["orchestration={failure_webhook_url: env:LLM_PIPELINE_SECRET_X}"]) == []
