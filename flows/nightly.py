@@ -38,12 +38,12 @@ from flows.pipeline import llm_pipeline
 
 def check_run_date(run_date: str) -> str:
     """A night's date is a calendar date (it names the run nightly-<date>: never a path)."""
+    fix = "give the night's date, YYYY-MM-DD"
+    check_name("--run-date", run_date, fix)
     try:
-        return dt.date.fromisoformat(check_name("--run-date", run_date, "give the night's date, YYYY-MM-DD")).isoformat()
-    except ValueError as err:
-        if isinstance(err, BadName):
-            raise
-        raise BadName("--run-date", run_date, "give the night's date, YYYY-MM-DD") from None
+        return dt.date.fromisoformat(run_date).isoformat()
+    except ValueError:
+        raise BadName("--run-date", run_date, fix) from None
 
 
 def _night_id(run_date: str | None) -> str:
@@ -115,12 +115,10 @@ class Decision(RunInput):
 
 def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     """Wait for a person: approve promotes; reject, or no answer within nightly.gate.ask_timeout_hours, holds."""
-    from prefect.exceptions import FlowPauseTimeout
-    from prefect.flow_runs import pause_flow_run
-
     import contextvars
 
-    from prefect.flow_runs import resume_flow_run
+    from prefect.exceptions import FlowPauseTimeout
+    from prefect.flow_runs import pause_flow_run, resume_flow_run
     from prefect.runtime import flow_run
 
     hours = cfg.nightly.gate.ask_timeout_hours

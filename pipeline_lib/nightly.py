@@ -228,8 +228,7 @@ def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id
     candidate under `held` (a person may promote it later: promote_held). `verdict` is the gate's comparison
     (nightly_gate.Verdict.to_json), `decided_by` who decided when a person did. `state` is what the night read
     at its start; the change is applied to the newest state."""
-    now = dt.datetime.now(dt.timezone.utc).isoformat()
-    candidate = {"run_id": run_id, "checkpoint": checkpoint, "tokenizer": tokenizer, "finished_at": now}
+    candidate = {"run_id": run_id, "checkpoint": checkpoint, "tokenizer": tokenizer, "finished_at": _now()}
 
     def change(state: dict) -> dict:
         state.setdefault("consumed", {}).update(files)
@@ -262,10 +261,8 @@ def promote_held(cfg: PipelineConfig, run_id: str, who: str, reason: str) -> dic
             raise NotHeld(run_id, [h["run_id"] for h in held])
         state["held"] = [h for h in held if h["run_id"] != run_id]
         state["latest"] = {k: found[k] for k in ("run_id", "checkpoint", "tokenizer", "finished_at")}
-        state.setdefault("history", []).append({
-            "run_id": run_id, "decision": "promoted by hand", "decided_by": {"who": who, "reason": reason,
-                                                                            "at": dt.datetime.now(
-                                                                                dt.timezone.utc).isoformat()}})
+        state.setdefault("history", []).append({"run_id": run_id, "decision": "promoted by hand",
+                                                "decided_by": {"who": who, "reason": reason, "at": _now()}})
         return state
     return update_state(cfg, change)
 

@@ -248,16 +248,6 @@ def _shared_pool(key, make) -> cf.ProcessPoolExecutor:
     return pool
 
 
-def close_shared_pools() -> None:
-    """Shut the shared pools down: their workers were forked with this process's environment of then (S3
-    credentials included), so a process whose environment changed must not reuse them."""
-    with _SHARED_POOLS_LOCK:
-        pools = list(_SHARED_POOLS.values())
-        _SHARED_POOLS.clear()
-    for pool in pools:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
 def _in_shared_pool(key, make, fn, *args, **kwargs):
     """fn(*args, **kwargs) in the shared pool `key` (made by `make` the first time); a pool whose worker
     died is dropped (the task's retry gets a new one)."""

@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass
 
 from ..storage import join, store_for
-from .token_ids import CONFIG_NAME
 from ..storage.errors import PicklableError
+from .token_ids import CONFIG_NAME
 
 MODEL_NAME = "tokenizer.model"
 _NESTED = re.compile(r"^(rank_\d+|merged)$")  # folders under checkpoint/ that hold weights
@@ -174,18 +174,16 @@ def lineage_tokenizer(cfg) -> str | None:
 
 
 def attach(tokenizer_local, folder) -> list:
-    """Copy a local tokenizer.model and its tokenizer_config.json into the local `folder` (beside weights);
-    returns the paths written."""
-    import shutil
+    """Copy a local tokenizer.model and its tokenizer_config.json into the local `folder` (beside weights), each
+    written whole or not at all (LocalStore.put_file); returns the paths written."""
     from pathlib import Path
 
+    from ..storage import LocalStore
+
     src, folder = Path(tokenizer_local), Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, source in ((MODEL_NAME, src), (CONFIG_NAME, src.with_name(CONFIG_NAME))):
         if source.exists():
-            tmp = folder / f".{name}.tmp"
-            shutil.copyfile(source, tmp)
-            tmp.replace(folder / name)
+            LocalStore().put_file(source, str(folder / name))
             written.append(folder / name)
     return written

@@ -137,11 +137,8 @@ def _prefect_records(since, run_ids: list[str]) -> bytes:
 def test_no_secret_is_written_anywhere(s3_endpoint, tmp_path, monkeypatch, tally):
     import boto3
 
-    from pipeline_lib.data.stage import close_shared_pools
-
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    close_shared_pools()  # a pool an earlier test of this process warmed holds the environment of then
     bucket = "secrets-probe"
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket=bucket)
