@@ -72,4 +72,4 @@ def dispatch_stage(cfg, resolved: dict, run_id: str, stage: str, suffix: str = "
                              "is the run store shared between the pools (output_root on S3)?")
     created = dt.datetime.fromisoformat(manifest.created_at)
     return {"stage": stage, "skipped": created < started, "manifest": manifest.__dict__,
-            "stage_uri": paths.stage_uri(stage)}
+            "stage_uri": paths.stage_uri(stage), "flow_run_id": str((child if nodes == 1 else children[0]).id)}

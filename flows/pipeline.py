@@ -27,9 +27,10 @@ from pipeline_lib.storage import RunPaths, read_manifest
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections
 from flows.dispatch import dispatch_stage
 from flows.notify import notify_failure
-from flows.run_history import earlier_flow_runs, flow_run_name, ui_link
+from flows.run_history import earlier_flow_runs, finished_in, flow_run_name, task_run_link, ui_link
 from flows.stage_flows import stage_flow
 from tasks.overview import RunOverview
+from tasks.stage_task import cached_stage
 
 
 class StageFailed(RuntimeError):
@@ -107,7 +108,8 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     # the parent run's artifact, updated as each stage ends; a resume links the run's earlier flow runs
     from prefect.runtime import flow_run
 
-    earlier = [(r.name, r.state_name or "", ui_link(r.id)) for r in earlier_flow_runs(run_id, flow_run.id)]
+    earlier_runs = earlier_flow_runs(run_id, flow_run.id)
+    earlier = [(r.name, r.state_name or "", ui_link(r.id)) for r in earlier_runs]
     overview = RunOverview(paths, list(wanted), earlier=earlier)
     for stage in wanted:
         entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
@@ -118,12 +120,29 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
             overview.not_run(stage, entry["note"])
             continue
         started = time.time()
+        if stage_done(cfg, paths, stage)[0]:
+            # Finished in an earlier attempt (a UI Retry, a resume): not redone, and shown so. Not through the stage's
+            # subflow: on a Retry Prefect hands back that subflow's old Completed state without running anything, so
+            # no task run would say Cached. This task run is the stage's own record of this attempt.
+            manifest = read_manifest(paths.stage_uri(stage), paths.endpoint_url)
+            where = finished_in(manifest.created_at, flow_run.id, earlier_runs)
+            record = cached_stage(stage, run_id, paths.stage_uri(stage), manifest.created_at, where, return_state=True)
+            entry.update(state="cached", seconds=0.0, finished_at=manifest.created_at, finished_in=where)
+            overview.cached(stage, manifest.__dict__, manifest.created_at, where,
+                            link=task_run_link(record.state_details.task_run_id))
+            logger.info(f"{stage}: cached (finished {manifest.created_at}{' in ' + where if where else ''}), "
+                        f"not redone -> {entry['stage_uri']}")
+            continue
         overview.running(stage)
         try:
             if dispatch:
                 result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
             else:
-                result = stage_flow(stage)(config=resolved, run_id=run_id)
+                child = stage_flow(stage)(config=resolved, run_id=run_id, return_state=True)
+                overview.link(stage, ui_link(child.state_details.flow_run_id))
+                result = child.result()  # raises the stage's own exception when it failed
+            if isinstance(result, dict) and result.get("flow_run_id"):
+                overview.link(stage, ui_link(result["flow_run_id"]))
         except Exception as err:
             overview.failed(stage, round(time.time() - started, 1), f"{type(err).__name__}: {err}")
             raise StageFailed(f"stage '{stage}' failed (run {run_id}): {type(err).__name__}: {err}") from err

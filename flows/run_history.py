@@ -45,12 +45,39 @@ def flow_run_name() -> str:
     return base_name(run_id) + (f" (resume {len(earlier)})" if earlier else "")
 
 
-def ui_link(flow_run_id) -> str | None:
-    """The UI page of a flow run, or None when the server has no UI URL (the embedded server)."""
+def ui_link(flow_run_id, kind: str = "flow-run") -> str | None:
+    """The UI page of a flow run (kind task-run: of a task run), or None when the server has no UI URL (the
+    embedded server) or there is no id."""
     try:
         from prefect.settings import get_current_settings
 
         ui = get_current_settings().ui_url
     except Exception:
         return None
-    return f"{str(ui).rstrip('/')}/runs/flow-run/{flow_run_id}" if ui else None
+    return f"{str(ui).rstrip('/')}/runs/{kind}/{flow_run_id}" if ui and flow_run_id else None
+
+
+def task_run_link(task_run_id) -> str | None:
+    return ui_link(task_run_id, "task-run")
+
+
+def finished_in(created_at: str, current_id, earlier: list) -> str:
+    """Which attempt wrote a manifest created at `created_at` (ISO, UTC): "attempt N" of this flow run (a UI
+    Retry is attempt 2 of the same flow run: its Running states are counted), or the earlier flow run of the
+    same run id it falls in (a resume), or "" when the API cannot say. `earlier`: flow runs, oldest first."""
+    import datetime as dt
+
+    from prefect import get_client
+
+    try:
+        when = dt.datetime.fromisoformat(created_at)
+        with get_client(sync_client=True) as client:
+            states = client.read_flow_run_states(current_id)
+        starts = sorted(s.timestamp for s in states if s.type.value == "RUNNING")
+        attempt = sum(start <= when for start in starts)
+        if attempt:
+            return f"attempt {attempt}"
+        before = [r for r in earlier if r.start_time and r.start_time <= when]
+        return f"flow run {before[-1].name}" if before else ""
+    except Exception:  # a view only: the overview still says Cached
+        return ""

@@ -29,8 +29,6 @@ def _run_name(stage: str):
 
 
 def _make_stage_flow(stage: str):
-    @flow(name=stage, flow_run_name=_run_name(stage), log_prints=True, persist_result=True,
-          description=f"The {stage} stage of the LLM pipeline (skipped when its manifest is complete).")
     def stage_flow(config: str | dict, run_id: str, overrides: list[str] | None = None,
                    node_rank: int | None = None) -> dict:
         cfg = resolve_config(config, overrides)
@@ -44,8 +42,13 @@ def _make_stage_flow(stage: str):
             return run_mapped_data(cfg, run_id)
         return submit_stage(cfg, run_id, stage)
 
-    stage_flow.__name__ = f"{stage}_flow"
-    return stage_flow
+    # Its own name before it becomes a flow: Prefect keys the parent's record of a subflow call by the function's
+    # name (and counts calls per key), and a Retry of the parent hands back the subflow found under that key. With
+    # one name for every stage, a Retry that skips a Cached stage's subflow would get that stage's old result for
+    # the next stage.
+    stage_flow.__name__ = stage_flow.__qualname__ = f"{stage}_flow"
+    return flow(name=stage, flow_run_name=_run_name(stage), log_prints=True, persist_result=True,
+                description=f"The {stage} stage of the LLM pipeline (skipped when its manifest is complete).")(stage_flow)
 
 
 _FLOWS: dict = {}

@@ -48,15 +48,29 @@ class RunOverview:
 
     def finished(self, stage: str, state: str, seconds: float | None, manifest: dict | None) -> None:
         self.rows[stage] = {"state": state, "seconds": seconds, "metrics": (manifest or {}).get("metrics") or {},
+                            "link": self.rows[stage].get("link"),
                             "outputs": [o.get("path") for o in (manifest or {}).get("outputs") or []]}
         self.publish()
+
+    def cached(self, stage: str, manifest: dict, finished_at: str, finished_in: str, link: str | None = None) -> None:
+        """A stage finished in an earlier attempt, not redone: "Cached (finished <time> in attempt N)"."""
+        self.rows[stage] = {"state": "cached", "metrics": manifest.get("metrics") or {}, "link": link,
+                            "outputs": [o.get("path") for o in manifest.get("outputs") or []],
+                            "finished": _when(finished_at) + (f" in {finished_in}" if finished_in else "")}
+        self.publish()
+
+    def link(self, stage: str, url: str | None) -> None:
+        """The UI page of the stage's own run (its flow run, or the Cached task run): the row's name links it."""
+        if url:
+            self.rows[stage]["link"] = url
+            self.publish()
 
     def not_run(self, stage: str, note: str) -> None:
         self.rows[stage] = {"state": "missing", "note": note}
         self.publish()
 
     def failed(self, stage: str, seconds: float | None, error: str) -> None:
-        self.rows[stage] = {"state": "failed", "seconds": seconds}
+        self.rows[stage] = {"state": "failed", "seconds": seconds, "link": self.rows[stage].get("link")}
         self.failure = (stage, error)
         for later, row in self.rows.items():
             if row["state"] == "pending":
@@ -86,17 +100,25 @@ class RunOverview:
 
     def render(self) -> str:
         done = sum(r["state"] in ("completed", "cached") for r in self.rows.values())
+        going = any(r["state"] in ("pending", "running") for r in self.rows.values())
+        took = fmt(round(time.time() - self.started, 1))
         head = (f"# Run {_code(self.paths.run_id)}\n\n"
-                f"{done} of {len(self.rows)} stages done, {fmt(round(time.time() - self.started, 1))} s so far. "
-                f"Run folder: {_code(self.paths.run_uri)}\n\n"
-                "Cached: finished in an earlier attempt of this run with the same config and inputs, not redone.\n")
+                f"{done} of {len(self.rows)} stages done, {took} s {'so far' if going else 'in this attempt'}. "
+                f"Run folder: {_code(self.paths.run_uri)}\n")
+        if any(r["state"] == "cached" for r in self.rows.values()):
+            head += ("\nCached: finished in an earlier attempt of this run with the same config and inputs, "
+                     "not redone.\n")
         # the folders are listed under the table, not in a column: long paths made the table wider
         # than the artifact page (its last column cut off at a 1,600 px window)
         lines = ["| stage | state | time | key figures |", "|---|---|---|---|"]
         for stage, row in self.rows.items():
             secs = f"{fmt(row['seconds'], 3)} s" if row.get("seconds") is not None else ""
             figures = "<br>".join(_md(f) for f in key_figures(stage, row.get("metrics"))) or _md(row.get("note", ""))
-            lines.append(f"| **{stage}** | {STATE_WORDS.get(row['state'], row['state'])} | {secs} | {figures or ' '} |")
+            name = f"[**{stage}**]({row['link']})" if row.get("link") else f"**{stage}**"
+            word = STATE_WORDS.get(row["state"], row["state"])
+            if row.get("finished"):
+                word += f" (finished {_md(row['finished'])})"
+            lines.append(f"| {name} | {word} | {secs} | {figures or ' '} |")
         where = "\n".join(f"- **{stage}**: {self._where(stage, row)}" for stage, row in self.rows.items())
         parts = [head, "\n".join(lines), "Outputs:\n\n" + where]
         if self.earlier:
@@ -118,20 +140,64 @@ class RunOverview:
             pass
 
 
+def _when(iso: str) -> str:
+    """A manifest's created_at (ISO, UTC) as `YYYY-MM-DD HH:MM:SS UTC`; as written when it is not ISO."""
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(iso).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (TypeError, ValueError):
+        return str(iso)
+
+
 def overview_key(run_id: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"run-overview-{run_id}".lower()).strip("-")[:100]
 
 
 def _publish_artifact(artifact_id, markdown: str, run_id: str):
-    """Create the artifact once (linked to the current flow run), then update its content in place."""
+    """Create the artifact once per flow run, then update its content in place. A Retry of the flow run (attempt
+    2 of the same run) finds the one its first attempt made and updates that: one overview card per run. On
+    creation the run's log gets the artifact's UI link (the Logs tab opens first on a run's page: one click)."""
     from prefect.artifacts import create_markdown_artifact
-
-    if artifact_id is None:
-        return create_markdown_artifact(markdown, key=overview_key(run_id),
-                                        description="Run overview: stages, states, key figures, outputs")
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import ArtifactUpdate
 
+    if artifact_id is None:
+        artifact_id = _existing_artifact(overview_key(run_id))
+        if artifact_id is None:
+            artifact_id = create_markdown_artifact(markdown, key=overview_key(run_id),
+                                                   description="Run overview: stages, states, key figures, outputs")
+            _log_link(artifact_id)
+            return artifact_id
     with get_client(sync_client=True) as client:
         client.update_artifact(artifact_id, ArtifactUpdate(data=markdown))
     return artifact_id
+
+
+def _existing_artifact(key: str):
+    """The artifact `key` of the current flow run (made by an earlier attempt of it), or None."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+    from prefect.runtime import flow_run
+
+    if flow_run.id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+    return found[0].id if found else None
+
+
+def artifact_link(artifact_id) -> str | None:
+    """The UI page of an artifact, or None without a UI URL (the embedded server)."""
+    from prefect.settings import get_current_settings
+
+    ui = get_current_settings().ui_url
+    return f"{str(ui).rstrip('/')}/artifacts/artifact/{artifact_id}" if ui else None
+
+
+def _log_link(artifact_id) -> None:
+    from prefect import get_run_logger
+
+    if url := artifact_link(artifact_id):
+        get_run_logger().info(f"Run overview (stages, states, key figures, outputs): {url}")

@@ -18,7 +18,7 @@ import time
 
 from prefect import get_run_logger, task
 from prefect.concurrency.sync import concurrency
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
@@ -118,6 +118,15 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
         return Completed(message=f"{stage}: manifest complete, not redone", name="Cached", data=result)
     publish_stage_artifacts(cfg, paths, stage, manifest)
     return result
+
+
+@task(name="stage", task_run_name="{stage}/{run_id}", cache_policy=NO_CACHE, persist_result=False)
+def cached_stage(stage: str, run_id: str, stage_uri: str, finished_at: str, finished_in: str):
+    """The record, in this attempt, of a stage finished in an earlier one: a task run in the state Cached (a
+    Completed state of that name, as Prefect's own cache hits are), saying when and in which attempt."""
+    when = f"finished {finished_at}" + (f" in {finished_in}" if finished_in else "")
+    return Completed(name="Cached", message=f"{stage}: {when}; manifest complete, not redone ({stage_uri})",
+                     data={"stage": stage, "run_id": run_id, "skipped": True, "stage_uri": stage_uri})
 
 
 def submit_stage(cfg: PipelineConfig, run_id: str, stage: str) -> dict:

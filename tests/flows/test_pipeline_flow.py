@@ -135,3 +135,50 @@ def test_training_stage_holds_the_node_training_slot(tiny_cfg, monkeypatch):
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name(node_limit_name()).active_slots == 0
         client.delete_global_concurrency_limit_by_name(node_limit_name())
+
+
+def test_a_retry_of_the_same_flow_run_shows_cached_stages_in_one_overview(tiny_cfg):
+    """What the UI's Retry does (the flow run set to AwaitingRetry, run again: attempt 2 of the same flow run):
+    Prefect hands back the finished stages' subflows without running them; the overview and the task runs still
+    say Cached, and the run keeps one overview artifact, updated in place."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, TaskRunFilter, TaskRunFilterFlowRunId
+    from prefect.flow_engine import run_flow_sync
+    from prefect.states import AwaitingRetry
+
+    run_dir = Path(tiny_cfg.run.output_root) / "r-uiretry"
+    run_dir.mkdir(parents=True)
+    (run_dir / "fail-pretrain").write_text("ValueError 1")
+    params = {"config": tiny_cfg.model_dump(mode="json"), "run_id": "r-uiretry", "stages": ["data", "pretrain"]}
+    with get_client(sync_client=True) as client:
+        fr = client.create_flow_run(llm_pipeline, parameters=params)
+    assert run_flow_sync(llm_pipeline, flow_run=fr, parameters=params, return_type="state").is_failed()
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(fr.id, AwaitingRetry(), force=True)
+        fr = client.read_flow_run(fr.id)
+    state = run_flow_sync(llm_pipeline, flow_run=fr, parameters=params, return_type="state")
+    assert state.is_completed(), state.message
+    assert (run_dir / "attempts-data").read_text() == "1" and (run_dir / "attempts-pretrain").read_text() == "2"
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[fr.id])))
+        cards = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["run-overview-r-uiretry"])))
+    cached = [t for t in tasks if t.name == "data/r-uiretry"]
+    assert [t.state.name for t in cached] == ["Cached"] and "in attempt 1" in cached[0].state.message
+    assert len(cards) == 1, [c.id for c in cards]  # one card, updated in place by attempt 2
+    text = cards[0].data
+    assert "| Cached (finished " in text and " UTC in attempt 1) |" in text and "Cached: finished in" in text
+    assert "so far" not in text and "| Completed |" in text
+    # each stage row links its own run: the Cached task run of this attempt, pretrain's flow run
+    assert f"[**data**]({prefect_ui()}/runs/task-run/{cached[0].id})" in text
+    pretrain_runs = [r for r in _flow_runs("pretrain/r-uiretry") if r.state.is_completed()]
+    assert f"[**pretrain**]({prefect_ui()}/runs/flow-run/{pretrain_runs[0].id})" in text
+
+
+def prefect_ui() -> str:
+    from prefect.settings import get_current_settings
+
+    return str(get_current_settings().ui_url).rstrip("/")
+
+
+def _flow_runs(name: str) -> list:
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))

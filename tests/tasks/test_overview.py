@@ -83,3 +83,17 @@ def test_no_presigned_link_carries_a_session_token(s3_bucket, monkeypatch):
     md = published[-1]
     assert "planted-session-token-123" not in md and "X-Amz-Security-Token" not in md and "](" not in md
     assert paths.stage_uri("evaluate") in md
+
+
+def test_cached_row_says_when_and_in_which_attempt_and_the_legend_only_then(tmp_path):
+    paths = RunPaths(str(tmp_path / "runs"), "r5")
+    ov, published = overview(paths, ["data", "pretrain"])
+    ov.running("data")
+    assert "Cached" not in published[-1] and "so far" in published[-1]  # nothing cached yet: no legend
+    ov.cached("data", {"metrics": {"tokens": 100}, "outputs": []}, "2026-12-01T23:51:02.5+00:00", "attempt 1",
+              link="http://ui/runs/task-run/t1")
+    md = published[-1]
+    assert "| [**data**](http://ui/runs/task-run/t1) | Cached (finished 2026-12-01 23:51:02 UTC in attempt 1) |" in md
+    assert "Cached: finished in an earlier attempt" in md
+    ov.finished("pretrain", "completed", 2.0, PRETRAIN)
+    assert "so far" not in published[-1] and "s in this attempt" in published[-1]  # the run has ended
