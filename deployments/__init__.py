@@ -58,15 +58,45 @@ def nightly_schedule(config: str, overrides: list[str] | None = None) -> dict:
     return {"cron": orch.nightly_cron, "timezone": orch.timezone, "active": True}
 
 
-def render_prefect_file() -> dict:
+def deployed_config(path: str, cwd: str | Path | None = None) -> str:
+    """`llm-pipeline deploy --config PATH`: the config file the chain, the nightly and the stage deployments
+    run, as their workers read it (they run from the project root, LLM_PIPELINE_HOME): relative to the project
+    root when the file is inside it, else absolute (then it must be at that path on every worker). Refused with
+    the field, the value and the fix unless it is a pipeline config that loads and validates."""
+    from pipeline_lib.config import ConfigError, load_config, validate
+    from pipeline_lib.config.errors import ConfigIssue
+
+    given = Path(path).expanduser()
+    full = (given if given.is_absolute() else Path(cwd or Path.cwd()) / given).resolve()
+    if not full.is_file():
+        raise ConfigError([ConfigIssue("--config", path, "no such file" if not full.exists() else "not a file",
+                                       "give the pipeline yaml the deployments run, e.g. "
+                                       "--config configs/pipelines/tiny-cpu.yaml")])
+    try:
+        validate(load_config(str(full)))
+    except ConfigError as err:
+        raise ConfigError([ConfigIssue("--config", path, "is not a valid pipeline config (the issues below)",
+                                       "fix them in the file, check with `llm-pipeline validate`"),
+                           *err.issues]) from None
+    try:
+        return str(full.relative_to(ROOT))
+    except ValueError:
+        return str(full)
+
+
+def render_prefect_file(config: str | None = None) -> dict:
     """deployments/prefect.yaml plus the stage deployments (same config file as the chain); the chain's
     parameters get its config file's sections, the defaults of its typed run form; the nightly schedule
-    comes from the nightly deployment's config."""
+    comes from the nightly deployment's config. `config` (deployed_config's answer) replaces the file's
+    config in every deployment."""
     import yaml
 
     from pipeline_lib.config.form import form_defaults
 
     doc = yaml.safe_load(PREFECT_FILE.read_text())
+    if config is not None:
+        for dep in doc["deployments"]:
+            dep["parameters"] = {**(dep.get("parameters") or {}), "config": config}
     chain = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":llm_pipeline"))
     defaults = {k: v for k, v in chain["parameters"].items() if k == "config"}
     chain["parameters"] = {**chain["parameters"], **form_defaults(ROOT / chain["parameters"]["config"])}

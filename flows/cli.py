@@ -5,6 +5,7 @@
   llm-pipeline run CONFIG [--run-id ID] [--stages a,b] [--dispatch] [--submit] [key=value ...]
   llm-pipeline status CONFIG --run-id ID               which stages of a run are complete
   llm-pipeline pools [--ascend-hosts node0,node1]     create work pools and per-node limits (idempotent)
+  llm-pipeline deploy [--config PATH] [prefect deploy args]   the deployments, running PATH (default tiny-cpu)
   llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
   llm-pipeline nightly promote CONFIG --run-id ID [--reason R]  a night the gate held becomes latest
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
@@ -335,12 +336,17 @@ def pools_main(argv: list[str]) -> int:
 
 def deploy_main(argv: list[str]) -> int:
     """`prefect deploy` from the project root of deployments/prefect.yaml plus one deployment per stage of
-    the stage table (deployments.render_prefect_file); extra args are passed on (default --all)."""
+    the stage table (deployments.render_prefect_file); `--config PATH` sets the config file every deployment
+    runs (the chain's run form, the nightly's and its schedule's); other args are passed on (default --all)."""
     import tempfile
 
     import yaml
 
-    from deployments import ROOT, render_prefect_file
+    from deployments import ROOT, deployed_config, render_prefect_file
+
+    ap = argparse.ArgumentParser(prog="llm-pipeline deploy", add_help=False)
+    ap.add_argument("--config", default=None)
+    known, argv = ap.parse_known_args(argv)
 
     from pipeline_lib.runtime.env import subprocess_env
 
@@ -350,13 +356,16 @@ def deploy_main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rendered = Path(tmp) / "prefect.yaml"
         try:
-            doc = render_prefect_file()
+            doc = render_prefect_file(deployed_config(known.config) if known.config else None)
         except (ConfigError, ValueError) as err:
             print(err, file=sys.stderr)
             return 2
         rendered.write_text(yaml.safe_dump(doc, sort_keys=False))
         cmd = [str(prefect), "--no-prompt", "deploy", "--prefect-file", str(rendered), *(argv or ["--all"])]
         code = subprocess.call(cmd, cwd=ROOT, env=env)
+        if code == 0 and known.config:
+            print(f"deployments run {doc['deployments'][0]['parameters']['config']} (--config; relative paths are "
+                  "read from the project root on the workers)")
         for dep in doc["deployments"]:
             for sched in dep.get("schedules") or []:
                 print(f"{dep['name']}: scheduled `{sched['cron']}` in time zone {sched['timezone']} "

@@ -122,3 +122,37 @@ def test_dispatch_failing_child_in_other_pool_fails_parent(workers, tmp_path):
     assert states.get("pretrain/dispatch-run") == StateType.FAILED
     pools = {r.name: r.work_pool_name for r in children}
     assert pools == {"data/dispatch-run": "cpu", "pretrain/dispatch-run": "ascend"}
+
+
+def test_deploy_config_sets_what_the_chain_and_the_nightly_run_and_the_schedules_zone(deployed, tmp_path):
+    """`llm-pipeline deploy --config PATH` (issue 28 item 6): the user's config, not the shipped tiny one."""
+    import yaml
+
+    mine = tmp_path / "mine.yaml"
+    doc = yaml.safe_load((ROOT / "configs/pipelines/tiny-cpu.yaml").read_text())
+    doc.setdefault("orchestration", {}).update(timezone="Europe/Berlin", nightly_cron="30 1 * * *")
+    doc["data"]["shard_mb"] = 16
+    mine.write_text(yaml.safe_dump(doc))
+    names = ["--name", "llm-pipeline/default", "--name", "nightly"]  # prefect matches flow/name by entrypoint function
+    res = cli("deploy", "--config", str(mine), *names)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"deployments run {mine}" in res.stdout and "time zone Europe/Berlin" in res.stdout
+    try:
+        with get_client(sync_client=True) as client:
+            chain = client.read_deployment_by_name("llm-pipeline/default")
+            night = client.read_deployment_by_name("nightly-pretrain/nightly")
+        assert chain.parameters["config"] == night.parameters["config"] == str(mine)
+        assert chain.parameters["data"]["shard_mb"] == 16  # the run form is pre-filled from the user's file
+        assert [(s.schedule.cron, s.schedule.timezone) for s in night.schedules] == [("30 1 * * *", "Europe/Berlin")]
+        assert "Scheduled `30 1 * * *` in Europe/Berlin" in night.description
+    finally:
+        assert cli("deploy", *names).returncode == 0  # the shipped config again, for the session's other tests
+
+
+def test_deploy_refuses_a_config_that_is_not_there_or_not_valid_naming_the_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training:\n  steps: -3\n")
+    for given, said in ((tmp_path / "missing.yaml", "no such file"), (bad, "training.steps=-3")):
+        res = cli("deploy", "--config", str(given))
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert f"--config='{given}'" in res.stderr and said in res.stderr and "Fix:" in res.stderr
