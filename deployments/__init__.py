@@ -103,7 +103,12 @@ def render_prefect_file(config: str | None = None) -> dict:
     doc["deployments"] += stage_deployments(defaults)
     for dep in doc["deployments"]:
         if dep["entrypoint"].endswith(":nightly"):
+            from flows.nightly import FORM_SECTIONS
+
             params = dep.get("parameters") or {}
+            night_form = form_defaults(Path(params["config"]) if Path(params["config"]).is_absolute()
+                                       else ROOT / params["config"])
+            dep["parameters"] = params = {**params, **{k: night_form[k] for k in FORM_SECTIONS}}
             sched = nightly_schedule(params["config"], params.get("overrides"))
             dep["schedules"] = [sched]
             dep["description"] = (f"{dep.get('description', '').rstrip()} Scheduled `{sched['cron']}` in "

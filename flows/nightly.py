@@ -32,7 +32,11 @@ from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly_gate import judge
 from pipeline_lib.stages import SPECS
 
-from flows.common import resolve_config
+from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
+
+from flows.common import deployment_parameters, resolve_config, untouched_form_sections
+from flows.form_types import DataConfig
+from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
 from flows.pipeline import llm_pipeline
 
@@ -46,31 +50,86 @@ def check_run_date(run_date: str) -> str:
         raise BadName("--run-date", run_date, fix) from None
 
 
-def _night_id(run_date: str | None) -> str:
-    return f"nightly-{check_run_date(run_date) if run_date else dt.date.today().isoformat()}"
+def _night_id(run_date: str) -> str:
+    return f"nightly-{check_run_date(run_date)}"
+
+
+def night_date(timezone: str, now: dt.datetime | None = None) -> str:
+    """Today in the schedule's zone (orchestration.timezone): the 02:00 run in Asia/Shanghai is on the Shanghai
+    date, which UTC (the server's clock) still calls yesterday."""
+    from zoneinfo import ZoneInfo
+
+    return (now or dt.datetime.now(dt.timezone.utc)).astimezone(ZoneInfo(timezone)).date().isoformat()
+
+
+def _zone(config, overrides, sections: dict | None = None) -> str:
+    """The night's orchestration.timezone; the schema's default when the config does not resolve (the run then
+    fails with the config's own errors, under a name that still carries a date)."""
+    from pipeline_lib.config.schema import OrchestrationConfig
+
+    try:
+        return resolve_config(config, overrides, sections).orchestration.timezone
+    except Exception:
+        return OrchestrationConfig().timezone
 
 
 def _run_name() -> str:
-    """nightly/<date>: the date the night runs under, today when none was given (never `nightly/None`)."""
+    """nightly/<date>: the date the night runs under, today in the schedule's zone when none was given (never
+    `nightly/None`)."""
     from prefect.runtime import flow_run
 
-    return f"nightly/{flow_run.parameters.get('run_date') or dt.date.today().isoformat()}"
+    params = flow_run.parameters
+    given = params.get("run_date")
+    if given:
+        return f"nightly/{given}"
+    sections = {k: params.get(k) for k in FORM_SECTIONS}
+    return f"nightly/{night_date(_zone(params.get('config'), params.get('overrides'), sections))}"
 
 
-@flow(name="nightly-pretrain", flow_run_name=_run_name, log_prints=True,
+# The run form's sections of the nightly: what a night changes (its raw inputs, how long it trains, the gate, the
+# schedule's zone and the webhook); any other field is an override.
+FORM_SECTIONS = ("data", "training", "nightly", "orchestration")
+
+
+# validate_parameters=False, as the chain's: the sections arrive as the form sent them and are checked as one config
+# by resolve_config (errors naming the field and the fix).
+@flow(name="nightly-pretrain", flow_run_name=_run_name, log_prints=True, validate_parameters=False,
       on_failure=[notify_failure], on_crashed=[notify_failure])
-def nightly(config: str | dict, overrides: list[str] | None = None, run_date: str | None = None,
-            dispatch: bool = False) -> dict:
+def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt.date | None = None,
+            dispatch: bool = False, data: DataConfig | None = None, training: TrainingConfig | None = None,
+            nightly: NightlyConfig | None = None, orchestration: OrchestrationConfig | None = None) -> dict:
+    """One night: the raw files that arrived since the last good night, trained from the promoted model, judged.
+
+    Args:
+        config: The pipeline config file (relative to the project root on the worker), or a resolved config.
+        overrides: Dotted `section.field=value` settings, applied last.
+        run_date: The night's date (names the run nightly-<date>); empty: today in orchestration.timezone.
+        dispatch: Send each stage to its own deployment on its work pool.
+        data: Data stage: the raw inputs (folders or globs the new files arrive in), cleaning, dedup, packing.
+        training: Continued pretraining of the night.
+        nightly: The promotion gate (what a night must not make worse to become tomorrow's base).
+        orchestration: The schedule's time zone, retries and the webhook (an empty webhook keeps the file's).
+    """
     logger = get_run_logger()
-    run_date = run_date or dt.date.today().isoformat()
-    cfg = resolve_config(config, overrides)
+    given = {"data": data, "training": training, "nightly": nightly, "orchestration": orchestration}
+    sent = any(v is not None for v in given.values())
+    inherited = untouched_form_sections(config, given, deployment_parameters()) if sent else []
+    given.update(dict.fromkeys(inherited))
+    cfg = resolve_config(config, overrides, given)
+    run_date = run_date.isoformat() if isinstance(run_date, dt.date) else run_date
+    run_date = run_date or night_date(cfg.orchestration.timezone)
     run_id = _night_id(run_date)
     try:
         with night_lock(cfg, run_id, logger.info):  # taken before listing: two nights never take the same files
-            return _night(cfg, run_id, dispatch)
+            state = _night(cfg, run_id, dispatch)
     except NightBusy as busy:
         logger.warning(str(busy))
-        return Completed(name="Busy", message=str(busy), data={"run_id": None, "new_files": 0, "holder": busy.holder})
+        state = Completed(name="Busy", message=str(busy), data={"run_id": None, "new_files": 0, "holder": busy.holder})
+    except Exception as err:
+        publish_night_summary(cfg, run_id, run_date, "Failed", f"{type(err).__name__}: {err}", {})
+        raise
+    publish_night_summary(cfg, run_id, run_date, state.name, state.message, state.data)
+    return state
 
 
 def _night(cfg, run_id: str, dispatch: bool):
@@ -159,7 +218,7 @@ def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided
     message = f"{verdict.message(run_id)}{by}. {name}: {tail}"
     get_run_logger().info(message)
     create_markdown_artifact(key="nightly-gate", markdown=verdict.markdown(run_id, name), description=message)
-    data = {"run_id": run_id, "new_files": len(files), "checkpoint": checkpoint, "summary": summary,
+    data = {"run_id": run_id, "new_files": len(files), "files": sorted(files), "checkpoint": checkpoint, "summary": summary,
             "decision": decision, "verdict": verdict.to_json(), "decided_by": decided_by}
     if name == "Held":
         notify_night(secret_value(cfg.orchestration.failure_webhook_url), {
@@ -185,4 +244,4 @@ def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: di
                "message": message, "new_files": len(files), "counts": found}
     notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
     return Completed(name="NoNewData", message=message, data={"run_id": run_id, "new_files": len(files),
-                                                               "no_new_data": found, "notice": payload})
+                                                               "files": sorted(files), "no_new_data": found, "notice": payload})

@@ -17,15 +17,16 @@ import time
 
 from prefect import flow, get_run_logger
 
-from pipeline_lib.config.schema import (DataConfig, EvaluateConfig, ExportConfig, ModelConfig, NightlyConfig,
-                                        OrchestrationConfig, ParallelConfig, RunConfig, SFTConfig, TokenizerConfig,
-                                        TrainingConfig)
+from pipeline_lib.config.schema import (EvaluateConfig, ExportConfig, ModelConfig, NightlyConfig, OrchestrationConfig,
+                                        ParallelConfig, RunConfig, SFTConfig, TokenizerConfig, TrainingConfig)
+from pipeline_lib.config.form import changed_settings, form_sections
 from pipeline_lib.config.secrets import public_config
 from pipeline_lib.stages import SPECS, parse_stages, stage_done
 from pipeline_lib.storage import RunPaths, read_manifest
 
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections
 from flows.dispatch import dispatch_stage
+from flows.form_types import DataConfig
 from flows.notify import notify_failure
 from flows.run_history import earlier_flow_runs, finished_in, flow_run_name, task_run_link, ui_link
 from flows.stage_flows import stage_flow
@@ -54,17 +55,17 @@ def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
 @flow(name="llm-pipeline", flow_run_name=flow_run_name, log_prints=True, persist_result=True,
       validate_parameters=False, on_failure=[notify_failure], on_crashed=[notify_failure])
 def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = None,
-                 overrides: list[str] | None = None, dispatch: bool = False,
-                 deployment_suffix: str = "default", notify: bool = True,
-                 run: RunConfig | None = None, data: DataConfig | None = None,
-                 tokenizer: TokenizerConfig | None = None, model: ModelConfig | None = None,
-                 parallel: ParallelConfig | None = None, training: TrainingConfig | None = None,
+                 overrides: list[str] | None = None,
+                 training: TrainingConfig | None = None, data: DataConfig | None = None,
                  sft: SFTConfig | None = None, evaluate: EvaluateConfig | None = None,
+                 run: RunConfig | None = None, model: ModelConfig | None = None,
+                 tokenizer: TokenizerConfig | None = None, parallel: ParallelConfig | None = None,
                  export: ExportConfig | None = None, orchestration: OrchestrationConfig | None = None,
-                 nightly: NightlyConfig | None = None) -> dict:
+                 nightly: NightlyConfig | None = None, dispatch: bool = False,
+                 deployment_suffix: str = "default", notify: bool = True) -> dict:
     """Run the requested stages in order; returns per-stage state, seconds and stage folder.
 
-    The sections (run ... orchestration) are the run form's typed fields: each one given is applied
+    The sections (training ... nightly) are the run form's typed fields, the ones changed most often first: each one given is applied
     over the config file field by field, then the overrides last (pipeline_lib/config/load.py). A
     deployment run whose `config` is not the deployment's skips the sections left at the form's
     defaults (they are the deployment's file).
@@ -74,28 +75,29 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
         run_id: The run's folder under run.output_root; the same id resumes (finished stages are Cached).
         stages: Stages to run, in order; empty means all.
         overrides: Dotted `section.field=value` settings, applied last (they win over the sections below).
-        dispatch: Send each stage to its own deployment on its work pool.
-        deployment_suffix: Name of the stage deployments to dispatch to.
-        notify: Send the failure webhook from this flow.
-        run: Run settings (output_root as typed: resolved on the worker).
-        data: Data stage: cleaning, dedup, packing.
-        tokenizer: The sentencepiece tokenizer the data stage trains (or tokenizer.path).
-        model: The model's shape and dtypes (empty dtypes follow training.precision).
-        parallel: Devices and the parallel layout.
         training: Pretraining.
+        data: Data stage: inputs, cleaning filters, dedup, packing.
         sft: LoRA supervised finetuning.
         evaluate: Prompt sets, decoding and perplexity.
+        run: Run settings (output_root as typed: resolved on the worker).
+        model: The model's shape and dtypes (empty dtypes follow training.precision).
+        tokenizer: The sentencepiece tokenizer the data stage trains (or tokenizer.path).
+        parallel: Devices and the parallel layout.
         export: The MindIR export and its logits check.
         orchestration: Retries and notifications (the webhook URL is never pre-filled: an empty one keeps
             the config file's).
         nightly: The nightly's promotion gate (what a night must not make worse to become tomorrow's base).
+        dispatch: Send each stage to its own deployment on its work pool.
+        deployment_suffix: Name of the stage deployments to dispatch to.
+        notify: Send the failure webhook from this flow.
     """
     logger = get_run_logger()
     given = {"run": run, "data": data, "tokenizer": tokenizer, "model": model, "parallel": parallel,
              "training": training, "sft": sft, "evaluate": evaluate, "export": export, "orchestration": orchestration,
              "nightly": nightly}
     sent = any(v is not None for v in given.values())
-    inherited = untouched_form_sections(config, given, deployment_parameters()) if sent else []
+    deployed = deployment_parameters()
+    inherited = untouched_form_sections(config, given, deployed) if sent else []
     if inherited:
         logger.info(f"config {config} is not the deployment's: its unchanged form sections {inherited} are not "
                     "applied (they describe the deployment's config file)")
@@ -111,6 +113,9 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     earlier_runs = earlier_flow_runs(run_id, flow_run.id)
     earlier = [(r.name, r.state_name or "", ui_link(r.id)) for r in earlier_runs]
     overview = RunOverview(paths, list(wanted), earlier=earlier)
+    overview.settings = _changed_from_deployment(resolved, deployed)
+    if overview.settings is not None:
+        logger.info(overview.settings_line())
     for stage in wanted:
         entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
         missing = _upstream_missing(stage, summary["stages"], paths)
@@ -152,6 +157,19 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
                           else None)
         logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}")
     return summary
+
+
+def _changed_from_deployment(resolved: dict, deployed: dict) -> tuple[str, list] | None:
+    """(the deployment's config file, the settings this run changed from what the deployment's form holds), for a
+    run of a deployment; None for any other run, or when the deployment's own config does not resolve (a view)."""
+    if not deployed.get("config"):
+        return None
+    try:
+        sections = {k: deployed[k] for k in form_sections() if deployed.get(k) is not None}
+        base = public_config(resolve_config(deployed["config"], deployed.get("overrides"), sections))
+    except Exception:
+        return None
+    return deployed["config"], changed_settings(resolved, base)
 
 
 def stage_states(cfg, run_id: str) -> dict:

@@ -17,6 +17,7 @@ from pipeline_lib.key_figures import fmt
 
 LIVE_EVERY_S = 30.0
 TABLE_STEPS = 10
+PREFLIGHT_DIR = "preflight"  # train/session.py: the preflight trains in <work folder>/preflight
 COLUMNS = ("step", "loss", "lr", "global_norm", "step_time_ms", "data_wait_ms", "tokens_per_s")
 
 
@@ -34,7 +35,8 @@ def live_metrics_file(paths, stage: str) -> Path | None:
 
 def render(stage: str, records: list[dict], total: int | None, png: bytes | None, state: str) -> str:
     last = records[-1] if records else {}
-    head = (f"**{stage}**: {state}, step {fmt(last.get('step'))} of {fmt(total)}, loss {fmt(last.get('loss'))}"
+    of = f" of {fmt(total)}" if total else ""
+    head = (f"**{stage}**: {state}, step {fmt(last.get('step'))}{of}, loss {fmt(last.get('loss'))}"
             f" (updated {time.strftime('%H:%M:%S %Z')})\n")
     parts = [head]
     if png:
@@ -78,11 +80,14 @@ class LiveTraining:
             records = [r for r in read_metrics(path) if r.get("step") is not None]
             if not records or (len(records) == self.seen_steps and state == "training"):
                 return
+            total = self.total
+            if path.parent.name == PREFLIGHT_DIR:  # the preflight's few steps, not step 5 of the run's 1,500
+                state, total = ("preflight" if state == "training" else f"{state} in the preflight"), None
             with tempfile.TemporaryDirectory() as tmp:
                 png = Path(tmp) / "loss.png"
                 plot_loss(records, png, title=f"{self.stage} loss ({state})")
                 data = png.read_bytes()
-            self.artifact_id = self._publish(self.artifact_id, render(self.stage, records, self.total, data, state),
+            self.artifact_id = self._publish(self.artifact_id, render(self.stage, records, total, data, state),
                                              self.stage)
             self.seen_steps = len(records)
             self.last = time.time()

@@ -38,6 +38,7 @@ class RunOverview:
         self.rows = {s: {"state": "pending"} for s in stages}
         self.failure: tuple[str, str] | None = None
         self.started = time.time()
+        self.settings: tuple[str, list] | None = None  # (deployment's config, [(key, value, default)]) of a deployment run
         self.artifact_id = None
         self._publish = publish or _publish_artifact
 
@@ -121,6 +122,8 @@ class RunOverview:
             lines.append(f"| {name} | {word} | {secs} | {figures or ' '} |")
         where = "\n".join(f"- **{stage}**: {self._where(stage, row)}" for stage, row in self.rows.items())
         parts = [head, "\n".join(lines), "Outputs:\n\n" + where]
+        if self.settings is not None:
+            parts.append(self._settings_table())
         if self.earlier:
             runs = [f"[{_md(name)}]({url})" if url else _code(name) for name, _, url in self.earlier]
             parts.append("Earlier flow runs of this run (this one resumes them): " + ", ".join(
@@ -133,11 +136,40 @@ class RunOverview:
                          "(finished stages are Cached), or Retry this flow run.")
         return "\n\n".join(parts) + "\n"
 
+    def settings_line(self) -> str:
+        """One log line (the run's description, first on its page): what this run changed from its deployment."""
+        config, changed = self.settings
+        if not changed:
+            return f"settings: the deployment's defaults ({config}), unchanged"
+        shown = "; ".join(f"{k}={_value(v)} (default {_value(d)})" for k, v, d in changed[:SETTINGS_SHOWN])
+        more = f"; and {len(changed) - SETTINGS_SHOWN} more (run overview)" if len(changed) > SETTINGS_SHOWN else ""
+        return f"settings changed from the deployment's defaults ({config}): {shown}{more}"
+
+    def _settings_table(self) -> str:
+        config, changed = self.settings
+        if not changed:
+            return f"Settings: the deployment's defaults ({_code(config)}), none changed."
+        rows = [f"| {_code(k)} | {_md(_value(v))} | {_md(_value(d))} |" for k, v, d in changed[:SETTINGS_SHOWN]]
+        more = [f"\n... and {len(changed) - SETTINGS_SHOWN} more"] if len(changed) > SETTINGS_SHOWN else []
+        return "\n".join([f"Settings that differ from the deployment's defaults ({_code(config)}):", "",
+                          "| setting | this run | default |", "|---|---|---|", *rows, *more])
+
     def publish(self) -> None:
         try:
             self.artifact_id = self._publish(self.artifact_id, self.render(), self.paths.run_id)
         except Exception:  # the UI is a view; never fail the run because an artifact could not be written
             pass
+
+
+SETTINGS_SHOWN = 20
+VALUE_CHARS = 60  # a long list (the filters) is cut: the table stays inside a 1,600 px window
+
+
+def _value(value) -> str:
+    import json
+
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+    return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS] + " ..."
 
 
 def _when(iso: str) -> str:

@@ -59,3 +59,21 @@ def form_defaults(config_path: str | Path) -> dict[str, dict]:
 def form_sections() -> list[str]:
     """The sections, in the config's order (the flow's parameters of the same names)."""
     return list(PipelineConfig.model_fields)
+
+
+def _flat(value, prefix: str = "") -> dict:
+    """{dotted key: value} of a config dump; lists are values (a filter list is one setting)."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            out.update(_flat(item, f"{prefix}.{key}" if prefix else key))
+        return out
+    return {prefix: value}
+
+
+def changed_settings(config: dict, defaults: dict) -> list[tuple[str, object, object]]:
+    """(dotted key, this run's value, the default) of every setting a run changed from its deployment's defaults;
+    both are resolved configs as dicts without their secrets (secrets.public_config)."""
+    mine, base = _flat(config), _flat(defaults)
+    return [(key, mine.get(key), base.get(key)) for key in sorted(set(mine) | set(base))
+            if mine.get(key) != base.get(key)]

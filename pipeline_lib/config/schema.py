@@ -37,9 +37,22 @@ NO_OUTPUT_EFFECT = {"identity": {"stages": [], "by": "value"}}
 SECRET = {"secret": True}
 
 
+# Where each section class sits in a config ("training", "data.dedup"), filled once PipelineConfig is defined. The
+# run form titles a field by its dotted path (`training.steps`, `sft.steps`): a plain "Steps" twice in one form gets
+# the wrong one edited. A class used in two places (GuardConfig: training.guard, sft.guard) is titled by its field
+# name, its group in the form says which.
+_SECTION_PATHS: dict[type, str] = {}
+
+
+def _dotted_titles(schema: dict, cls) -> None:
+    prefix = _SECTION_PATHS.get(cls)
+    for name, prop in (schema.get("properties") or {}).items() if prefix else ():
+        prop["title"] = f"{prefix}.{name}"
+
+
 class _Section(BaseModel):
     # Unknown keys are typos until proven otherwise: refuse them instead of ignoring them.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, json_schema_extra=_dotted_titles)
 
 
 class RunConfig(_Section):
@@ -602,3 +615,31 @@ class PipelineConfig(_Section):
                 section.model_fields_set.discard(name)
         return self
 
+
+
+def _section_class(annotation):
+    """The _Section class a field holds (directly, or as the items of a list), else None."""
+    import typing
+
+    for kind in (annotation, *typing.get_args(annotation)):
+        if isinstance(kind, type) and issubclass(kind, _Section):
+            return kind
+    return None
+
+
+def _record_paths(cls: type, path: str, seen: dict[type, set[str]]) -> None:
+    for name, field in cls.model_fields.items():
+        sub = _section_class(field.annotation)
+        if sub is not None:
+            seen.setdefault(sub, set()).add(f"{path}.{name}" if path else name)
+            _record_paths(sub, f"{path}.{name}" if path else name, seen)
+
+
+def _section_paths() -> dict[type, str]:
+    seen: dict[type, set[str]] = {}
+    _record_paths(PipelineConfig, "", seen)
+    return {cls: next(iter(paths)) if len(paths) == 1 else sorted(paths)[0].rsplit(".", 1)[-1]
+            for cls, paths in seen.items()}
+
+
+_SECTION_PATHS.update(_section_paths())

@@ -9,10 +9,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
+from prefect import get_client
 from suite_rules import machine_skip
+from ui_helpers import BIN, ROOT, cli
 
 CHROMIUM = os.environ.get("LLM_PIPELINE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 VIEWPORT = {"width": 1600, "height": 1000}
@@ -98,3 +102,26 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     if rep.when == "call":
         item.rep_call = rep
+
+
+@pytest.fixture(scope="module")
+def chain_deployment(prefect_server, tmp_path_factory):
+    """llm-pipeline/default as `llm-pipeline deploy` makes it, and a worker of its pool."""
+    cli("pools")
+    cli("deploy", "--name", "llm-pipeline/default")
+    log = tmp_path_factory.mktemp("worker") / "cpu.log"
+    env = dict(os.environ, LLM_PIPELINE_HOME=str(ROOT), PREFECT_WORKER_QUERY_SECONDS="1")
+    worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "cpu", "--type", "process"],
+                              cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("llm-pipeline/default")
+    # what `prefect deploy` made of the flow's signature: a typed field per config section
+    assert {"run", "data", "training", "orchestration"} <= set(deployment.parameter_openapi_schema["properties"])
+    assert "DataConfig" in deployment.parameter_openapi_schema["definitions"]
+    yield deployment, log
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)

@@ -4,53 +4,15 @@ Real parts end to end: `llm-pipeline pools` + `llm-pipeline deploy` against the 
 `prefect worker start --pool cpu` process, chromium filling the deployment's custom run form. Only the
 data stage runs (the tiny corpus), to stay well under two minutes.
 """
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
-
-import pytest
-from prefect import get_client
 
 from pipeline_lib.config import load_config
 from pipeline_lib.stages import stage_done
 from pipeline_lib.storage import RunPaths
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
+from ui_helpers import ROOT, cli, finished_run
+
 TINY = ROOT / "configs/pipelines/tiny-cpu.yaml"
-
-
-def cli(*args):
-    env = dict(os.environ, LLM_PIPELINE_HOME=str(ROOT))
-    res = subprocess.run([str(BIN / "llm-pipeline"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=180)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-
-
-@pytest.fixture(scope="module")
-def chain_deployment(prefect_server, tmp_path_factory):
-    """llm-pipeline/default as `llm-pipeline deploy` makes it, and a worker of its pool."""
-    cli("pools")
-    cli("deploy", "--name", "llm-pipeline/default")
-    log = tmp_path_factory.mktemp("worker") / "cpu.log"
-    env = dict(os.environ, LLM_PIPELINE_HOME=str(ROOT), PREFECT_WORKER_QUERY_SECONDS="1")
-    worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "cpu", "--type", "process"],
-                              cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("llm-pipeline/default")
-    # what `prefect deploy` made of the flow's signature: a typed field per config section
-    assert {"run", "data", "training", "orchestration"} <= set(deployment.parameter_openapi_schema["properties"])
-    assert "DataConfig" in deployment.parameter_openapi_schema["definitions"]
-    yield deployment, log
-    os.killpg(worker.pid, signal.SIGTERM)
-    try:
-        worker.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
 
 
 def field(scope, label: str):
@@ -61,19 +23,6 @@ def field(scope, label: str):
     return scope.locator(xpath).first
 
 
-def finished_run(flow_run_id: str, timeout: float):
-    """The flow run the form created, once final (by id: other tests of the session submit runs of the
-    same deployment, so "the latest run of the deployment" may be theirs)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        with get_client(sync_client=True) as client:
-            run = client.read_flow_run(flow_run_id)
-        if run.state and run.state.is_final():
-            return run
-        time.sleep(1)
-    raise AssertionError(f"flow run {flow_run_id} not finished after {timeout} s: {run.state}")
-
-
 def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(chain_deployment, page, ui_url,
                                                                                  screenshot, tmp_path):
     deployment, worker_log = chain_deployment
@@ -81,19 +30,19 @@ def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(
     page.goto(f"{ui_url}/deployments/deployment/{deployment.id}/run")
     data = field(page, "data")
     # a plain number field (docs_per_shard is nullable since shards are sized by bytes: another widget)
-    docs = field(data, "Shard Mb").locator("input")
+    docs = field(data, "data.shard_mb").locator("input")
     docs.wait_for()
     assert float(docs.input_value()) == 64  # pre-filled with the shipped config
-    assert field(field(page, "run"), "Output Root").locator("textarea, input").first.input_value() == "runs"
+    assert field(field(page, "run"), "run.output_root").locator("textarea, input").first.input_value() == "runs"
 
     field(page, "run_id").locator("textarea, input").first.fill("form-1")
     stages = field(page, "stages")
     stages.get_by_role("button", name="list", exact=True).click()
     stages.get_by_role("button", name="Add item").click()
     stages.locator("textarea, input").last.fill("data")
-    field(field(page, "run"), "Output Root").locator("textarea, input").first.fill(str(out))
+    field(field(page, "run"), "run.output_root").locator("textarea, input").first.fill(str(out))
     docs.fill("32")  # the two changed fields
-    threshold = field(field(data, "Dedup"), "Threshold").locator("input")
+    threshold = field(field(data, "data.dedup"), "data.dedup.threshold").locator("input")
     threshold.fill("0.7")
     docs.scroll_into_view_if_needed()
     screenshot(page, "run-form")

@@ -12,13 +12,11 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, Fl
 
 from flows.pipeline import llm_pipeline
 from pipeline_lib import stages
+from ui_helpers import CONTENT, WINDOW, hidden_width, overflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server", "stage_doubles")]
 
 STAGES = ("data", "pretrain", "sft", "evaluate", "export")
-WINDOW = 1600
-# what the UI puts around an artifact: the left navigation and the details column
-CONTENT = ".artifact-data-markdown"
 
 
 @pytest.fixture
@@ -68,26 +66,6 @@ def open_overview(page, ui_url: str, run_id: str) -> str:
     page.get_by_text(f"run-overview-{run_id}", exact=True).first.click()
     page.locator(CONTENT).wait_for()
     return page.locator(CONTENT).inner_text()
-
-
-def hidden_width(page) -> list:
-    """Elements of the page content whose content is wider than they show (scrolled or cut off), and the
-    page's own width: what a user at a 1,600 px window cannot see without scrolling sideways."""
-    return page.evaluate("""() => {
-        const out = [];
-        for (const el of document.querySelectorAll('main *, .p-layout-default__main *, .artifact-data-markdown *')) {
-            const ov = getComputedStyle(el).overflowX;
-            if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 2 && ['auto', 'scroll', 'hidden'].includes(ov))
-                out.push(`${el.tagName.toLowerCase()}.${el.className} ${el.scrollWidth}>${el.clientWidth}`);
-        }
-        if (document.documentElement.scrollWidth > window.innerWidth) out.push(`page ${document.documentElement.scrollWidth}`);
-        return out; }""")
-
-
-def overflow(page) -> dict:
-    """Widths of the artifact content: scrollWidth > clientWidth means a part is off-screen."""
-    return page.evaluate(f"""() => {{ const el = document.querySelector('{CONTENT}');
-        return {{scroll: el.scrollWidth, client: el.clientWidth, page: document.documentElement.scrollWidth}}; }}""")
 
 
 def test_parent_overview_shows_every_stage_and_the_evaluation_fits_the_window(tiny_cfg, eval_double, page,

@@ -1,0 +1,127 @@
+"""Issue 30's walk, as an operator does it in the Prefect UI (real server, worker, trainer and chromium at 1,600 px):
+a trainer killed mid-run, the run retried from the UI (finished stages Cached, one overview card), and a nightly
+Quick run named by its date in the schedule's zone.
+
+Trains as little as a resume needs: 12 tiny steps, a checkpoint every 4, no preflight.
+"""
+import time
+
+import psutil
+import yaml
+from prefect import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+from flows.nightly import night_date
+from ui_helpers import CONTENT, ROOT, WINDOW, cli, finished_run, hidden_width
+
+TINY = "configs/pipelines/tiny-cpu.yaml"
+
+
+def _trainer(run_folder) -> psutil.Process | None:
+    """The trainer process of this run (the entry module started with this run's yaml), by its command line."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "pipeline_lib.train.entry" in cmd and str(run_folder) in cmd:
+            return proc
+    return None
+
+
+def _kill_trainer_after_a_checkpoint(run_folder, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if list((run_folder / "pretrain").rglob("latest_checkpoint.json")) and (proc := _trainer(run_folder)):
+            proc.kill()  # SIGKILL, as the OOM killer or a person with kill -9 ends it
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no verified checkpoint under {run_folder}/pretrain within {timeout} s")
+
+
+def _fits(page, name: str, screenshot) -> None:
+    screenshot(page, name)
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= WINDOW
+    assert not hidden_width(page), (name, hidden_width(page))
+
+
+def _overview_cards(flow_run_id) -> list:
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["run-overview-ui-kill"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
+def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overview(chain_deployment, page, ui_url,
+                                                                                  screenshot, tmp_path):
+    _, worker_log = chain_deployment
+    out = tmp_path / "runs"
+    res = cli("run", TINY, "--submit", "--run-id", "ui-kill", "--stages", "data,pretrain", f"run.output_root={out}",
+              "training.steps=12", "training.save_steps=4", "training.preflight_steps=0", "training.warmup_steps=2",
+              "orchestration.task_retries=0")  # the kill fails the run, whatever the doctor makes of it
+    run_id = res.stdout.split("/runs/flow-run/", 1)[1].split()[0]
+    _kill_trainer_after_a_checkpoint(out / "ui-kill")
+    run = finished_run(run_id, 180)
+    assert run.state.is_failed(), f"{run.state}\n{worker_log.read_text()[-3000:]}"
+
+    page.goto(f"{ui_url}/runs/flow-run/{run_id}")
+    page.get_by_role("button", name="Retry").first.click()
+    page.locator(".p-modal").get_by_role("button", name="Retry").click()  # "Retry llm-pipeline/ui-kill?"
+    deadline = time.time() + 60
+    while time.time() < deadline and finished_run(run_id, 1).run_count < 2:
+        time.sleep(1)  # the worker picks the retry up
+    run = finished_run(run_id, 240)
+    assert run.state.is_completed() and run.run_count == 2, f"{run.state}\n{worker_log.read_text()[-3000:]}"
+
+    # the overview is one click from the run's page: its link is in the run's log (the tab a run page opens on)
+    page.goto(f"{ui_url}/runs/flow-run/{run_id}")
+    link = page.get_by_role("link", name=f"{ui_url}/artifacts/artifact/", exact=False).first
+    link.click()
+    page.locator(CONTENT).wait_for()
+    text = page.locator(CONTENT).inner_text()
+    assert "Cached (finished " in text and "in attempt 1)" in text, text  # data: not redone by the retry
+    assert "Cached: finished in an earlier attempt" in text and "so far" not in text
+    assert "pretrain\tCompleted" in text or "pretrain Completed" in text.replace("\t", " "), text
+    _fits(page, "run-overview-retried", screenshot)
+    # a stage row links its run: data's Cached task run of attempt 2
+    page.get_by_role("link", name="data", exact=True).first.click()
+    page.get_by_text("Cached").first.wait_for()
+    assert len(_overview_cards(run_id)) == 1  # one card, updated in place by the retry
+    page.goto(f"{ui_url}/runs/flow-run/{run_id}?tab=Artifacts")
+    page.get_by_text("Artifacts", exact=True).first.click()
+    page.get_by_text("run-overview-ui-kill", exact=True).first.wait_for()
+    assert page.get_by_text("run-overview-ui-kill", exact=True).count() == 1
+    metrics = (out / "ui-kill" / "pretrain" / "manifest.json").read_text()
+    assert '"steps": 12' in metrics  # the retry finished the training the kill interrupted
+
+
+def test_a_nightly_quick_run_is_named_by_its_date_in_the_schedules_zone(chain_deployment, page, ui_url, screenshot,
+                                                                        tmp_path):
+    """No new file (an empty inbox): the night ends Skipped in seconds; the name, zone and summary are the point."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    doc = yaml.safe_load((ROOT / TINY).read_text())
+    doc["data"]["inputs"] = [str(inbox)]
+    doc["run"]["output_root"] = str(tmp_path / "runs")
+    mine = tmp_path / "night.yaml"
+    mine.write_text(yaml.safe_dump(doc))
+    cli("deploy", "--config", str(mine), "--name", "nightly")
+    try:
+        with get_client(sync_client=True) as client:
+            deployment = client.read_deployment_by_name("nightly-pretrain/nightly")
+        assert "Asia/Shanghai" in deployment.description
+        page.goto(f"{ui_url}/deployments/deployment/{deployment.id}")
+        page.get_by_text("Asia/Shanghai").first.wait_for()  # the zone on the page, not only in a tooltip
+        _fits(page, "nightly-deployment", screenshot)
+        with page.expect_response(lambda r: r.url.endswith("/create_flow_run"), timeout=60_000) as created:
+            page.get_by_role("button", name="Run").first.click()
+            page.get_by_text("Quick run").first.click()
+        run = finished_run(created.value.json()["id"], 120)
+        assert run.state.is_completed() and run.state.name == "Skipped", run.state
+        assert run.name == f"nightly/{night_date('Asia/Shanghai')}"
+        page.goto(f"{ui_url}/runs/flow-run/{run.id}")
+        page.get_by_text(run.name).first.wait_for()
+        page.get_by_text("Artifacts", exact=True).first.click()
+        page.get_by_text("nightly-summary", exact=True).first.click()
+        page.locator(CONTENT).wait_for()
+        summary = page.locator(CONTENT).inner_text()
+        assert f"Night {night_date('Asia/Shanghai')}: Skipped" in summary and "Asia/Shanghai" in summary
+        _fits(page, "nightly-summary", screenshot)
+    finally:
+        cli("deploy", "--name", "nightly")  # the shipped config again, for the session's other tests

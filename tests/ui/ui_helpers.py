@@ -1,0 +1,56 @@
+"""What the browser tests share: the CLI as a user runs it, waiting for a flow run, and what a 1,600 px window
+cannot show (content wider than it shows)."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from prefect import get_client
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+WINDOW = 1600
+# what the UI puts around an artifact: the left navigation and the details column
+CONTENT = ".artifact-data-markdown"
+
+
+def cli(*args):
+    env = dict(os.environ, LLM_PIPELINE_HOME=str(ROOT))
+    res = subprocess.run([str(BIN / "llm-pipeline"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def finished_run(flow_run_id: str, timeout: float):
+    """The flow run, once final (by id: other tests of the session submit runs of the same deployment, so "the
+    latest run of the deployment" may be theirs)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(flow_run_id)
+        if run.state and run.state.is_final():
+            return run
+        time.sleep(1)
+    raise AssertionError(f"flow run {flow_run_id} not finished after {timeout} s: {run.state}")
+
+
+def hidden_width(page) -> list:
+    """Elements of the page content whose content is wider than they show (scrolled or cut off), and the
+    page's own width: what a user at a 1,600 px window cannot see without scrolling sideways."""
+    return page.evaluate("""() => {
+        const out = [];
+        for (const el of document.querySelectorAll('main *, .p-layout-default__main *, .artifact-data-markdown *')) {
+            const ov = getComputedStyle(el).overflowX;
+            if (el.clientWidth > 0 && el.scrollWidth > el.clientWidth + 2 && ['auto', 'scroll', 'hidden'].includes(ov))
+                out.push(`${el.tagName.toLowerCase()}.${el.className} ${el.scrollWidth}>${el.clientWidth}`);
+        }
+        if (document.documentElement.scrollWidth > window.innerWidth) out.push(`page ${document.documentElement.scrollWidth}`);
+        return out; }""")
+
+
+def overflow(page) -> dict:
+    """Widths of the artifact content: scrollWidth > clientWidth means a part is off-screen."""
+    return page.evaluate(f"""() => {{ const el = document.querySelector('{CONTENT}');
+        return {{scroll: el.scrollWidth, client: el.clientWidth, page: document.documentElement.scrollWidth}}; }}""")
