@@ -113,4 +113,7 @@ def render_prefect_file(config: str | None = None) -> dict:
             dep["schedules"] = [sched]
             dep["description"] = (f"{dep.get('description', '').rstrip()} Scheduled `{sched['cron']}` in "
                                   f"{sched['timezone']} (orchestration.nightly_cron, orchestration.timezone).")
+            # The UI's schedule card says "At 02:00 AM every day" and shows the zone only in its tooltip; a tag is
+            # on the deployment's page and on every run of it.
+            dep["tags"] = [*dep.get("tags", []), f"tz:{sched['timezone']}"]
     return doc

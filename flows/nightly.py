@@ -103,7 +103,8 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
     Args:
         config: The pipeline config file (relative to the project root on the worker), or a resolved config.
         overrides: Dotted `section.field=value` settings, applied last.
-        run_date: The night's date (names the run nightly-<date>); empty: today in orchestration.timezone.
+        run_date: The night's date, naming the run (nightly/DATE, run id nightly-DATE); empty: today in
+            orchestration.timezone.
         dispatch: Send each stage to its own deployment on its work pool.
         data: Data stage: the raw inputs (folders or globs the new files arrive in), cleaning, dedup, packing.
         training: Continued pretraining of the night.

@@ -115,7 +115,8 @@ class RunOverview:
         for stage, row in self.rows.items():
             secs = f"{fmt(row['seconds'], 3)} s" if row.get("seconds") is not None else ""
             figures = "<br>".join(_md(f) for f in key_figures(stage, row.get("metrics"))) or _md(row.get("note", ""))
-            name = f"[**{stage}**]({row['link']})" if row.get("link") else f"**{stage}**"
+            # a link's text plain: the UI's markdown shows the asterisks of **bold** inside a link as written
+            name = f"[{stage}]({row['link']})" if row.get("link") else f"**{stage}**"
             word = STATE_WORDS.get(row["state"], row["state"])
             if row.get("finished"):
                 word += f" (finished {_md(row['finished'])})"

@@ -168,9 +168,9 @@ def test_a_retry_of_the_same_flow_run_shows_cached_stages_in_one_overview(tiny_c
     assert "| Cached (finished " in text and " UTC in attempt 1) |" in text and "Cached: finished in" in text
     assert "so far" not in text and "| Completed |" in text
     # each stage row links its own run: the Cached task run of this attempt, pretrain's flow run
-    assert f"[**data**]({prefect_ui()}/runs/task-run/{cached[0].id})" in text
+    assert f"[data]({prefect_ui()}/runs/task-run/{cached[0].id})" in text
     pretrain_runs = [r for r in _flow_runs("pretrain/r-uiretry") if r.state.is_completed()]
-    assert f"[**pretrain**]({prefect_ui()}/runs/flow-run/{pretrain_runs[0].id})" in text
+    assert f"[pretrain]({prefect_ui()}/runs/flow-run/{pretrain_runs[0].id})" in text
 
 
 def prefect_ui() -> str:

@@ -93,7 +93,7 @@ def test_cached_row_says_when_and_in_which_attempt_and_the_legend_only_then(tmp_
     ov.cached("data", {"metrics": {"tokens": 100}, "outputs": []}, "2026-12-01T23:51:02.5+00:00", "attempt 1",
               link="http://ui/runs/task-run/t1")
     md = published[-1]
-    assert "| [**data**](http://ui/runs/task-run/t1) | Cached (finished 2026-12-01 23:51:02 UTC in attempt 1) |" in md
+    assert "| [data](http://ui/runs/task-run/t1) | Cached (finished 2026-12-01 23:51:02 UTC in attempt 1) |" in md
     assert "Cached: finished in an earlier attempt" in md
     ov.finished("pretrain", "completed", 2.0, PRETRAIN)
     assert "so far" not in published[-1] and "s in this attempt" in published[-1]  # the run has ended

