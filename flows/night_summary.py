@@ -51,7 +51,7 @@ def render(cfg, run_id: str | None, run_date: str, name: str, message: str, data
         by = data.get("decided_by") or {}
         lines.append(f"| decision | {_md(data['decision'])}" + (f" by {_md(by.get('who'))}: {_md(by.get('reason'))}"
                                                                  if by else " (the gate)") + " |")
-    if run_id:
+    if run_id and (stages or name == "Failed"):  # a night that ran its pipeline (Skipped and Busy ran none)
         lines.append(f"| pipeline run | {_child_link(run_id)} |")
     if files:
         lines += ["", "Files read:", "", *[f"- `{_md(f)}`" for f in files[:FILES_SHOWN]]]
