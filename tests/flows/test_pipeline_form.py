@@ -136,3 +136,21 @@ def test_a_deployment_run_given_another_config_file_runs_that_file(prefect_serve
     state = run_flow(llm_pipeline, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
     assert state.is_completed(), state.message
     assert stage_done(load_config(other, overrides), RunPaths(out, "other-run", None), "data")[0]
+
+
+def test_fields_carry_their_section_and_filters_are_typed_items():
+    schema = parameter_schema(llm_pipeline).model_dump()
+    defs = schema["definitions"]
+    assert defs["TrainingConfig"]["properties"]["steps"]["title"] == "training.steps"
+    assert defs["SFTConfig"]["properties"]["steps"]["title"] == "sft.steps"
+    assert defs["DedupConfig"]["properties"]["threshold"]["title"] == "data.dedup.threshold"
+    # the sections changed most often come first in the form
+    order = sorted(form_sections(), key=lambda s: schema["properties"][s]["position"])
+    assert order[:4] == ["training", "data", "sft", "evaluate"]
+    items = [defs[ref["$ref"].rsplit("/", 1)[1]] for ref in defs["DataConfig"]["properties"]["filters"]["items"]["anyOf"]]
+    length = next(i for i in items if i["title"] == "length")
+    params = defs[length["properties"]["params"]["$ref"].rsplit("/", 1)[1]]["properties"]
+    assert params["min_chars"]["type"] == "integer" and params["min_chars"]["default"] == 20
+    from pipeline_lib.data.filters import FILTERS
+
+    assert sorted(i["title"] for i in items) == sorted(FILTERS)

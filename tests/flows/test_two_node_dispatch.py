@@ -10,7 +10,6 @@ node 1 joins it, as on two machines. Everything else (msrun, MindSpore's CPU col
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import psutil
 import pytest
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
+from process_groups import stop_group
 
 from pipeline_lib import stages
 from pipeline_lib.config import load_config
@@ -72,11 +72,7 @@ def ascend_worker(prefect_server, tmp_path_factory):
                              "--limit", "2"], cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     yield home, log
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    stop_group(proc)
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 from prefect import get_client
+from process_groups import stop_group
 from suite_rules import machine_skip
 from ui_helpers import BIN, ROOT, cli
 
@@ -120,8 +120,4 @@ def chain_deployment(prefect_server, tmp_path_factory):
     assert {"run", "data", "training", "orchestration"} <= set(deployment.parameter_openapi_schema["properties"])
     assert "DataConfig" in deployment.parameter_openapi_schema["definitions"]
     yield deployment, log
-    os.killpg(worker.pid, signal.SIGTERM)
-    try:
-        worker.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
+    stop_group(worker)

@@ -10,7 +10,7 @@ from pipeline_lib.config import load_config
 from pipeline_lib.stages import stage_done
 from pipeline_lib.storage import RunPaths
 
-from ui_helpers import ROOT, cli, finished_run
+from ui_helpers import ROOT, finished_run
 
 TINY = ROOT / "configs/pipelines/tiny-cpu.yaml"
 

@@ -1,0 +1,36 @@
+"""The nightly's name and summary: the date in the schedule's zone, what the night did on its own run."""
+import datetime as dt
+
+from prefect.utilities.callables import parameter_schema
+
+from flows.night_summary import render
+from flows.nightly import FORM_SECTIONS, night_date, nightly
+from pipeline_lib.config import load_config
+
+UTC = dt.timezone.utc
+
+
+def test_the_night_date_is_the_schedules_not_the_servers():
+    at_2am_shanghai = dt.datetime(2026, 12, 1, 18, 0, tzinfo=UTC)  # 02:00 on Dec 2 in Shanghai
+    assert night_date("Asia/Shanghai", at_2am_shanghai) == "2026-12-02"
+    assert night_date("UTC", at_2am_shanghai) == "2026-12-01"
+    assert night_date("America/Los_Angeles", at_2am_shanghai) == "2026-12-01"
+
+
+def test_the_summary_says_what_was_read_decided_and_in_which_zone():
+    cfg = load_config("configs/pipelines/tiny-cpu.yaml")
+    files = [f"/data/inbox/part-{i}.jsonl" for i in range(25)]
+    md = render(cfg, "nightly-2026-12-02", "2026-12-02", "Held", "perplexity rose 9% (budget 5%)",
+                {"run_id": "nightly-2026-12-02", "new_files": 25, "files": files, "decision": "held",
+                 "checkpoint": "/runs/nightly-2026-12-02/pretrain/x.ckpt"})
+    assert md.startswith("# Night 2026-12-02: Held") and "zone Asia/Shanghai" in md
+    assert "| read | 25 new file(s) |" in md and "| decision | held (the gate) |" in md
+    assert "part-19.jsonl" in md and "part-20.jsonl" not in md and "and 5 more" in md
+    assert "pipeline run" not in md  # no stage ran in this record: no link to a run that is not there
+
+
+def test_the_nightly_form_is_typed():
+    schema = parameter_schema(nightly).model_dump()
+    for name in FORM_SECTIONS:
+        assert schema["properties"][name]["anyOf"][0]["$ref"].startswith("#/definitions/")
+    assert schema["properties"]["run_date"]["anyOf"][0] == {"format": "date", "type": "string"}
