@@ -239,6 +239,9 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("--submit", action="store_true",
                     help="create a run of the llm-pipeline/default deployment for a worker to run (retryable "
                          "in the UI) and return; needs a Prefect server, `llm-pipeline deploy` and a worker")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="print every log line (Prefect's and the trainers'), not only each stage's start, progress, "
+                         "result, warnings and errors; the run's log files hold every line either way")
     args = ap.parse_intermixed_args(argv)
     # boots while the config loads, the inputs are listed and the flows import (--submit talks to a real server)
     api = embedded_api() if args.submit else embedded_api().launch()
@@ -272,10 +275,16 @@ def run_main(argv: list[str]) -> int:
         return 0
     if api.server is not None and not args.dispatch and "data" in stages:
         _warm_data_stage(cfg, run_id)
-    with api:
-        state = llm_pipeline(config=public_config(cfg), run_id=run_id, stages=stages,
-                             dispatch=args.dispatch, return_state=True)
-        return _report(state, cfg, run_id, stages, embedded=api.server is not None)
+    from tasks import terminal
+
+    screen = terminal.install(verbose=args.verbose)
+    try:
+        with api:
+            state = llm_pipeline(config=public_config(cfg), run_id=run_id, stages=stages,
+                                 dispatch=args.dispatch, return_state=True)
+            return _report(state, cfg, run_id, stages, embedded=api.server is not None)
+    finally:
+        screen.uninstall()
 
 
 def _warm_data_stage(cfg, run_id: str) -> None:

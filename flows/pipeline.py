@@ -30,6 +30,7 @@ from flows.notify import notify_failure
 from flows.run_history import earlier_flow_runs, flow_run_name, ui_link
 from flows.stage_flows import stage_flow
 from tasks.overview import RunOverview
+from tasks.terminal import SHOW
 
 
 class StageFailed(RuntimeError):
@@ -119,6 +120,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
             continue
         started = time.time()
         overview.running(stage)
+        logger.info(f"{stage}: started", extra=SHOW)
         try:
             if dispatch:
                 result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
@@ -131,7 +133,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
         entry.update(state="cached" if cached else "completed", seconds=round(time.time() - started, 1))
         overview.finished(stage, entry["state"], entry["seconds"], result.get("manifest") if isinstance(result, dict)
                           else None)
-        logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}")
+        logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}", extra=SHOW)
     return summary
 
 

@@ -45,6 +45,8 @@ class OurErrorsOnce(logging.Filter):
         if getattr(exc, "log_without_traceback", False):
             record.msg, record.args = str(exc), ()
             record.exc_info, record.exc_text = None, None
+            # e.g. the parent flow's StageFailed: its run's log keeps it; the CLI's terminal showed the stage's own
+            record.repeats_stage_error = any(getattr(e, "reported_by_stage", False) for e in _chain(exc))
             return True
         # reported by the stage task already (the exception itself, or the one it wraps)
         return not any(getattr(e, "reported_by_stage", False) for e in _chain(exc))

@@ -23,6 +23,7 @@ from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
 from pipeline_lib.config import PipelineConfig, config_from_dict
+from pipeline_lib.config.schema import global_batch
 from pipeline_lib.config.secrets import public_config
 from pipeline_lib.doctor.retry import attach_diagnosis, should_retry
 from pipeline_lib.stages import SPECS, TransientError, run_stage, stage_done
@@ -76,6 +77,13 @@ def retry_by_cause_exc(exc: BaseException) -> bool:
     return should_retry(exc, is_transient(exc))
 
 
+def _tokens_per_step(cfg: PipelineConfig, stage: str) -> int | None:
+    """Tokens per optimizer step of a training stage (the terminal's tokens/s), None for the others."""
+    if stage not in ("pretrain", "sft"):
+        return None
+    return global_batch(cfg, stage) * cfg.model.seq_length
+
+
 def _run_paths(cfg: PipelineConfig, run_id: str) -> RunPaths:
     return RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
 
@@ -89,7 +97,8 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     cfg = config_from_dict(config)
     paths = _run_paths(cfg, run_id)
     reporter = ProgressReporter(stage)
-    log = StageLog(stage, paths, logger)  # trainer lines at their level, step lines rate-limited, full log file
+    # trainer lines at their level, step lines rate-limited, full log file
+    log = StageLog(stage, paths, logger, tokens_per_step=_tokens_per_step(cfg, stage))
     started = time.time()
     try:
         if SPECS[stage].multi_node:
@@ -105,6 +114,7 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
         else:
             manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=reporter)
     except Exception as exc:
+        log.flush()  # the trainer's last warning before the failure that follows it
         diagnosis = attach_diagnosis(exc, cfg, stage)  # category + first remedy into the message
         # once, doctor first, the traceback in the stage's log file (tasks/error_log.py)
         report_stage_error(logger, log, exc, diagnosis, stage, final=_last_attempt(exc))

@@ -103,6 +103,29 @@ NO_CHECKPOINTS = 10 ** 9
 """save_steps of a preflight: beyond its steps, so it writes no checkpoint."""
 
 
+TENSORBOARD_FOLDER = "_tensorboard"
+
+
+def tensorboard_dir(cfg, run_id: str, stage: str) -> Path | None:
+    """`<output_root>/_tensorboard/<run.name>/<run_id>/<stage>`: every run of a lineage (the nightly's nights among
+    them) under one folder, so `tensorboard --logdir <output_root>/_tensorboard/<run.name>` overlays them; mindformers
+    adds `rank_N/`. None for an s3:// run store: mindformers' writer (tensorboardX) writes local files only."""
+    from ..storage import store_for
+
+    if store_for(cfg.run.output_root, cfg.run.s3_endpoint_url).remote:
+        return None
+    return Path(cfg.run.output_root) / TENSORBOARD_FOLDER / cfg.run.name / run_id / stage
+
+
+def tensorboard_section(folder: Path) -> dict:
+    """mindformers 1.9's `tensorboard` yaml section (trainer/base_trainer.py reads `tensorboard_dir`, appends
+    `rank_N`; utils/tensorboard.py opens tensorboardX's SummaryWriter there; MFLossMonitor, core/callback/callback.py,
+    adds `loss`, `learning-rate`, `grad-norm` and, with these flags, `loss-scale`, `iteration-time`, `throughput`
+    per step)."""
+    return {"tensorboard_dir": str(folder), "tensorboard_queue_size": 10,
+            "log_loss_scale_to_tensorboard": True, "log_timers_to_tensorboard": True}
+
+
 @dataclass(frozen=True)
 class StageYaml:
     """The recipe of a stage's mindformers yaml: the fresh start, the preflight and every resumed attempt
@@ -119,9 +142,10 @@ class StageYaml:
     resume_name: str
     load: Path | None = None
     token_ids: Any = None
+    tensorboard_dir: Path | None = None  # mindformers' own `tensorboard` section writes its event files there
 
     def run_config(self, out: Path, *, resume_from: Path | None = None, steps: int | None = None,
-                   extra_epochs: int = 0, save_steps: int | None = None) -> dict:
+                   extra_epochs: int = 0, save_steps: int | None = None, tensorboard: bool = True) -> dict:
         """The run config of an attempt in `out`. `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`:
         the yaml gets `load_checkpoint: <dir>` and `resume_training: <name>` (runner.resume_fields: mindformers 1.9
         resumes only from a folder). `extra_epochs` lets a rollback (which skips data) reach the same
@@ -150,6 +174,8 @@ class StageYaml:
         if resume:
             run["resume_training"] = resume["resume_training"]
         run["runner_config"]["epochs"] += extra_epochs
+        if tensorboard and self.tensorboard_dir is not None:
+            run["tensorboard"] = tensorboard_section(self.tensorboard_dir)
         return run
 
     def write(self, path: Path, out: Path, **changes) -> Path:
@@ -265,7 +291,8 @@ class TrainingSession:
             earlier = folder / PREFLIGHT_FILE
             return json.loads(earlier.read_text(encoding="utf-8")) if earlier.exists() else None
         shutil.rmtree(pre, ignore_errors=True)
-        yaml_path = yaml.write(pre / yaml.name, pre, steps=steps, save_steps=NO_CHECKPOINTS)
+        # no event files: the preflight's few steps would sit in TensorBoard as a run of their own
+        yaml_path = yaml.write(pre / yaml.name, pre, steps=steps, save_steps=NO_CHECKPOINTS, tensorboard=False)
         self.log(f"{self.stage}: preflight of {steps} steps in {pre}")
         crash = None
         try:

@@ -75,6 +75,7 @@ from .checkpoints import LATEST_FILE
 from .metrics import METRICS_FILE
 from .preflight import summarize_steps
 from .session import IDENTITY_FILE, PREFLIGHT_FILE, Batch, StageYaml, TrainingSession, finite, loss_history, \
+    tensorboard_dir, \
     work_dir, write_json
 
 STAGE = "pretrain"
@@ -120,7 +121,8 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     load = _materialize_base(cfg, base, base_info, out, run.endpoint, log)
     t = cfg.training  # the mindformers yaml: one recipe for the fresh start, the preflight and every resume
     yaml = StageYaml(cfg, STAGE, Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard), data_dir, rows,
-                     RUN_YAML, RESUME_YAML, load=load, token_ids=token_ids)
+                     RUN_YAML, RESUME_YAML, load=load, token_ids=token_ids,
+                     tensorboard_dir=tensorboard_dir(cfg, run.paths.run_id, STAGE))
     yaml.write(out / RUN_YAML, out)  # the fresh start's, published with the stage also when this run resumes
     # 4. preflight (a fresh start only; it writes no checkpoint)
     preflight = session.preflight(yaml, out, fresh=latest is None, memory_check=True)
