@@ -151,7 +151,8 @@ class StageLog:
                 self.paths.store().put_file(self.path, self.uri)
                 shutil.rmtree(self.path.parent, ignore_errors=True)
             hidden = terminal.hidden_count(self.stage) if terminal is not None else 0
-            note = f" ({hidden} repeated warnings shown once on this terminal)" if hidden else ""
+            note = (f" ({hidden} more warning{'s' if hidden > 1 else ''} from places already shown above: in this log)"
+                    if hidden else "")
             self.logger.info(f"{self.stage}: full log {self.uri}", extra={**term.SHOW, "terminal_text":
                                                                            f"{self.stage}: full log {self.uri}{note}"})
         except Exception as err:  # the log file is a convenience; the stage's own result stands

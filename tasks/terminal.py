@@ -48,10 +48,13 @@ class Terminal:
         self.handlers: list[logging.Handler] = []
 
     # ------------------------------------------------------------------ Prefect's console handler
-    def install(self) -> "Terminal":
+    def install(self, handlers: list[logging.Handler] | None = None) -> "Terminal":
+        """On `handlers`, by default Prefect's console handlers on the root logger (logging.yml: `console`)."""
         global _current
-        for handler in logging.getLogger().handlers:
-            if type(handler).__name__ != "PrefectConsoleHandler" or handler in self.handlers:
+        if handlers is None:
+            handlers = [h for h in logging.getLogger().handlers if type(h).__name__ == "PrefectConsoleHandler"]
+        for handler in handlers:
+            if handler in self.handlers:
                 continue
             self.handlers.append(handler)
             if not self.verbose:
