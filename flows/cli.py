@@ -54,7 +54,9 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
         note = f"  ({entry['note']})" if entry.get("note") else ""
         print(f"  {stage:<9} {entry['state']:<13} {seconds}  {entry.get('stage_uri', '')}{note}")
     if failed:
-        print(f"error: {failed}")
+        from pipeline_lib.doctor.retry import HEADLINE
+
+        print(f"error: {HEADLINE.sub('', failed).strip()}")  # the cause is the next line's
         cause = parse_headline(failed)  # pipeline_lib.doctor's category and first remedy, in the failure message
         if cause:
             print(f"cause: {cause['category']}" + (f": {cause['remedy']}" if cause.get("remedy") else ""))

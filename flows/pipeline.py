@@ -110,6 +110,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
 
     earlier = [(r.name, r.state_name or "", ui_link(r.id)) for r in earlier_flow_runs(run_id, flow_run.id)]
     overview = RunOverview(paths, list(wanted), earlier=earlier)
+    _refuse_bad_sft_inputs(cfg, wanted, run_id, overview)
     for stage in wanted:
         entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
         missing = _upstream_missing(stage, summary["stages"], paths)
@@ -135,6 +136,30 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
                           else None)
         logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}", extra=SHOW)
     return summary
+
+
+class InputsRefused(RuntimeError):
+    """An input the chain checks before its first stage is unusable: nothing ran."""
+
+    log_without_traceback = True
+
+
+def _refuse_bad_sft_inputs(cfg, wanted: list[str], run_id: str, overview: RunOverview) -> None:
+    """The SFT records parsed (read, not tokenized: checks/inputs.py sft_records) before the first stage, also for a
+    run started from the UI or a worker that never went through `validate`: a malformed SFT file fails in seconds,
+    not after data and pretrain."""
+    if "sft" not in wanted:
+        return
+    from pipeline_lib.checks.inputs import check_inputs
+
+    errors, _ = check_inputs(cfg, ["sft"])
+    if not errors:
+        return
+    text = "\n".join(f"- {issue}" for issue in errors)
+    for stage in wanted[:wanted.index("sft")]:
+        overview.not_run(stage, "not run: the sft inputs were refused first")
+    overview.failed("sft", None, f"refused before any stage ran:\n{text}")
+    raise InputsRefused(f"run {run_id}: sft inputs refused before any stage ran:\n{text}")
 
 
 def stage_states(cfg, run_id: str) -> dict:

@@ -63,14 +63,28 @@ def retry_by_cause(task, task_run, state) -> bool:
     return False
 
 
-def _last_attempt(exc: BaseException) -> bool:
-    """No retry of this task run follows: the cause is not retried, or the retries are used up."""
+def retry_plan(exc: BaseException, stage: str, run_id: str) -> tuple[bool, str]:
+    """(final, what happens next): whether no retry of this task run follows (the cause is not retried, or the
+    retries are used up), said as it will happen."""
     from prefect.context import TaskRunContext
 
     ctx = TaskRunContext.get()
-    if ctx is None or not retry_by_cause_exc(exc):
-        return True
-    return ctx.task_run.run_count > ctx.task.retries
+    resume = (f"resume with `llm-pipeline run CONFIG --run-id {run_id}` (or Retry in the UI for a deployment run): "
+              "finished stages are not redone" + (", training restarts from the last verified checkpoint"
+                                                  if SPECS[stage].multi_node else ""))
+    if not retry_by_cause_exc(exc):
+        diag = getattr(exc, "diagnosis", None)
+        category = getattr(diag, "category", "unknown")
+        why = (f"retrying the same config cannot fix {category}" if category != "unknown"
+               else "not a transient error")
+        return True, f"not retried ({why}); {resume}"
+    if ctx is None:
+        return True, f"not retried (no Prefect task run); {resume}"
+    attempt, retries = ctx.task_run.run_count, ctx.task.retries
+    if attempt > retries:
+        return True, f"not retried again: all {attempt} attempts failed (orchestration.task_retries={retries}); {resume}"
+    return False, (f"attempt {attempt} of {retries + 1}: the task retries it after a backoff"
+                   + (", from the last verified checkpoint" if SPECS[stage].multi_node else ""))
 
 
 def retry_by_cause_exc(exc: BaseException) -> bool:
@@ -117,7 +131,8 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
         log.flush()  # the trainer's last warning before the failure that follows it
         diagnosis = attach_diagnosis(exc, cfg, stage)  # category + first remedy into the message
         # once, doctor first, the traceback in the stage's log file (tasks/error_log.py)
-        report_stage_error(logger, log, exc, diagnosis, stage, final=_last_attempt(exc))
+        final, next_step = retry_plan(exc, stage, run_id)
+        report_stage_error(logger, log, exc, diagnosis, stage, final=final, next_step=next_step)
         raise
     finally:
         log.close()

@@ -144,8 +144,8 @@ def _killed(diag, cfg) -> list[dict]:
     why = next((ln for ln in diag.evidence if ln.startswith("no memory pressure") or "no memory evidence" in ln),
                "no evidence of memory pressure")
     return [_r(f"killed by SIGKILL without an OOM kill ({why}): a lost node, a preempted job or an operator's kill "
-               "-9. The stage is retried with the same config and resumes from the last verified checkpoint; if "
-               "it keeps happening, look at the node (dmesg, the scheduler's events) rather than the config")]
+               "-9. Nothing in the config needs to change: a retry or a rerun with the same --run-id resumes from the "
+               "last verified checkpoint; if it keeps happening, look at the node (dmesg, the scheduler's events)")]
 
 
 def _nan(diag, cfg) -> list[dict]:

@@ -43,7 +43,8 @@ VERIFY_MIN_GAP_S = 30.0
 
 
 class TrainerKilled(TrainingLaunchError, TransientError):
-    """The trainer was killed by a signal (node lost, OOM killer): a retry resumes from the last checkpoint."""
+    """The trainer was killed by a signal (node lost, OOM killer): transient unless the doctor says otherwise; a
+    retry or a rerun of the run id resumes from the last verified checkpoint."""
 
 
 def local_ranks(cfg, rank: int) -> list[int]:
@@ -66,8 +67,8 @@ def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None
     except TrainingLaunchError as err:
         rc = err.result.returncode
         if rc is not None and rc < 0 and not err.result.timed_out:
-            raise TrainerKilled(f"the trainer was killed by signal {-rc}; a retry resumes from the last verified "
-                                f"checkpoint\n{err}", err.result) from None
+            # what happens next (a retry, or not) is the caller's to say: it knows the retry policy and what is left
+            raise TrainerKilled(f"the trainer was killed by signal {-rc}\n{err}", err.result) from None
         raise
 
 
