@@ -290,6 +290,21 @@ def test_reference_loss_falls_and_manifest(outcomes):
     assert run_stage(o.cfg, o.paths, "pretrain", log=lambda line: None)[1] is True
 
 
+def test_tensorboard_event_files_hold_the_loss_per_step(outcomes):
+    """mindformers' own tensorboard section: event files under <output_root>/_tensorboard/<run.name>/<run id>/pretrain,
+    holding the loss of every step as metrics.jsonl has it; the preflight writes none."""
+    from tensorboard_events import event_files, read_scalars
+
+    o = outcomes["reference"]
+    folder = Path(o.cfg.run.output_root) / "_tensorboard" / o.cfg.run.name / o.paths.run_id / "pretrain"
+    assert event_files(folder / "rank_0"), list(Path(o.cfg.run.output_root).rglob("*tfevents*"))
+    loss = read_scalars(folder)["loss"]
+    steps = _by_step(o)
+    assert sorted(loss) == sorted(steps) == list(range(1, 17))
+    assert all(loss[s] == pytest.approx(steps[s]["loss"], rel=1e-4) for s in steps)
+    assert not event_files(o.out / "preflight")
+
+
 def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
     o, ref = outcomes["killed"], outcomes["reference"]
     _ok(ref)
