@@ -12,8 +12,8 @@ run store). The Prefect log gets what a person reads:
 - step lines (`... step:[ 12/ 600], loss: ...`) at most one per `step_every_s`, the skipped count said
   with the next one, and the last step line always;
 - the pipeline's own lines (no level prefix) as info.
-With the CLI's terminal installed (tasks/terminal.py) step lines also feed its progress bar and, with `-v`, every
-line is echoed there.
+With the CLI's terminal installed (tasks/terminal.py) step lines also feed its progress bar and, with `-v`, the lines
+the run logger does not ship (debug records, held step lines) are echoed there: with Prefect's console, every line.
 """
 from __future__ import annotations
 
@@ -77,8 +77,6 @@ class StageLog:
             pass
         now = time.monotonic()
         terminal = term.current()
-        if terminal is not None:
-            terminal.echo(line)
         if self.open is not None:
             if now - self.open["at"] < CONTINUATION_GAP_S and not (_MF.match(line) or _OWN_START.match(line)):
                 self.open["lines"].append(line)
@@ -97,7 +95,9 @@ class StageLog:
     def _send_open(self) -> None:
         rec, self.open = self.open, None
         if rec["level"] < logging.WARNING:  # the whole record, dump included, as one debug record
-            self.logger.debug("\n".join([rec["raw"], *rec["lines"]]))
+            text = "\n".join([rec["raw"], *rec["lines"]])
+            self.logger.debug(text)
+            self._echo(text)
             return
         self.warnings += rec["level"] == logging.WARNING
         where = f"[{rec['module']}] " if rec["module"] else ""
@@ -118,6 +118,14 @@ class StageLog:
             self.last_step_sent = now
         else:
             self.held, self.held_count = line, self.held_count + 1
+            self._echo(line)
+
+    @staticmethod
+    def _echo(text: str) -> None:
+        """A line the run logger does not ship (debug, a held step line): on the terminal with `-v` only."""
+        terminal = term.current()
+        if terminal is not None:
+            terminal.echo(text)
 
     def write_only(self, text: str) -> None:
         """Into the file only (e.g. a failure's full traceback or a trainer's tail: the Prefect log gets one line)."""
