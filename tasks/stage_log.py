@@ -9,8 +9,9 @@ run store). The Prefect log gets what a person reads:
   logger does not ship (the file has them);
 - a record's continuation lines (mindformers prints config dumps one key per line, or pprints a dict right after
   a record) stay with it: one record, not one per line;
-- step lines (`... step:[ 12/ 600], loss: ...`) at most one per `step_every_s`, the skipped count said
-  with the next one, and the last step line always;
+- step lines (`... step:[ 12/ 600], loss: ...`) at most one per `step_every_s`, as `<stage>: step 12 (epoch 1),
+  loss 6.4700, lr 0.005, 62 ms/step, 4,129 tokens/s`, the skipped count said with the next one, and the last step
+  line always;
 - the pipeline's own lines (no level prefix) as info.
 With the CLI's terminal installed (tasks/terminal.py) step lines also feed its progress bar and, with `-v`, the lines
 the run logger does not ship (debug records, held step lines) are echoed there: with Prefect's console, every line.
@@ -137,8 +138,23 @@ class StageLog:
 
     def _send_step(self, line: str, skipped: int) -> None:
         more = f"  ({skipped} step lines since the last one shown: {self.uri})" if skipped > 0 else ""
-        self.logger.info(line + more)
+        self.logger.info(self._step_text(line) + more)
         self.held, self.held_count = None, 0
+
+    def _step_text(self, line: str) -> str:
+        """MFLossMonitor's step line as a short one of ours (the log file keeps it as printed)."""
+        from pipeline_lib.train.metrics import parse_loss_line
+
+        r = parse_loss_line(line, self.tokens_per_step)
+        if r is None:
+            return line
+        parts = [f"{self.stage}: step {r['step']} (epoch {r['epoch']}), loss {r['loss']:.4f}"]
+        if r.get("lr") is not None:
+            parts.append(f"lr {r['lr']:.3g}")
+        parts.append(f"{r['step_time_ms']:.0f} ms/step")
+        if r.get("tokens_per_s"):
+            parts.append(f"{r['tokens_per_s']:,.0f} tokens/s")
+        return ", ".join(parts)
 
     def flush(self) -> None:
         """Send the record still open (a failure is about to be reported: its warnings come first)."""

@@ -68,5 +68,6 @@ def test_tty_draws_the_training_bar_and_clears_it_for_each_line(tmp_path):
 
 def test_verbose_shows_every_line_once(tmp_path):
     text = run_stage_lines(tmp_path, tty=False, verbose=True)
-    assert text.count("75.5 GB free") == 1 and text.count("step:[    1/") == 1 and text.count("step:[    2/") == 1
+    assert text.count("75.5 GB free") == 1 and text.count("pretrain: step 1 (epoch 1), loss 7.6158") == 1
+    assert text.count("pretrain: step 2 (epoch 1)") == 1
     assert text.count("The config keep_checkpoint_max is deprecated") == 1
