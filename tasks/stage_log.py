@@ -12,7 +12,7 @@ run store). The Prefect log gets what a person reads:
 - step lines (`... step:[ 12/ 600], loss: ...`) at most one per `step_every_s`, as `<stage>: step 12 (epoch 1),
   loss 6.4700, lr 0.005, 62 ms/step, 4,129 tokens/s`, the skipped count said with the next one, and the last step
   line always;
-- the pipeline's own lines (no level prefix) as info.
+- the pipeline's own lines (no level prefix) as info, `<stage>: WARNING ...` as a warning.
 With the CLI's terminal installed (tasks/terminal.py) step lines also feed its progress bar and, with `-v`, the lines
 the run logger does not ship (debug records, held step lines) are echoed there: with Prefect's console, every line.
 """
@@ -40,6 +40,7 @@ _BRACKET = re.compile(r"^(?:\[worker_\d+\]\s*)?\[(?P<level>DEBUG|INFO|WARNING|ER
 # "[checkpoints] ...", "PIPELINE_TIMING {...}") and any bracketed level
 _OWN_START = re.compile(r"^(?:\[[\w.-]+\]|PIPELINE_\w+ |[\w.-]+: )")
 _STEP = re.compile(r"step:\[\s*\d+/\s*\d+\]")
+_OWN_WARNING = re.compile(r"^[\w.-]+: WARNING\b")
 
 
 def parse_line(line: str) -> tuple[int | None, str | None, str]:
@@ -89,7 +90,8 @@ class StageLog:
             return
         level, module, message = parse_line(line)
         if level is None:
-            self.logger.info(line)
+            # our own warnings read `<stage>: WARNING ...` (e.g. the planner's step-time alert)
+            (self.logger.warning if _OWN_WARNING.match(line) else self.logger.info)(line)
             return
         self.open = {"level": level, "module": module, "message": message, "raw": line, "lines": [], "at": now}
 

@@ -61,9 +61,12 @@ def test_bracketed_levels_and_a_late_line_is_a_record_of_its_own(tmp_path, caplo
                                        "_none_process: The input config moe_config is empty.")
     assert parse_line(sdk)[0] == logging.INFO and parse_line("pretrain: hello") == (None, None, "pretrain: hello")
     monkeypatch.setattr(stage_log, "CONTINUATION_GAP_S", 0.0)  # every line arrives "late"
-    _, records = replay(tmp_path, caplog, [file_format, "  a line after a pause", "[worker_0] [ERROR] ME(1:2):boom"])
+    ours = "pretrain: WARNING step time: measured 133 ms is 2.88x the planner's prediction 46 ms"
+    _, records = replay(tmp_path, caplog, [file_format, "  a line after a pause", "[worker_0] [ERROR] ME(1:2):boom",
+                                           ours])
     by_level = {r.levelno: r.getMessage() for r in records}
-    assert by_level[logging.WARNING].endswith("The input config moe_config is empty.")
+    warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert warned[0].endswith("The input config moe_config is empty.") and warned[1] == ours
     assert by_level[logging.ERROR] == "ME(1:2):boom"
     assert [r.getMessage() for r in records if r.levelno == logging.INFO][0] == "  a line after a pause"
 
