@@ -521,6 +521,13 @@ class EvaluateConfig(_Section):
         "the run's tokenizer; perplexity per checkpoint on each, beside the domain held-out perplexity: the "
         "measure of forgetting the nightly gate reads (nightly.gate).")
     reference_max_rows: int = Field(32, ge=1, le=100_000, description="Packed rows of each reference set scored.")
+    reference_heldout: list[str] = Field(
+        default_factory=list, json_schema_extra=identity("evaluate"),
+        description="Held-out splits of earlier runs of this lineage (their data/mindrecord/heldout folder, local "
+        "or s3://), scored like reference sets and reported as heldout@<run id>. The rows were tokenized by that "
+        "run, so its tokenizer must be the run's (checked). The nightly sets it to the held-out split of its "
+        "lineage's first promoted night: rows that do not move from night to night, in the lineage's own domain, "
+        "so a night that forgets the domain (trained on garbage) is caught by the gate.")
     compare_checkpoints: dict[str, InputPath] = Field(
         default_factory=dict,
         description="Extra checkpoints (label -> .ckpt path) shown side by side, e.g. last night's.")
