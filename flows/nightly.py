@@ -82,8 +82,7 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(
-        state, files, cfg.evaluate.reference_heldout)))
+    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files)))
     get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
                           f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
     stages = [s for s, spec in SPECS.items() if spec.nightly]

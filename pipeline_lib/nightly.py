@@ -189,12 +189,18 @@ def new_files(cfg: PipelineConfig, state: dict) -> dict[str, int]:
     return {u: s for u, s in list_raw_files(cfg).items() if consumed.get(u) != s}
 
 
-def nightly_overrides(state: dict, files: dict[str, int], reference_heldout: list[str] = ()) -> dict:
-    """Config changes for tonight: only the new files, continue from last night's checkpoint, and score the
-    lineage's fixed held-out split beside the configured `reference_heldout`."""
+def nightly_overrides(cfg: PipelineConfig, state: dict, files: dict[str, int]) -> dict:
+    """Config changes for tonight: only the new files, continue from last night's checkpoint, score the
+    lineage's fixed held-out split beside the configured evaluate.reference_heldout, and deduplicate against
+    the nights only: the nightly is its own lineage (`<run.name>-nightly` unless data.dedup.lineage is set), so a
+    manual run of the same config (make demo) does not make every document of the first night "seen before"."""
+    from .data.dedup_index import lineage
+
     changes: dict = {"data": {"inputs": sorted(files)}}
+    if not cfg.data.dedup.lineage:
+        changes["data"]["dedup"] = {"lineage": f"{lineage(cfg)}-nightly"}
     if state.get("reference_heldout"):
-        changes["evaluate"] = {"reference_heldout": list(dict.fromkeys([*reference_heldout,
+        changes["evaluate"] = {"reference_heldout": list(dict.fromkeys([*cfg.evaluate.reference_heldout,
                                                                        state["reference_heldout"]]))}
     latest = state.get("latest")
     if latest and latest.get("checkpoint"):

@@ -563,8 +563,9 @@ class OrchestrationConfig(_Section):
 class GateConfig(_Section):
     max_perplexity_increase: float = Field(
         0.05, ge=0, le=10, description="The budget of a night: its candidate may raise the perplexity of the domain "
-        "held-out split and of each evaluate.reference_sets file by at most this fraction over the promoted "
-        "model's, measured on the same rows in the same evaluate run (0.05 = 5%).")
+        "held-out split, of each evaluate.reference_sets file and of each evaluate.reference_heldout split (the "
+        "lineage's fixed held-out rows) by at most this fraction over the promoted model's, measured on the same "
+        "rows in the same evaluate run (0.05 = 5%).")
     max_task_drop: float = Field(0.02, ge=0, le=1, description="Largest accepted drop of a task's accuracy "
                                  "(absolute, per task) against the promoted model.")
     on_regression: Literal["hold", "ask"] = Field(
