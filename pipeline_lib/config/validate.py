@@ -323,6 +323,13 @@ def warnings(cfg: PipelineConfig) -> list[str]:
                    "machine finds none and restarts from step 0. Fix: remove training.upload_checkpoints (on by "
                    "default for an s3:// run) or set it to true")
     d = cfg.data
+    seq = cfg.model.seq_length
+    if d.packing.document_mask and seq > 512:
+        # the mask is stored, int32 (MindRecord has no uint8), seq_length^2 per row (docs/mindformers-facts.md)
+        out.append(f"data.packing.document_mask=true at model.seq_length={seq}: every packed row carries a "
+                   f"{4 * seq * seq / (1 << 20):g} MiB attention_mask next to its {4 * (seq + 1) / 1024:g} KiB of "
+                   "tokens, in the MindRecord files and in each training batch. Fix: a shorter seq_length, or "
+                   "data.packing.document_mask=false")
     if d.dask_address and d.executor != "dask":
         out.append(f"data.dask_address={d.dask_address} has no effect with data.executor={d.executor}: only the dask "
                    "executor sends work to a Dask scheduler. Fix: set data.executor=dask, or remove data.dask_address")

@@ -300,3 +300,15 @@ def test_document_mask_on_the_shipped_7b_config_says_why_not():
              if i.field == "data.packing.document_mask"]
     assert len(found) == 2  # flash attention on Ascend, bfloat16 compute
     assert "FlashAttentionScore" in found[0].problem and "bfloat16" in found[1].problem
+
+
+def test_document_mask_warns_of_its_size_beyond_seq_512():
+    from pipeline_lib.config.validate import warnings
+
+    def mask_warnings(seq):
+        cfg = config_from_dict({"run": {"device_target": "CPU"}, "model": {"seq_length": seq},
+                                "data": {"packing": {"document_mask": True}}})
+        return [w for w in warnings(cfg) if w.startswith("data.packing.document_mask")]
+    assert mask_warnings(512) == []
+    warned, = mask_warnings(2048)
+    assert "16 MiB attention_mask" in warned and "8.00391 KiB of tokens" in warned
