@@ -37,7 +37,7 @@ at :488; load_ckpt -> get_load_checkpoint_result loads the file whole, :692-696,
 MindSpore slices every parameter that holds data to this rank's piece when it compiles (mindspore/parallel/
 _utils.py:231 `_slice_parameter` -> `_load_tensor_by_layout`, :257/:270). `auto_trans_ckpt: True` is for the
 other case, shards of another strategy (src_strategy_path_or_dir, :507-523). A path with `rank_<N>` anywhere in
-it is not "full" to mindformers (:546-556, the regex `rank_\d+`): it would be loaded after compile into the
+it is not "full" to mindformers (:546-556, the regex `rank_[0-9]+`): it would be loaded after compile into the
 already-sliced parameters, so `sft_base_path_issue` refuses it for a sharded SFT.
 
 Limits: no eval dataset/processor sections (evaluation runs elsewhere). SFT has its own steps, learning
