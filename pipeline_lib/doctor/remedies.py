@@ -86,7 +86,7 @@ def layout_remedies(cfg, *, limit: int = 3, what: str = "device memory") -> list
 
 
 def _device_oom(diag, cfg) -> list[dict]:
-    phase = ("while the graph was compiled and its memory laid out, before the first step"
+    phase = ("while the graph was compiled and its memory laid out (or the weights loaded), before the first step"
              if diag.category == "device_oom_compile" else "during a training step")
     if cfg is None:
         return [_r(f"device memory ran out {phase}; pass the run's config (--config) for the predicted peak and "
@@ -271,10 +271,36 @@ def _collective(diag, cfg) -> list[dict]:
                "(environment)")]
 
 
+def _hang(diag, cfg) -> list[dict]:
+    return [_r("a rank stopped making progress (a device task or stream that never finished, a dead peer, a stuck "
+               "collective, or the watchdog's no-new-step timeout; the evidence names the rank or node): the stage is "
+               "retried and resumes from the last verified checkpoint, and a second hang at the same step is not "
+               "retried. Read that rank's log and stack dump (msrun/worker_N.log) for what it waited on; on Ascend "
+               "check the card (npu-smi info) and the collective timeout in force (HCCL_EXEC_TIMEOUT)")]
+
+
+def _stall(diag, cfg) -> list[dict]:
+    why = ("the input pipeline did not deliver a batch in time (the device's GetNext waited on an empty data queue, "
+           "or a loader worker timed out): the dataset workers are too few or too slow for the step, or the shards "
+           "are read from slow storage")
+    if cfg is None:
+        return [_r(why + "; pass the run's config (--config) for the numbers: more training.dataset_workers, a "
+                   "larger training.prefetch_size")]
+    from ..config.platform import device_target
+    from ..train.mindformers_yaml import dataset_workers
+
+    t = cfg.training
+    workers = dataset_workers(cfg, on_cpu=device_target(cfg) == "CPU")
+    return [_r(f"{why}: raise the workers per rank from {workers} and the prefetch from {t.prefetch_size}",
+               [f"training.dataset_workers={workers * 2}", f"training.prefetch_size={t.prefetch_size * 2}"]),
+            _r("and keep the MindRecord shards on local disk (run.output_root) rather than a network filesystem; a "
+               "stall on one rank shows on the others as a collective timeout, so read the first rank that waited")]
+
+
 _BY_CATEGORY = {"device_oom_compile": _device_oom, "device_oom_step": _device_oom, "host_oom": _host_oom,
                 "nan_or_overflow": _nan, "disk_full": _disk, "config_name_clash": _clash,
                 "missing_kernel": _kernel, "dataset_schema": _schema, "checkpoint_shape_mismatch": _shape,
-                "collective_timeout": _collective, "killed": _killed}
+                "collective_timeout": _collective, "killed": _killed, "hang": _hang, "dataloader_stall": _stall}
 
 
 def remedies_for(diag, cfg=None) -> list[dict]:
