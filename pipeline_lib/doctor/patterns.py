@@ -59,6 +59,9 @@ PATTERNS: tuple[Pattern, ...] = (
        "safetensors (hiyouga/LlamaFactory#5155); pyarrow cache writes (modelscope/ms-swift#3551)"),
     _p("disk_full", r"Disk quota exceeded|\[Errno 122\]",
        "Linux EDQUOT strerror ('[Errno 122] Disk quota exceeded'), a checkpoint save in open-mmlab/mmdetection#12069"),
+    _p("disk_full", r"No usable temporary directory found in|Not enough disk space\. Needed:",
+       "CPython tempfile.py _get_default_tempdir (every candidate directory unwritable, typically full) and Hugging "
+       "Face datasets builder.py ('Not enough disk space. Needed: ...')"),
     _p("disk_full", r"PytorchStreamWriter failed writing file \S+: file write failed",
        "PyTorch caffe2/serialize/inline_container.cc: torch.save on a full filesystem (pytorch/pytorch#175248), "
        "quoted in hiyouga/LlamaFactory#1223, SWivid/F5-TTS#458"),
@@ -98,10 +101,12 @@ PATTERNS: tuple[Pattern, ...] = (
        "and mindspore-lab/mindone#820 ('... plus alloc size : ... is more than total mem size : ...')"),
     _p("device_oom", r"It is estimated that the task may collapse due to out of memory",
        "MindSpore 2.9 lib/libmindspore_frontend.so (graph compile memory estimate)"),
-    _p("device_oom", r"(?:CUDA|NPU) out of memory|CUDA error: out of memory|OutOfMemoryError: (?:CUDA|NPU)",
+    _p("device_oom", r"(?:CUDA|NPU|HIP|XPU) out of memory|CUDA error: out of memory|OutOfMemoryError: (?:CUDA|NPU)"
+                     r"|OOM when allocating tensor|RESOURCE_EXHAUSTED: Out of memory",
        "PyTorch c10/cuda CUDACachingAllocator ('CUDA out of memory. Tried to allocate ...', torch.cuda."
        "OutOfMemoryError) and torch_npu ('NPU out of memory. Tried to allocate ...'): pytorch/pytorch#18313, "
-       "facebookresearch/detectron2#1563, hiyouga/LlamaFactory#5491"),
+       "facebookresearch/detectron2#1563, hiyouga/LlamaFactory#5491; ROCm 'HIP out of memory'; TensorFlow "
+       "'ResourceExhaustedError: OOM when allocating tensor'; XLA/JAX 'RESOURCE_EXHAUSTED: Out of memory'"),
     # ---- host memory (RAM; on a CPU device target the device memory IS host memory)
     _p("device_oom", r"ACL_ERROR_RT_MEMORY_ALLOCATION|(?:runtime result|error code is|ret(?:code)?[:=] ?) ?207001\b",
        "CANN acl_base.h ACL_ERROR_RT_MEMORY_ALLOCATION = 207001 (device memory allocation failed), as the runtime and "
@@ -118,6 +123,10 @@ PATTERNS: tuple[Pattern, ...] = (
        "Linux ENOMEM strerror ('[Errno 12] Cannot allocate memory', e.g. os.fork of DataLoader workers): "
        "microsoft/Graphormer#7, chenxi116/DeepLabv3.pytorch#5, JingyunLiang/VRT#49"),
     _p("host_oom", r"\bMemoryError\b|std::bad_alloc", "Python MemoryError / C++ std::bad_alloc"),
+    _p("host_oom", r"DefaultCPUAllocator: can't allocate memory|insufficient shared memory \(shm\)",
+       "PyTorch c10/core/impl/alloc_cpu.cpp ('DefaultCPUAllocator: can't allocate memory: you tried to allocate N "
+       "bytes') and torch/utils/data/_utils/signal_handling ('Unexpected bus error encountered in worker. This might "
+       "be caused by insufficient shared memory (shm)': /dev/shm is RAM)"),
     _p("host_oom", r"\bMD\(\d+.*(?:[Oo]ut of memory|Memory malloc failed)",
        "MindSpore MindData (the host-side dataset engine, log module MD): 'cudaHostAlloc failed, ret[2], out of "
        "memory' / 'Out of memory. Memory malloc failed.' (mindspore-ai/mindspore#172)"),
@@ -148,6 +157,9 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("checkpoint_shape_mismatch", r"The size \(\d+\) in the file does not match the size \(\d+\) of the parameter",
        "PaddlePaddle Parameter.cpp load (PaddlePaddle/Paddle#6552)"),
     # ---- dataset columns / shapes vs what the trainer reads
+    _p("checkpoint_shape_mismatch", r"Error\(s\) in loading state_dict for \w+",
+       "PyTorch nn.Module.load_state_dict (torch/nn/modules/module.py): the checkpoint's keys or shapes do not fit "
+       "the network ('Missing key(s) in state_dict', 'size mismatch for ...')"),
     _p("dataset_schema", r"column name: \S+ can not found in schema",
        "MindSpore 2.9 _c_mindrecord (shard_reader.cc): 'Invalid data, column name: X can not found in schema. "
        "Please check the 'column_list'.' (reproduced: tests/doctor/logs/dataset_schema_columns.log)"),
@@ -164,6 +176,12 @@ PATTERNS: tuple[Pattern, ...] = (
        "Hugging Face datasets arrow_dataset.py ('Column X not in the dataset. Current columns in the dataset: "
        "[...]'): alibaba/Pai-Megatron-Patch#611, hiyouga/LlamaFactory#977"),
     # ---- a model/config name someone registered twice
+    _p("dataset_schema", r"stack expects each tensor to be equal size, but got|Cannot batch tensors with different "
+                         r"shapes in component",
+       "a batch of mixed shapes in the tools beside MindSpore: PyTorch default_collate torch.stack ('stack expects "
+       "each tensor to be equal size, but got [3, 390, 771] at entry 0 and [3, 371, 880] at entry 1', "
+       "guoweiyu/Context-Enhanced-Stereo-Transformer#3) and tf.data ('Cannot batch tensors with different shapes "
+       "in component 0', isikdogan/deep_learning_tutorials#2)"),
     _p("config_name_clash", r"'.+' is already used by a Transformers (?:config|model)",
        "transformers models/auto/configuration_auto.py AutoConfig.register / auto_factory.py register "
        "(zai-org/GLM-V#84, microsoft/unilm#866, pzs19/TokenSelect#3)"),
@@ -191,6 +209,9 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("missing_kernel", r"Could not run '[^']+' with arguments from the '\w+' backend",
        "PyTorch dispatcher (c10/core/impl): an operator with no kernel for that backend"),
     # ---- NaN / inf loss, loss-scale collapse
+    _p("missing_kernel", r"\"\w+\" not implemented for '\w+'|no kernel image is available for execution on the device",
+       "PyTorch's dispatch stub for a dtype without a kernel on the device ('\"addmm_impl_cpu_\" not implemented for "
+       "'Half'') and the CUDA runtime's cudaErrorNoKernelImageForDevice (a build without this GPU's architecture)"),
     _p("missing_kernel", r"Operator\[\w+\].* is not support\. This error means the current input type is not supported",
        "MindSpore kernel_select_cpu.cc / GPU kernel select: 'Operator[AddN] input(kNumberTypeBool,...) output(...) "
        "is not support. This error means the current input type is not supported' (MindSpore FAQ)"),
@@ -200,15 +221,18 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("nan_or_overflow", r"\bloss is (?:nan|inf)\b",
        "'Loss is nan, stopping training' (MAE/DeiT-style engine_finetune.py, OpenGVLab/LLaMA-Adapter#144)",
        re.IGNORECASE),
+    _p("nan_or_overflow", r"Function '\w+' returned nan values in its \d+th output",
+       "PyTorch autograd anomaly mode (torch/csrc/autograd/engine.cpp): a backward function produced NaN"),
     _p("nan_or_overflow", r"step:\[\s*\d+/\s*\d+\], loss:\s*\[?\s*-?(?:nan|inf)\b",
        "mindformers 1.9 core/callback/callback.py MFLossMonitor step line ('loss: %5.6f' prints nan/inf)"),
     # a loss printed as nan/inf in any training log's format: 'loss: nan', 'lm loss NAN', 'Training Loss: nan',
     # 'train loss nan', 'train_epoch_loss=nan', 'eval_epoch_loss=tensor(nan'
-    _p("nan_or_overflow", r"\b\w*loss\b\s*[:=]?\s*(?:tensor\()?\[?\s*[-+]?(?:nan|inf)\b",
+    _p("nan_or_overflow", r"\b\w*loss\b['\"]?\s*[:=]?\s*(?:tensor\()?\[?\s*[-+]?(?:nan|inf)\b",
        "the loss printed as nan/inf: MindSpore mindyolo ('loss: nan, lbox: nan', mindspore-lab/mindyolo#440), "
        "Megatron-style 'lm loss NAN' (THUDM/Chinese-Transformer-XL#7), 'Training Loss: nan' "
        "(nebuly-ai/optimate#314), 'train loss nan' (datawhalechina/tiny-universe#31), llama-recipes "
-       "'train_epoch_loss=nan' (meta-llama/llama-cookbook#300)", re.IGNORECASE),
+       "'train_epoch_loss=nan' (meta-llama/llama-cookbook#300), the transformers Trainer's \"{'loss': nan\"",
+       re.IGNORECASE),
     _p("nan_or_overflow", r"reducing loss scale to (?P<scale>\S+)|Attempted loss scale: \S+, reducing to "
                           r"(?P<scale2>\S+)|loss scale adjust to (?P<scale3>\S+)",
        "a dynamic loss scale driven below 1 (every step overflows): apex 'Gradient overflow. Skipping step, loss "
@@ -249,7 +273,7 @@ PATTERNS: tuple[Pattern, ...] = (
        "ours: pipeline_lib/train/runner.py TrainerKilled / runtime/launcher.py LaunchResult.how: SIGKILL from "
        "outside the launcher (its own timeout says 'timed out')"),
     _p("killed", r"exited with code -9 after|exit(?:ed)? (?:with )?(?:code|status) 137\b|"
-                 r"exits with return code = -9\b|Signal 9 \(SIGKILL\) received",
+                 r"exits with return code = -9\b|Signal 9 \(SIGKILL\) received|Exit Code:\s+137\b",
        "exit status 137 = 128 + SIGKILL (shell convention), -9 = SIGKILL (Python subprocess; DeepSpeed launcher "
        "'exits with return code = -9', alisson-anjos/diffusion-pipe-ui#2; torchrun 'Signal 9 (SIGKILL) "
        "received by PID')"),
@@ -288,6 +312,11 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("collective_timeout", r"\[c10d\] The client socket has timed out after \d+ms while trying to connect",
        "PyTorch c10d socket.cpp: the rendezvous store's peer never answered (verl-project/verl#849, on Ascend)"),
     # ---- a rank that stopped making progress
+    _p("collective_timeout", r"ncclRemoteError|remote process exiting prematurely|Timed out after \d+ seconds waiting "
+                             r"for clients|gloo/transport/tcp/pair\.cc.*(?:Connection closed by peer|Timed out)",
+       "PyTorch/NCCL 'ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+       "prematurely.', c10d TCPStore 'Timed out after N seconds waiting for clients. 1/2 clients joined.', Gloo "
+       "tcp/pair.cc 'Connection closed by peer'"),
     _p("collective_timeout", r"Message receive timeout, Suggest configuring timeout time through MS_RECEIVE_MSG_TIMEOUT",
        "MindSpore 2.9 lib/libmindspore_cluster.so: a cluster message (rendezvous, collective metadata) never "
        "arrived"),
