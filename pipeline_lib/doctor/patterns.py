@@ -93,6 +93,9 @@ PATTERNS: tuple[Pattern, ...] = (
        "mindspore ccsrc ascend memory adapter: 'Malloc device memory failed, size[...], ret[...], Device N "
        "Available HBM size:... free size:... may be other processes occupying this card, check as: ps -ef|grep "
        "python'"),
+    _p("device_oom", r"Out of memory error on GPU \d+\. Cannot allocate",
+       "PaddlePaddle memory/allocation/cuda_allocator.cc ('ResourceExhaustedError: Out of memory error on GPU 0. "
+       "Cannot allocate 172.000000MB memory on GPU 0', PaddlePaddle/PaddleNLP#7312)"),
     _p("device_oom", r"Memory_Allocation_Failure\(EL0004\)|\bEL0004\b",
        "CANN runtime error code EL0004, quoted in hw-native-sys/PTOAS#341 and PKU-YuanGroup/Helios#62 "
        "('Memory_Allocation_Failure(EL0004): Failed to allocate memory requested by GE module.')"),
@@ -195,6 +198,9 @@ PATTERNS: tuple[Pattern, ...] = (
        "MindSpore 2.9 lib/libmindspore_cpu.so 'Unsupported op [' ('Unsupported op [Select] on CPU', "
        "candle-org/MindAct#1652)"),
     _p("missing_kernel", r"Unsupported op type on acl", "MindSpore 2.9 lib/plugin/libmindspore_ops_ascend.so"),
+    _p("missing_kernel", r"Op \w+ does not has any binary",
+       "CANN opp (aclnn kernel init): the chip's kernel binaries for the op are absent, e.g. the Ascend-cann-kernels "
+       "package for this chip is not installed ('Op Cast does not has any binary.', hiyouga/LlamaFactory#3796)"),
     _p("missing_kernel", r"Not registered \w+ kernel: op\[\w+\]",
        "MindSpore 1.x cpu_kernel_factory.cc ('Not registered CPU kernel: op[CheckValid]!', "
        "mindspore-ai/community#4)"),
@@ -281,7 +287,8 @@ PATTERNS: tuple[Pattern, ...] = (
     # '[1]+  Killed  python train.py', 'line 3: 4242 Killed  python ...'), '已杀死' in a zh_CN locale
     _p("killed", r"exitcode\s*:\s*-9\b",
        "torch.distributed.elastic error summary of a rank ended by SIGKILL ('exitcode  : -9 (pid: N)')"),
-    _p("killed", r"^\s*(?:\[\d+\][+-]?\s+|.*line \d+:\s+\d+\s+)?(?:\*\*)?(?:Killed|已杀死)(?:\*\*)?(?:\s{2,}\S.*)?\s*$",
+    _p("killed", r"^\s*(?:\[\d+\][+-]?\s+|.*line \d+:\s+\d+\s+)?(?:\*\*)?(?:Killed|已杀死)(?:\*\*)?"
+                 r"(?:\s{2,}\S.*)?\s*$",
        "bash jobs.c / the shell's strsignal(SIGKILL) 'Killed' (zh_CN: '已杀死'), quoted bare in "
        "CharlesShang/FastMaskRCNN#172, xk-huang/yet-another-vectornet#37, danijar/dreamerv3#203"),
     _p("killed", r"killed by signal: (?:Killed|9\b|SIGKILL)",
@@ -317,7 +324,8 @@ PATTERNS: tuple[Pattern, ...] = (
        "PyTorch/NCCL 'ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
        "prematurely.', c10d TCPStore 'Timed out after N seconds waiting for clients. 1/2 clients joined.', Gloo "
        "tcp/pair.cc 'Connection closed by peer'"),
-    _p("collective_timeout", r"Message receive timeout, Suggest configuring timeout time through MS_RECEIVE_MSG_TIMEOUT",
+    _p("collective_timeout", r"Message receive timeout, Suggest configuring timeout time through "
+                             r"MS_RECEIVE_MSG_TIMEOUT",
        "MindSpore 2.9 lib/libmindspore_cluster.so: a cluster message (rendezvous, collective metadata) never "
        "arrived"),
     _p("hang", r"Stream synchronize timeout|reason=\[(?:stream sync|task) timeout\]",
@@ -360,7 +368,8 @@ STEP_LINE = re.compile(r"step:\[\s*\d+/\s*\d+\]")  # mindformers 1.9 MFLossMonit
 # gradient kernels are named under Gradients/), an op being executed (CANN '[Exec][Op]Execute op failed'), or a
 # data-source actor feeding a running graph (MindSpore's HostDSActor / DeviceDSActor).
 STEP_HINT = re.compile(r"\.backward\(|run_backward|in backward$|autograd/__init__\.py|kernel name: \S*Gradients/"
-                       r"|\[Exec\]\[Op\]Execute op failed|Execute op failed\. op type|kernel_graph_@ (?:Host|Device)DSActor")
+                       r"|\[Exec\]\[Op\]Execute op failed|Execute op failed\. op type"
+                       r"|kernel_graph_@ (?:Host|Device)DSActor")
 # Lines that show graph compilation (or the load before the first step) was under way when memory ran out:
 # MindSpore's compile-phase estimate, its SOMAS memory plan, a traceback through Cell.compile, weights being loaded.
 COMPILE_HINT = re.compile(r"It is estimated that the task may collapse due to out of memory"

@@ -15,7 +15,9 @@ _SHAPE = re.compile(r"For 'load_param_into_net', (\S+) in the argument 'net' sho
                     r"its shape \(([^)]*)\) in the argument 'net' and shape \(([^)]*)\) in the argument "
                     r"'parameter_dict'")
 _CLASH = re.compile(r"'([^']+)' is already used by a (\w+) (config|model)")
-_KERNEL = re.compile(r"The kernel (\w+) unregistered|Unsupported op \[(\w+)\]")
+_KERNEL = re.compile(r"The kernel (\w+) unregistered|Unsupported op \[(\w+)\]|Not registered \w+ kernel: op\[(\w+)\]"
+                     r"|Operator\[(\w+)\]|Op (\w+) does not has any binary|Operator \((\w+)\) does not have kernel"
+                     r"|No registered '(\w+)' OpKernel|Could not run '([^']+)'|\"(\w+)\" not implemented for")
 MODEL_DIMS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "kv_heads", "seq_length")
 
 
@@ -220,7 +222,7 @@ def _clash(diag, cfg) -> list[dict]:
 
 def _kernel(diag, cfg) -> list[dict]:
     found = next((m for m in map(_KERNEL.search, diag.evidence) if m), None)
-    op = (found.group(1) or found.group(2)) if found else "an op"
+    op = found.group(found.lastindex) if found else "an op"  # one group per wording: the one that matched
     target = ""
     if cfg is not None:
         from ..config.platform import device_target
@@ -228,6 +230,9 @@ def _kernel(diag, cfg) -> list[dict]:
         target = f" ({device_target(cfg)})"
     out = [_r(f"{op} has no kernel on this device target{target}: run the stage on Ascend (its work pool) or use a "
               "code path without it (on CPU evaluation decodes from forward logits, not model.generate)")]
+    if any("does not has any binary" in line for line in diag.evidence):
+        out.insert(0, _r("the CANN kernel binaries of this chip are not installed: install the Ascend-cann-kernels "
+                         "package matching the chip and the CANN toolkit, then rerun"))
     if cfg is not None and cfg.model.use_flash_attention:
         out.append(_r("flash attention is an Ascend kernel", ["model.use_flash_attention=false"]))
     return out

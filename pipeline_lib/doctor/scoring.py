@@ -3,10 +3,12 @@
     python -m pipeline_lib.doctor.scoring [CORPUS] [--held-out] [--write-doc docs/troubleshooting.md]
 
 CORPUS (default tests/doctor/logs/corpus.yaml) lists `{file, expected, source[, held_out]}`; `expected: healthy`
-is a log of a run that is fine, which must come out `unknown` (no failure). Per category: precision = of the logs
-called it, the share that are it; recall = of the logs that are it, the share called it. `unknown` for a failure is
-a miss (recall), never a false alarm (precision): doctor says it does not know. `--write-doc` rewrites the table
-between the score markers of the troubleshooting guide, so the guide shows what this module computes.
+is a log of a run that is fine, which must come out `unknown` (no failure); `expected: unknown` is a real failure
+that none of the categories describes, which must come out `unknown` too (doctor must not guess). Per category:
+precision = of the logs called it, the share that are it; recall = of the logs that are it, the share called it.
+`unknown` for a failure is a miss of that category's recall, never a false alarm of another's precision: doctor
+says it does not know (it lowers the precision of the `unknown` row only). `--write-doc` rewrites the table between
+the score markers of the troubleshooting guide, so the guide shows what this module computes.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ class Score:
 def load_corpus(path: Path = DEFAULT_CORPUS) -> list[Case]:
     """The corpus' cases; an entry naming no file, an unknown category or no source is refused (CorpusError)."""
     entries = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or []
-    known = set(ALL_CATEGORIES) - {"unknown"} | {HEALTHY}
+    known = set(ALL_CATEGORIES) | {HEALTHY}
     cases = []
     for i, entry in enumerate(entries):
         where = f"{path} entry {i + 1} ({entry.get('file')!r})"
@@ -90,7 +92,7 @@ def score(cases: list[Case]) -> Score:
             result.per_category[case.expected]["tp"] += 1
             continue
         result.per_category[case.expected]["fn"] += 1
-        if got != "unknown":
+        if got != "unknown" or case.expected != HEALTHY:  # a failure left unknown is a false "unknown"
             result.per_category.setdefault(got, {"tp": 0, "fp": 0, "fn": 0, "support": 0})["fp"] += 1
         if case.expected == HEALTHY:
             result.false_alarms.append((case.file.name, got))
