@@ -364,10 +364,11 @@ CONTEXT = {
 
 # Lines that show training reached its steps: a device OOM after one of these happened in a step, not at compile.
 STEP_LINE = re.compile(r"step:\[\s*\d+/\s*\d+\]")  # mindformers 1.9 MFLossMonitor / loss_callback.py
-# Lines that show the OOM was met while a step's kernels ran: a backward pass (PyTorch autograd frames, MindSpore's
-# gradient kernels are named under Gradients/), an op being executed (CANN '[Exec][Op]Execute op failed'), or a
-# data-source actor feeding a running graph (MindSpore's HostDSActor / DeviceDSActor).
-STEP_HINT = re.compile(r"\.backward\(|run_backward|in backward$|autograd/__init__\.py|kernel name: \S*Gradients/"
+# Lines that show the OOM was met while a step's kernels ran: a backward pass (PyTorch autograd frames; MindSpore names
+# the gradient kernels under Gradients/ or Bprop/), an op being executed (CANN '[Exec][Op]Execute op failed'), or a
+# data-source actor feeding a running graph (MindSpore's HostDSActor / DeviceDSActor). A forward kernel named alone
+# is no evidence either way: the phase stays "before the first step", as graph mode lays out memory before it.
+STEP_HINT = re.compile(r"\.backward\(|run_backward|in backward$|autograd/__init__\.py|kernel name: \S*(?:Gradients|Bprop)/"
                        r"|\[Exec\]\[Op\]Execute op failed|Execute op failed\. op type"
                        r"|kernel_graph_@ (?:Host|Device)DSActor")
 # Lines that show graph compilation (or the load before the first step) was under way when memory ran out:

@@ -50,6 +50,9 @@ def test_device_oom_before_any_step_is_compile_after_a_step_is_step():
     assert classify(oom)[0] == "device_oom_compile"
     assert classify(step + "\n" + oom)[0] == "device_oom_step"
     assert classify(oom + "\n" + step)[0] == "device_oom_compile"  # a step after the OOM is another attempt's
+    # MindSpore scopes the kernels of the backward graph under Gradients/: such a kernel ran in a step
+    grad = oom.replace("MatMul-op1", "Gradients/Default/network-WithLossCell/gradMatMul/MatMul-op1")
+    assert classify(grad)[0] == "device_oom_step"
 
 
 @pytest.mark.parametrize("text", [
