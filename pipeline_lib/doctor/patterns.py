@@ -233,7 +233,8 @@ PATTERNS: tuple[Pattern, ...] = (
        "mindformers 1.9 core/callback/callback.py MFLossMonitor step line ('loss: %5.6f' prints nan/inf)"),
     # a loss printed as nan/inf in any training log's format: 'loss: nan', 'lm loss NAN', 'Training Loss: nan',
     # 'train loss nan', 'train_epoch_loss=nan', 'eval_epoch_loss=tensor(nan'
-    _p("nan_or_overflow", r"\b\w*loss\b['\"]?\s*[:=]?\s*(?:tensor\()?\[?\s*[-+]?(?:nan|inf)\b",
+    # ('best_loss: inf' is a tracker's starting value, not a loss)
+    _p("nan_or_overflow", r"\b(?!best|min|lowest)\w*loss\b['\"]?\s*[:=]?\s*(?:tensor\()?\[?\s*[-+]?(?:nan|inf)\b",
        "the loss printed as nan/inf: MindSpore mindyolo ('loss: nan, lbox: nan', mindspore-lab/mindyolo#440), "
        "Megatron-style 'lm loss NAN' (THUDM/Chinese-Transformer-XL#7), 'Training Loss: nan' "
        "(nebuly-ai/optimate#314), 'train loss nan' (datawhalechina/tiny-universe#31), llama-recipes "
@@ -338,7 +339,7 @@ PATTERNS: tuple[Pattern, ...] = (
        "MindSpore 2.9 msrun (parallel/cluster/process_entity/_api.py 'Time out nodes are [...]', "
        "candle-org/MindAct#1983) and lib/libmindspore_cluster.so (the scheduler's heartbeat: 'The node: N is "
        "timed out. It may exit with exception, please check this node's log.')"),
-    _p("hang", r"^Timeout \(\d+:\d\d:\d\d\)!$",
+    _p("hang", r"^(?:\[rank\d+\]:\s*)?Timeout \(\d+:\d\d:\d\d\)!$",
        "CPython Modules/faulthandler.c dump_traceback_later: 'Timeout (0:05:00)!' and every thread's stack "
        "(vulnerability-lookup/vulnerability-lookup#591, Tribler/tribler#7696)"),
     _p("hang", r"ProcessGroup\w+'s watchdog got stuck for \d+ seconds without making progress",
