@@ -232,7 +232,8 @@ def candidate_tokens(context_ids: list[int], full_ids: list[int]) -> int:
 
 def encode_task(task: Task, codec, fmt: str, seq_length: int, system_prompt: str | None = None) -> list[Sequence]:
     """Token sequences of every (item, candidate) of a task, each at most seq_length tokens: a long prompt keeps
-    its first token (BOS) and its tail. Raises TaskSetError when a candidate alone does not fit."""
+    its first token (BOS) and its tail; a candidate longer than seq_length - 2 tokens keeps its head (both counted
+    as `truncated` in the task's result: the model saw less than the file says)."""
     contexts = codec.encode_prompts([it.context for it in task.items], fmt, system_prompt)
     flat = [(i, c) for i, it in enumerate(task.items) for c in range(len(it.candidates))]
     if fmt == "raw":  # prompt and candidate encoded together: the candidate as it reads in running text
@@ -243,13 +244,10 @@ def encode_task(task: Task, codec, fmt: str, seq_length: int, system_prompt: str
     out = []
     for (i, c), full in zip(flat, fulls):
         start = candidate_tokens(contexts[i], full)
-        cand = len(full) - start
-        if cand > seq_length - 2:
-            it = task.items[i]
-            raise TaskSetError(f"{task.path}:{it.line}: candidate {it.candidates[c]!r} is {cand} tokens, more than "
-                               f"model.seq_length={seq_length} leaves after a prompt; shorten it or raise "
-                               "model.seq_length")
         ids, truncated = list(full), False
+        room = seq_length - 2  # BOS and at least one prompt token before the candidate
+        if len(ids) - start > room:
+            ids, truncated = ids[:start + room], True
         if len(ids) > seq_length:  # keep BOS and the prompt's tail
             cut = len(ids) - seq_length
             ids, start, truncated = ids[:1] + ids[1 + cut:], start - cut, True
