@@ -81,7 +81,7 @@ def _md_cell(value) -> str:
     return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>") or " "
 
 
-def _md_table(rows: list[dict]) -> str:
+def md_table(rows: list[dict]) -> str:
     if not rows:
         return "_(none)_\n"
     cols = list(rows[0])
@@ -125,7 +125,7 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~])")
 _LONG_WORD = re.compile(r"\S{60,}")
 
 
-def _md_quote(text: str) -> str:
+def md_quote(text: str) -> str:
     """Model output as a one-paragraph quote a markdown renderer shows as written: markdown and HTML
     characters backslash-escaped (the Prefect UI renders raw HTML tags), newlines as <br>, and a
     zero-width space every 40 characters of a very long word so the page can wrap it."""
@@ -142,14 +142,14 @@ def render_markdown(summary: dict, generations: dict, title: str = "Evaluation")
              f"Checkpoints: {', '.join(labels)}. Decoding: {summary.get('decoding', '')}, "
              f"max {summary.get('max_new_tokens', '')} new tokens, device {summary.get('device', '')} "
              f"({summary.get('decode_path', '')} path). Keyword hits: expected keywords found in the answer.\n",
-             "## Checkpoints\n", _md_table(reading_rows(summary)),
+             "## Checkpoints\n", md_table(reading_rows(summary)),
              "\n".join(f"- {_md_cell(ck['label'])}: `{_source(ck['ref'])}`" for ck in summary["checkpoints"]) + "\n"]
     if summary.get("tasks"):
-        parts += ["## Task accuracy\n", TASKS_NOTE, _md_table(task_rows(summary))]
+        parts += ["## Task accuracy\n", TASKS_NOTE, md_table(task_rows(summary))]
     parts.append("## Answers per prompt\n")
     for p in summary["prompts"]:
         kws = p.get("keywords", [])
-        parts.append(f"### {p['id']} ({p['set']})\n\n{_md_quote(p['prompt'])}\n")
+        parts.append(f"### {p['id']} ({p['set']})\n\n{md_quote(p['prompt'])}\n")
         if kws:
             parts.append(f"Expected keywords: {', '.join(kws)}\n")
         for label in labels:
@@ -159,7 +159,7 @@ def render_markdown(summary: dict, generations: dict, title: str = "Evaluation")
                 continue
             hits = f"{len(rec['keyword_hits'])}/{len(rec['keywords'])} hits, " if rec.get("keywords") else ""
             parts.append(f"**{label}** ({hits}{rec.get('num_tokens', '?')} tokens, {rec.get('stop_reason', '')})\n\n"
-                         f"{_md_quote(rec['text'])}\n")
+                         f"{md_quote(rec['text'])}\n")
     return "\n".join(parts)
 
 
