@@ -415,9 +415,8 @@ def nightly_main(argv: list[str]) -> int:
         # the resolved config, its secrets as env: references: the overrides (a webhook URL among them) never
         # become flow-run parameters
         state = nightly(config=public_config(cfg), run_date=args.run_date, return_state=True)
-    ended = ("Skipped", "NoNewData", "Busy", "Promoted", "Held")
-    print(f"nightly {state.name}: {state.message}" if state.name in ended else
-          state.result() if state.is_completed() else f"nightly failed: {state.message}")
+    # every end of a night is a named Completed state with its message (flows.nightly), or a failure
+    print(f"nightly {state.name}: {state.message}" if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1
 
 

@@ -521,6 +521,13 @@ class EvaluateConfig(_Section):
         "the run's tokenizer; perplexity per checkpoint on each, beside the domain held-out perplexity: the "
         "measure of forgetting the nightly gate reads (nightly.gate).")
     reference_max_rows: int = Field(32, ge=1, le=100_000, description="Packed rows of each reference set scored.")
+    reference_heldout: list[str] = Field(
+        default_factory=list, json_schema_extra=identity("evaluate"),
+        description="Held-out splits of earlier runs of this lineage (their data/mindrecord/heldout folder, local "
+        "or s3://), scored like reference sets and reported as heldout@<run id>. The rows were tokenized by that "
+        "run, so its tokenizer must be the run's (checked). The nightly sets it to the held-out split of its "
+        "lineage's first promoted night: rows that do not move from night to night, in the lineage's own domain, "
+        "so a night that forgets the domain (trained on garbage) is caught by the gate.")
     tasks: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/domain_choice.jsonl", "configs/eval/domain_classify.jsonl"],
         json_schema_extra=identity("evaluate", by="contents"), validate_default=True,
@@ -567,8 +574,9 @@ class OrchestrationConfig(_Section):
 class GateConfig(_Section):
     max_perplexity_increase: float = Field(
         0.05, ge=0, le=10, description="The budget of a night: its candidate may raise the perplexity of the domain "
-        "held-out split and of each evaluate.reference_sets file by at most this fraction over the promoted "
-        "model's, measured on the same rows in the same evaluate run (0.05 = 5%).")
+        "held-out split, of each evaluate.reference_sets file and of each evaluate.reference_heldout split (the "
+        "lineage's fixed held-out rows) by at most this fraction over the promoted model's, measured on the same "
+        "rows in the same evaluate run (0.05 = 5%).")
     max_task_drop: float = Field(0.02, ge=0, le=1, description="Largest accepted drop of a task's accuracy "
                                  "(absolute, per task) against the promoted model.")
     on_regression: Literal["hold", "ask"] = Field(

@@ -38,11 +38,12 @@ from ..config.platform import device_target
 from ..runtime.contract import StageOutput, StageRun
 from ..runtime.stage_folder import StageFolder, files_under
 from ..model.checkpoint_cache import pretrain_checkpoint
-from ..model.tokenizer_lineage import require_same_tokenizer
+from ..model.tokenizer_lineage import require_heldout_tokenizer, require_same_tokenizer
 from ..runtime.upstream import InputNotFound, default_checkpoints, find_heldout, find_tokenizer, localize, localize_ref
 from ..runtime.worker import as_log, run_worker
 from . import report as rep
 from .prompts import load_prompt_sets, resolve_prompt_file
+from .reference import heldout_name
 from .tasks import load_task_sets
 
 STAGE = "evaluate"
@@ -84,6 +85,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
         raise InputNotFound("no tokenizer: pass tokenizer_path, set tokenizer.path or run the data stage")
     for label, ref in checkpoints.items():  # every compared model must read the ids as the run's tokenizer writes them
         require_same_tokenizer(ref, tokenizer_path, paths.endpoint_url, what=f"evaluate checkpoint {label!r}")
+    for folder in cfg.evaluate.reference_heldout:
+        require_heldout_tokenizer(folder, tokenizer_path, paths.endpoint_url)
     heldout_dir = heldout_dir if heldout_dir is not None else find_heldout(paths, upstream)
     if heldout_dir is None:
         emit("evaluate: no held-out split found; perplexity is skipped")
@@ -104,6 +107,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
                    "out_dir": str(folder.local), "work_dir": str(work), "target": target,
                    "formats": prompt_formats or {}, "check_generate": check_generate,
                    "reference_sets": [localize(r, cache, paths.endpoint_url) for r in cfg.evaluate.reference_sets],
+                   "reference_heldout": {heldout_name(f): localize(f, cache, paths.endpoint_url)
+                                         for f in cfg.evaluate.reference_heldout},
                    "tasks": task_files, "task_names": list(cfg.evaluate.tasks)}
         emit(f"evaluate: {len(items)} checkpoints x {len(prompts)} prompts, {len(tasks)} task(s) on {target}")
         if progress:
@@ -130,7 +135,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
         outputs = folder.publish(files_under(folder.local))
     inputs = {"checkpoints": {i["label"]: checkpoints[i["label"]] for i in items}, "tokenizer": tokenizer_path,
               "heldout_dir": heldout_dir, "prompt_files": _sha_files(cfg.evaluate.prompt_files),
-              "reference_sets": _sha_files(cfg.evaluate.reference_sets), "tasks": _sha_files(cfg.evaluate.tasks)}
+              "reference_sets": _sha_files(cfg.evaluate.reference_sets),
+              "reference_heldout": list(cfg.evaluate.reference_heldout), "tasks": _sha_files(cfg.evaluate.tasks)}
     emit(f"evaluate: done in {summary['seconds']} s -> {folder.uri}")
     # the consumed inputs stay in the metrics: the manifest's own `inputs` are the registry's upstream fingerprints
     return StageOutput(outputs, {"checkpoints": rep.summary_rows(summary), "device": summary["device"],

@@ -138,11 +138,13 @@ def run(req: dict) -> dict:
     rows = None
     if req.get("heldout_dir"):
         rows = read_heldout_rows(req["heldout_dir"], cfg.model.seq_length, cfg.evaluate.perplexity_max_rows)
-    from .reference import load_reference_set, reference_rows, set_name
+    from .reference import heldout_name, load_reference_set, reference_rows, set_name
 
     references = {set_name(path): reference_rows(load_reference_set(path), codec, cfg.model.seq_length,
                                                  cfg.evaluate.reference_max_rows)
                   for path in req.get("reference_sets", [])}
+    for name, folder in req.get("reference_heldout", {}).items():
+        references[name] = read_heldout_rows(folder, cfg.model.seq_length, cfg.evaluate.reference_max_rows)
     t0 = time.time()
     net = build_llama(cfg, batch_size=cfg.evaluate.batch_size, seq_length=cfg.model.seq_length, target=target,
                       token_ids=codec.ids)
