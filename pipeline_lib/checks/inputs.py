@@ -116,7 +116,7 @@ class InputChecks:
                     self.errors.append(ConfigIssue(field, path, str(err), "correct that line of the prompt file"))
 
     def tasks(self) -> None:
-        from ..evaluate.tasks import TaskSetError, load_task_file
+        from ..evaluate.loglik_tasks import TaskSetError, load_task_file
 
         names: dict[str, int] = {}
         for i, path in enumerate(self.cfg.evaluate.tasks):

@@ -5,7 +5,7 @@ What `run_evaluate_stage(run, checkpoints=None, tokenizer_path=None, heldout_dir
 1. loads and checks the prompt sets (evaluate.prompt_files) in this process;
 2. runs `python -m pipeline_lib.evaluate.worker` (runtime.worker; MindSpore lives only there; launcher
    timeout = training.timeout_seconds), which writes `<label>/generations.jsonl` per checkpoint and
-   returns perplexity, keyword hits, speed and the accuracy of each task of evaluate.tasks (tasks.py)
+   returns perplexity, keyword hits, speed and the accuracy of each task of evaluate.tasks (loglik_tasks.py)
    per checkpoint;
 3. writes `metrics.json` (prompts + per-checkpoint results), `report.md` and `report.html`
    (answers side by side per prompt) and returns them as outputs. Its metrics carry the inputs it
@@ -44,7 +44,7 @@ from ..runtime.worker import as_log, run_worker
 from . import report as rep
 from .prompts import load_prompt_sets, resolve_prompt_file
 from .reference import heldout_name
-from .tasks import load_task_sets
+from .loglik_tasks import load_task_sets
 
 STAGE = "evaluate"
 MARKDOWN_LIMIT = 60_000  # characters of the report kept in the manifest for the UI

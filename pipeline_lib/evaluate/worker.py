@@ -4,7 +4,7 @@ Launched by stage.run_evaluate_stage (runtime.worker.run_worker); imports MindSp
 (batch = evaluate.batch_size, length = model.seq_length) and every checkpoint's weights are loaded
 into it in turn, so the graph compiles once. Per checkpoint it writes `<label>/generations.jsonl`
 (one line per prompt: prompt id, checkpoint, text, tokens, time, stop reason, keyword hits),
-computes held-out perplexity and scores the tasks of evaluate.tasks by log-likelihood (tasks.py; the
+computes held-out perplexity and scores the tasks of evaluate.tasks by log-likelihood (loglik_tasks.py; the
 same network called at evaluate.task_batch_size rows: a second compiled graph, the weights shared),
 one record per item in `<label>/tasks.jsonl`. A checkpoint with a LoRA adapter (instruction-tuned) is prompted with
 the SFT chat template, the others with BOS + the raw prompt (request "formats" overrides per label);
@@ -94,8 +94,8 @@ def _decode_checkpoint(net, fn, prompts, codec, cfg, req, label, fmt, out_path: 
 
 
 def _score_tasks(task_fn, tasks, encoded: dict, codec, cfg, fmt: str, out_path: Path, label: str) -> dict:
-    """Accuracy per task by log-likelihood (tasks.py); one record per item in `<label>/tasks.jsonl`."""
-    from .tasks import encode_task, score_task, sequence_logliks
+    """Accuracy per task by log-likelihood (loglik_tasks.py); one record per item in `<label>/tasks.jsonl`."""
+    from .loglik_tasks import encode_task, score_task, sequence_logliks
 
     seq = cfg.model.seq_length
     if fmt not in encoded:
@@ -149,7 +149,7 @@ def run(req: dict) -> dict:
     net = build_llama(cfg, batch_size=cfg.evaluate.batch_size, seq_length=cfg.model.seq_length, target=target,
                       token_ids=codec.ids)
     fn = fixed_batch(logits_fn(net), cfg.evaluate.batch_size, codec.pad_id)
-    from .tasks import load_task_sets
+    from .loglik_tasks import load_task_sets
 
     tasks = load_task_sets(req.get("tasks", []), req.get("task_names"))
     # the same network at the tasks' own (larger) batch: a second compiled graph sharing the weights

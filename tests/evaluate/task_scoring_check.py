@@ -1,4 +1,4 @@
-"""Run by test_tasks.py in its own process (MindSpore stays out of the pytest process).
+"""Run by test_loglik_tasks.py in its own process (MindSpore stays out of the pytest process).
 
 On the tiny mindformers Llama (CPU) with the session's tokenizer:
 1. the batched scorer (tasks.sequence_logliks: several sequences per forward, right-padded, a fixed batch) gives for
@@ -48,7 +48,7 @@ def train(net, seqs, pad_id: int, seq_length: int, batch: int, steps: int) -> li
 def main(cfg_path: str, ckpt: str, tokenizer: str, task_file: str) -> None:
     from pipeline_lib.config.load import config_from_dict
     from pipeline_lib.evaluate.decoding import fixed_batch
-    from pipeline_lib.evaluate.tasks import encode_task, load_task_file, score_task, sequence_logliks
+    from pipeline_lib.evaluate.loglik_tasks import encode_task, load_task_file, score_task, sequence_logliks
     from pipeline_lib.evaluate.textcodec import TextCodec
     from pipeline_lib.model.llama import build_llama, load_into, logits_fn, read_checkpoint, set_context
 

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline_lib.checks.inputs import check_inputs
 from pipeline_lib.config import load_config
-from pipeline_lib.evaluate.tasks import (CLASSIFICATION, MULTIPLE_CHOICE, TaskSetError, candidate_tokens,
+from pipeline_lib.evaluate.loglik_tasks import (CLASSIFICATION, MULTIPLE_CHOICE, TaskSetError, candidate_tokens,
                                          load_task_file, load_task_sets)
 
 ROOT = Path(__file__).resolve().parents[2]
