@@ -76,6 +76,14 @@ def _nonempty(obj: dict, key: str, where: str, fix: str) -> str:
     return value
 
 
+def _distinct_strings(value, key: str, where: str, example: str) -> None:
+    """Candidates (choices, labels): at least two non-empty strings, each once."""
+    if not isinstance(value, list) or len(value) < 2 or not all(isinstance(x, str) and x.strip() for x in value):
+        _fail(where, f"field '{key}'={value!r} must list at least two non-empty strings", example)
+    if len(set(value)) != len(value):
+        _fail(where, f"field '{key}'={value!r} repeats an entry", f"list every one of the {key} once")
+
+
 def _header(obj: dict, where: str) -> tuple[str, str | None, str | None, tuple[str, ...]]:
     kind = obj.get("type")
     if kind not in (MULTIPLE_CHOICE, CLASSIFICATION):
@@ -98,12 +106,7 @@ def _header(obj: dict, where: str) -> tuple[str, str | None, str | None, tuple[s
                   "write literal braces as {{ and }}")
     labels = obj.get("labels")
     if kind == CLASSIFICATION:
-        if (not isinstance(labels, list) or len(labels) < 2
-                or not all(isinstance(x, str) and x.strip() for x in labels)):
-            _fail(where, f"field 'labels'={labels!r} must list at least two non-empty label strings",
-                  "declare the label set, e.g. \"labels\": [\"正常\", \"异常\"]")
-        if len(set(labels)) != len(labels):
-            _fail(where, f"field 'labels'={labels!r} repeats a label", "list every label once")
+        _distinct_strings(labels, "labels", where, "declare the label set, e.g. \"labels\": [\"正常\", \"异常\"]")
     elif labels is not None:
         _fail(where, "field 'labels' is only for classification tasks",
               f"remove it, or set \"type\": \"{CLASSIFICATION}\"")
@@ -122,12 +125,7 @@ def _item(obj: dict, where: str, kind: str, prompt: str, labels: tuple[str, ...]
                   "\"labels\": [...]}")
         question = _nonempty(obj, "question", where, "write the question the choices answer")
         choices = obj.get("choices")
-        if (not isinstance(choices, list) or len(choices) < 2
-                or not all(isinstance(c, str) and c.strip() for c in choices)):
-            _fail(where, f"field 'choices'={choices!r} must list at least two non-empty strings",
-                  "e.g. \"choices\": [\"红外测温\", \"清扫积尘\"]")
-        if len(set(choices)) != len(choices):
-            _fail(where, f"field 'choices'={choices!r} repeats a choice", "make every choice different")
+        _distinct_strings(choices, "choices", where, "e.g. \"choices\": [\"红外测温\", \"清扫积尘\"]")
         answer = obj.get("answer")
         if isinstance(answer, bool) or not isinstance(answer, (int, str)):
             _fail(where, f"field 'answer'={answer!r} must be a choice's 0-based index or its text",
