@@ -112,10 +112,11 @@ def test_scoring_on_the_tiny_llama_matches_the_logits_and_a_trained_label_wins(t
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # every (item, choice) of the shipped multiple-choice task, 3 per forward, equals it scored alone
     assert out["sequences"] == sum(len(it.candidates) for it in load_task_file(tiny.cfg.evaluate.tasks[0]).items)
-    assert out["batched"] == pytest.approx(out["direct"], rel=1e-5, abs=1e-4)
+    assert out["batched"] == pytest.approx(out["direct"], rel=1e-9, abs=1e-9)  # measured: equal to ~3e-14
     assert all(n >= 1 for n in out["candidate_tokens"]) and all(v < 0 for v in out["batched"])
     assert 0 <= out["choice_result"]["accuracy"] <= 1 and out["choice_result"]["items"] == 20
     # trained on each text followed by its own label (two different labels): both trained labels win
     assert out["losses"][1] < out["losses"][0] / 4, out["losses"]
+    assert out["before"]["correct"] < 2  # the random-init model did not answer both (it got one of two)
     assert out["after"]["accuracy"] == 1.0 and out["after"]["correct"] == 2, out["records"]
     assert {r["id"]: r["predicted"] for r in out["records"]} == {"hot": "过热", "rust": "锈蚀"}
