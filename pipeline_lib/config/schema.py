@@ -541,6 +541,17 @@ class EvaluateConfig(_Section):
         "run, so its tokenizer must be the run's (checked). The nightly sets it to the held-out split of its "
         "lineage's first promoted night: rows that do not move from night to night, in the lineage's own domain, "
         "so a night that forgets the domain (trained on garbage) is caught by the gate.")
+    tasks: list[InputPath] = Field(
+        default_factory=lambda: ["configs/eval/domain_choice.jsonl", "configs/eval/domain_classify.jsonl"],
+        json_schema_extra=identity("evaluate", by="contents"), validate_default=True,
+        description="Task files scored by log-likelihood for every evaluated checkpoint (jsonl, docs/evaluation.md): "
+        "multiple choice (question, choices, answer) or classification (text, label, over the labels its header "
+        "declares). Each candidate's log-likelihood after the prompt is summed from one forward; the highest is the "
+        "model's answer; accuracy per task (the nightly gate's nightly.gate.max_task_drop reads it).")
+    task_batch_size: int = Field(
+        16, ge=1, le=4096, description="Sequences (item x candidate, model.seq_length tokens each) per forward when "
+        "scoring evaluate.tasks: no gradients, so larger than training's micro batch; it costs activation memory "
+        "only (the weights are shared with the decoding graph).")
     compare_checkpoints: dict[str, InputPath] = Field(
         default_factory=dict,
         description="Extra checkpoints (label -> .ckpt path) shown side by side, e.g. last night's.")
