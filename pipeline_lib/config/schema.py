@@ -418,6 +418,12 @@ class TrainingConfig(_Section):
     guard: GuardConfig = Field(default_factory=GuardConfig)
     timeout_seconds: int = Field(3600, json_schema_extra=NO_OUTPUT_EFFECT,
                                  ge=1, description="Launcher timeout; the whole process group is killed.")
+    hang_timeout_s: float | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT, ge=0,
+        description="Hang watchdog: a rank that finishes no training step for this many seconds is a hang (every "
+        "rank's stacks are dumped, the trainer tree is killed, training resumes from the last verified checkpoint; "
+        "a second hang at the same step fails the stage). Empty: 10 x the median step time, at least 600 s; before "
+        "a launch's first step (graph compile) at least 1800 s. 0 turns the watchdog off.")
     upload_checkpoints: bool | None = Field(
         None, json_schema_extra=NO_OUTPUT_EFFECT,
         description="Copy finished checkpoints to the run store (S3), so a retry on another machine resumes from the "

@@ -29,7 +29,7 @@ _FAILED_STAGE = re.compile(r"stage '(\w+)' failed")
 SIGKILL_CODES = (-9, 137)
 
 # Retry policy by category: only infrastructure that comes back on its own is retried with the same config.
-RETRY_CATEGORIES = frozenset({"collective_timeout", "killed"})
+RETRY_CATEGORIES = frozenset({"collective_timeout", "killed", "hang"})
 NO_RETRY_CATEGORIES = frozenset({"device_oom_compile", "device_oom_step", "host_oom", "nan_or_overflow",
                                  "disk_full", "config_name_clash", "missing_kernel", "dataset_schema",
                                  "checkpoint_shape_mismatch"})

@@ -271,7 +271,24 @@ def _collective(diag, cfg) -> list[dict]:
                "(environment)")]
 
 
-_BY_CATEGORY = {"device_oom_compile": _device_oom, "device_oom_step": _device_oom, "host_oom": _host_oom,
+_HANG_FIRST = re.compile(r"stopped first: (rank\(s\) [\d, ]+ on host \S+ after step \d+)")
+_HANG_STACKS = re.compile(r"Python stacks of every rank: (\S+)")
+
+
+def _hang(diag, cfg) -> list[dict]:
+    first = next((m.group(1) for m in map(_HANG_FIRST.search, diag.evidence) if m), "the rank(s) named above")
+    stacks = next((m.group(1) for m in map(_HANG_STACKS.search, diag.evidence) if m), "hang/stacks_N.txt")
+    out = [_r(f"{first} stopped making progress: read its stack in {stacks} (a collective, the dataset pipeline, a "
+              "stopped or dead process) and that rank's msrun/worker_N.log. The stage resumes once from the last "
+              "verified checkpoint; a second hang at the same step is not retried")]
+    if cfg is not None and cfg.training.hang_timeout_s:
+        out.append(_r(f"if that step is only slow (a long checkpoint save, a slow data source), raise the hang limit "
+                      f"training.hang_timeout_s={cfg.training.hang_timeout_s:g} or leave it empty (derived from the "
+                      "median step time)", ["training.hang_timeout_s=null"]))
+    return out
+
+
+_BY_CATEGORY = {"hang": _hang, "device_oom_compile": _device_oom, "device_oom_step": _device_oom, "host_oom": _host_oom,
                 "nan_or_overflow": _nan, "disk_full": _disk, "config_name_clash": _clash,
                 "missing_kernel": _kernel, "dataset_schema": _schema, "checkpoint_shape_mismatch": _shape,
                 "collective_timeout": _collective, "killed": _killed}

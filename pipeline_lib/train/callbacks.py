@@ -10,6 +10,8 @@ What:
   this one, e.g. a checkpoint save; None for an attempt's first step). The MindSpore 2.9 profiler on CPU records
   op times and memory but no step boundaries or dataset waits, so this split is measured here. A resumed
   trainer's first record supersedes the earlier attempt's rows from its step on (`metrics.MetricsFile`).
+- `PipelineMetrics` also writes every rank's heartbeat (`heartbeat/rank_N.json`: last finished step, the step
+  under way, pid, host; train.heartbeat) at train begin and each step's begin and end: the hang watchdog's input.
 - `LossGuard` stops training at the first step whose loss is not finite, or exceeds `spike_factor` x the
   mean of the previous `window` finite losses. It writes `<output_dir>/guard/rank_N.json` (step, loss, the
   running mean, lr, loss scale, global norm and the dataset rows of the batch, see `metrics.batch_rows`) and
@@ -49,6 +51,7 @@ from mindspore.train.callback import Callback, ModelCheckpoint
 
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 
+from .heartbeat import Heartbeat
 from .metrics import LossRule, MetricsFile, batch_rows, guard_diagnosis_path, metrics_path
 
 INJECT_NAN_ENV = "LLM_PIPELINE_INJECT_NAN_STEP"
@@ -155,6 +158,7 @@ class PipelineMetrics(_BeforeCheckpoint):
             raise ValueError(f"tokens_per_step={tokens_per_step!r}: must be > 0 or None")
         self.output_dir, self.tokens_per_step, self.all_ranks = output_dir, tokens_per_step, all_ranks
         self.file: MetricsFile | None = None
+        self.heartbeat: Heartbeat | None = None
         self._t0 = time.perf_counter()
         self._last_end: float | None = None  # when the previous step's record was taken (None: first step)
         self._wait_ms: float | None = None
@@ -162,12 +166,16 @@ class PipelineMetrics(_BeforeCheckpoint):
     def on_train_begin(self, run_context):
         super().on_train_begin(run_context)
         rank, world = rank_and_size()
+        self.heartbeat = Heartbeat(self.output_dir, rank)
+        self.heartbeat.begin(self.step_offset)
         # metrics.jsonl is the loss rank's (a last-stage rank under pipeline parallel: LossRule)
         loss_rank = self.rule.loss_rank(world)
         if rank == loss_rank or self.all_ranks:
             self.file = MetricsFile(metrics_path(self.output_dir, 0 if rank == loss_rank else rank))
 
     def on_train_step_begin(self, run_context):
+        if self.heartbeat is not None:
+            self.heartbeat.step_begins(self.data_step(run_context.original_args()))
         self._t0 = time.perf_counter()
         # between the previous step's end and this begin: the next batch from the dataset pipeline, plus the
         # callbacks that run after this one (checkpoint saving on save steps, the loss monitor's log line)
@@ -183,9 +191,11 @@ class PipelineMetrics(_BeforeCheckpoint):
         return rows * (length - 1) * rank_and_size()[1]  # rows hold seq_length + 1 tokens
 
     def step_end_once(self, run_context):
+        cb = run_context.original_args()
+        if self.heartbeat is not None:
+            self.heartbeat.step_ends(self.data_step(cb))
         if self.file is None:
             return
-        cb = run_context.original_args()
         out = step_outputs(cb.net_outputs)  # reading the loss waits for the step: time after it
         ms = (time.perf_counter() - self._t0) * 1000
         out["loss_raw"], out["loss"] = out["loss"], self.rule.normalise(out["loss"])

@@ -16,7 +16,9 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   (`name` for the fresh start, `resume_name` for a resume) written for it. Resumes from `latest`, syncs checkpoints
   on each tick (runner.CheckpointTicker: CPU budget, tolerates a checkpoint rotated away mid-check) and after
   each attempt; the loss guard's diagnosis (runner.describe_guard with the stage's name) stops the stage, or
-  with a rollback policy resumes past the bad data window.
+  with a rollback policy resumes past the bad data window. A hang (train.hang: the watchdog killed the tree) is
+  recorded in `hang.json` and resumed from the last verified checkpoint; a second hang at the same step, or more
+  than MAX_HANG_RESUMES hangs in one run, raises `TrainingHang` with `retryable = False`.
 - `StageYaml`: the mindformers yaml of either stage, a dict built once per attempt with the metrics and guard
   callbacks, resume fields, extra epochs and checkpoint interval, then written once (header + yaml).
 Errors a user must fix are raised as the stage's own error class (`error`), naming the field and the fix.
@@ -40,7 +42,7 @@ from .. import killpoints
 from ..storage import join, store_for
 from ..runtime.nodes import node_rank
 from .checkpoints import CheckpointManager, check_disk
-from .launch import GuardTripped, TrainingLaunchError
+from .launch import GuardTripped, TrainingHang, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight
 from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, resume_fields, rollback_checkpoint
@@ -48,6 +50,8 @@ from .runner import CheckpointTicker, describe_guard, launch_trainer, local_rank
 WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 IDENTITY_FILE = "identity.json"
 PREFLIGHT_FILE = "preflight.json"
+HANG_FILE = "hang.json"
+MAX_HANG_RESUMES = 3
 
 
 def work_dir(stage_uri: str, node_rank: int = 0) -> Path:
@@ -165,6 +169,7 @@ class Trained:
     resumed_from_step: int | None
     attempts: int = 0
     rollbacks: list[dict] = field(default_factory=list)
+    hangs: list[dict] = field(default_factory=list)  # the hang watchdog's reports of this stage run
     peak_rss_bytes: int = 0             # the highest peak RSS of the trainer's process tree over the attempts
 
 
@@ -338,8 +343,15 @@ class TrainingSession:
                          f"{latest.get('data_step', latest['step'])} (optimizer step {latest.get('global_step')}) "
                          f"of {steps}")
             try:
-                result = launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env)
+                result = launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env,
+                                        attempt=done.attempts)
                 done.peak_rss_bytes = max(done.peak_rss_bytes, result.peak_rss_bytes or 0)
+            except TrainingHang as err:
+                manager.sync()
+                tick.upload_metrics()
+                self._after_hang(err, done)
+                latest = manager.latest()
+                continue
             except GuardTripped as err:
                 latest = self._after_guard(err, done, rollback, steps_per_epoch)
                 skipped += int(latest["data_step"]) - int(latest["step"])
@@ -360,6 +372,26 @@ class TrainingSession:
         if self.progress:
             self.progress("train", steps, steps)
         return done
+
+    def _after_hang(self, err: TrainingHang, done: Trained) -> None:
+        """Record the hang in hang.json; raise it (not retryable) when it repeats a step or there were too many."""
+        path = self.out / HANG_FILE
+        earlier = json.loads(path.read_text(encoding="utf-8"))["hangs"] if path.exists() else []
+        report = {**err.report, "attempt": done.attempts}
+        write_json(path, {"hangs": [*earlier, report]})
+        done.hangs.append(report)
+        step = report.get("step")
+        again = [h for h in earlier if h.get("step") == step]
+        why = (f"it hung at step {step} before (attempt {again[0].get('attempt')}): resuming would hang there again"
+               if again else f"{len(earlier) + 1} hangs in this run (at most {MAX_HANG_RESUMES} are resumed)"
+               if len(earlier) >= MAX_HANG_RESUMES else None)
+        if why is not None:
+            err.retryable = False
+            err.args = (f"{self.stage}: training hung and is not resumed: {why}; see {path} and the stacks in "
+                        f"{report.get('stacks')}\n{err}",)
+            raise err
+        self.log(f"{self.stage}: training hung after step {step} (ranks {report.get('first_ranks')} stopped first); "
+                 f"stacks in {report.get('stacks')}; resuming from the last verified checkpoint")
 
     def _after_guard(self, err: GuardTripped, done: Trained, rollback: GuardConfig | None,
                      steps_per_epoch: int) -> dict:

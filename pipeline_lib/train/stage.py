@@ -426,7 +426,7 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
         "step_time_ms": summary.step_time_ms if summary else None,
         "tokens_per_step": global_batch(cfg) * cfg.model.seq_length,
         "train_rows": rows, "resumed_from_step": trained.resumed_from_step, "attempts": trained.attempts,
-        "rollbacks": trained.rollbacks, "base": base_info or None, "preflight": preflight,
+        "rollbacks": trained.rollbacks, "hangs": trained.hangs, "base": base_info or None, "preflight": preflight,
         "node_rank": session.node_rank, "ranks": session.ranks, "seconds": round(time.time() - started, 1),
         "images": {"loss_curve": LOSS_PNG} if (out / LOSS_PNG).exists() else {},
         "tables": {"metrics": {"description": f"last {len(table)} training steps (metrics.jsonl)", "rows": table}},
