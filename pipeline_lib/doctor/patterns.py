@@ -27,7 +27,7 @@ def _p(category: str, regex: str, source: str, flags: int = 0) -> Pattern:
 
 # Precedence, most specific root cause first. device_oom_* is decided as "device_oom" and split by phase later.
 CATEGORIES = ("disk_full", "device_oom", "host_oom", "checkpoint_shape_mismatch", "dataset_schema",
-              "config_name_clash", "missing_kernel", "nan_or_overflow", "hang", "killed", "collective_timeout")
+              "config_name_clash", "missing_kernel", "nan_or_overflow", "killed", "collective_timeout", "hang")
 
 PATTERNS: tuple[Pattern, ...] = (
     # ---- disk full
@@ -126,9 +126,6 @@ PATTERNS: tuple[Pattern, ...] = (
        "mindformers 1.9 core/callback/callback.py MFLossMonitor step line ('loss: %5.6f' prints nan/inf)"),
     _p("nan_or_overflow", r"loss guard stopped training at step",
        "ours: pipeline_lib/train/callbacks.py LossGuard (NaN/inf loss or a spike)"),
-    # ---- a rank that stopped making progress: our watchdog killed the tree (before `killed`: the kill is ours)
-    _p("hang", r"\[launcher\] hang: no training step finished for",
-       "ours: pipeline_lib/train/hang.py HangWatchdog (no rank finished a step within the hang limit)"),
     # ---- collectives that waited too long (HCCL)
     _p("collective_timeout", r"EI0006|Getting socket times out",
        "CANN HCCL error EI0006, quoted in hiyouga/LlamaFactory#5071 and vllm-project/vllm-ascend#486 ('EI0006: "
@@ -136,6 +133,10 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("collective_timeout", r"Communication_Error_Get_Socket", "CANN HCCL, vllm-project/afd-plugin#229"),
     _p("collective_timeout", r"wait socket establish timeout",
        "HCCL hccl_socket_manager.cc, quoted in vllm-project/vllm-ascend#1955"),
+    # ---- a rank that stopped making progress
+    _p("hang", r"^\[watchdog\] hang: ",
+       "ours: the stage's hang watchdog (issue 29), the line it prints when a rank made no new step for "
+       "training.hang_timeout_s"),
 )
 
 # Lines that say more about a category once it is decided, but do not decide it on their own (quoted as evidence).

@@ -14,8 +14,11 @@ What:
   under way, pid, host; train.heartbeat) at train begin and each step's begin and end: the hang watchdog's input.
 - `LossGuard` stops training at the first step whose loss is not finite, or exceeds `spike_factor` x the
   mean of the previous `window` finite losses. It writes `<output_dir>/guard/rank_N.json` (step, loss, the
-  running mean, lr, loss scale, global norm and the dataset rows of the batch, see `metrics.batch_rows`) and
-  raises `LossGuardError`, so the process exits non-zero and the launcher raises `GuardTripped`.
+  running mean, lr, loss scale, global norm, the dataset rows of the batch and the source documents packed in them)
+  and raises `LossGuardError`, so the process exits non-zero and the launcher raises `GuardTripped`. The rows are
+  found by the batch's content in the train MindRecord files (train.batch_docs; exact also with training.shuffle
+  on), the documents through the data stage's rows-to-documents sidecars; unshuffled, `metrics.batch_rows` gives
+  the rows by position as well.
 
 Both are registered with mindformers (module type CALLBACK): the run yaml lists them (`metrics.
 training_callbacks`) and the trainer process must import this module before building the Trainer.
@@ -220,9 +223,11 @@ class LossGuard(_BeforeCheckpoint):
 
     def __init__(self, output_dir: str, spike_factor: float = 5.0, window: int = 20, batch_size: int | None = None,
                  data_parallel: int | None = None, num_rows: int | None = None, initial_step: int | None = None,
-                 shuffle_seed: int | None = None, loss_rule: dict | None = None, **kwargs):
+                 shuffle_seed: int | None = None, loss_rule: dict | None = None, dataset_dir: str | None = None,
+                 **kwargs):
         super().__init__(initial_step)
         self.rule = LossRule(**(loss_rule or {}))
+        self.dataset_dir = dataset_dir  # the train MindRecord files and their sidecars: the batch's documents
         self.shuffle_seed = shuffle_seed  # set when the dataset is shuffled: file rows cannot be named then
         if spike_factor <= 1:
             raise ValueError(f"spike_factor={spike_factor!r}: must be > 1 (training.guard.spike_factor)")
@@ -277,12 +282,23 @@ class LossGuard(_BeforeCheckpoint):
         dp = self.data_parallel or world
         # rank % dp: with model/pipeline parallel several ranks share a data shard; with full_batch
         # (semi-auto parallel) the yaml passes data_parallel=1 and every rank reads the whole batch.
-        rows = None
+        rows, found, docs, lookup_error = None, None, None, None
+        if ids is not None and ids.ndim == 2 and self.dataset_dir:
+            try:
+                from .batch_docs import documents, find_rows
+
+                found = find_rows(self.dataset_dir, ids)
+                docs = documents(self.dataset_dir, [hit for hits in found for hit in hits])
+            except Exception as err:  # naming the documents must never hide the trip itself
+                lookup_error = f"{type(err).__name__}: {err}"
         if self.shuffle_seed is not None:
-            # MindDataset's seeded shuffle is not reproducible outside its pipeline: name the position instead.
-            where = (f"a shuffled batch (training.shuffle, seed {self.shuffle_seed}): batch "
-                     f"{(step - 1) % int(cb.batch_num) + 1} of epoch {int(cb.cur_epoch_num)} (set "
-                     "training.shuffle=false to get its file rows)")
+            position = (f"a shuffled batch (training.shuffle, seed {self.shuffle_seed}): batch "
+                        f"{(step - 1) % int(cb.batch_num) + 1} of epoch {int(cb.cur_epoch_num)}")
+            if found is not None and all(found):
+                rows = sorted({hit["global_row"] for hits in found for hit in hits})
+                where = f"{position}, dataset rows {rows} (found by content)"
+            else:
+                where = f"{position} (its rows were not found by content: {lookup_error or 'no matching row'})"
         elif batch:
             rows = batch_rows(step, int(cb.batch_num), batch, dp, rank % dp, self.num_rows)
             where = f"dataset rows {rows}"
@@ -294,6 +310,7 @@ class LossGuard(_BeforeCheckpoint):
         diag = {"reason": reason, "message": message, "step": step, "epoch": int(cb.cur_epoch_num),
                 "rank": rank, "world_size": world, **out, "running_mean": mean, "window": self.window,
                 "spike_factor": self.spike_factor, "batch_rows": rows, "batch_where": where,
+                "batch_found": found, "documents": docs, "documents_error": lookup_error,
                 "batch_head": ids[:4, :8].tolist() if ids is not None and ids.ndim == 2 else None,
                 "time": time.time()}
         path = guard_diagnosis_path(self.output_dir, rank)

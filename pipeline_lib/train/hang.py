@@ -29,7 +29,7 @@ import psutil
 
 from .heartbeat import STACK_SIGNAL, progress, read_heartbeats
 
-HANG_LINE = "[launcher] hang: "
+HANG_LINE = "[watchdog] hang: "  # doctor/patterns.py: category hang
 HANG_FACTOR = 10.0
 HANG_MIN_S = 600.0
 HANG_COMPILE_FLOOR_S = 1800.0
@@ -187,7 +187,7 @@ class HangWatchdog:
         lines = [f"{HANG_LINE}no training step finished for {idle:.0f}s (limit {limit:g}s, {why}); stopped first: "
                  f"rank(s) {', '.join(map(str, first))} on host {', '.join(hosts)} after step {step}. "
                  f"Python stacks of every rank: {stacks}"]
-        lines += [f"[launcher] hang: {at(r)}" for r in self.ranks]
+        lines += [f"{HANG_LINE}{at(r)}" for r in self.ranks]
         log = self.out / "hang" / f"hang_{self.attempt}.log"  # where `llm-pipeline doctor --run-id` reads it
         log.write_text("\n".join(lines) + "\n", encoding="utf-8")
         self.report = {"step": step, "log": str(log), "first_ranks": first, "hosts": hosts, "idle_s": round(idle, 1),

@@ -16,7 +16,8 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   (`name` for the fresh start, `resume_name` for a resume) written for it. Resumes from `latest`, syncs checkpoints
   on each tick (runner.CheckpointTicker: CPU budget, tolerates a checkpoint rotated away mid-check) and after
   each attempt; the loss guard's diagnosis (runner.describe_guard with the stage's name) stops the stage, or
-  with a rollback policy resumes past the bad data window. A hang (train.hang: the watchdog killed the tree) is
+  with a rollback policy resumes past the bad data window; every trip is added to `guard_diagnosis.json` (the bad
+  batches' rows and source documents, what `data.exclude_from` reads). A hang (train.hang: the watchdog killed the tree) is
   recorded in `hang.json` and resumed from the last verified checkpoint; a second hang at the same step, or more
   than MAX_HANG_RESUMES hangs in one run, raises `TrainingHang` with `retryable = False`.
 - `StageYaml`: the mindformers yaml of either stage, a dict built once per attempt with the metrics and guard
@@ -51,6 +52,7 @@ WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 IDENTITY_FILE = "identity.json"
 PREFLIGHT_FILE = "preflight.json"
 HANG_FILE = "hang.json"
+GUARD_DIAGNOSIS_FILE = "guard_diagnosis.json"
 MAX_HANG_RESUMES = 3
 
 
@@ -138,7 +140,8 @@ class StageYaml:
         callbacks = training_callbacks(out, tokens_per_step=tokens, data_parallel=dp, num_rows=self.rows,
                                        batch_size=batch.micro_batch_size * (batch.accumulation if on_cpu else 1),
                                        spike_factor=batch.guard.spike_factor, window=batch.guard.window,
-                                       shuffle_seed=cfg.run.seed if cfg.training.shuffle else None)
+                                       shuffle_seed=cfg.run.seed if cfg.training.shuffle else None,
+                                       dataset_dir=self.data_dir)
         resume = resume_fields(resume_from) if resume_from is not None else {}
         load = resume.get("load_checkpoint", self.load)
         run = build_run_config(cfg, stage=self.stage, dataset_dir=str(self.data_dir), output_dir=str(out),
@@ -373,6 +376,23 @@ class TrainingSession:
             self.progress("train", steps, steps)
         return done
 
+    def _record_guard(self, diagnoses: list[dict]) -> None:
+        """Add a trip's diagnoses (every rank's) to guard_diagnosis.json: `trips` (step, rank, reason, loss, rows,
+        documents) and `documents`, every source document of every bad batch once, which `data.exclude_from` reads."""
+        path = self.out / GUARD_DIAGNOSIS_FILE
+        trips = json.loads(path.read_text(encoding="utf-8"))["trips"] if path.exists() else []
+        for d in diagnoses:
+            trips.append({k: d.get(k) for k in ("step", "epoch", "rank", "reason", "message", "batch_rows",
+                                                "batch_where", "documents", "documents_error")}
+                         | {"loss": finite(d.get("loss"))})
+        docs: dict = {}
+        for trip in trips:
+            for doc in trip.get("documents") or []:
+                docs.setdefault(doc["origin"], {"id": doc["id"], "origin": doc["origin"], "steps": []})
+                if trip["step"] not in docs[doc["origin"]]["steps"]:
+                    docs[doc["origin"]]["steps"].append(trip["step"])
+        write_json(path, {"stage": self.stage, "trips": trips, "documents": list(docs.values())})
+
     def _after_hang(self, err: TrainingHang, done: Trained) -> None:
         """Record the hang in hang.json; raise it (not retryable) when it repeats a step or there were too many."""
         path = self.out / HANG_FILE
@@ -398,6 +418,7 @@ class TrainingSession:
         """The guard tripped: raise its diagnosis, or (rollback policy) return the record to resume from."""
         self.manager.sync()
         good = self.manager.latest()
+        self._record_guard(err.diagnoses)
         diag = err.diagnoses[0]
         message = describe_guard(diag, good, stage=self.stage)
         if rollback is None or len(done.rollbacks) >= rollback.max_rollbacks or good is None:
