@@ -21,12 +21,12 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import psutil
 
+from ..runtime.launcher import launch
 from .heartbeat import STACK_SIGNAL, progress, read_heartbeats
 
 HANG_LINE = "[watchdog] hang: "  # doctor/patterns.py: category hang
@@ -83,9 +83,10 @@ def dump_stacks(beats: dict[int, dict], states: dict[int, str], dest: Path) -> P
         beat, state = beats[rank], states[rank]
         head = f"=== rank {rank} pid {beat.get('pid')} host {beat.get('host')} state {state} ==="
         if spy is not None:
-            run = subprocess.run([spy, "dump", "--pid", str(beat.get("pid"))], capture_output=True, text=True,
-                                 timeout=60)
-            body = (run.stdout or "") + (run.stderr or "")
+            said: list[str] = []
+            run = launch([spy, "dump", "--pid", str(beat.get("pid"))], cwd=None, timeout_s=60, on_line=said.append,
+                         grace_s=1)
+            body = "\n".join(said) + ("" if run.ok else f"\n(py-spy {run.how()})")
         elif _stopped(state):
             body = (f"no stack: the process is {state} (a stopped process runs no signal handler; install py-spy "
                     "to read it anyway)")

@@ -35,7 +35,7 @@ def test_unknown_cause_keeps_the_transient_rule():
 
 
 def test_every_category_has_a_retry_rule():
-    assert set(ALL_CATEGORIES) - NO_RETRY_CATEGORIES == {"collective_timeout", "killed", "unknown"}
+    assert set(ALL_CATEGORIES) - NO_RETRY_CATEGORIES == {"collective_timeout", "killed", "hang", "unknown"}
 
 
 def test_attach_appends_the_headline_to_the_message():
