@@ -11,7 +11,8 @@ What:
   op times and memory but no step boundaries or dataset waits, so this split is measured here. A resumed
   trainer's first record supersedes the earlier attempt's rows from its step on (`metrics.MetricsFile`).
 - `PipelineMetrics` also writes every rank's heartbeat (`heartbeat/rank_N.json`: last finished step, the step
-  under way, pid, host; train.heartbeat) at train begin and each step's begin and end: the hang watchdog's input.
+  under way, pid, host; train.heartbeat) at train begin, each step's begin and end, and train end: the hang
+  watchdog's input.
 - `LossGuard` stops training at the first step whose loss is not finite, or exceeds `spike_factor` x the
   mean of the previous `window` finite losses. It writes `<output_dir>/guard/rank_N.json` (step, loss, the
   running mean, lr, loss scale, global norm, the dataset rows of the batch and the source documents packed in them)
@@ -211,6 +212,8 @@ class PipelineMetrics(_BeforeCheckpoint):
         self._last_end = time.perf_counter()
 
     def on_train_end(self, run_context):
+        if self.heartbeat is not None:
+            self.heartbeat.train_ends()
         if self.file is not None:
             self.file.close()
 

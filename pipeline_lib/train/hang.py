@@ -5,7 +5,8 @@ The limit (`limit_for`): `training.hang_timeout_s` when set (0 turns the watchdo
 the median step time once HANG_WARMUP_STEPS steps after the first one were seen, and at least HANG_MIN_S (a
 checkpoint save or an evaluation between two steps must not look like a hang). Before a rank's first step of a
 launch (MindSpore compiles the graph in the first step; a resume also skips the consumed batches there) the limit
-is at least HANG_COMPILE_FLOOR_S, counted from the launch. training.timeout_seconds still bounds the whole launch.
+is at least HANG_COMPILE_FLOOR_S, counted from the launch; a rank whose training loop ended is not watched (the
+final checkpoint save and the process teardown follow). training.timeout_seconds still bounds the whole launch.
 
 Who stopped first (`first_stopped`): the ranks that got least far (heartbeat.progress: a rank stuck in its data
 pipeline never begins the step its peers wait in); among several at the same place, a process that is stopped
@@ -160,6 +161,8 @@ class HangWatchdog:
         now = time.time()
         stale = {}
         for rank in self.ranks:
+            if (beats.get(rank) or {}).get("ended"):
+                continue  # its training loop is over: the final save and the teardown are no step
             end = (beats.get(rank) or {}).get("step_end")
             limit, why = self.limit_for(started=end is not None)
             idle = now - (end if end is not None else self.start)

@@ -1,12 +1,13 @@
 """Every rank's heartbeat: where it is in training, written by the trainer, read by the hang watchdog.
 
 Layout under a run's output_dir:
-    heartbeat/rank_N.json   {"rank", "pid", "host", "step", "step_end", "running", "time", "stack_file"}: `step`
+    heartbeat/rank_N.json   {"rank", "pid", "host", "step", "step_end", "running", "ended", "time", "stack_file"}: `step`
                             is the last data step rank N finished (at `step_end`, Unix time; null before its first
                             step of this launch), `running` the step it has begun and not finished (null between
-                            steps: the rank is fetching its next batch or in a callback), `time` its last write;
-                            rewritten atomically at train begin and at every step's begin and end by
-                            `callbacks.PipelineMetrics` on every rank
+                            steps: the rank is fetching its next batch or in a callback), `ended` true once its
+                            training loop ended (what follows, the final save and the process's teardown, is no
+                            step), `time` its last write; rewritten atomically at train begin, at every step's begin
+                            and end, and at train end by `callbacks.PipelineMetrics` on every rank
     stacks/pid_P.txt        what `faulthandler` writes there when the trainer process P gets SIGUSR1
                             (`register_stack_dump`, called by train.entry before MindSpore is imported)
 
@@ -57,7 +58,7 @@ class Heartbeat:
         self.path = heartbeat_path(output_dir, rank)
         self.stack_file = str(stack_path(output_dir, os.getpid()))
         self.rank, self.host, self._store = rank, socket.gethostname(), LocalStore()
-        self.step, self.step_end = 0, None
+        self.step, self.step_end, self.ended = 0, None, False
 
     def begin(self, step: int) -> None:
         """Train begin: `step` data steps were done before this launch (a resume)."""
@@ -71,9 +72,13 @@ class Heartbeat:
         self.step, self.step_end = int(step), time.time()
         self._write(None)
 
+    def train_ends(self) -> None:
+        self.ended = True
+        self._write(None)
+
     def _write(self, running: int | None) -> None:
         record = {"rank": self.rank, "pid": os.getpid(), "host": self.host, "step": self.step,
-                  "step_end": self.step_end, "running": None if running is None else int(running),
+                  "step_end": self.step_end, "running": None if running is None else int(running), "ended": self.ended,
                   "time": time.time(), "stack_file": self.stack_file}
         self._store.put_bytes(str(self.path), json.dumps(record).encode())
 

@@ -3,6 +3,7 @@ with the SIGUSR1 stack dump train.entry registers), one stopped with SIGSTOP mid
 the same stop is in test_pretrain_stage.py (dp2)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -86,3 +87,23 @@ def test_first_stopped_orders_by_progress_then_process_state():
     assert first_stopped(same, [0, 1], {0: "sleeping", 1: "stopped"}) == [1]
     assert first_stopped(same, [0, 1], {0: "sleeping", 1: "sleeping"}) == [0, 1]
     assert first_stopped({0: {"step": 9, "running": None}}, [0, 1], {0: "sleeping"}) == [1]  # never beat
+
+
+def test_a_rank_whose_training_ended_is_not_a_hang(tmp_path):
+    from pipeline_lib.train.heartbeat import Heartbeat
+
+    beat = Heartbeat(tmp_path, 0)
+    dog = HangWatchdog(tmp_path, [0], timeout_s=0.2)
+    beat.begin(0)
+    beat.step_begins(1)
+    beat.step_ends(1)
+    beat.train_ends()  # the final save and the teardown follow: no step, no hang
+    time.sleep(0.4)
+    assert dog() is None
+    beat.ended = False
+    beat.step_begins(2)
+    path = tmp_path / "heartbeat" / "rank_0.json"  # a gone pid: no SIGUSR1 to this test's own process
+    path.write_text(json.dumps({**json.loads(path.read_text()), "pid": 2 ** 22 + 17}))
+    time.sleep(0.4)
+    said = dog()
+    assert said[0].startswith("[watchdog] hang: no training step finished for") and "state gone" in said[1]
