@@ -38,7 +38,8 @@ def render(diag) -> str:
     if diag.category == "unknown":
         out.append("no known failure text found in the log (see docs/troubleshooting.md for what doctor knows)")
     if diag.evidence:
-        out.append("evidence:")
+        out.append("error lines in the log (none is a failure doctor knows):" if diag.category == "unknown"
+                   else "evidence:")
         out += [f"  > {line}" for line in diag.evidence]
     if diag.remedies:
         out.append("remedies:")
