@@ -158,6 +158,15 @@ class DataConfig(_Section):
         "workers need this package installed and run.output_root reachable (s3:// across machines). null: a "
         "local cluster of data.num_workers worker processes, started for the stage and closed after it.")
     filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
+    exclude_from: list[InputPath] = Field(
+        default_factory=list, json_schema_extra=identity("data", by="contents"),
+        description="guard_diagnosis.json files of earlier pretrain runs (written when the loss guard tripped): the "
+        "source documents packed in their bad batches are dropped before the filters (matched by origin, "
+        "`<file>:<line>`), written to excluded.jsonl and counted in stats.json as filtered with reason `guard`.")
+    exclude_ids: list[InputPath] = Field(
+        default_factory=list, json_schema_extra=identity("data", by="contents"),
+        description="Text files of source ids (data.id_field values) to drop, one per line, each a JSON value "
+        "(\"doc-17\", 17) or else a string; dropped and counted as for exclude_from (reason `guard`).")
     max_line_bytes: int = Field(
         64 << 20, ge=1024, le=1 << 31,
         description="Longest jsonl line read, in bytes (default 64 MiB; no document is that long). A longer line is "
@@ -431,6 +440,12 @@ class TrainingConfig(_Section):
     guard: GuardConfig = Field(default_factory=GuardConfig)
     timeout_seconds: int = Field(3600, json_schema_extra=NO_OUTPUT_EFFECT,
                                  ge=1, description="Launcher timeout; the whole process group is killed.")
+    hang_timeout_s: float | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT, ge=0,
+        description="Hang watchdog: a rank that finishes no training step for this many seconds is a hang (every "
+        "rank's stacks are dumped, the trainer tree is killed, training resumes from the last verified checkpoint; "
+        "a second hang at the same step fails the stage). Empty: 10 x the median step time, at least 600 s; before "
+        "a launch's first step (graph compile) at least 1800 s. 0 turns the watchdog off.")
     upload_checkpoints: bool | None = Field(
         None, json_schema_extra=NO_OUTPUT_EFFECT,
         description="Copy finished checkpoints to the run store (S3), so a retry on another machine resumes from the "

@@ -276,12 +276,27 @@ def _collective(diag, cfg) -> list[dict]:
                "(environment)")]
 
 
+_HANG_FIRST = re.compile(r"stopped first: (rank\(s\) [\d, ]+ on host \S+ after step \d+)")
+_HANG_STACKS = re.compile(r"Python stacks of every rank: (\S+)")
+
+
 def _hang(diag, cfg) -> list[dict]:
-    return [_r("a rank stopped making progress (a device task or stream that never finished, a dead peer, a stuck "
-               "collective, or the watchdog's no-new-step timeout; the evidence names the rank or node): the stage is "
-               "retried and resumes from the last verified checkpoint, and a second hang at the same step is not "
-               "retried. Read that rank's log and stack dump (msrun/worker_N.log) for what it waited on; on Ascend "
-               "check the card (npu-smi info) and the collective timeout in force (HCCL_EXEC_TIMEOUT)")]
+    first = next((m.group(1) for m in map(_HANG_FIRST.search, diag.evidence) if m), None)
+    if first is None:  # not our watchdog's line: a device task, a peer or a collective that never finished
+        return [_r("a rank stopped making progress (a device task or stream that never finished, a dead peer, a stuck "
+                   "collective, or the watchdog's no-new-step timeout; the evidence names the rank or node): the stage "
+                   "is retried and resumes from the last verified checkpoint, and a second hang at the same step is "
+                   "not retried. Read that rank's log and stack dump (msrun/worker_N.log) for what it waited on; on "
+                   "Ascend check the card (npu-smi info) and the collective timeout in force (HCCL_EXEC_TIMEOUT)")]
+    stacks = next((m.group(1) for m in map(_HANG_STACKS.search, diag.evidence) if m), "hang/stacks_N.txt")
+    out = [_r(f"{first} stopped making progress: read its stack in {stacks} (a collective, the dataset pipeline, a "
+              "stopped or dead process) and that rank's msrun/worker_N.log. The stage resumes from the last "
+              "verified checkpoint; a second hang at the same step is not retried")]
+    if cfg is not None and cfg.training.hang_timeout_s:
+        out.append(_r(f"if that step is only slow (a long checkpoint save, a slow data source), raise the hang limit "
+                      f"training.hang_timeout_s={cfg.training.hang_timeout_s:g} or leave it empty (derived from the "
+                      "median step time)", ["training.hang_timeout_s=null"]))
+    return out
 
 
 def _stall(diag, cfg) -> list[dict]:
