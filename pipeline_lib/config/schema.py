@@ -552,7 +552,7 @@ class EvaluateConfig(_Section):
     reference_heldout: list[str] = Field(
         default_factory=list, json_schema_extra=identity("evaluate"),
         description="Held-out splits of earlier runs of this lineage (their data/mindrecord/heldout folder, local "
-        "or s3://), scored like reference sets and reported as heldout@<run id>. The rows were tokenized by that "
+        "or s3://), scored like reference sets and reported as heldout@RUN_ID. The rows were tokenized by that "
         "run, so its tokenizer must be the run's (checked). The nightly sets it to the held-out split of its "
         "lineage's first promoted night: rows that do not move from night to night, in the lineage's own domain, "
         "so a night that forgets the domain (trained on garbage) is caught by the gate.")
