@@ -9,6 +9,7 @@
   llm-pipeline nightly promote CONFIG --run-id ID [--reason R]  a night the gate held becomes latest
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
+  llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE]   what changed from run A to run B (markdown)
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
 needs to be started by hand. Rerun with the same --run-id to resume: finished stages are Cached (not redone).
@@ -26,7 +27,8 @@ from pathlib import Path
 # only adds lock contention there.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from pipeline_lib.cli import dedup_index_main, doctor_main, plan_main, print_warnings, validate_main  # noqa: E402
+from pipeline_lib.cli import (dedup_index_main, diff_main, doctor_main, plan_main, print_warnings,  # noqa: E402
+                              validate_main)
 from pipeline_lib.checks import refuse_bad_config  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
 from pipeline_lib.config.secrets import public_config  # noqa: E402
@@ -424,15 +426,14 @@ def nightly_main(argv: list[str]) -> int:
         # the resolved config, its secrets as env: references: the overrides (a webhook URL among them) never
         # become flow-run parameters
         state = nightly(config=public_config(cfg), run_date=args.run_date, return_state=True)
-    ended = ("Skipped", "NoNewData", "Busy", "Promoted", "Held")
-    print(f"nightly {state.name}: {state.message}" if state.name in ended else
-          state.result() if state.is_completed() else f"nightly failed: {state.message}")
+    # every end of a night is a named Completed state with its message (flows.nightly), or a failure
+    print(f"nightly {state.name}: {state.message}" if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1
 
 
 COMMANDS = {"validate": validate_main, "plan": plan_main, "run": run_main, "status": status_main,
             "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main, "dedup-index": dedup_index_main,
-            "doctor": doctor_main}
+            "doctor": doctor_main, "diff": diff_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@
 both lists of ConfigIssue naming the field the user set (data.inputs[1], sft.inputs[0],
 evaluate.prompt_files[2] ...):
 - local inputs are listed with the lister the stages use (`storage.input_files.list_inputs`), prompt sets
-  are parsed with the evaluate stage's reader, a tokenizer.path is loaded and checked as the data
+  and task files (evaluate.tasks) are parsed with the evaluate stage's readers, a tokenizer.path is loaded and checked as the data
   stage checks it, an hf_checkpoint folder is checked as the pretrain stage checks it (config.json and
   tensor headers), checkpoints must exist;
 - s3:// entries are listed only when the endpoint answers a TCP connect within S3_CONNECT_TIMEOUT_S;
@@ -114,6 +114,25 @@ class InputChecks:
                     load_prompt_file(path)
                 except PromptSetError as err:  # its message names the line and what to write there
                     self.errors.append(ConfigIssue(field, path, str(err), "correct that line of the prompt file"))
+
+    def tasks(self) -> None:
+        from ..evaluate.loglik_tasks import TaskSetError, load_task_file
+
+        names: dict[str, int] = {}
+        for i, path in enumerate(self.cfg.evaluate.tasks):
+            field = f"evaluate.tasks[{i}]"
+            if not self.exists(field, path, what="task jsonl such as configs/eval/domain_choice.jsonl",
+                               otherwise="remove it from the list"):
+                continue
+            try:
+                task = load_task_file(path)
+            except TaskSetError as err:  # its message names the line, the field and what to write there
+                self.errors.append(ConfigIssue(field, path, str(err), "correct that line of the task file"))
+                continue
+            if task.name in names:
+                self.errors.append(ConfigIssue(field, path, f"task name {task.name!r} is also evaluate.tasks"
+                                               f"[{names[task.name]}]'s", "rename one file or give it a header 'name'"))
+            names.setdefault(task.name, i)
 
     def tokenizer(self) -> None:
         t = self.cfg.tokenizer
@@ -278,6 +297,10 @@ def sft_records(c: InputChecks) -> None:
 
 def prompt_files(c: InputChecks) -> None:
     c.prompts()
+
+
+def task_files(c: InputChecks) -> None:
+    c.tasks()
 
 
 def tokenizer(c: InputChecks) -> None:

@@ -1,7 +1,8 @@
 """Training entry point that runs inside the trainer process (one per rank under msrun).
 
 What: reads a yaml written by `pipeline_lib.train.mindformers_yaml`, points mindformers' and
-MindSpore's logs/dumps into the run's output_dir (before importing them), imports the CPU wrapper
+MindSpore's logs/dumps into the run's output_dir (before importing them), registers the Python stack dump on
+SIGUSR1 (train.heartbeat: the hang watchdog's stacks), imports the CPU wrapper
 shim and the pipeline's callbacks (StopAtStep, PipelineMetrics, LossGuard), then does what mindformers' run_mindformer.py does:
 `MindFormerConfig(yaml)` -> `build_context(cfg)` -> `Trainer(cfg).train()`.
 The LoRA finetune also goes through `train()`: the yaml carries `run_mode: finetune` and
@@ -69,6 +70,9 @@ def run(yaml_path: str) -> None:
     raw = yaml.safe_load(Path(yaml_path).read_text(encoding="utf-8"))
     _prepare_env(raw.get("output_dir") or "./output")
     quiet_unused_model_imports()
+    from pipeline_lib.train.heartbeat import register_stack_dump
+
+    register_stack_dump(raw.get("output_dir") or "./output")
     from mindformers import MindFormerConfig, Trainer, build_context  # noqa: E402 (env must be set first)
 
     import pipeline_lib.train.callbacks  # noqa: F401  (registers PipelineMetrics and LossGuard)

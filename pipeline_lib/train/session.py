@@ -16,7 +16,10 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   (`name` for the fresh start, `resume_name` for a resume) written for it. Resumes from `latest`, syncs checkpoints
   on each tick (runner.CheckpointTicker: CPU budget, tolerates a checkpoint rotated away mid-check) and after
   each attempt; the loss guard's diagnosis (runner.describe_guard with the stage's name) stops the stage, or
-  with a rollback policy resumes past the bad data window.
+  with a rollback policy resumes past the bad data window; every trip is added to `guard_diagnosis.json` (the bad
+  batches' rows and source documents, what `data.exclude_from` reads). A hang (train.hang: the watchdog killed the tree) is
+  recorded in `hang.json` and resumed from the last verified checkpoint; a second hang at the same step, or more
+  than MAX_HANG_RESUMES hangs in one run, raises `TrainingHang` with `retryable = False`.
 - `StageYaml`: the mindformers yaml of either stage, a dict built once per attempt with the metrics and guard
   callbacks, resume fields, extra epochs and checkpoint interval, then written once (header + yaml).
 Errors a user must fix are raised as the stage's own error class (`error`), naming the field and the fix.
@@ -40,7 +43,7 @@ from .. import killpoints
 from ..storage import join, store_for
 from ..runtime.nodes import node_rank
 from .checkpoints import CheckpointManager, check_disk
-from .launch import GuardTripped, TrainingLaunchError
+from .launch import GuardTripped, TrainingHang, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight
 from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, resume_fields, rollback_checkpoint
@@ -48,6 +51,9 @@ from .runner import CheckpointTicker, describe_guard, launch_trainer, local_rank
 WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 IDENTITY_FILE = "identity.json"
 PREFLIGHT_FILE = "preflight.json"
+HANG_FILE = "hang.json"
+GUARD_DIAGNOSIS_FILE = "guard_diagnosis.json"
+MAX_HANG_RESUMES = 3
 
 
 def work_dir(stage_uri: str, node_rank: int = 0) -> Path:
@@ -158,7 +164,8 @@ class StageYaml:
         callbacks = training_callbacks(out, tokens_per_step=tokens, data_parallel=dp, num_rows=self.rows,
                                        batch_size=batch.micro_batch_size * (batch.accumulation if on_cpu else 1),
                                        spike_factor=batch.guard.spike_factor, window=batch.guard.window,
-                                       shuffle_seed=cfg.run.seed if cfg.training.shuffle else None)
+                                       shuffle_seed=cfg.run.seed if cfg.training.shuffle else None,
+                                       dataset_dir=self.data_dir)
         resume = resume_fields(resume_from) if resume_from is not None else {}
         load = resume.get("load_checkpoint", self.load)
         run = build_run_config(cfg, stage=self.stage, dataset_dir=str(self.data_dir), output_dir=str(out),
@@ -191,6 +198,7 @@ class Trained:
     resumed_from_step: int | None
     attempts: int = 0
     rollbacks: list[dict] = field(default_factory=list)
+    hangs: list[dict] = field(default_factory=list)  # the hang watchdog's reports of this stage run
     peak_rss_bytes: int = 0             # the highest peak RSS of the trainer's process tree over the attempts
 
 
@@ -365,8 +373,15 @@ class TrainingSession:
                          f"{latest.get('data_step', latest['step'])} (optimizer step {latest.get('global_step')}) "
                          f"of {steps}")
             try:
-                result = launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env)
+                result = launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env,
+                                        attempt=done.attempts)
                 done.peak_rss_bytes = max(done.peak_rss_bytes, result.peak_rss_bytes or 0)
+            except TrainingHang as err:
+                manager.sync()
+                tick.upload_metrics()
+                self._after_hang(err, done)
+                latest = manager.latest()
+                continue
             except GuardTripped as err:
                 latest = self._after_guard(err, done, rollback, steps_per_epoch)
                 skipped += int(latest["data_step"]) - int(latest["step"])
@@ -388,11 +403,49 @@ class TrainingSession:
             self.progress("train", steps, steps)
         return done
 
+    def _record_guard(self, diagnoses: list[dict]) -> None:
+        """Add a trip's diagnoses (every rank's) to guard_diagnosis.json: `trips` (step, rank, reason, loss, rows,
+        documents) and `documents`, every source document of every bad batch once, which `data.exclude_from` reads."""
+        path = self.out / GUARD_DIAGNOSIS_FILE
+        trips = json.loads(path.read_text(encoding="utf-8"))["trips"] if path.exists() else []
+        for d in diagnoses:
+            trips.append({k: d.get(k) for k in ("step", "epoch", "rank", "reason", "message", "batch_rows",
+                                                "batch_where", "documents", "documents_error")}
+                         | {"loss": finite(d.get("loss"))})
+        docs: dict = {}
+        for trip in trips:
+            for doc in trip.get("documents") or []:
+                docs.setdefault(doc["origin"], {"id": doc["id"], "origin": doc["origin"], "steps": []})
+                if trip["step"] not in docs[doc["origin"]]["steps"]:
+                    docs[doc["origin"]]["steps"].append(trip["step"])
+        write_json(path, {"stage": self.stage, "trips": trips, "documents": list(docs.values())})
+
+    def _after_hang(self, err: TrainingHang, done: Trained) -> None:
+        """Record the hang in hang.json; raise it (not retryable) when it repeats a step or there were too many."""
+        path = self.out / HANG_FILE
+        earlier = json.loads(path.read_text(encoding="utf-8"))["hangs"] if path.exists() else []
+        report = {**err.report, "attempt": done.attempts}
+        write_json(path, {"hangs": [*earlier, report]})
+        done.hangs.append(report)
+        step = report.get("step")
+        again = [h for h in earlier if h.get("step") == step]
+        why = (f"it hung at step {step} before (attempt {again[0].get('attempt')}): resuming would hang there again"
+               if again else f"{len(earlier) + 1} hangs in this run (at most {MAX_HANG_RESUMES} are resumed)"
+               if len(earlier) >= MAX_HANG_RESUMES else None)
+        if why is not None:
+            err.retryable = False
+            err.args = (f"{self.stage}: training hung and is not resumed: {why}; see {path} and the stacks in "
+                        f"{report.get('stacks')}\n{err}",)
+            raise err
+        self.log(f"{self.stage}: training hung after step {step} (ranks {report.get('first_ranks')} stopped first); "
+                 f"stacks in {report.get('stacks')}; resuming from the last verified checkpoint")
+
     def _after_guard(self, err: GuardTripped, done: Trained, rollback: GuardConfig | None,
                      steps_per_epoch: int) -> dict:
         """The guard tripped: raise its diagnosis, or (rollback policy) return the record to resume from."""
         self.manager.sync()
         good = self.manager.latest()
+        self._record_guard(err.diagnoses)
         diag = err.diagnoses[0]
         message = describe_guard(diag, good, stage=self.stage)
         if rollback is None or len(done.rollbacks) >= rollback.max_rollbacks or good is None:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_retry_decision_per_category(name):
     exc = TransientError(log_text(name))  # even an error raised as transient: the cause decides
     retry = should_retry(exc, transient=True)
-    assert retry is (EXPECTED[name] in ("collective_timeout", "killed"))
+    assert retry is (EXPECTED[name] in ("collective_timeout", "killed", "hang"))
 
 
 def test_unknown_cause_keeps_the_transient_rule():
@@ -35,7 +35,7 @@ def test_unknown_cause_keeps_the_transient_rule():
 
 
 def test_every_category_has_a_retry_rule():
-    assert set(ALL_CATEGORIES) - NO_RETRY_CATEGORIES == {"collective_timeout", "killed", "unknown"}
+    assert set(ALL_CATEGORIES) - NO_RETRY_CATEGORIES == {"collective_timeout", "killed", "hang", "unknown"}
 
 
 def test_attach_appends_the_headline_to_the_message():
