@@ -409,6 +409,8 @@ def nightly_main(argv: list[str]) -> int:
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--run-date", help="the night's date, YYYY-MM-DD (default today); names the run nightly-<date>")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="print every log line, not only each stage's start, progress, result, warnings and errors")
     args = ap.parse_intermixed_args(argv)
     from flows.nightly import check_run_date
 
@@ -421,11 +423,16 @@ def nightly_main(argv: list[str]) -> int:
         return 2
     api = embedded_api().launch()
     from flows.nightly import nightly
+    from tasks import terminal
 
-    with api:
-        # the resolved config, its secrets as env: references: the overrides (a webhook URL among them) never
-        # become flow-run parameters
-        state = nightly(config=public_config(cfg), run_date=args.run_date, return_state=True)
+    screen = terminal.install(verbose=args.verbose)  # the same quiet terminal as `run`
+    try:
+        with api:
+            # the resolved config, its secrets as env: references: the overrides (a webhook URL among them) never
+            # become flow-run parameters
+            state = nightly(config=public_config(cfg), run_date=args.run_date, return_state=True)
+    finally:
+        screen.uninstall()
     # every end of a night is a named Completed state with its message (flows.nightly), or a failure
     print(f"nightly {state.name}: {state.message}" if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1
