@@ -27,6 +27,19 @@ from pipeline_lib.storage import RunPaths
 
 from tasks import data_tasks as t
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
+from tasks.stage_log import StageLog
+
+
+def _each_done(futures, progress, step: str) -> None:
+    """Wait for all mapped shard tasks, reporting each one done (the progress bar counts shards); then raise the
+    first failure in shard order, as `.result()` on the list does."""
+    from prefect.futures import as_completed
+
+    futures = list(futures)
+    for done, _ in enumerate(as_completed(futures), 1):
+        progress(step, done, len(futures))
+    for future in futures:
+        future.result()
 
 
 @flow(name="data-shards", flow_run_name="data/{run_id}/shards", log_prints=True)
@@ -34,17 +47,18 @@ def _shard_steps(config: dict, run_id: str) -> dict:
     progress = ProgressReporter("data")
     n = t.plan_task(config, run_id)
     progress("prep", 0, n)
-    t.prep_task.map(unmapped(config), unmapped(run_id), list(range(n))).result()
+    _each_done(t.prep_task.map(unmapped(config), unmapped(run_id), list(range(n))), progress, "prep")
     progress("dedup", 0, 1)
     dup = t.dedup_task(config, run_id)
     get_run_logger().info(f"data: dedup {dup}")
     progress("tokenizer", 0, 1)
     t.tokenizer_task(config, run_id, n)
     progress("tokenize", 0, n)
-    t.tokenize_task.map(unmapped(config), unmapped(run_id), list(range(n))).result()
+    _each_done(t.tokenize_task.map(unmapped(config), unmapped(run_id), list(range(n))), progress, "tokenize")
     items = t.mindrecord_plan_task(config, run_id)
     progress("mindrecord", 0, len(items))
-    t.mindrecord_task.map(unmapped(config), unmapped(run_id), [s for s, _ in items], [j for _, j in items]).result()
+    _each_done(t.mindrecord_task.map(unmapped(config), unmapped(run_id), [s for s, _ in items],
+                                     [j for _, j in items]), progress, "mindrecord")
     manifest = t.finalize_task(config, run_id)
     progress("finalize", 1, 1)
     return manifest
@@ -76,11 +90,15 @@ def run_mapped_data(cfg, run_id: str) -> dict:
         return StageOutput(**_shard_steps.with_options(task_runner=_task_runner(cfg))(config=public_config(cfg),
                                                                                          run_id=run_id))
 
+    log = StageLog("data", paths, get_run_logger())  # the stage's lines in its log file too, its path on the terminal
     try:
-        manifest, skipped = run_stage(cfg, paths, "data", log=get_run_logger().info, work=shard_tasks)
+        manifest, skipped = run_stage(cfg, paths, "data", log=log, work=shard_tasks)
     except Exception as exc:  # the doctor's category and first remedy in the message, as the stage task does; here,
         attach_diagnosis(exc, cfg, "data")  # outside run_stage, which names a full disk (DiskFull) first
+        log.write_only(str(exc))
         raise
+    finally:
+        log.close()
     result = {"stage": "data", "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
               "stage_uri": paths.stage_uri("data"), "manifest": manifest.__dict__}
     if skipped:

@@ -6,11 +6,15 @@ After evaluate the night is judged (pipeline_lib/nightly_gate.py, nightly.gate):
 model on the same rows. Within budget: Completed "Promoted" (latest moves). Over budget: with on_regression=hold,
 Completed "Held" (latest stays, the files are consumed, the candidate is listed under `held`, the artifact
 `nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
-with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours.
+with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours. Either way the
+artifact `nightly-changes` (and <run>/changes.md) says what changed against the promoted run (flows/night_changes.py).
 Other final states: Completed "Busy" (another night holds this output root's nightly lock: this one did
 nothing, the message names the holder), Completed "Skipped" (no new file), Completed "NoNewData" (new files, but every
 document in them was seen before: they are consumed, nothing is trained, a markdown artifact and
-the webhook say so), or Failed (watermark unchanged, webhook notice)."""
+the webhook say so), Completed "NoUsableData" (every record of the new files rejected or filtered: consumed too, so
+a file of garbage is not retried every night; the message counts the reasons and names the quarantine records;
+a config that reads no text at all, data.text_field, fails instead), or Failed (watermark unchanged, webhook
+notice)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -26,8 +30,8 @@ from pydantic import Field
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
-                                  evaluate_metrics, new_files, next_base_checkpoint, night_lock, night_tokenizer,
-                                  nightly_overrides, no_new_documents)
+                                  evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
+                                  night_tokenizer, nightly_overrides, no_new_documents)
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly_gate import judge
 from pipeline_lib.stages import SPECS
@@ -36,6 +40,7 @@ from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, Train
 
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections
 from flows.form_types import DataConfig
+from flows.night_changes import publish_night_changes
 from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
 from flows.pipeline import llm_pipeline
@@ -65,8 +70,6 @@ def night_date(timezone: str, now: dt.datetime | None = None) -> str:
 def _zone(config, overrides, sections: dict | None = None) -> str:
     """The night's orchestration.timezone; the schema's default when the config does not resolve (the run then
     fails with the config's own errors, under a name that still carries a date)."""
-    from pipeline_lib.config.schema import OrchestrationConfig
-
     try:
         return resolve_config(config, overrides, sections).orchestration.timezone
     except Exception:
@@ -139,7 +142,7 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(state, files)))
+    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files)))
     get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
                           f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
     stages = [s for s, spec in SPECS.items() if spec.nightly]
@@ -157,8 +160,9 @@ def _night(cfg, run_id: str, dispatch: bool):
         decision, decided_by = (_ask(cfg, run_id, verdict) if cfg.nightly.gate.on_regression == "ask"
                                 else ("held", None))
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
+    publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
-                 verdict=verdict.to_json(), decided_by=decided_by)
+                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id))
     return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)
 
 
@@ -232,17 +236,30 @@ def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided
 def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: dict):
     """Consume the files, train nothing, and say so (UI artifact, state message, webhook)."""
     consume_without_training(cfg, state, files, run_id, found)
-    message = (f"{run_id}: no new data: {len(files)} new file(s), {found['read']} documents read, "
-               f"{found['duplicates_of_earlier_runs']} duplicates of earlier runs ({', '.join(found['earlier_runs'])}), "
-               f"0 new; files consumed, nothing trained, latest checkpoint unchanged")
-    get_run_logger().info(message)
+    tail = "files consumed, nothing trained, latest checkpoint unchanged"
+    if found.get("kind") == "no_usable_documents":
+        name, title = "NoUsableData", "no usable data"
+        reasons = ", ".join(f"{n} {r}" for r, n in sorted({**found["rejected"], **found["filtered"]}.items(),
+                                                         key=lambda kv: -kv[1]))
+        message = (f"{run_id}: no usable data: {len(files)} new file(s), {found['read']} records read, all rejected "
+                   f"or filtered ({reasons}); {tail}. The records and their reasons are in "
+                   f"{', '.join(found['records']['quarantine.jsonl'] + found['records']['excluded.jsonl'])}")
+        footer = ("If a setting dropped good data (data.text_field, data.filters), fix it and give the files again "
+                  "under new names.")
+    else:
+        name, title = "NoNewData", "no new data"
+        message = (f"{run_id}: no new data: {len(files)} new file(s), {found['read']} documents read, "
+                   f"{found['duplicates_of_earlier_runs']} duplicates of earlier runs "
+                   f"({', '.join(found['earlier_runs'])}), 0 new; {tail}")
+        footer = f"Dedup index: `{found['index_uri']}` (lineage `{found['lineage']}`)."
+    logger = get_run_logger()
+    (logger.warning if name == "NoUsableData" else logger.info)(message)
     create_markdown_artifact(
         key="nightly-no-new-data", description=message,
-        markdown="\n".join([f"# {run_id}: no new data", "", message, "", "| file | size |", "|---|---|",
-                            *[f"| {u} | {s} |" for u, s in sorted(files.items())], "",
-                            f"Dedup index: `{found['index_uri']}` (lineage `{found['lineage']}`)."]))
-    payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "NoNewData",
+        markdown="\n".join([f"# {run_id}: {title}", "", message, "", "| file | size |", "|---|---|",
+                            *[f"| {u} | {s} |" for u, s in sorted(files.items())], "", footer]))
+    payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": name,
                "message": message, "new_files": len(files), "counts": found}
     notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
-    return Completed(name="NoNewData", message=message, data={"run_id": run_id, "new_files": len(files),
+    return Completed(name=name, message=message, data={"run_id": run_id, "new_files": len(files),
                                                                "files": sorted(files), "no_new_data": found, "notice": payload})

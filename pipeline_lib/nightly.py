@@ -9,6 +9,8 @@ what earlier versions wrote):
             tokenizer (one tokenizer per lineage)
   held:     the candidates of nights that were over the regression budget (nightly_gate), with the gate's
             comparison; `llm-pipeline nightly promote CONFIG --run-id ID` promotes one by hand
+  reference_heldout: the held-out split of the lineage's first promoted night; every later night scores it
+            (evaluate.reference_heldout): rows in the lineage's domain that do not move, so forgetting shows
   history:  per night its decision (promoted, held, no new data), the gate's metrics, and who decided
 It is updated only after a night succeeds, so a failed night leaves the watermark and the
 `latest` pointer where they were and its data is picked up again tomorrow. An update applies the
@@ -187,9 +189,19 @@ def new_files(cfg: PipelineConfig, state: dict) -> dict[str, int]:
     return {u: s for u, s in list_raw_files(cfg).items() if consumed.get(u) != s}
 
 
-def nightly_overrides(state: dict, files: dict[str, int]) -> dict:
-    """Config changes for tonight: only the new files, continue from last night's checkpoint."""
+def nightly_overrides(cfg: PipelineConfig, state: dict, files: dict[str, int]) -> dict:
+    """Config changes for tonight: only the new files, continue from last night's checkpoint, score the
+    lineage's fixed held-out split beside the configured evaluate.reference_heldout, and deduplicate against
+    the nights only: the nightly is its own lineage (`<run.name>-nightly` unless data.dedup.lineage is set), so a
+    manual run of the same config (make demo) does not make every document of the first night "seen before"."""
+    from .data.dedup_index import lineage
+
     changes: dict = {"data": {"inputs": sorted(files)}}
+    if not cfg.data.dedup.lineage:
+        changes["data"]["dedup"] = {"lineage": f"{lineage(cfg)}-nightly"}
+    if state.get("reference_heldout"):
+        changes["evaluate"] = {"reference_heldout": list(dict.fromkeys([*cfg.evaluate.reference_heldout,
+                                                                       state["reference_heldout"]]))}
     latest = state.get("latest")
     if latest and latest.get("checkpoint"):
         changes["model"] = {"base_checkpoint": latest["checkpoint"], "hf_checkpoint": None}
@@ -220,20 +232,31 @@ def night_tokenizer(cfg: PipelineConfig, run_id: str) -> str | None:
     return found.get("uri") if isinstance(found, dict) else None
 
 
+def night_heldout(cfg: PipelineConfig, run_id: str) -> str | None:
+    """Tonight's domain held-out split (data/mindrecord/heldout), None when the data stage held out no row."""
+    from .runtime.upstream import find_heldout
+    from .storage import RunPaths
+
+    return find_heldout(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url))
+
+
 def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
                  checkpoint: str | None, tokenizer: str | None = None, *, decision: str = "promoted",
-                 verdict: dict | None = None, decided_by: dict | None = None) -> dict:
+                 verdict: dict | None = None, decided_by: dict | None = None, heldout: str | None = None) -> dict:
     """Advance the watermark and record the night's decision; call only after every stage succeeded.
     `promoted` moves `latest` (the checkpoint and the lineage's tokenizer); `held` keeps `latest` and lists the
     candidate under `held` (a person may promote it later: promote_held). `verdict` is the gate's comparison
     (nightly_gate.Verdict.to_json), `decided_by` who decided when a person did. `state` is what the night read
-    at its start; the change is applied to the newest state."""
+    at its start; the change is applied to the newest state. `heldout` (the night's held-out split) becomes the
+    lineage's `reference_heldout` when the lineage has none yet: every later night is judged on those rows."""
     candidate = {"run_id": run_id, "checkpoint": checkpoint, "tokenizer": tokenizer, "finished_at": _now()}
 
     def change(state: dict) -> dict:
         state.setdefault("consumed", {}).update(files)
         if decision == "promoted":
             state["latest"] = candidate
+            if heldout and not state.get("reference_heldout"):
+                state["reference_heldout"] = heldout
         else:
             state.setdefault("held", []).append({**candidate, "verdict": verdict})
         state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint,

@@ -119,3 +119,29 @@ def test_a_live_holder_on_this_host_keeps_the_lock_even_for_the_same_night(tmp_p
     finally:
         live.kill()
         live.wait()
+
+
+def test_the_first_promoted_night_fixes_the_lineage_reference_and_tonight_scores_it(tmp_path):
+    from pipeline_lib.nightly import nightly_overrides
+
+    cfg = cfg_at(str(tmp_path))
+    commit_night(cfg, {}, {"/raw/a.jsonl": 1}, "n1", "c1", decision="held", heldout="/runs/n1/heldout")
+    assert "reference_heldout" not in load_state(cfg)  # a held night is not the lineage's reference
+    commit_night(cfg, load_state(cfg), {"/raw/b.jsonl": 1}, "n2", "c2", heldout="/runs/n2/heldout")
+    commit_night(cfg, load_state(cfg), {"/raw/c.jsonl": 1}, "n3", "c3", heldout="/runs/n3/heldout")
+    state = load_state(cfg)
+    assert state["reference_heldout"] == "/runs/n2/heldout"  # the first promoted night's, and it stays
+    tonight = nightly_overrides(config_from_dict({"run": {"output_root": str(tmp_path), "name": "tiny"},
+                                                  "evaluate": {"reference_heldout": ["/mine/heldout"]}}),
+                                state, {"/raw/d.jsonl": 1})
+    assert tonight["evaluate"]["reference_heldout"] == ["/mine/heldout", "/runs/n2/heldout"]
+    assert tonight["model"]["base_checkpoint"] == "c3"
+
+
+def test_the_nightly_is_its_own_dedup_lineage_unless_one_is_named(tmp_path):
+    from pipeline_lib.nightly import nightly_overrides
+
+    own = nightly_overrides(config_from_dict({"run": {"name": "tiny-cpu"}}), {}, {"/raw/a.jsonl": 1})
+    assert own["data"]["dedup"] == {"lineage": "tiny-cpu-nightly"}  # a manual run of tiny-cpu is another lineage
+    named = nightly_overrides(config_from_dict({"data": {"dedup": {"lineage": "shared"}}}), {}, {"/raw/a.jsonl": 1})
+    assert "dedup" not in named["data"]

@@ -2,6 +2,8 @@
 hash, sign), deduplicate all shards in input order; then (`stage_index_segment`, while the
 tokenizer trains) this run's segment of the persistent dedup index, all but its publication.
 
+`prep_shard` drops the documents data.exclude_from / data.exclude_ids name (exclusions.py) before the filters.
+
 Each step is idempotent: it returns at once when its completion marker (shards/<name>.done,
 holding the work hash) exists, so a rerun redoes only unfinished shards. `prep_shard` is the
 function a Prefect task maps over shard indices; `plan_data_stage` and `dedup_stage` run once.
@@ -18,10 +20,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import killpoints
-from ..storage import LongLine
+from ..storage import LongLine, join
 from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import index_uri, lineage, load_prior, segment_meta, stage_segment, write_segment
 from .errors import DataStageError, NoNewDocuments
+from .exclusions import GUARD_REASON, load_exclusions
 from .filters import Doc, apply_filters_batch, build_filters
 from .minhash import shingle_hashes, signatures
 from .readers import iter_shard_batches
@@ -147,6 +150,7 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         return ws.read_json(f"{folder}/counts.json")
     spec = ShardSpec(**ws.read_json("shards/plan.json")["shards"][index])
     filters = build_filters(d.filters)
+    exclusions = load_exclusions(cfg, ws.endpoint)
     fields = (d.id_field, *d.keep_fields)
     rejected, filtered, read = Counter(), Counter(), 0
     # copies written per reason: beyond the cap a record is counted only (finalize_data_stage then keeps
@@ -169,6 +173,13 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
                         wrote_q[reason] += 1
                         qf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
                                         "reason": reason, **quarantine_copy(raw, copy)}) + "\n")
+                elif exclusions and exclusions.matches(sid, origin):
+                    filtered[GUARD_REASON] += 1
+                    if wrote_x[GUARD_REASON] < cap:
+                        wrote_x[GUARD_REASON] += 1
+                        xf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
+                                        "filter": GUARD_REASON, "reason": GUARD_REASON, "meta": meta,
+                                        **excluded_copy(text, copy)}) + "\n")
                 else:
                     docs.append(Doc(origin, text))
                     found.append((line, text, sid, meta))
@@ -316,16 +327,17 @@ def stage_index_segment(cfg, paths, *, shared: bool = True) -> list[str]:
 
 
 def _nothing_kept(cfg, ws: Workspace, n_shards: int, per_shard: list[dict], from_earlier: int, prior) -> None:
-    """Fail the dedup step, saying why no document is left. When earlier runs of the lineage hold
-    them all, leave NO_NEW_DOCUMENTS in the stage folder too (the nightly reads it: no new data)."""
+    """Fail the dedup step, saying why no document is left, and leave NO_NEW_DOCUMENTS in the stage folder
+    when the cause is the data rather than the config (the nightly reads it, consumes the files and trains
+    nothing): every document seen by earlier runs of the lineage (`kind` all_seen), or every record rejected
+    or filtered (`kind` no_usable_documents: a file of garbage is not retried every night). Only when no record
+    has the text field at all is it the config (data.text_field): a plain failure, nothing consumed."""
     counts = [ws.read_json(f"{shard_dir(k)}/counts.json") for k in range(n_shards)]
     read, candidates = sum(c["read"] for c in counts), sum(c["candidates"] for c in counts)
     if from_earlier == 0:
-        raise DataStageError("data.inputs", list(cfg.data.inputs), f"no document survived cleaning: all {read} read "
-                             f"were rejected or filtered (see quarantine.jsonl and excluded.jsonl in {ws.uri})",
-                             "check data.text_field (the text field of your records) and data.filters")
+        _nothing_usable(cfg, ws, counts, read)
     uri = index_uri(cfg)
-    found = {"read": read, "candidates": candidates, "duplicates_of_earlier_runs": from_earlier,
+    found = {"kind": "all_seen", "read": read, "candidates": candidates, "duplicates_of_earlier_runs": from_earlier,
              "duplicates_within_run": candidates - from_earlier, "kept": 0, "lineage": lineage(cfg),
              "index_uri": uri, "earlier_runs": prior.runs if prior is not None else []}
     ws.write_json(NO_NEW_DOCUMENTS, found)
@@ -337,3 +349,26 @@ def _nothing_kept(cfg, ws: Workspace, n_shards: int, per_shard: list[dict], from
         "nothing is wrong if these are old documents. To train on them anyway: a fresh lineage "
         "(data.dedup.lineage=NEW_NAME), or data.dedup.incremental=false, or clear this lineage's index "
         f"(llm-pipeline dedup-index list|clear CONFIG --lineage {lineage(cfg)})", found)
+
+
+def _nothing_usable(cfg, ws: Workspace, counts: list[dict], read: int) -> None:
+    rejected, filtered = Counter(), Counter()
+    for c in counts:
+        rejected.update(c["rejected"])
+        filtered.update(c["filtered"])
+    files = {name: [join(ws.uri, shard_dir(k), name) for k, c in enumerate(counts) if c["written"][name]]
+             for name in ("quarantine.jsonl", "excluded.jsonl")}
+    reasons = ", ".join(f"{n} {r}" for r, n in (rejected + filtered).most_common())
+    where = "; ".join(f"{name}: {', '.join(uris)}" for name, uris in files.items() if uris) or "none written"
+    if read and set(rejected) == {"missing_text"} and not filtered:
+        raise DataStageError("data.text_field", cfg.data.text_field, f"none of the {read} records read from "
+                             f"{list(cfg.data.inputs)} has this field (records: {where})",
+                             "set data.text_field to the field that holds your records' text")
+    found = {"kind": "no_usable_documents", "read": read, "candidates": 0, "kept": 0,
+             "rejected": dict(rejected), "filtered": dict(filtered), "records": files}
+    ws.write_json(NO_NEW_DOCUMENTS, found)
+    raise NoNewDocuments(
+        "data.inputs", list(cfg.data.inputs), f"no usable document: all {read} records read were rejected or "
+        f"filtered ({reasons or 'nothing read'}); the records and their reasons: {where}",
+        "nothing to train on in these files. If the data is good and a setting dropped it (data.filters, "
+        "data.text_field), fix the setting and give the files again under new names", found)

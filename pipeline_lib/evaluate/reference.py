@@ -7,6 +7,8 @@ reads one (refusing a file without usable text, naming the field and the line); 
 seq_length, max_rows)` encodes the texts with the run's tokenizer and packs them exactly as pretraining rows are
 packed (model.packing: tokens + EOS, rows of seq_length + 1, the last one padded), the first `max_rows` rows.
 Every checkpoint of one evaluate run is scored on the same rows (perplexity.perplexity).
+`evaluate.reference_heldout` adds the packed held-out rows of earlier runs of the lineage (read as they are:
+already tokenized by the same tokenizer, model.tokenizer_lineage checks), named `heldout_name(folder)`.
 Raises ValueError naming evaluate.reference_sets, the file and the line.
 """
 from __future__ import annotations
@@ -22,6 +24,13 @@ from ..model.packing import join_with_eos, rows_from_tokens
 def set_name(path: str) -> str:
     """The name a reference set is reported under: its file name without the extension."""
     return Path(path).name.split(".")[0]
+
+
+def heldout_name(folder: str) -> str:
+    """heldout@<run id> for <output_root>/<run id>/data/mindrecord/heldout, else heldout@<folder name>."""
+    parts = folder.rstrip("/").split("/")
+    run = parts[-4] if len(parts) >= 4 and parts[-3:] == ["data", "mindrecord", "heldout"] else parts[-1]
+    return f"heldout@{run}"
 
 
 def load_reference_set(path: str) -> list[str]:

@@ -187,3 +187,25 @@ def attach(tokenizer_local, folder) -> list:
             LocalStore().put_file(source, str(folder / name))
             written.append(folder / name)
     return written
+
+
+def heldout_tokenizer(heldout_dir: str) -> str:
+    """The tokenizer that wrote a data stage's held-out rows: <run>/data/mindrecord/heldout -> <run>/data/tokenizer."""
+    return join(_parent(_parent(heldout_dir.rstrip("/"))), "tokenizer", MODEL_NAME)
+
+
+def require_heldout_tokenizer(heldout_dir: str, tokenizer_uri: str, endpoint_url: str | None = None, *,
+                              field: str = "evaluate.reference_heldout") -> TokenizerPrint:
+    """Refuse packed held-out rows of another run unless that run's tokenizer is this run's: the ids would
+    mean other pieces, and the perplexity a number about nothing."""
+    theirs_uri = heldout_tokenizer(heldout_dir)
+    if not store_for(theirs_uri, endpoint_url).exists(theirs_uri):
+        raise LineageRefused(field, heldout_dir, f"no {theirs_uri}: it is not the data/mindrecord/heldout folder of a "
+                             "run of this pipeline, so the tokenizer that wrote its rows is unknown",
+                             "give the data/mindrecord/heldout folder of an earlier run of this lineage")
+    theirs, ours = TokenizerPrint.of(theirs_uri, endpoint_url), TokenizerPrint.of(tokenizer_uri, endpoint_url)
+    if theirs.sha256 != ours.sha256:
+        raise TokenizerMismatch(field, heldout_dir, f"its rows were written by the tokenizer {theirs.describe()}, this "
+                                f"run's tokenizer is {ours.describe()}",
+                                "score only held-out splits of this lineage (the same tokenizer.path)")
+    return theirs

@@ -1,17 +1,24 @@
-"""Four nights of `llm-pipeline nightly`, run as a user (or the deployment) runs it, from a fresh
-copy of the repository with the shipped tiny config and a relative raw-data folder:
+"""Nights of `llm-pipeline nightly`, run as a user (or the deployment) runs it, from a fresh copy of the
+repository with the shipped tiny config and a relative raw-data folder that grows:
 
-1. new files arrive -> data, pretrain, evaluate run; the watermark takes the files, `latest` points
-   at the night's checkpoint and the tokenizer beside it;
-2. other new documents -> trained from night 1's checkpoint with night 1's tokenizer (byte-identical: one
-   tokenizer per lineage); a run that would continue those weights with another tokenizer is refused;
-3. a new file holding only documents seen on night 1 -> Completed "NoNewData": nothing trained, the
-   file consumed (so night 4 does not retry it), `latest` unchanged;
-4. nothing new -> Completed "Skipped".
+0. a manual data run of the same config and files first (what `make demo` does): the nightly is its own dedup
+   lineage, so night 1 still trains;
+1. good documents -> Promoted: `latest` points at the night's checkpoint and the tokenizer beside it, and the
+   night's held-out split becomes the lineage's fixed reference (`reference_heldout`);
+2. a file of garbage (random characters) -> trained, but its candidate forgets the domain: the fixed held-out
+   perplexity rises past nightly.gate.max_perplexity_increase -> Held: `latest` stays, the file is consumed,
+   the message names the metric, both values and the budget;
+   a run that would continue the promoted weights with another tokenizer is refused;
+3. other good documents -> Promoted, trained from night 1's checkpoint (not night 2's) with night 1's tokenizer
+   (byte-identical: one tokenizer per lineage);
+4. a file holding only documents seen on night 1 -> NoNewData: nothing trained, the file consumed;
+5. a file whose every record is broken -> NoUsableData: consumed (not retried every night), reasons counted;
+6. nothing new -> Skipped.
 """
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -32,13 +39,20 @@ def good_lines() -> list[bytes]:
     return out
 
 
+def garbage_lines(n: int = 200, chars: int = 150, seed: int = 7) -> list[bytes]:
+    """What a broken scraper returns: valid JSON records of random CJK characters (they pass the filters)."""
+    rng = random.Random(seed)
+    return [json.dumps({"id": f"junk-{i}", "text": "".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(chars))},
+                       ensure_ascii=False).encode() for i in range(n)]
+
+
 def _sha(path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_nights_keep_one_tokenizer_then_only_duplicates_then_nothing(user_repo):
+def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     raw = user_repo.own("incoming")
     raw.mkdir()
     lines = good_lines()
@@ -55,52 +69,80 @@ def test_nights_keep_one_tokenizer_then_only_duplicates_then_nothing(user_repo):
     def pretrain_metrics(run_id: str) -> dict:
         return json.loads((runs / run_id / "pretrain" / "manifest.json").read_text())["metrics"]
 
-    night("2026-11-01")
+    # a manual run of the same config over the same file extends the run's own dedup lineage, not the nightly's
+    user_repo.run(["./.venv/bin/llm-pipeline", "run", "configs/pipelines/tiny-cpu.yaml", "--run-id", "manual",
+                   "--stages", "data", "data.inputs=[incoming/day1.jsonl]"])
+    out = night("2026-11-01")
+    assert "nightly Promoted" in out, out[-3000:]
     first = state()
     assert first["latest"]["run_id"] == "nightly-2026-11-01" and first["latest"]["checkpoint"]
     assert [p.rsplit("/", 1)[-1] for p in first["consumed"]] == ["day1.jsonl"]
+    assert first["reference_heldout"] == str((runs / "nightly-2026-11-01" / "data" / "mindrecord" / "heldout").resolve())
     trained = runs / "nightly-2026-11-01" / "data" / "tokenizer" / "tokenizer.model"
     beside = runs / "nightly-2026-11-01" / "pretrain" / "checkpoint" / "tokenizer.model"
     assert _sha(beside) == _sha(trained) == pretrain_metrics("nightly-2026-11-01")["tokenizer"]["sha256"]
     assert first["latest"]["tokenizer"] == str(beside.resolve())
 
-    # night 2: other documents; a tokenizer trained on them would differ. It continues night 1's weights with
-    # night 1's tokenizer, byte for byte
-    (raw / "day2.jsonl").write_bytes(b"\n".join(lines[250:]) + b"\n")
-    night("2026-11-02")
+    # night 2: garbage. Its own held-out split is garbage too (the candidate does better there) and the tiny
+    # tokenizer covers little general Chinese; the lineage's fixed held-out split is what shows the forgetting
+    (raw / "day2.jsonl").write_bytes(b"\n".join(garbage_lines()) + b"\n")
+    out = night("2026-11-02")
     second = state()
-    assert second["latest"]["run_id"] == "nightly-2026-11-02"
-    night2 = runs / "nightly-2026-11-02"
-    assert _sha(night2 / "data" / "tokenizer" / "tokenizer.model") == _sha(trained)
-    assert json.loads((night2 / "data" / "tokenizer" / "tokenizer_config.json").read_text())["source"] \
-        == f"loaded from {beside.resolve()}"
-    assert pretrain_metrics("nightly-2026-11-02")["base"]["base_checkpoint"] == first["latest"]["checkpoint"]
-    assert f"load_checkpoint: {first['latest']['checkpoint']}" in (night2 / "pretrain" / "run.yaml").read_text()
-    assert pretrain_metrics("nightly-2026-11-02")["tokenizer"]["sha256"] == _sha(trained)
+    assert second["latest"] == first["latest"], out[-3000:]
+    assert [h["run_id"] for h in second["held"]] == ["nightly-2026-11-02"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in second["consumed"]) == ["day1.jsonl", "day2.jsonl"]
+    failed = [r for r in second["history"][-1]["verdict"]["rows"] if not r["ok"]]
+    assert [r["metric"] for r in failed] == ["heldout@nightly-2026-11-01 perplexity"], second["history"][-1]
+    row = failed[0]
+    assert row["candidate"] > row["promoted"] * (1 + row["budget"])
+    assert "nightly Held" in out and row["metric"] in out and f"{row['promoted']:.4g}" in out \
+        and f"{row['candidate']:.4g}" in out and "budget +5.0%" in out, out[-3000:]
 
-    # a run asked to continue night 2 with another tokenizer (here a fresh one of a scratch run) is refused
-    # before it reads a record, naming the field, both tokenizers and the fix
+    # a run asked to continue the promoted weights with another tokenizer (a fresh one of a scratch run) is
+    # refused before it reads a record, naming the field, both tokenizers and the fix
+    (raw / "day3.jsonl").write_bytes(b"\n".join(lines[250:]) + b"\n")
     user_repo.run(["./.venv/bin/llm-pipeline", "run", "configs/pipelines/tiny-cpu.yaml", "--run-id", "scratch",
-                   "--stages", "data", "data.inputs=[incoming/day2.jsonl]", "data.dedup.incremental=false"])
+                   "--stages", "data", "data.inputs=[incoming/day3.jsonl]", "data.dedup.incremental=false"])
     other = runs / "scratch" / "data" / "tokenizer" / "tokenizer.model"
     assert _sha(other) != _sha(trained)
     refused = user_repo.run(["./.venv/bin/llm-pipeline", "run", "configs/pipelines/tiny-cpu.yaml", "--run-id",
-                             "mixed", "--stages", "data,pretrain", "data.inputs=[incoming/day2.jsonl]",
-                             "data.dedup.incremental=false", f"model.base_checkpoint={second['latest']['checkpoint']}",
+                             "mixed", "--stages", "data,pretrain", "data.inputs=[incoming/day3.jsonl]",
+                             "data.dedup.incremental=false", f"model.base_checkpoint={first['latest']['checkpoint']}",
                              f"tokenizer.path={other}", *FAST], check=False)
     assert refused.returncode != 0, refused.stdout[-3000:]
     assert "tokenizer.path=" in refused.stdout and _sha(trained)[:16] in refused.stdout \
         and _sha(other)[:16] in refused.stdout, refused.stdout[-3000:]
     assert not (runs / "mixed" / "pretrain" / "manifest.json").exists()
 
-    (raw / "day3.jsonl").write_bytes(b"\n".join(lines[:40]) + b"\n")  # all seen on night 1
+    # night 3: good documents again -> promoted, continued from night 1 (the held night 2 is not the base)
     out = night("2026-11-03")
-    assert "NoNewData" in out, out[-3000:]
     third = state()
-    assert sorted(p.rsplit("/", 1)[-1] for p in third["consumed"]) == ["day1.jsonl", "day2.jsonl", "day3.jsonl"]
-    assert third["latest"] == second["latest"]  # nothing trained: tomorrow continues from night 2
-    assert not (runs / "nightly-2026-11-03" / "pretrain" / "manifest.json").exists()
+    assert "nightly Promoted" in out and third["latest"]["run_id"] == "nightly-2026-11-03", out[-3000:]
+    night3 = runs / "nightly-2026-11-03"
+    assert _sha(night3 / "data" / "tokenizer" / "tokenizer.model") == _sha(trained)
+    assert json.loads((night3 / "data" / "tokenizer" / "tokenizer_config.json").read_text())["source"] \
+        == f"loaded from {beside.resolve()}"
+    assert pretrain_metrics("nightly-2026-11-03")["base"]["base_checkpoint"] == first["latest"]["checkpoint"]
+    assert f"load_checkpoint: {first['latest']['checkpoint']}" in (night3 / "pretrain" / "run.yaml").read_text()
+    assert third["reference_heldout"] == first["reference_heldout"]  # the reference does not move
+    changes = (night3 / "changes.md").read_text()  # what changed against the promoted night 1, not the held 2
+    assert "nightly-2026-11-01" in changes and "heldout@nightly-2026-11-01" in changes, changes[:2000]
+    assert [h["decision"] for h in third["history"]] == ["promoted", "held", "promoted"]
 
+    (raw / "day4.jsonl").write_bytes(b"\n".join(lines[:40]) + b"\n")  # all seen on night 1
     out = night("2026-11-04")
-    assert "Skipped" in out, out[-3000:]
-    assert state()["consumed"] == third["consumed"] and state()["latest"] == second["latest"]
+    assert "nightly NoNewData" in out, out[-3000:]
+    fourth = state()
+    assert fourth["latest"] == third["latest"]  # nothing trained: tomorrow continues from night 3
+    assert not (runs / "nightly-2026-11-04" / "pretrain" / "manifest.json").exists()
+
+    (raw / "day5.jsonl").write_bytes(b'not json\n{"id": "e", "text": ""}\n{"id": "m"}\n\xff\xfe\n')
+    out = night("2026-11-05")
+    assert "nightly NoUsableData" in out and "1 bad_json" in out and "quarantine.jsonl" in out, out[-3000:]
+    fifth = state()
+    assert sorted(p.rsplit("/", 1)[-1] for p in fifth["consumed"]) == [f"day{i}.jsonl" for i in range(1, 6)]
+    assert fifth["latest"] == third["latest"]
+
+    out = night("2026-11-06")
+    assert "nightly Skipped" in out, out[-3000:]
+    assert state()["consumed"] == fifth["consumed"] and state()["latest"] == third["latest"]

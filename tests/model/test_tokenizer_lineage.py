@@ -129,3 +129,26 @@ def test_a_missing_base_is_named_as_missing(tmp_path):
     with pytest.raises(DataStageError) as caught:
         lineage_tokenizer_checked(config_from_dict({"model": {"base_checkpoint": str(tmp_path / "gone.ckpt")}}))
     assert caught.value.field == "model.base_checkpoint" and caught.value.problem == "no such file or folder"
+
+
+def test_held_out_rows_of_another_run_are_scored_only_with_the_tokenizer_that_wrote_them(tmp_path, two_tokenizers):
+    import shutil
+
+    from pipeline_lib.evaluate.reference import heldout_name
+    from pipeline_lib.model.tokenizer_lineage import LineageRefused, require_heldout_tokenizer
+
+    a, b = two_tokenizers
+    heldout = tmp_path / "runs" / "nightly-2026-11-01" / "data" / "mindrecord" / "heldout"
+    heldout.mkdir(parents=True)
+    with pytest.raises(LineageRefused) as unknown:  # no data/tokenizer beside: which ids are these?
+        require_heldout_tokenizer(str(heldout), str(a))
+    assert "evaluate.reference_heldout=" in str(unknown.value) and "Fix: " in str(unknown.value)
+    (heldout.parents[1] / "tokenizer").mkdir()
+    shutil.copy(a, heldout.parents[1] / "tokenizer" / "tokenizer.model")
+    assert require_heldout_tokenizer(str(heldout), str(a)).sha256 == TokenizerPrint.of(str(a)).sha256
+    with pytest.raises(TokenizerMismatch) as other:
+        require_heldout_tokenizer(str(heldout), str(b))
+    message = str(other.value)
+    assert TokenizerPrint.of(str(a)).sha256[:16] in message and TokenizerPrint.of(str(b)).sha256[:16] in message
+    assert heldout_name(str(heldout)) == "heldout@nightly-2026-11-01"
+    assert heldout_name(str(tmp_path / "mine")) == "heldout@mine"
