@@ -25,6 +25,12 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _quote(line: str) -> str:
+    """A line of an error as markdown text shown as written (no emphasis, no links, no HTML)."""
+    text = re.sub(r"([\\`*_\[\]<|~])", r"\\\1", line.strip())
+    return "\\" + text if text.startswith(("#", ">", "-", "+")) else text
+
+
 def _code(text: str) -> str:
     return f"`{str(text).replace('`', '')}`"
 
@@ -131,8 +137,10 @@ class RunOverview:
                 f"{r} ({STATE_WORDS.get(state.lower(), state) or '?'})" for r, (_, state, _) in zip(runs, self.earlier)))
         if self.failure:
             stage, error = self.failure
-            text = (error if len(error) <= ERROR_CHARS else error[:ERROR_CHARS] + " ...").replace("```", "'''")
-            parts.append(f"## Failed: {stage}\n\n```\n{text}\n```\n\n"
+            text = error if len(error) <= ERROR_CHARS else error[:ERROR_CHARS] + " ..."
+            # quoted text, not a code block: the UI does not wrap a code block, so its "Fix:" ran off-screen
+            quoted = "\n>\n".join(f"> {_quote(line)}" for line in text.splitlines() if line.strip())
+            parts.append(f"## Failed: {stage}\n\n{quoted}\n\n"
                          f"Resume: `llm-pipeline run <config> --run-id {self.paths.run_id}` "
                          "(finished stages are Cached), or Retry this flow run.")
         return "\n\n".join(parts) + "\n"

@@ -1,6 +1,6 @@
 """Issue 30's walk, as an operator does it in the Prefect UI (real server, worker, trainer and chromium at 1,600 px):
-a trainer killed mid-run, the run retried from the UI (finished stages Cached, one overview card), and a nightly
-Quick run named by its date in the schedule's zone.
+a run with a malformed SFT file (refused before data runs), a trainer killed mid-run, the run retried from the UI
+(finished stages Cached, one overview card), and a nightly Quick run named by its date in the schedule's zone.
 
 Trains as little as a resume needs: 16 tiny steps, a checkpoint every 4, no preflight.
 """
@@ -62,6 +62,25 @@ def _overview_cards(flow_run_id) -> list:
     with get_client(sync_client=True) as client:
         return client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=["run-overview-ui-kill"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
+def test_a_malformed_sft_file_fails_the_run_before_data_with_its_records_named(chain_deployment, page, ui_url,
+                                                                              screenshot, tmp_path):
+    bad = tmp_path / "bad_sft.jsonl"
+    bad.write_text('{"prompt": "hi", "response": ""}\nnot json\n{"prompt": "x"}\n', encoding="utf-8")
+    out = tmp_path / "runs"
+    # a run of the deployment as the UI's form makes it (`--submit` would refuse the file before submitting)
+    with get_client(sync_client=True) as client:
+        created = client.create_flow_run_from_deployment(chain_deployment[0].id, name="llm-pipeline/ui-badsft", parameters={
+            "config": TINY, "run_id": "ui-badsft", "overrides": [f"run.output_root={out}", f"sft.inputs=[{bad}]"]})
+    run = finished_run(created.id, 120)
+    assert run.state.is_failed() and not (out / "ui-badsft" / "data").exists()  # nothing ran
+    page.goto(f"{ui_url}/runs/flow-run/{run.id}")
+    page.get_by_role("link", name=f"{ui_url}/artifacts/artifact/", exact=False).first.click()
+    page.locator(CONTENT).wait_for()
+    text = page.locator(CONTENT).inner_text()
+    assert "Failed: sft" in text and "bad_json: 1" in text and f"{bad}:2" in text and "quarantine.jsonl" in text
+    _fits(page, "run-overview-bad-sft", screenshot)  # the error and its Fix wrap: nothing off-screen
 
 
 def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overview(chain_deployment, page, ui_url,
