@@ -119,6 +119,24 @@ class PackingConfig(_Section):
         "are not reset: mindformers' Llama ignores them in training and its rotary embedding is relative.")
 
 
+class DecontaminationConfig(_Section):
+    enabled: bool = Field(
+        True, description="Drop every training document that shares a window of `ngram` consecutive tokens with an "
+        "evaluation file (evaluate.reference_sets, evaluate.tasks, evaluate.prompt_files, and `files`): counted in "
+        "stats.json as filtered, reason `contamination`, per evaluation file under `contaminated_by`; each one is in "
+        "excluded.jsonl naming the file it overlaps (`overlaps`) and the window (`overlap`). Without it, a night whose "
+        "scraper picked up the evaluation text would look like progress.")
+    ngram: int = Field(
+        13, ge=5, le=1000,
+        description="Window length in tokens: one token per CJK character, one per word or number of other text "
+        "(punctuation and spaces are not tokens; both sides NFKC-folded and lowercased). 13 = 13 CJK characters or "
+        "13 English words. Shorter shared spans are kept; an evaluation text shorter than this cannot be matched.")
+    files: list[InputPath] = Field(
+        default_factory=list, validate_default=True, json_schema_extra=identity("data", by="contents"),
+        description="More evaluation files to hold out (jsonl; every string value of a record but `id` is "
+        "evaluation text), e.g. a benchmark run elsewhere. The evaluate stage's files are always held out.")
+
+
 class DataConfig(_Section):
     inputs: list[InputPath] = Field(
         default_factory=lambda: ["configs/data/tiny_corpus.jsonl"], validate_default=True,
@@ -188,6 +206,7 @@ class DataConfig(_Section):
         "itself is always followed). Off by default: a link in a shared folder may point anywhere (another "
         "user's files); a folder reached twice (a link loop) is listed once either way.")
     dedup: DedupConfig = Field(default_factory=DedupConfig)
+    decontamination: DecontaminationConfig = Field(default_factory=DecontaminationConfig)
     heldout_fraction: float = Field(
         0.05, ge=0, lt=1, description="Share of documents (chosen by hash) held out for perplexity."
     )
@@ -531,9 +550,10 @@ class EvaluateConfig(_Section):
     prompt_files: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/domain_qa.jsonl", "configs/eval/open_chat.jsonl",
                                  "configs/eval/instruction_following.jsonl"],
-        json_schema_extra=identity("evaluate", by="contents"),
+        json_schema_extra=identity("evaluate", "data", by="contents"),
                                  validate_default=True,
-        description="Fixed prompt sets (jsonl with id, prompt, optional keywords).",
+        description="Fixed prompt sets (jsonl with id, prompt, optional keywords); held out from training "
+        "(data.decontamination).",
     )
     max_new_tokens: int = Field(24, ge=1, description="Tokens generated per prompt.")
     decoding: Literal["greedy", "sample"] = Field("greedy", description="Decoding strategy.")
@@ -544,8 +564,9 @@ class EvaluateConfig(_Section):
     perplexity_max_rows: int = Field(64, ge=1, description="Held-out rows used for perplexity.")
     reference_sets: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/general_zh.jsonl"],
-        json_schema_extra=identity("evaluate", by="contents"), validate_default=True,
-        description="Reference text held out from all training (jsonl, a `text` field per line), tokenized with "
+        json_schema_extra=identity("evaluate", "data", by="contents"), validate_default=True,
+        description="Reference text held out from all training (jsonl, a `text` field per line; the data stage drops "
+        "documents that overlap it: data.decontamination), tokenized with "
         "the run's tokenizer; perplexity per checkpoint on each, beside the domain held-out perplexity: the "
         "measure of forgetting the nightly gate reads (nightly.gate).")
     reference_max_rows: int = Field(32, ge=1, le=100_000, description="Packed rows of each reference set scored.")

@@ -117,9 +117,12 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
     extra = {"run_id": paths.run_id, "row_tokens": row_len, "shards": n, "tokenizer": tokenizer,
              "pad_tokens": {k: max(v, 0) for k, v in pad.items()},
              "mindrecord_files": {sp: mr[sp]["files"] for sp in ("train", "heldout")},
+             "decontamination": plan.get("decontamination"),
              "dedup": {k: dedup[k] for k in ("bands", "rows", "prior_docs", "prior_runs")} |
              {"threshold": cfg.data.dedup.threshold, "num_perm": cfg.data.dedup.num_perm}}
     stats = build_stats(shards, extra)
+    for held_out in (stats["decontamination"] or {}).get("files", []):
+        held_out["documents_excluded"] = stats["total"].get("contaminated_by", {}).get(held_out["file"], 0)
     _not_written(stats, written)
     ws.write_json("stats.json", stats)
     if not stats["balanced"]:
@@ -145,6 +148,7 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
     metrics = {k: t[k] for k in ("read", "rejected_total", "filtered_total", "exact_duplicates", "near_duplicates",
                                  "kept", "tokens", "rows_train", "rows_heldout")}
     metrics["input_files"] = plan["files"]
+    metrics["contaminated"] = t["filtered"].get("contamination", 0)
     ws.remove("shards")
     ws.drop_local_copy()
     return StageOutput(described, metrics)
