@@ -137,6 +137,25 @@ class DecontaminationConfig(_Section):
         "evaluation text), e.g. a benchmark run elsewhere. The evaluate stage's files are always held out.")
 
 
+class ReplayConfig(_Section):
+    fraction: float = Field(
+        0.0, ge=0, lt=1,
+        description="Share of tonight's training tokens (packed train rows) replayed from what the lineage trained "
+        "on before, against forgetting: 0.3 = 30% of the train split's rows are replay. 0: off. Replay rows bypass "
+        "the dedup index and are never added to it; stats.json `replay` and the manifest's `token_mix` give the mix.")
+    runs: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]] = Field(
+        default_factory=list,
+        description="Run ids (under run.output_root) whose packed training rows are replayed, as written (already "
+        "tokenized: same tokenizer and model.seq_length required). The nightly sets it to its promoted nights; a "
+        "held night's rows are never replayed.")
+    sources: list[InputPath] = Field(
+        default_factory=list, validate_default=True,
+        description="General corpora replayed too (jsonl / jsonl.gz with a data.text_field per line, local or "
+        "s3://): tokenized once with the run's tokenizer and cached under <output_root>/_replay_cache/; not "
+        "cleaned or deduplicated, but decontaminated. Rows are drawn uniformly from runs and sources together.")
+    seed: int | None = Field(None, description="Seed of the replay sample; null: run.seed.")
+
+
 class DataConfig(_Section):
     inputs: list[InputPath] = Field(
         default_factory=lambda: ["configs/data/tiny_corpus.jsonl"], validate_default=True,
@@ -207,6 +226,7 @@ class DataConfig(_Section):
         "user's files); a folder reached twice (a link loop) is listed once either way.")
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     decontamination: DecontaminationConfig = Field(default_factory=DecontaminationConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
     heldout_fraction: float = Field(
         0.05, ge=0, lt=1, description="Share of documents (chosen by hash) held out for perplexity."
     )

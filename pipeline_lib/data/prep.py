@@ -56,7 +56,9 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     ws = Workspace(cfg, paths, shared)
     if ws.is_marked("plan"):
         return ws.read_json("shards/plan.json")["shards"]
-    lineage_tokenizer_checked(cfg)  # refused before any record is read, not after dedup
+    from .replay import check_replay  # (replay.py reads this module's work files)
+
+    check_replay(cfg, ws.endpoint, lineage_tokenizer_checked(cfg))  # both refused before any record is read
     for rel in STAGE_OUTPUTS:  # a fresh start: nothing of an attempt with another config survives
         ws.remove(rel)
     files = list_inputs(cfg.data.inputs, ws.endpoint, follow_symlinks=cfg.data.follow_symlinks)
