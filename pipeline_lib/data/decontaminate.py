@@ -13,7 +13,8 @@ both sides (text.dedup_form: full-width copies and other compatibility forms mat
 
 Cost: the evaluation windows are hashed once per run (`build_eval_ngrams` in the plan step, written to the stage's
 work folder); each shard worker loads them and checks its documents in the same pass that hashes their shingles
-(the token hashes are shared, tokenhash.token_arrays): one 64-bit rolling hash per token and a sorted-array lookup.
+(the token hashes are shared, tokenhash.token_arrays): one 64-bit rolling hash per token, one lookup in a bitmap of
+the evaluation hashes' top bits, and a binary search for the few windows the bitmap lets through.
 Limits: a 64-bit window hash; a false match needs two different 13-token windows with equal hashes, ~m/2^64 per
 window for m evaluation windows.
 Raises DataStageError naming the field, the file and the line for an evaluation file that cannot be read.
@@ -107,6 +108,11 @@ class EvalNgrams:
 
     def __init__(self, n: int, hashes: np.ndarray, file_index: np.ndarray, files: list[str]):
         self.n, self.hashes, self.file_index, self.files = n, hashes, file_index, files
+        # a table of the hashes' top bits, ~16 slots a hash (at most 32 MB): almost every window of a document is
+        # ruled out by one lookup in it; only the rest is binary-searched (~7x faster than searching every window)
+        self.bits = int(min(max(int(len(hashes) * 16).bit_length(), 16), 25))
+        self.table = np.zeros(1 << self.bits, bool)
+        self.table[hashes >> np.uint64(64 - self.bits)] = True
 
     def find(self, arrays, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
         """Per document (arrays = tokenhash.token_arrays of their dedup forms): the index into `files` of the
@@ -118,14 +124,15 @@ class EvalNgrams:
         h = window_hashes(toks, self.n)
         if not len(h):
             return found, offset
-        pos = np.minimum(np.searchsorted(self.hashes, h), len(self.hashes) - 1)
-        hit = (self.hashes[pos] == h) & (tok_doc[:len(h)] == tok_doc[self.n - 1:])
-        where = np.flatnonzero(hit)
+        where = np.flatnonzero(self.table[h >> np.uint64(64 - self.bits)])
+        pos = np.minimum(np.searchsorted(self.hashes, h[where]), len(self.hashes) - 1)
+        hit = (self.hashes[pos] == h[where]) & (tok_doc[where] == tok_doc[where + self.n - 1])
+        where, pos = where[hit], pos[hit]
         if len(where):
             docs = tok_doc[where]
             first = np.flatnonzero(np.append(True, docs[1:] != docs[:-1]))  # windows come in document order
             starts = np.concatenate([[0], np.cumsum(np.bincount(tok_doc, minlength=n_docs))[:-1]])
-            found[docs[first]] = self.file_index[pos[where[first]]]
+            found[docs[first]] = self.file_index[pos[first]]
             offset[docs[first]] = where[first] - starts[docs[first]]
         return found, offset
 

@@ -40,6 +40,11 @@ CACHE_VERSION = 1
 _SOURCE_BATCH = 2000  # documents tokenized at a time while a source is cached
 
 
+def reads_earlier_runs(cfg) -> bool:
+    """Whether prepare_replay reads earlier runs' MindRecord files (and so imports MindSpore)."""
+    return bool(cfg.data.replay.fraction and cfg.data.replay.runs)
+
+
 def replay_rows_wanted(fraction: float, new_rows: int) -> int:
     """Replay rows that make `fraction` of all rows, next to `new_rows` rows of new documents."""
     return int(round(fraction * new_rows / (1 - fraction))) if fraction > 0 else 0

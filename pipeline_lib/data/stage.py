@@ -43,7 +43,7 @@ from .dedup_index import index_uri, publish_segment
 from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
                      tokenize_shard, write_cleaned_shard, write_mindrecord_files)
 from .errors import ConservationError
-from .replay import REPLAY, prepare_replay
+from .replay import REPLAY, prepare_replay, reads_earlier_runs
 from .prep import SEGMENT, dedup_stage, plan_data_stage, prep_shard, shard_dir, stage_index_segment
 from .stats import attribute_rows, build_stats
 from .workspace import Workspace, atomic_path
@@ -388,7 +388,7 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
         log(f"data: tokenizer {tokenizer_and_cleaned(cfg, paths, pool, len(shards), shared=shared)['vocab_size']} pieces")
         report("tokenizer", 1, 1)
         _run_all(pool, partial(tokenize_shard, shared=shared), each, "tokenize", report)
-        if writer is not None:  # earlier runs' rows are read with MindSpore: where it is imported already
+        if writer is not None and reads_earlier_runs(cfg):  # with MindSpore: where it is imported already
             writer.submit(prepare_replay, cfg, paths, shared=shared).result()
         mr_pool, groups = _mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers)
         _run_all(mr_pool or writer, partial(write_mindrecord_files, shared=shared), [(cfg, paths, g) for g in groups],
