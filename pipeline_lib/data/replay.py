@@ -108,6 +108,13 @@ class _RunPool:
         self.files = sorted(p for p in outputs if p.startswith("mindrecord/train/") and p.endswith(".mindrecord"))
         self.rows = stats["total"]["tokens_train"] // row_len  # its own documents' whole rows come first
 
+    def _file_rows(self, rel: str) -> int:
+        """Rows of one of its MindRecord files, from its sidecar (the last line names the last row): a file no row is
+        drawn from is never downloaded."""
+        side = join(self.uri, rel[:-len(".mindrecord")] + ".docs.jsonl")
+        lines = store_for(side, self.ws.endpoint).get_bytes(side).rstrip(b"\n").rsplit(b"\n", 1)
+        return json.loads(lines[-1])["row_end"] + 1
+
     def _local(self, rel: str) -> str:
         store = store_for(self.uri, self.ws.endpoint)
         if not store.remote:
@@ -127,12 +134,12 @@ class _RunPool:
         for rel in self.files:
             if first >= self.rows or not len(picks):
                 break
-            path = self._local(rel)
-            size = ds.MindDataset([path], columns_list=["input_ids"], shuffle=False).get_dataset_size()
+            size = self._file_rows(rel)
             mine = picks[(picks >= first) & (picks < first + size)] - first
             if len(mine):  # each row read once (the sampler takes at most the file's size of indices), then repeated
                 once, again = np.unique(mine, return_inverse=True)
-                data = ds.MindDataset([path], columns_list=["input_ids"], sampler=ds.SubsetSampler(once.tolist()))
+                data = ds.MindDataset([self._local(rel)], columns_list=["input_ids"],
+                                      sampler=ds.SubsetSampler(once.tolist()))
                 got = [r[0] for r in data.create_tuple_iterator(output_numpy=True, num_epochs=1)]
                 rows += [got[k] for k in again]
                 origins += [f"{self.run_id}/data/{rel}:{int(r)}" for r in mine]
@@ -141,13 +148,11 @@ class _RunPool:
 
 
 def _source_lines(uri: str, endpoint: str | None):
-    fh = store_for(uri, endpoint).open_read(uri)
-    if uri.endswith(".gz"):
-        fh = gzip.GzipFile(fileobj=fh)
     from ..storage import iter_lines
 
-    with fh:
-        yield from iter_lines(fh)
+    with store_for(uri, endpoint).open_read(uri) as raw:
+        with (gzip.GzipFile(fileobj=raw) if uri.endswith(".gz") else raw) as fh:
+            yield from iter_lines(fh)
 
 
 class _SourcePool:

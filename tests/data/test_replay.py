@@ -67,6 +67,7 @@ def _train_rows(folder: Path) -> tuple[np.ndarray, list[dict]]:
     return np.concatenate(rows), side
 
 
+@pytest.mark.slow  # the session's data stage (pretrain_data) is built by the first test asking for it
 def test_a_night_with_fraction_0_3_holds_30_percent_replay_tokens_copied_from_the_earlier_night(night2):
     cfg, manifest, folder = night2
     rows, side = _train_rows(folder)
@@ -91,6 +92,7 @@ def test_a_night_with_fraction_0_3_holds_30_percent_replay_tokens_copied_from_th
     assert stats["balanced"]
 
 
+@pytest.mark.slow  # the session's data stage (pretrain_data) is built by the first test asking for it
 def test_replay_bypasses_the_dedup_index_and_is_never_added_to_it(night2):
     cfg, _, folder = night2
     stats = json.loads((folder / "stats.json").read_text())
@@ -102,6 +104,7 @@ def test_replay_bypasses_the_dedup_index_and_is_never_added_to_it(night2):
     assert [i["uri"] for i in segments["night-2"]["inputs"]] == list(cfg.data.inputs)
 
 
+@pytest.mark.slow  # the session's data stage (pretrain_data) is built by the first test asking for it
 def test_general_sources_are_tokenized_once_cached_and_decontaminated(lineage, tmp_path):
     root, corpus = lineage
     general = write_jsonl(tmp_path / "general.jsonl", [
@@ -123,6 +126,7 @@ def test_general_sources_are_tokenized_once_cached_and_decontaminated(lineage, t
     assert (cache / "rows.bin").stat().st_mtime_ns == built and len(list(cache.parent.iterdir())) == 1
 
 
+@pytest.mark.slow  # the session's data stage (pretrain_data) is built by the first test asking for it
 def test_bad_replay_settings_are_refused_naming_the_field(lineage, tmp_path):
     root, corpus = lineage
     with pytest.raises(ConfigError, match="data.replay.fraction"):
