@@ -151,7 +151,7 @@ class ReplayConfig(_Section):
     sources: list[InputPath] = Field(
         default_factory=list, validate_default=True,
         description="General corpora replayed too (jsonl / jsonl.gz with a data.text_field per line, local or "
-        "s3://): tokenized once with the run's tokenizer and cached under <output_root>/_replay_cache/; not "
+        "s3://): tokenized once with the run's tokenizer and cached under `<output_root>/_replay_cache/`; not "
         "cleaned or deduplicated, but decontaminated. Rows are drawn uniformly from runs and sources together.")
     seed: int | None = Field(None, description="Seed of the replay sample; null: run.seed.")
 
@@ -599,8 +599,9 @@ class EvaluateConfig(_Section):
         "so a night that forgets the domain (trained on garbage) is caught by the gate.")
     tasks: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/domain_choice.jsonl", "configs/eval/domain_classify.jsonl"],
-        json_schema_extra=identity("evaluate", by="contents"), validate_default=True,
-        description="Task files scored by log-likelihood for every evaluated checkpoint (jsonl, docs/evaluation.md): "
+        json_schema_extra=identity("evaluate", "data", by="contents"), validate_default=True,
+        description="Task files scored by log-likelihood for every evaluated checkpoint (jsonl, docs/evaluation.md; "
+        "held out from training: data.decontamination): "
         "multiple choice (question, choices, answer) or classification (text, label, over the labels its header "
         "declares). Each candidate's log-likelihood after the prompt is summed from one forward; the highest is the "
         "model's answer; accuracy per task (the nightly gate's nightly.gate.max_task_drop reads it).")

@@ -20,6 +20,7 @@ from pipeline_lib.storage import RunPaths
 
 REF = Path(__file__).resolve().parents[2] / "configs" / "eval" / "general_zh.jsonl"
 PROMPTS = Path(__file__).resolve().parents[2] / "configs" / "eval" / "domain_qa.jsonl"
+CHOICE = Path(__file__).resolve().parents[2] / "configs" / "eval" / "domain_choice.jsonl"  # a shipped evaluate.tasks file
 
 
 def _cjk(text: str) -> str:
@@ -61,6 +62,7 @@ def contaminated_run(tmp_path_factory):
         "ref_full": _inside(rng, _ref_sentence(5)),                     # a whole reference sentence
         "ref_punct": _inside(rng, _span(_ref_sentence(7), 13).replace("，", ",")),  # other punctuation
         "prompt": _inside(rng, json.loads(PROMPTS.read_text(encoding="utf-8").splitlines()[0])["prompt"]),
+        "task_shipped": _inside(rng, json.loads(CHOICE.read_text(encoding="utf-8").splitlines()[1])["question"]),
         "task_en": " ".join(random_doc(rng, zh=False).split()[:60]) + " " + question + " " +
                    " ".join(random_doc(rng, zh=False).split()[:60]),
         "task_fullwidth": " ".join(random_doc(rng, zh=False).split()[:60]) + " " +  # ｗｈｉｃｈ ｏｆ ...: NFKC
@@ -78,7 +80,7 @@ def contaminated_run(tmp_path_factory):
     cfg = make_cfg(root, inputs=[str(corpus)], decontamination={"files": [str(task)]})
     cfg.tokenizer.vocab_size, cfg.model.vocab_size = 3200, 4096  # random text over 2,500 CJK characters
     digests = {p: hashlib.sha256(Path(p).read_bytes()).hexdigest()
-               for p in [*cfg.evaluate.reference_sets, *cfg.evaluate.prompt_files, str(task)]}
+               for p in [*cfg.evaluate.reference_sets, *cfg.evaluate.tasks, *cfg.evaluate.prompt_files, str(task)]}
     manifest = run_stage(cfg, RunPaths(cfg.run.output_root, "r1"), "data", workers=1)[0]
     return cfg, manifest, lines, digests, task
 
@@ -93,7 +95,7 @@ def test_documents_sharing_13_tokens_with_an_evaluation_file_are_excluded_naming
     excluded = {x["origin"]: x for x in map(json.loads, (folder / "excluded.jsonl").read_text().splitlines())}
     expect = {"ref13": cfg.evaluate.reference_sets[0], "ref_full": cfg.evaluate.reference_sets[0],
               "ref_punct": cfg.evaluate.reference_sets[0], "prompt": str(PROMPTS), "task_en": str(task),
-              "task_fullwidth": str(task)}
+              "task_fullwidth": str(task), "task_shipped": str(CHOICE)}
     for name, file in expect.items():
         rec = excluded[f"corpus.jsonl:{lines[name]}"]
         assert (rec["filter"], rec["reason"], rec["overlaps"]) == ("decontamination", "contamination", file), name
@@ -101,10 +103,12 @@ def test_documents_sharing_13_tokens_with_an_evaluation_file_are_excluded_naming
     assert excluded[f"corpus.jsonl:{lines['ref13']}"]["overlap"] == " ".join(_cjk(_span(_ref_sentence(0), 13)))
     stats = json.loads((folder / "stats.json").read_text())
     total = stats["total"]
-    assert total["filtered"]["contamination"] == 6 == manifest.metrics["contaminated"] and stats["balanced"]
-    assert total["contaminated_by"] == {cfg.evaluate.reference_sets[0]: 3, str(PROMPTS): 1, str(task): 2}
+    assert total["filtered"]["contamination"] == 7 == manifest.metrics["contaminated"] and stats["balanced"]
+    assert total["contaminated_by"] == {cfg.evaluate.reference_sets[0]: 3, str(PROMPTS): 1, str(task): 2,
+                                       str(CHOICE): 1}
     held = {f["file"]: f for f in stats["decontamination"]["files"]}
     assert stats["decontamination"]["ngram"] == 13 and held[str(task)]["field"] == "data.decontamination.files[0]"
+    assert held[str(CHOICE)]["field"] == "evaluate.tasks[0]"
     assert held[cfg.evaluate.reference_sets[0]]["documents_excluded"] == 3 and held[str(task)]["ngrams"] > 0
 
 
