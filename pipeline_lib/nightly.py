@@ -11,7 +11,8 @@ what earlier versions wrote):
             comparison; `llm-pipeline nightly promote CONFIG --run-id ID` promotes one by hand
   reference_heldout: the held-out split of the lineage's first promoted night; every later night scores it
             (evaluate.reference_heldout): rows in the lineage's domain that do not move, so forgetting shows
-  history:  per night its decision (promoted, held, no new data), the gate's metrics, and who decided
+  history:  per night its decision (promoted, held, no new data), the gate's metrics, and who decided; with
+            data.replay on, the promoted nights' packed rows are tonight's replay pool (`replay_runs`)
 It is updated only after a night succeeds, so a failed night leaves the watermark and the
 `latest` pointer where they were and its data is picked up again tomorrow. An update applies the
 night's change to the newest state in one conditional write, so two nights finishing at once
@@ -189,14 +190,41 @@ def new_files(cfg: PipelineConfig, state: dict) -> dict[str, int]:
     return {u: s for u, s in list_raw_files(cfg).items() if consumed.get(u) != s}
 
 
+def promoted_nights(state: dict) -> list[str]:
+    """Run ids of the promoted nights, oldest first: what `latest` descends from (a held night is not; an entry of an
+    earlier version without a decision was promoted when it has a checkpoint)."""
+    out: list[str] = []
+    for night in state.get("history", []):
+        decision = night.get("decision", "promoted" if night.get("checkpoint") else None)
+        if decision in ("promoted", "promoted by hand") and night["run_id"] not in out:
+            out.append(night["run_id"])
+    return out
+
+
+def replay_runs(cfg: PipelineConfig, state: dict) -> list[str]:
+    """data.replay.runs for tonight: the configured ones, then the promoted nights whose data stage is still there
+    (their packed rows are what replay samples; data/replay.py)."""
+    from .storage import RunPaths
+
+    runs = list(cfg.data.replay.runs)
+    for run_id in promoted_nights(state):
+        manifest = join(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("data"), "manifest.json")
+        if run_id not in runs and store_for(manifest, cfg.run.s3_endpoint_url).exists(manifest):
+            runs.append(run_id)
+    return runs
+
+
 def nightly_overrides(cfg: PipelineConfig, state: dict, files: dict[str, int]) -> dict:
     """Config changes for tonight: only the new files, continue from last night's checkpoint, score the
     lineage's fixed held-out split beside the configured evaluate.reference_heldout, and deduplicate against
     the nights only: the nightly is its own lineage (`<run.name>-nightly` unless data.dedup.lineage is set), so a
-    manual run of the same config (make demo) does not make every document of the first night "seen before"."""
+    manual run of the same config (make demo) does not make every document of the first night "seen before";
+    with data.replay on, replay from the promoted nights (replay_runs)."""
     from .data.dedup_index import lineage
 
     changes: dict = {"data": {"inputs": sorted(files)}}
+    if cfg.data.replay.fraction > 0:
+        changes["data"]["replay"] = {"runs": replay_runs(cfg, state)}
     if not cfg.data.dedup.lineage:
         changes["data"]["dedup"] = {"lineage": f"{lineage(cfg)}-nightly"}
     if state.get("reference_heldout"):

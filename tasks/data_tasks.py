@@ -90,8 +90,13 @@ def tokenize_task(config: dict, run_id: str, index: int) -> dict:
 @task(name="data-mindrecord-plan", task_run_name="data/{run_id}/mindrecord-plan", **_RETRY)
 def mindrecord_plan_task(config: dict, run_id: str) -> list[tuple[str, int]]:
     from pipeline_lib.data.encode import plan_mindrecord
+    from pipeline_lib.data.replay import prepare_replay, reads_earlier_runs
+    from pipeline_lib.data.stage import in_mindrecord_writer
 
-    return [tuple(x) for x in plan_mindrecord(*_ctx(config, run_id))]
+    cfg, paths = _ctx(config, run_id)
+    if _shard_processes(cfg) > 1 and reads_earlier_runs(cfg):  # read with MindSpore: in the warm writer
+        in_mindrecord_writer(prepare_replay, cfg, paths)
+    return [tuple(x) for x in plan_mindrecord(cfg, paths)]
 
 
 @task(name="data-mindrecord", task_run_name="data/{run_id}/mindrecord-{split}-{j:05d}", **_RETRY)

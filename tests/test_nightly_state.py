@@ -145,3 +145,22 @@ def test_the_nightly_is_its_own_dedup_lineage_unless_one_is_named(tmp_path):
     assert own["data"]["dedup"] == {"lineage": "tiny-cpu-nightly"}  # a manual run of tiny-cpu is another lineage
     named = nightly_overrides(config_from_dict({"data": {"dedup": {"lineage": "shared"}}}), {}, {"/raw/a.jsonl": 1})
     assert "dedup" not in named["data"]
+
+
+def test_replay_draws_on_the_promoted_nights_whose_data_stage_is_still_there(tmp_path):
+    from pipeline_lib.nightly import commit_night, consume_without_training, nightly_overrides, promoted_nights
+
+    cfg = cfg_at(str(tmp_path))
+    commit_night(cfg, load_state(cfg), {"/raw/1.jsonl": 1}, "n1", "c1")
+    commit_night(cfg, load_state(cfg), {"/raw/2.jsonl": 1}, "n2", "c2", decision="held")
+    consume_without_training(cfg, load_state(cfg), {"/raw/3.jsonl": 1}, "n3", {"kept": 0})
+    commit_night(cfg, load_state(cfg), {"/raw/4.jsonl": 1}, "n4", "c4")
+    commit_night(cfg, load_state(cfg), {"/raw/5.jsonl": 1}, "n5", "c5")
+    for run_id in ("n1", "n2", "n4"):  # n5's data folder is gone (cleaned up)
+        (tmp_path / run_id / "data").mkdir(parents=True)
+        (tmp_path / run_id / "data" / "manifest.json").write_text("{}")
+    state = load_state(cfg)
+    assert promoted_nights(state) == ["n1", "n4", "n5"]
+    assert "replay" not in nightly_overrides(cfg, state, {"/raw/6.jsonl": 1})["data"]  # data.replay off
+    on = config_from_dict({"run": {"output_root": str(tmp_path)}, "data": {"replay": {"fraction": 0.3, "runs": ["r0"]}}})
+    assert nightly_overrides(on, state, {"/raw/6.jsonl": 1})["data"]["replay"] == {"runs": ["r0", "n1", "n4"]}

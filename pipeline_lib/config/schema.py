@@ -132,6 +132,43 @@ class PackingConfig(_Section):
         "are not reset: mindformers' Llama ignores them in training and its rotary embedding is relative.")
 
 
+class DecontaminationConfig(_Section):
+    enabled: bool = Field(
+        True, description="Drop every training document that shares a window of `ngram` consecutive tokens with an "
+        "evaluation file (evaluate.reference_sets, evaluate.tasks, evaluate.prompt_files, and `files`): counted in "
+        "stats.json as filtered, reason `contamination`, per evaluation file under `contaminated_by`; each one is in "
+        "excluded.jsonl naming the file it overlaps (`overlaps`) and the window (`overlap`). Without it, a night whose "
+        "scraper picked up the evaluation text would look like progress.")
+    ngram: int = Field(
+        13, ge=5, le=1000,
+        description="Window length in tokens: one token per CJK character, one per word or number of other text "
+        "(punctuation and spaces are not tokens; both sides NFKC-folded and lowercased). 13 = 13 CJK characters or "
+        "13 English words. Shorter shared spans are kept; an evaluation text shorter than this cannot be matched.")
+    files: list[InputPath] = Field(
+        default_factory=list, validate_default=True, json_schema_extra=identity("data", by="contents"),
+        description="More evaluation files to hold out (jsonl; every string value of a record but `id` is "
+        "evaluation text), e.g. a benchmark run elsewhere. The evaluate stage's files are always held out.")
+
+
+class ReplayConfig(_Section):
+    fraction: float = Field(
+        0.0, ge=0, lt=1,
+        description="Share of tonight's training tokens (packed train rows) replayed from what the lineage trained "
+        "on before, against forgetting: 0.3 = 30% of the train split's rows are replay. 0: off. Replay rows bypass "
+        "the dedup index and are never added to it; stats.json `replay` and the manifest's `token_mix` give the mix.")
+    runs: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]] = Field(
+        default_factory=list,
+        description="Run ids (under run.output_root) whose packed training rows are replayed, as written (already "
+        "tokenized: same tokenizer and model.seq_length required). The nightly sets it to its promoted nights; a "
+        "held night's rows are never replayed.")
+    sources: list[InputPath] = Field(
+        default_factory=list, validate_default=True,
+        description="General corpora replayed too (jsonl / jsonl.gz with a data.text_field per line, local or "
+        "s3://): tokenized once with the run's tokenizer and cached under `<output_root>/_replay_cache/`; not "
+        "cleaned or deduplicated, but decontaminated. Rows are drawn uniformly from runs and sources together.")
+    seed: int | None = Field(None, description="Seed of the replay sample; null: run.seed.")
+
+
 class DataConfig(_Section):
     inputs: list[InputPath] = Field(
         default_factory=lambda: ["configs/data/tiny_corpus.jsonl"], validate_default=True,
@@ -201,6 +238,8 @@ class DataConfig(_Section):
         "itself is always followed). Off by default: a link in a shared folder may point anywhere (another "
         "user's files); a folder reached twice (a link loop) is listed once either way.")
     dedup: DedupConfig = Field(default_factory=DedupConfig)
+    decontamination: DecontaminationConfig = Field(default_factory=DecontaminationConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
     heldout_fraction: float = Field(
         0.05, ge=0, lt=1, description="Share of documents (chosen by hash) held out for perplexity."
     )
@@ -544,9 +583,10 @@ class EvaluateConfig(_Section):
     prompt_files: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/domain_qa.jsonl", "configs/eval/open_chat.jsonl",
                                  "configs/eval/instruction_following.jsonl"],
-        json_schema_extra=identity("evaluate", by="contents"),
+        json_schema_extra=identity("evaluate", "data", by="contents"),
                                  validate_default=True,
-        description="Fixed prompt sets (jsonl with id, prompt, optional keywords).",
+        description="Fixed prompt sets (jsonl with id, prompt, optional keywords); held out from training "
+        "(data.decontamination).",
     )
     max_new_tokens: int = Field(24, ge=1, description="Tokens generated per prompt.")
     decoding: Literal["greedy", "sample"] = Field("greedy", description="Decoding strategy.")
@@ -557,8 +597,9 @@ class EvaluateConfig(_Section):
     perplexity_max_rows: int = Field(64, ge=1, description="Held-out rows used for perplexity.")
     reference_sets: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/general_zh.jsonl"],
-        json_schema_extra=identity("evaluate", by="contents"), validate_default=True,
-        description="Reference text held out from all training (jsonl, a `text` field per line), tokenized with "
+        json_schema_extra=identity("evaluate", "data", by="contents"), validate_default=True,
+        description="Reference text held out from all training (jsonl, a `text` field per line; the data stage drops "
+        "documents that overlap it: data.decontamination), tokenized with "
         "the run's tokenizer; perplexity per checkpoint on each, beside the domain held-out perplexity: the "
         "measure of forgetting the nightly gate reads (nightly.gate).")
     reference_max_rows: int = Field(32, ge=1, le=100_000, description="Packed rows of each reference set scored.")
@@ -571,8 +612,9 @@ class EvaluateConfig(_Section):
         "so a night that forgets the domain (trained on garbage) is caught by the gate.")
     tasks: list[InputPath] = Field(
         default_factory=lambda: ["configs/eval/domain_choice.jsonl", "configs/eval/domain_classify.jsonl"],
-        json_schema_extra=identity("evaluate", by="contents"), validate_default=True,
-        description="Task files scored by log-likelihood for every evaluated checkpoint (jsonl, docs/evaluation.md): "
+        json_schema_extra=identity("evaluate", "data", by="contents"), validate_default=True,
+        description="Task files scored by log-likelihood for every evaluated checkpoint (jsonl, docs/evaluation.md; "
+        "held out from training: data.decontamination): "
         "multiple choice (question, choices, answer) or classification (text, label, over the labels its header "
         "declares). Each candidate's log-likelihood after the prompt is summed from one forward; the highest is the "
         "model's answer; accuracy per task (the nightly gate's nightly.gate.max_task_drop reads it).")

@@ -302,7 +302,17 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
     return issues
 
 
-RULES = (_batch, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft,
+def _replay(cfg: PipelineConfig) -> list[ConfigIssue]:
+    runs = cfg.data.replay.runs
+    twice = sorted({r for r in runs if runs.count(r) > 1})
+    if twice:
+        return [ConfigIssue("data.replay.runs", list(runs), f"names {', '.join(twice)} more than once (a run's rows "
+                            "are one pool; the sample already repeats rows when the pool is short)",
+                            "list each run once")]
+    return []
+
+
+RULES = (_batch, _replay, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft,
          preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues)
 
 
@@ -333,6 +343,12 @@ def warnings(cfg: PipelineConfig) -> list[str]:
     if d.dask_address and d.executor != "dask":
         out.append(f"data.dask_address={d.dask_address} has no effect with data.executor={d.executor}: only the dask "
                    "executor sends work to a Dask scheduler. Fix: set data.executor=dask, or remove data.dask_address")
+    r = d.replay
+    if r.fraction > 0 and not r.runs and not r.sources:
+        out.append(f"data.replay.fraction={r.fraction} with no data.replay.runs and no data.replay.sources: nothing to "
+                   "replay, unless the nightly fills data.replay.runs with its promoted nights (it does from the second "
+                   "night on). Fix: for a single run, name earlier runs in data.replay.runs or a general corpus in "
+                   "data.replay.sources")
     return out
 
 

@@ -33,6 +33,7 @@ from ..model.packing import (count_rows, document_attention_mask, join_with_eos,
                              rows_from_tokens)
 from .packing import gather_tokens, heldout_mask, write_mindrecord
 from .prep import read_docs, shard_dir
+from .replay import prepare_replay, replay_rows, replay_sidecar_lines
 from .tokenizer import check_loaded, lineage_tokenizer_checked, load_base, train_tokenizer, write_config
 from .workspace import Workspace, atomic_path
 
@@ -148,12 +149,14 @@ def plan_mindrecord(cfg, paths, *, shared: bool = True) -> list[tuple[str, int]]
     row_len = cfg.model.seq_length + 1
     per_file = rows_per_file(cfg)
     plan, items = {}, []
+    replay = prepare_replay(cfg, paths, shared=shared)["rows"]  # done already where MindSpore is warm (stage.py)
     for split in SPLITS:
         per_shard = [c[f"tokens_{split}"] for c in counts]
-        rows = count_rows(sum(per_shard), row_len, d.remainder)
-        files = math.ceil(rows / per_file)
-        plan[split] = {"token_counts": per_shard, "rows": rows, "files": files, "row_len": row_len,
-                       "rows_per_file": per_file}
+        new_rows = count_rows(sum(per_shard), row_len, d.remainder)
+        extra = replay if split == "train" and new_rows else 0  # replay rows follow the new ones (replay.py)
+        files = math.ceil((new_rows + extra) / per_file)
+        plan[split] = {"token_counts": per_shard, "rows": new_rows + extra, "new_rows": new_rows,
+                       "replay_rows": extra, "files": files, "row_len": row_len, "rows_per_file": per_file}
         items += [(split, j) for j in range(files)]
     if plan["train"]["rows"] == 0:
         total = sum(plan["train"]["token_counts"])
@@ -233,7 +236,9 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
     plan = ws.read_json("shards/mindrecord.json")[split]
     row_len, per = plan["row_len"], plan["rows_per_file"]
     first_row, last_row = j * per, min((j + 1) * per, plan["rows"])
-    start, stop = first_row * row_len, min(last_row * row_len, sum(plan["token_counts"]))
+    new_rows = plan.get("new_rows", plan["rows"])
+    last_new = max(min(last_row, new_rows), first_row)  # rows past new_rows are replay rows (replay.py)
+    start, stop = first_row * row_len, min(last_new * row_len, sum(plan["token_counts"]))
     parts, spans, offset = [], [], 0
     for k, n in enumerate(plan["token_counts"]):
         if n and offset < stop and offset + n > start:
@@ -243,6 +248,10 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
         offset += n
     ids = ws.read_json(f"tokenizer/{CONFIG_NAME}")  # the tokenizer's, not the config's
     rows = rows_from_tokens(gather_tokens(parts, start, stop), row_len, d.remainder, ids["pad_id"])
+    if last_row > last_new:
+        lo, hi = last_new - new_rows, last_row - new_rows
+        rows = np.concatenate([rows, replay_rows(ws, lo, hi)])
+        spans += replay_sidecar_lines(ws, lo, hi, last_new - first_row, row_len)
     assert len(rows) == last_row - first_row, (split, j, len(rows), last_row - first_row)
     side = ws.local(sidecar_name(split, j))
     side.parent.mkdir(parents=True, exist_ok=True)

@@ -62,11 +62,12 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
     return int(best[0]), int(best[1])
 
 
-def shingle_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
+def shingle_hashes(texts: list[str], n: int, arrays=None) -> tuple[np.ndarray, np.ndarray]:
     """uint32 hashes of the token n-gram shingles of each text (the n-grams of text.shingles),
     vectorized over the whole batch (tokenhash.py): returns (flat hashes in text order, count
-    per text). A text with fewer than n tokens gives one shingle over all its tokens."""
-    toks, tok_doc, _ = token_arrays(texts)
+    per text). A text with fewer than n tokens gives one shingle over all its tokens.
+    arrays: token_arrays(texts) when the caller has them (the decontamination check shares them)."""
+    toks, tok_doc, _ = arrays if arrays is not None else token_arrays(texts)
     per_doc = np.bincount(tok_doc, minlength=len(texts))
     h = chain(toks, n)
     full = h[tok_doc[:len(h)] == tok_doc[n - 1:]] if len(h) else toks[:0]

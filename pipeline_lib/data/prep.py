@@ -24,12 +24,14 @@ from ..storage import LongLine, join
 from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import index_uri, lineage, load_prior, segment_meta, stage_segment, write_segment
 from .errors import DataStageError, NoNewDocuments
+from .decontaminate import FILTER, REASON, EvalNgrams, build_eval_ngrams, overlap_text
 from .exclusions import GUARD_REASON, load_exclusions
 from .filters import Doc, apply_filters_batch, build_filters
 from .minhash import shingle_hashes, signatures
 from .readers import iter_shard_batches
 from .sources import ShardSpec, list_inputs, plan_shards
 from .text import dedup_form, key_of_form
+from .tokenhash import token_arrays
 from .tokenizer import lineage_tokenizer_checked
 from .workspace import Workspace, atomic_path
 
@@ -54,7 +56,9 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     ws = Workspace(cfg, paths, shared)
     if ws.is_marked("plan"):
         return ws.read_json("shards/plan.json")["shards"]
-    lineage_tokenizer_checked(cfg)  # refused before any record is read, not after dedup
+    from .replay import check_replay  # (replay.py reads this module's work files)
+
+    check_replay(cfg, ws.endpoint, lineage_tokenizer_checked(cfg))  # both refused before any record is read
     for rel in STAGE_OUTPUTS:  # a fresh start: nothing of an attempt with another config survives
         ws.remove(rel)
     files = list_inputs(cfg.data.inputs, ws.endpoint, follow_symlinks=cfg.data.follow_symlinks)
@@ -66,9 +70,28 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     if uses_index(cfg):  # the rerun rule of the dedup index compares input files by content
         for f in sizes:
             f["fingerprint"] = store_for(f["uri"], ws.endpoint).fingerprint(f["uri"])
-    ws.write_json("shards/plan.json", {"files": sizes, "shards": shards})
+    evals, held_out = build_eval_ngrams(cfg, ws.endpoint)  # once per run; every shard worker loads it
+    evals.save(ws.local(EVAL_NGRAMS))
+    ws.publish(EVAL_NGRAMS)
+    ws.write_json("shards/plan.json", {"files": sizes, "shards": shards,
+                                       "decontamination": {"ngram": evals.n, "files": held_out}})
     ws.mark("plan")
     return shards
+
+
+EVAL_NGRAMS = "shards/eval_ngrams.npz"
+_EVALS: dict = {}
+
+
+def eval_ngrams(ws: Workspace) -> EvalNgrams | None:
+    """The run's evaluation windows (written by the plan step), None when there are none; loaded once per process."""
+    path = ws.fetch(EVAL_NGRAMS)
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _EVALS:
+        _EVALS.clear()
+        _EVALS[key] = EvalNgrams.load(path)
+    evals = _EVALS[key]
+    return evals if len(evals.hashes) else None
 
 
 def _gunzip_chunk(ws: Workspace, n: int):
@@ -158,12 +181,21 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
     cap, copy = d.max_records_written_per_reason, d.max_copy_bytes
     wrote_q, wrote_x = Counter(), Counter()
     origins, source_ids, metas, texts, keys, sigs = [], [], [], [], [], []
+    evals = eval_ngrams(ws)
+    contaminated: Counter = Counter()  # per evaluation file
     with open(ws.local(f"{folder}/quarantine.jsonl"), "w", encoding="utf-8") as qf, \
             open(ws.local(f"{folder}/excluded.jsonl"), "w", encoding="utf-8") as xf:
+        def exclude(origin, line, text, sid, meta, name, reason, extra=None):
+            filtered[reason] += 1
+            if wrote_x[reason] < cap:
+                wrote_x[reason] += 1
+                xf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line, "filter": name,
+                                "reason": reason, **(extra or {}), "meta": meta, **excluded_copy(text, copy)}) + "\n")
+
         # positional arguments: tests wrap iter_shard_batches to count the shards read
         for batch in iter_shard_batches(spec, d.text_field, d.read_batch_size, ws.endpoint, fields,
                                         d.max_line_bytes, copy):
-            docs, found, forms = [], [], []
+            docs, found = [], []
             for line, text, reason, raw, values in batch:
                 read += 1
                 sid, origin, meta = record_identity(cfg, spec.label, line, values)
@@ -174,32 +206,34 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
                         qf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
                                         "reason": reason, **quarantine_copy(raw, copy)}) + "\n")
                 elif exclusions and exclusions.matches(sid, origin):
-                    filtered[GUARD_REASON] += 1
-                    if wrote_x[GUARD_REASON] < cap:
-                        wrote_x[GUARD_REASON] += 1
-                        xf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
-                                        "filter": GUARD_REASON, "reason": GUARD_REASON, "meta": meta,
-                                        **excluded_copy(text, copy)}) + "\n")
+                    exclude(origin, line, text, sid, meta, GUARD_REASON, GUARD_REASON)
                 else:
                     docs.append(Doc(origin, text))
                     found.append((line, text, sid, meta))
+            survivors = []
             for doc, (line, text, sid, meta), dropped in zip(docs, found, apply_filters_batch(docs, filters)):
                 if dropped:
-                    filtered[dropped[1]] += 1
-                    if wrote_x[dropped[1]] < cap:
-                        wrote_x[dropped[1]] += 1
-                        xf.write(_json({"id": sid, "origin": doc.id, "file": spec.uri, "line": line,
-                                        "filter": dropped[0], "reason": dropped[1], "meta": meta,
-                                        **excluded_copy(text, copy)}) + "\n")
+                    exclude(doc.id, line, text, sid, meta, dropped[0], dropped[1])
+                    continue
+                survivors.append((doc, line, text, sid, meta))
+            forms = [dedup_form(doc.text) for doc, *_ in survivors]  # what dedup compares: NFKC, unlike the training text
+            arrays = token_arrays(forms) if evals is not None or d.dedup.near else None
+            overlaps, at = evals.find(arrays, len(forms)) if evals is not None else (None, None)
+            for i, (doc, line, text, sid, meta) in enumerate(survivors):
+                if overlaps is not None and overlaps[i] >= 0:  # held out means held out: decontaminate.py
+                    file = evals.files[overlaps[i]]
+                    contaminated[file] += 1
+                    exclude(doc.id, line, text, sid, meta, FILTER, REASON,
+                            {"overlaps": file, "overlap": overlap_text(forms[i], int(at[i]), evals.n)})
                     continue
                 origins.append(doc.id)
                 source_ids.append(_json(sid))
                 metas.append(_json(meta))
                 texts.append(doc.text)
-                forms.append(dedup_form(doc.text))  # what dedup compares: NFKC, unlike the training text
-                keys.append(key_of_form(forms[-1]))
+                keys.append(key_of_form(forms[i]))
             if d.dedup.near:
-                sigs.append(signatures(*shingle_hashes(forms, d.dedup.ngram), d.dedup.num_perm))
+                sig = signatures(*shingle_hashes(forms, d.dedup.ngram, arrays), d.dedup.num_perm)
+                sigs.append(sig if overlaps is None or (overlaps < 0).all() else sig[overlaps < 0])
     table = pa.table({"origin": pa.array(origins, pa.string()), "source_id": pa.array(source_ids, pa.string()),
                       "meta": pa.array(metas, pa.string()), "text": pa.array(texts, pa.string()),
                       "key": pa.array(np.asarray(keys, dtype=np.uint64), pa.uint64())})
@@ -212,6 +246,7 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
     ws.publish(*[f"{folder}/{n}" for n in names])
     counts = {"label": spec.label, "uri": spec.uri, "read": read, "rejected": dict(rejected),
               "filtered": dict(filtered), "candidates": len(origins),
+              **({"contaminated_by": dict(contaminated)} if contaminated else {}),
               "written": {"quarantine.jsonl": dict(wrote_q), "excluded.jsonl": dict(wrote_x)}}
     ws.write_json(f"{folder}/counts.json", counts)
     ws.mark(f"{index:05d}.prep")

@@ -11,6 +11,7 @@ whose completion marker exists, each reading and writing only the stage folder):
     build_tokenizer(cfg, paths)      (tokenizer_and_cleaned: with write_cleaned_shard and
                                       stage_index_segment meanwhile, in the pool)
     tokenize_shard(cfg, paths, k)    for k in range(len(shards))
+    prepare_replay(cfg, paths)       (data.replay: the replay rows; plan_mindrecord runs it if not done)
     write_mindrecord_shard(cfg, paths, split, j)  for (split, j) in plan_mindrecord(cfg, paths)
         (or write_mindrecord_files(cfg, paths, group) for each group of mindrecord_groups(items, n))
     output = finalize_data_stage(cfg, paths)              # -> StageOutput, recorded by the registry
@@ -42,6 +43,7 @@ from .dedup_index import index_uri, publish_segment
 from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
                      tokenize_shard, write_cleaned_shard, write_mindrecord_files)
 from .errors import ConservationError
+from .replay import REPLAY, prepare_replay, reads_earlier_runs
 from .prep import SEGMENT, dedup_stage, plan_data_stage, prep_shard, shard_dir, stage_index_segment
 from .stats import attribute_rows, build_stats
 from .workspace import Workspace, atomic_path
@@ -105,21 +107,30 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
         s = {**prepared[k], **dedup["shards"][k], **ws.read_json(f"{shard_dir(k)}/tokens.json")}
         shards.append(s)
     labels = [s["label"] for s in shards]
-    for split in ("train", "heldout"):
-        rows = attribute_rows(mr[split]["token_counts"], labels, mr[split]["row_len"], mr[split]["rows"])
+    for split in ("train", "heldout"):  # replay rows (after new_rows) belong to no input file: stats["replay"]
+        rows = attribute_rows(mr[split]["token_counts"], labels, mr[split]["row_len"],
+                              mr[split].get("new_rows", mr[split]["rows"]))
         seen = set()
         for s in shards:  # a file's rows go to its first shard (rows are counted per file)
             s[f"rows_{split}"] = 0 if s["label"] in seen else rows.get(s["label"], 0)
             seen.add(s["label"])
     tokenizer = ws.read_json("tokenizer/tokenizer_config.json")
     row_len = cfg.model.seq_length + 1
-    pad = {sp: mr[sp]["rows"] * row_len - sum(mr[sp]["token_counts"]) for sp in ("train", "heldout")}
+    pad = {sp: mr[sp].get("new_rows", mr[sp]["rows"]) * row_len - sum(mr[sp]["token_counts"])
+           for sp in ("train", "heldout")}
+    replay = ws.read_json(f"{REPLAY}.json")
+    replay["rows"] = mr["train"].get("replay_rows", 0)  # none when tonight gave no training row
+    mix = {"new": sum(mr["train"]["token_counts"]),
+           "replay": {p["replay"]: p["tokens"] for p in replay["pools"]} if replay["rows"] else {}}
     extra = {"run_id": paths.run_id, "row_tokens": row_len, "shards": n, "tokenizer": tokenizer,
              "pad_tokens": {k: max(v, 0) for k, v in pad.items()},
              "mindrecord_files": {sp: mr[sp]["files"] for sp in ("train", "heldout")},
+             "decontamination": plan.get("decontamination"), "replay": replay, "token_mix": mix,
              "dedup": {k: dedup[k] for k in ("bands", "rows", "prior_docs", "prior_runs")} |
              {"threshold": cfg.data.dedup.threshold, "num_perm": cfg.data.dedup.num_perm}}
     stats = build_stats(shards, extra)
+    for held_out in (stats["decontamination"] or {}).get("files", []):
+        held_out["documents_excluded"] = stats["total"].get("contaminated_by", {}).get(held_out["file"], 0)
     _not_written(stats, written)
     ws.write_json("stats.json", stats)
     if not stats["balanced"]:
@@ -145,6 +156,9 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
     metrics = {k: t[k] for k in ("read", "rejected_total", "filtered_total", "exact_duplicates", "near_duplicates",
                                  "kept", "tokens", "rows_train", "rows_heldout")}
     metrics["input_files"] = plan["files"]
+    metrics["contaminated"] = t["filtered"].get("contamination", 0)
+    metrics["rows_train"] += replay["rows"]  # every row of the train files: what pretraining counts
+    metrics["replay_rows"], metrics["token_mix"] = replay["rows"], mix
     ws.remove("shards")
     ws.drop_local_copy()
     return StageOutput(described, metrics)
@@ -374,6 +388,8 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
         log(f"data: tokenizer {tokenizer_and_cleaned(cfg, paths, pool, len(shards), shared=shared)['vocab_size']} pieces")
         report("tokenizer", 1, 1)
         _run_all(pool, partial(tokenize_shard, shared=shared), each, "tokenize", report)
+        if writer is not None and reads_earlier_runs(cfg):  # with MindSpore: where it is imported already
+            writer.submit(prepare_replay, cfg, paths, shared=shared).result()
         mr_pool, groups = _mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers)
         _run_all(mr_pool or writer, partial(write_mindrecord_files, shared=shared), [(cfg, paths, g) for g in groups],
                  "mindrecord", report, inline_one=mr_pool is not None)

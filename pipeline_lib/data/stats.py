@@ -2,7 +2,8 @@
 
 Per file and in total: read, rejected (malformed lines, by reason), filtered (by reason),
 exact_duplicates, near_duplicates, kept (train + heldout), tokens (documents' tokens + their EOS),
-rows (packed rows, each counted for the file holding its first token), and `balanced`:
+rows (packed rows, each counted for the file holding its first token), `contaminated_by` (where documents were
+filtered as `contamination`: how many per evaluation file they overlap, data/decontaminate.py), and `balanced`:
 read == rejected + filtered + exact_duplicates + near_duplicates + kept.
 `table_rows(stats)` flattens it for a table artifact (one row per file, then the total); `stats_tables`
 reads it from a finished stage's folder for the UI (the stage table's `tables` of the data row).
@@ -32,6 +33,8 @@ def _add(into: dict, shard: dict) -> None:
             into[f] += int(shard.get(f, 0))
     for f in ("rejected", "filtered"):
         into[f] = dict(Counter(into[f]) + Counter(shard.get(f, {})))
+    if shard.get("contaminated_by"):  # filtered as `contamination`, per evaluation file overlapped
+        into["contaminated_by"] = dict(Counter(into.get("contaminated_by", {})) + Counter(shard["contaminated_by"]))
 
 
 def _finish(entry: dict) -> dict:

@@ -4,7 +4,8 @@ The tokens are those of `text.tokens` (one per CJK character, one per run of oth
 digits, lowercased), found with a per-code-point class table over the UTF-32 code points of the
 whole batch. Each token gets a 32-bit hash (fmix32 of its code points times position weights);
 an n-gram chains its tokens' hashes with fmix32. Used for MinHash shingles (minhash.py) and for
-the repetition statistics of the top_ngram filter (`top_ngram_shares`).
+the repetition statistics of the top_ngram filter (`top_ngram_shares`); `window_hashes` gives 64-bit
+window hashes for the decontamination lookups (decontaminate.py).
 
 Limits: 32-bit n-gram hashes; two different n-grams of one document collide with probability
 ~k^2 / 2^33 for k n-grams (1e-5 at 300), which can only merge two counts.
@@ -75,6 +76,25 @@ def chain(toks: np.ndarray, n: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         for j in range(1, n):
             h = fmix32(h * _CHAIN + toks[j:j + m])
+    return h
+
+
+_ROLL = np.uint64(0x100000001B3 * 2 + 1)  # odd: no two windows differing in one token share a hash
+
+
+def window_hashes(toks: np.ndarray, n: int) -> np.ndarray:
+    """64-bit hash of every window of n consecutive tokens (len(toks) - n + 1 of them): the polynomial
+    sum(tok[i + j] * _ROLL^(n-1-j)) mod 2^64 of the 32-bit token hashes, for exact lookups (decontaminate.py),
+    where 32 bits would collide: two passes a token, no mixing needed for equality."""
+    m = len(toks) - n + 1
+    if m <= 0:
+        return np.zeros(0, np.uint64)
+    wide = toks.astype(np.uint64)
+    h = wide[:m].copy()
+    with np.errstate(over="ignore"):
+        for j in range(1, n):
+            h *= _ROLL
+            h += wide[j:j + m]
     return h
 
 

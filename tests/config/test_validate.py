@@ -312,3 +312,14 @@ def test_document_mask_warns_of_its_size_beyond_seq_512():
     assert mask_warnings(512) == []
     warned, = mask_warnings(2048)
     assert "16 MiB attention_mask" in warned and "8.00391 KiB of tokens" in warned
+
+
+def test_replay_runs_listed_once_and_a_replay_with_nothing_to_draw_on_is_a_warning():
+    from pipeline_lib.config.validate import warnings
+
+    found = issues(data={"replay": {"fraction": 0.3, "runs": ["n1", "n2", "n1"]}})
+    assert list(found) == ["data.replay.runs"] and "n1 more than once" in found["data.replay.runs"].problem
+    assert issues(data={"replay": {"fraction": 0.3, "runs": ["n1", "n2"]}}) == {}
+    (warning,) = warnings(config_from_dict({"data": {"replay": {"fraction": 0.3}}}))
+    assert "data.replay.fraction=0.3" in warning and "nothing to replay" in warning and "Fix: " in warning
+    assert warnings(config_from_dict({"data": {"replay": {"fraction": 0.3, "runs": ["n1"]}}})) == []

@@ -1,0 +1,177 @@
+"""Held out means held out: drop every training document that shares a long n-gram with an evaluation file.
+
+The evaluation files are the evaluate stage's (`evaluate.reference_sets`, `evaluate.tasks`, `evaluate.prompt_files`)
+plus `data.decontamination.files`, in that order. Every string value of every jsonl record of them (a reference
+`text`, a task's `question` and `choices`, a prompt; not `id`) is an evaluation text.
+
+Rule: a document is contaminated when some window of `data.decontamination.ngram` (default 13) consecutive tokens
+of it equals a window of an evaluation text. Tokens are those of the dedup shingles (text.tokens: one per CJK
+character, one per Latin word or number, lowercased; punctuation and spaces are not tokens), on the NFKC form of
+both sides (text.dedup_form: full-width copies and other compatibility forms match their plain twins). So 13 means
+13 CJK characters, or 13 words of English, or any mix. An evaluation text shorter than n tokens cannot be matched
+(nothing is dropped for it), and a document that shares only shorter spans with one is kept.
+
+Cost: the evaluation windows are hashed once per run (`build_eval_ngrams` in the plan step, written to the stage's
+work folder); each shard worker loads them and checks its documents in the same pass that hashes their shingles
+(the token hashes are shared, tokenhash.token_arrays): one 64-bit rolling hash per token, one lookup in a bitmap of
+the evaluation hashes' top bits, and a binary search for the few windows the bitmap lets through.
+Limits: a 64-bit window hash; a false match needs two different 13-token windows with equal hashes, ~m/2^64 per
+window for m evaluation windows.
+Raises DataStageError naming the field, the file and the line for an evaluation file that cannot be read.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataStageError
+from .text import dedup_form
+from .tokenhash import token_arrays, window_hashes
+
+SKIPPED_KEYS = frozenset({"id"})  # identifiers, not text a model could have been shown
+REASON, FILTER = "contamination", "decontamination"
+
+
+def eval_files(cfg) -> list[tuple[str, str]]:
+    """(config field, path) of every evaluation file held out from training, without repeats."""
+    e, out, seen = cfg.evaluate, [], set()
+    groups = [("evaluate.reference_sets", e.reference_sets), ("evaluate.tasks", getattr(e, "tasks", None) or []),
+              ("evaluate.prompt_files", e.prompt_files), ("data.decontamination.files", cfg.data.decontamination.files)]
+    for field, entries in groups:
+        for i, entry in enumerate(entries):
+            path = _entry_path(entry)
+            if path and path not in seen:
+                seen.add(path)
+                out.append((f"{field}[{i}]", path))
+    return out
+
+
+def _entry_path(entry) -> str | None:
+    """A list entry naming an evaluation file: a path, or a section with a `path` (or `file`) field."""
+    if isinstance(entry, str):
+        return entry
+    for name in ("path", "file"):
+        value = entry.get(name) if isinstance(entry, dict) else getattr(entry, name, None)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _strings(value, key: str | None = None):
+    if isinstance(value, str):
+        if key not in SKIPPED_KEYS:
+            yield value
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v, key)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, k)
+
+
+def eval_texts(field: str, path: str, endpoint: str | None) -> list[str]:
+    """The evaluation texts of one jsonl file (see the module docstring)."""
+    from ..storage import store_for
+
+    try:
+        data = store_for(path, endpoint).get_bytes(path)
+    except (OSError, KeyError) as err:
+        raise DataStageError(field, path, f"cannot read this evaluation file to hold it out of training ({err})",
+                             "fix the path, or remove it from the list") from None
+    texts = []
+    for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            raise DataStageError(field, path, f"line {n} is not JSON", "each line must be one JSON object") from None
+        texts.extend(_strings(record))
+    return texts
+
+
+def ngram_hashes(texts: list[str], n: int, arrays=None) -> tuple[np.ndarray, np.ndarray]:
+    """(64-bit hash of every n-token window that lies inside one text, the text index of each window), on the
+    texts' dedup form; `arrays`: tokenhash.token_arrays of those forms when the caller has them."""
+    toks, tok_doc, _ = arrays if arrays is not None else token_arrays([dedup_form(t) for t in texts])
+    h = window_hashes(toks, n)
+    if not len(h):
+        return h, tok_doc[:0]
+    inside = tok_doc[:len(h)] == tok_doc[n - 1:]
+    return h[inside], tok_doc[:len(h)][inside]
+
+
+class EvalNgrams:
+    """The evaluation windows of a run: sorted hashes, the file of each (the first file holding it), the files."""
+
+    def __init__(self, n: int, hashes: np.ndarray, file_index: np.ndarray, files: list[str]):
+        self.n, self.hashes, self.file_index, self.files = n, hashes, file_index, files
+        # a table of the hashes' top bits, ~16 slots a hash (at most 32 MB): almost every window of a document is
+        # ruled out by one lookup in it; only the rest is binary-searched (~7x faster than searching every window)
+        self.bits = int(min(max(int(len(hashes) * 16).bit_length(), 16), 25))
+        self.table = np.zeros(1 << self.bits, bool)
+        self.table[hashes >> np.uint64(64 - self.bits)] = True
+
+    def find(self, arrays, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per document (arrays = tokenhash.token_arrays of their dedup forms): the index into `files` of the
+        evaluation file it overlaps (-1: none) and the token offset in the document of the first window found."""
+        found, offset = np.full(n_docs, -1, np.int64), np.zeros(n_docs, np.int64)
+        if not len(self.hashes):
+            return found, offset
+        toks, tok_doc, _ = arrays
+        h = window_hashes(toks, self.n)
+        if not len(h):
+            return found, offset
+        where = np.flatnonzero(self.table[h >> np.uint64(64 - self.bits)])
+        pos = np.minimum(np.searchsorted(self.hashes, h[where]), len(self.hashes) - 1)
+        hit = (self.hashes[pos] == h[where]) & (tok_doc[where] == tok_doc[where + self.n - 1])
+        where, pos = where[hit], pos[hit]
+        if len(where):
+            docs = tok_doc[where]
+            first = np.flatnonzero(np.append(True, docs[1:] != docs[:-1]))  # windows come in document order
+            starts = np.concatenate([[0], np.cumsum(np.bincount(tok_doc, minlength=n_docs))[:-1]])
+            found[docs[first]] = self.file_index[pos[first]]
+            offset[docs[first]] = where[first] - starts[docs[first]]
+        return found, offset
+
+    def save(self, path: Path) -> None:
+        np.savez(path, n=self.n, hashes=self.hashes, file_index=self.file_index,
+                 files=np.array(json.dumps(self.files)))
+
+    @classmethod
+    def load(cls, path: Path) -> "EvalNgrams":
+        with np.load(path) as z:
+            return cls(int(z["n"]), z["hashes"], z["file_index"], json.loads(str(z["files"])))
+
+
+def build_eval_ngrams(cfg, endpoint: str | None) -> tuple[EvalNgrams, list[dict]]:
+    """The run's evaluation windows (built once, in the plan step) and a summary per file {file, field, texts,
+    ngrams} for stats.json."""
+    n, hashes, owners, summary = cfg.data.decontamination.ngram, [], [], []
+    files = eval_files(cfg) if cfg.data.decontamination.enabled else []
+    for i, (field, path) in enumerate(files):
+        texts = eval_texts(field, path, endpoint)
+        h, _ = ngram_hashes(texts, n)
+        h = np.unique(h)
+        hashes.append(h)
+        owners.append(np.full(len(h), i, np.int64))
+        summary.append({"file": path, "field": field, "texts": len(texts), "ngrams": int(len(h))})
+    if hashes:
+        flat, owner = np.concatenate(hashes), np.concatenate(owners)
+        # stable sort: of equal hashes the first file's comes first, np.unique keeps it
+        order = np.argsort(flat, kind="stable")
+        flat, owner = flat[order], owner[order]
+        keep = np.append(True, flat[1:] != flat[:-1])
+        flat, owner = flat[keep], owner[keep]
+    else:
+        flat, owner = np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    return EvalNgrams(n, flat, owner, [p for _, p in files]), summary
+
+
+def overlap_text(form: str, offset: int, n: int) -> str:
+    """The n tokens of `form` (a document's dedup form) from token `offset`, as text.tokens spells them."""
+    from .text import tokens
+
+    return " ".join(tokens(form)[offset:offset + n])
