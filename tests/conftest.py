@@ -25,6 +25,11 @@ for _key, _value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY",
                      ("AWS_DEFAULT_REGION", "us-east-1")):
     os.environ.setdefault(_key, _value)
 
+# The session's data stage of the tiny corpus, defined here once: a session fixture imported into several test
+# modules is one fixture per module to pytest, built again in each (it was, eight times a session).
+sys.path.insert(0, str(ROOT / "tests" / "train"))
+from pretrain_fixtures import pretrain_data  # noqa: E402,F401
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "train"))
-from pretrain_fixtures import CORPUS, new_run, pretrain_data  # noqa: E402,F401  (the session data run)
+from pretrain_fixtures import CORPUS, new_run  # noqa: E402
 from random_init import random_llama_params, save_params  # noqa: E402
 
 from pipeline_lib.run_diff import RunNotFound, diff_runs, top_reasons  # noqa: E402

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,16 +11,13 @@ import pytest
 from datagen import make_cfg, write_jsonl
 from make_tiny_corpus import make_corpus
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from pretrain_fixtures import pretrain_data  # noqa: E402,F401  (the session's data stage of the tiny corpus)
-
-from pipeline_lib.config import ConfigError, config_from_dict  # noqa: E402
-from pipeline_lib.data.dedup_index import list_segments  # noqa: E402
-from pipeline_lib.data.errors import DataStageError  # noqa: E402
-from pipeline_lib.data.packing import read_mindrecord  # noqa: E402
-from pipeline_lib.data.replay import replay_rows_wanted, sample_rows  # noqa: E402
-from pipeline_lib.stages import run_stage  # noqa: E402
-from pipeline_lib.storage import RunPaths  # noqa: E402
+from pipeline_lib.config import ConfigError, config_from_dict
+from pipeline_lib.data.dedup_index import list_segments
+from pipeline_lib.data.errors import DataStageError
+from pipeline_lib.data.packing import read_mindrecord
+from pipeline_lib.data.replay import replay_rows_wanted, sample_rows
+from pipeline_lib.stages import run_stage
+from pipeline_lib.storage import RunPaths
 
 NIGHT1 = "data-run"  # pretrain_data's run id
 

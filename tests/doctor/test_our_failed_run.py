@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from pretrain_fixtures import new_run, pretrain_data  # noqa: E402,F401
+from pretrain_fixtures import new_run  # noqa: E402
 
 from pipeline_lib.cli import main  # noqa: E402
 from pipeline_lib.doctor.retry import attach_diagnosis, should_retry  # noqa: E402

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from pretrain_fixtures import ROOT, new_run, pretrain_data  # noqa: E402,F401
+from pretrain_fixtures import ROOT, new_run  # noqa: E402
 
 from pipeline_lib.config import config_from_dict  # noqa: E402
 from pipeline_lib.model.hf import (HFImportError, check_hf_folder, convert_hf_to_mindformers,  # noqa: E402

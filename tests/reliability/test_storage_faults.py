@@ -25,7 +25,6 @@ import pytest
 from fault_proxy import KINDS, Fault, FaultProxy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-from pretrain_fixtures import pretrain_data  # noqa: E402,F401  (the session fixture, for the pretrain case)
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.stages import run_stage

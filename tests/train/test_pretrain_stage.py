@@ -46,7 +46,7 @@ import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain_fixtures import free_port, new_run, pretrain_data  # noqa: E402,F401
+from pretrain_fixtures import free_port, new_run  # noqa: E402
 
 from pipeline_lib.storage import read_manifest  # noqa: E402
 from pipeline_lib.train.checkpoints import InsufficientDiskError  # noqa: E402

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain_fixtures import new_run, pretrain_data  # noqa: E402,F401
+from pretrain_fixtures import new_run  # noqa: E402
 
 pytestmark = pytest.mark.train
 
