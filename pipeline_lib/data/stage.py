@@ -201,7 +201,7 @@ _POOL_MINDRECORD_BYTES = 1 << 30
 DEDUP_IMPORTS = ("datasketch", "pandas")
 
 
-def _mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple:
+def mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple:
     """(pool or None, groups of (split, j)): the pool only when the rows pay for a MindSpore import
     (~1-3 s) per worker: the shard writer takes ~100 MB/s of rows per process. Without it, one group
     in one process (the warm writer, or this process with one worker): the import is paid once, in
@@ -243,7 +243,7 @@ _WRITER = "mindrecord-writer"
 def _shared_pool(key, make) -> cf.ProcessPoolExecutor:
     with _SHARED_POOLS_LOCK:
         pool = _SHARED_POOLS.get(key)
-        if pool is None:
+        if pool is None or pool._broken:  # a worker died (killed, OOM): a retry gets a new pool
             pool = _SHARED_POOLS[key] = make()
     return pool
 
@@ -374,7 +374,7 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
         log(f"data: tokenizer {tokenizer_and_cleaned(cfg, paths, pool, len(shards), shared=shared)['vocab_size']} pieces")
         report("tokenizer", 1, 1)
         _run_all(pool, partial(tokenize_shard, shared=shared), each, "tokenize", report)
-        mr_pool, groups = _mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers)
+        mr_pool, groups = mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers)
         _run_all(mr_pool or writer, partial(write_mindrecord_files, shared=shared), [(cfg, paths, g) for g in groups],
                  "mindrecord", report, inline_one=mr_pool is not None)
         report("finalize", 0, 1)
