@@ -270,10 +270,10 @@ def _timed(cmd: list[str], by_kind: dict | None = None, **kw) -> tuple[float, fl
 CLI_SEQ_LENGTH = 64  # configs/pipelines/tiny-cpu.yaml's model.seq_length
 
 
-def cli_command(corpus: Path, out: Path) -> list[str]:
+def cli_command(corpus: Path, out: Path, tree: Path = ROOT) -> list[str]:
     """The whole CLI run of the data stage with the default settings (data.executor=prefect, its
     embedded Prefect API) but the bench corpus and a vocabulary that fits Chinese."""
-    return [sys.executable, "-m", "flows.cli", "run", str(ROOT / "configs/pipelines/tiny-cpu.yaml"), "--stages", "data",
+    return [sys.executable, "-m", "flows.cli", "run", str(tree / "configs/pipelines/tiny-cpu.yaml"), "--stages", "data",
             f"run.output_root={out}", f"data.inputs=[{corpus}]", "tokenizer.vocab_size=16000",
             "model.vocab_size=16384", "data.docs_per_shard=5000", f"data.dedup.index_uri={out / '_index'}"]
 
@@ -356,8 +356,6 @@ def orchestration_cost(args) -> None:
     """The whole CLI run (`llm-pipeline run --stages data`, default settings) against the whole stage in a fresh
     process, at 1x and 4x the corpus (the shard count grows with it), interleaved pairs, --repeat rounds;
     the CLI's wall split by bench/cli_probe.py. Ratios are the figure to read on a shared machine."""
-    import statistics
-
     import psutil  # noqa: F401  (imported before the first timed start)
 
     scales = [int(x) for x in args.scales.split(",")]
@@ -366,59 +364,79 @@ def orchestration_cost(args) -> None:
         folder, _, _ = build_corpus(args.mb * sc)
         files = sorted(folder.glob("*.jsonl"))
         corpora[sc] = (folder, sum(f.read_bytes().count(b"\n") for f in files))
-    rows = {sc: [] for sc in scales}
+    rows = {sc: {} for sc in scales}
+    trees = {"this tree": ROOT, **({"--vs-tree": Path(args.vs_tree).resolve()} if args.vs_tree else {})}
     for rep in range(args.repeat):
         for sc in scales:
             work = CACHE / f"overhead-{os.getpid()}"
             subprocess.run(["rm", "-rf", str(work)], check=False)
-            folder, lines = corpora[sc]
+            folder = corpora[sc][0]
             swall, scpu, _ = _timed([sys.executable, str(Path(__file__).resolve()), "--stage-only", str(work / "stage"),
                                      "--workers", str(args.workers), "--mb", str(args.mb * sc), "--seq-length",
                                      str(CLI_SEQ_LENGTH), "--cli-settings"], env={**os.environ, "PYTHONPATH": str(ROOT)})
-            probe_out = work / "probe.json"
-            cmd = cli_command(folder, work / "cli")
-            cmd[1:3] = [str(Path(__file__).resolve().parent / "cli_probe.py"), str(probe_out)]
-            kinds = {"flows.embedded_server": 0.0}
-            t_start = time.time()
-            cwall, ccpu, _ = _timed(cmd, by_kind=kinds, cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
-            t_exit = time.time()
-            probe = json.loads(probe_out.read_text())
-            stage_dir = work / "cli"
-            shas = {}
-            for run in stage_dir.iterdir():
-                if (run / "data" / "manifest.json").exists():
-                    shas = {o["path"]: o["sha256"] for o in json.loads((run / "data" / "manifest.json").read_text())["outputs"]
-                            if not o["path"].endswith(".db") and o["path"] != "stats.json"}
-            rows[sc].append({"stage": (swall, scpu), "cli": (cwall, ccpu), "server_cpu": kinds["flows.embedded_server"],
-                             "split": _split(probe, t_start, t_exit), "counts": probe["count"], "shas": shas,
-                             "load": os.getloadavg()[0]})
-            print(f"  round {rep + 1}, {sc}x: CLI {cwall:.1f} s, stage {swall:.1f} s (load {os.getloadavg()[0]:.1f})",
-                  flush=True)
+            for name, tree in trees.items():
+                probe_out = work / f"probe-{name}.json"
+                cmd = cli_command(folder, work / f"cli-{name}", tree)
+                cmd[1:3] = [str(Path(__file__).resolve().parent / "cli_probe.py"), str(probe_out)]
+                kinds = {"flows.embedded_server": 0.0}
+                env = {**os.environ, "PYTHONPATH": str(tree), "LLM_PIPELINE_BENCH_TREE": str(tree)}
+                t_start = time.time()
+                cwall, ccpu, _ = _timed(cmd, by_kind=kinds, cwd=str(tree), env=env)
+                probe = json.loads(probe_out.read_text())
+                rows[sc].setdefault(name, []).append({
+                    "stage": (swall, scpu), "cli": (cwall, ccpu), "server_cpu": kinds["flows.embedded_server"],
+                    "split": _split(probe, t_start, t_start + cwall), "counts": probe["count"],
+                    "shas": _stage_shas(work / f"cli-{name}"), "load": os.getloadavg()[0]})
+            print(f"  round {rep + 1}, {sc}x: stage {swall:.1f} s, CLI " + ", ".join(
+                f"{name} {rows[sc][name][-1]['cli'][0]:.1f} s" for name in trees) + f" (load {os.getloadavg()[0]:.1f})",
+                flush=True)
             subprocess.run(["rm", "-rf", str(work)], check=False)
-    med = statistics.median
     print(f"\norchestration cost: whole CLI process vs whole stage in a fresh process ({args.workers} workers, "
           f"tree {ROOT}), interleaved, median of {args.repeat}")
     for sc in scales:
-        rs = rows[sc]
-        cw, sw = med(r["cli"][0] for r in rs), med(r["stage"][0] for r in rs)
-        cc, scpu = med(r["cli"][1] for r in rs), med(r["stage"][1] for r in rs)
-        diff = med(r["cli"][0] - r["stage"][0] for r in rs)
-        counts = rs[0]["counts"]
-        diffs = ", ".join(f"{r['cli'][0] - r['stage'][0]:.1f}" for r in rs)
-        loads = ", ".join(f"{r['load']:.1f}" for r in rs)
-        print(f"  {sc}x ({corpora[sc][1]:,} lines): CLI {cw:.2f} s wall / {cc:.1f} s CPU (server process "
-              f"{med(r['server_cpu'] for r in rs):.1f} s); stage {sw:.2f} s / {scpu:.1f} s; CLI / stage "
-              f"{med(r['cli'][0] / r['stage'][0] for r in rs):.2f}x wall, {med(r['cli'][1] / r['stage'][1] for r in rs):.2f}x CPU; "
-              f"CLI minus stage {diff:.2f} s wall (runs {diffs}); "
-              f"flow runs {counts.get('flow run engine', 0)}, task runs {counts.get('task run engine', 0)}, "
-              f"API requests {sum(v for k, v in counts.items() if k.startswith('api ') and k != 'api GET /health')}; "
-              f"load {loads}")
-        for name in rs[0]["split"]:
-            print(f"    {name:<86} {med(r['split'][name] for r in rs):6.2f} s")
-        same = all(r["shas"] == rs[0]["shas"] for r in rs) and rs[0]["shas"]
-        print(f"    stage outputs (sha256 of {len(rs[0]['shas'])} files, .db and stats.json aside) "
-              f"{'identical in every round' if same else 'DIFFER between rounds'}: "
-              f"{__import__('hashlib').sha256(json.dumps(rs[0]['shas'], sort_keys=True).encode()).hexdigest()[:16]}")
+        for name, tree in trees.items():
+            _print_cost(f"{sc}x ({corpora[sc][1]:,} lines), {name} ({tree})", rows[sc][name])
+    if len(trees) > 1:
+        same = all(r["shas"] == rows[scales[0]]["this tree"][0]["shas"] for sc in scales[:1]
+                   for name in trees for r in rows[sc][name])
+        print(f"  stage outputs at {scales[0]}x, both trees, every round: {'identical' if same else 'DIFFERENT'}")
+
+
+def _stage_shas(root: Path) -> dict:
+    """path -> sha256 of the data stage's outputs of the one run under `root` (.db files embed their own
+    path and stats.json names the run: left out)."""
+    for run in root.iterdir():
+        manifest = run / "data" / "manifest.json"
+        if manifest.exists():
+            return {o["path"]: o["sha256"] for o in json.loads(manifest.read_text())["outputs"]
+                    if not o["path"].endswith(".db") and o["path"] != "stats.json"}
+    return {}
+
+
+def _print_cost(title: str, rs: list[dict]) -> None:
+    import hashlib
+    import statistics
+
+    med = statistics.median
+    cw, sw = med(r["cli"][0] for r in rs), med(r["stage"][0] for r in rs)
+    cc, scpu = med(r["cli"][1] for r in rs), med(r["stage"][1] for r in rs)
+    counts = rs[0]["counts"]
+    diffs = ", ".join(f"{r['cli'][0] - r['stage'][0]:.1f}" for r in rs)
+    loads = ", ".join(f"{r['load']:.1f}" for r in rs)
+    print(f"  {title}:\n    CLI {cw:.2f} s wall / {cc:.1f} s CPU (its server process {med(r['server_cpu'] for r in rs):.1f} s);"
+          f" stage {sw:.2f} s / {scpu:.1f} s; CLI / stage {med(r['cli'][0] / r['stage'][0] for r in rs):.2f}x wall, "
+          f"{med(r['cli'][1] / r['stage'][1] for r in rs):.2f}x CPU; CLI minus stage "
+          f"{med(r['cli'][0] - r['stage'][0] for r in rs):.2f} s wall (runs {diffs}), "
+          f"{med(r['cli'][1] - r['stage'][1] for r in rs):.1f} s CPU")
+    print(f"    flow runs {counts.get('flow run engine', 0)}, task runs {counts.get('task run engine', 0)}, API requests "
+          f"{sum(v for k, v in counts.items() if k.startswith('api ') and k != 'api GET /health')} "
+          f"(+ {counts.get('api GET /health', 0)} health polls); load {loads}")
+    for name in rs[0]["split"]:
+        print(f"    {name:<86} {med(r['split'][name] for r in rs):6.2f} s")
+    same = all(r["shas"] == rs[0]["shas"] for r in rs) and rs[0]["shas"]
+    digest = hashlib.sha256(json.dumps(rs[0]["shas"], sort_keys=True).encode()).hexdigest()[:16]
+    print(f"    stage outputs ({len(rs[0]['shas'])} files' sha256) {'identical' if same else 'DIFFERENT'} "
+          f"in every round: {digest}")
 
 
 def marginal_cost(args) -> None:
@@ -462,6 +480,7 @@ def main() -> None:
     ap.add_argument("--cli-settings", action="store_true", help=argparse.SUPPRESS)  # --stage-only as the CLI run
     ap.add_argument("--only", choices=["versus", "marginal", "steps", "overhead"], help="run only this part")
     ap.add_argument("--scales", default="1,4", help="--only overhead: corpus sizes, in multiples of --mb")
+    ap.add_argument("--vs-tree", help="--only overhead: also the CLI of this checkout, in the same rounds")
     args = ap.parse_args()
     if args.stage_only:
         return one_stage_run(args)
