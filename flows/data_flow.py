@@ -36,7 +36,9 @@ def local_cluster_kwargs(cfg) -> dict:
     with temporary TLS credentials (security=True): a Dask scheduler runs whatever code a client sends it,
     so another local account must not be one."""
     return {"n_workers": cfg.data.num_workers, "threads_per_worker": 1, "processes": True, "host": "127.0.0.1",
-            "dashboard_address": "127.0.0.1:0", "security": True}
+            "dashboard_address": "127.0.0.1:0", "security": True,
+            # each worker imports the data stage as it starts, while the inputs are listed, not on its first shard
+            "preload": ["pipeline_lib.data._warm"]}
 
 
 class ShardExecutor:
@@ -89,9 +91,11 @@ class ShardExecutor:
 def shard_steps(config: dict, run_id: str, executor: ShardExecutor) -> dict:
     """The stage's steps as task runs of the calling flow; returns the finalize step's outputs."""
     progress = ProgressReporter("data")  # which shards each step has done
-    n = t.prep_task(config, run_id, executor, progress)
+    logger = get_run_logger()
+    n, read = t.prep_task(config, run_id, executor, progress)
+    logger.info(f"data: {n} shards, read {read} records")
     progress("dedup", 0, 1)
-    get_run_logger().info(f"data: dedup {t.dedup_task(config, run_id)}")
+    logger.info(f"data: dedup {t.dedup_task(config, run_id)}")
     progress("tokenizer", 0, 1)
     t.tokenizer_task(config, run_id, n, executor)
     t.tokenize_task(config, run_id, n, executor, progress)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from functools import partial
 
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.tasks import exponential_backoff
 
 from pipeline_lib.config import config_from_dict
@@ -97,16 +97,15 @@ def _shards(cfg, paths, n: int) -> list[tuple]:
 
 
 @task(name="data-prep", task_run_name="data/{run_id}/prep", **_RETRY)
-def prep_task(config: dict, run_id: str, executor, progress) -> int:
-    """List the inputs, plan the shards, prepare every shard; returns the shard count."""
+def prep_task(config: dict, run_id: str, executor, progress) -> tuple[int, int]:
+    """List the inputs, plan the shards, prepare every shard; returns (shards, records read)."""
     from pipeline_lib.data.prep import plan_data_stage, prep_shard
 
     cfg, paths = _ctx(config, run_id)
     warm_shard_work(cfg)  # nothing new when the CLI did it already
     n = len(plan_data_stage(cfg, paths))
     counts = fan_out(executor.get(), prep_shard, _shards(cfg, paths, n), "prep", progress)
-    get_run_logger().info(f"data: {n} shards, read {sum(c['read'] for c in counts)} records")
-    return n
+    return n, sum(c["read"] for c in counts)
 
 
 @task(name="data-dedup", task_run_name="data/{run_id}/dedup", **_RETRY)
