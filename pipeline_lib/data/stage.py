@@ -266,17 +266,8 @@ def _shards(workers: int) -> tuple:
 
 
 def shard_pool(workers: int) -> cf.ProcessPoolExecutor | None:
-    """The process pool of `workers` that this process's shard task runs share (in_worker); None for one."""
+    """The process pool of `workers` that this process's data step tasks share (tasks/data_tasks.py); None for one."""
     return _shared_pool(*_shards(workers)) if workers > 1 else None
-
-
-def in_worker(fn, *args, workers: int, **kwargs):
-    """fn(*args, **kwargs) in a process of a pool of `workers` that this process's callers share, for
-    Prefect task runs in threads: each shard stays one task run in the UI while the CPU work of
-    `workers` of them runs in parallel processes (threads alone hold the GIL). Inline when workers <= 1."""
-    if workers <= 1:
-        return fn(*args, **kwargs)
-    return _in_shared_pool(*_shards(workers), fn, *args, **kwargs)
 
 
 def _import_mindrecord() -> None:
