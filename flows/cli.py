@@ -9,6 +9,7 @@
   llm-pipeline nightly promote CONFIG --run-id ID [--reason R]  a night the gate held becomes latest
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
+  llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE]   what changed from run A to run B (markdown)
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
 needs to be started by hand. Rerun with the same --run-id to resume: finished stages are Cached (not redone).
@@ -26,7 +27,8 @@ from pathlib import Path
 # only adds lock contention there.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from pipeline_lib.cli import dedup_index_main, doctor_main, plan_main, print_warnings, validate_main  # noqa: E402
+from pipeline_lib.cli import (dedup_index_main, diff_main, doctor_main, plan_main, print_warnings,  # noqa: E402
+                              validate_main)
 from pipeline_lib.checks import refuse_bad_config  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
 from pipeline_lib.config.secrets import public_config  # noqa: E402
@@ -54,7 +56,9 @@ def print_summary(summary: dict, failed: str | None = None, embedded: bool = Fal
         note = f"  ({entry['note']})" if entry.get("note") else ""
         print(f"  {stage:<9} {entry['state']:<13} {seconds}  {entry.get('stage_uri', '')}{note}")
     if failed:
-        print(f"error: {failed}")
+        from pipeline_lib.doctor.retry import HEADLINE
+
+        print(f"error: {HEADLINE.sub('', failed).strip()}")  # the cause is the next line's
         cause = parse_headline(failed)  # pipeline_lib.doctor's category and first remedy, in the failure message
         if cause:
             print(f"cause: {cause['category']}" + (f": {cause['remedy']}" if cause.get("remedy") else ""))
@@ -241,6 +245,9 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("--submit", action="store_true",
                     help="create a run of the llm-pipeline/default deployment for a worker to run (retryable "
                          "in the UI) and return; needs a Prefect server, `llm-pipeline deploy` and a worker")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="print every log line (Prefect's and the trainers'), not only each stage's start, progress, "
+                         "result, warnings and errors; the run's log files hold every line either way")
     args = ap.parse_intermixed_args(argv)
     # boots while the config loads, the inputs are listed and the flows import (--submit talks to a real server)
     api = embedded_api() if args.submit else embedded_api().launch()
@@ -274,10 +281,16 @@ def run_main(argv: list[str]) -> int:
         return 0
     if api.server is not None and not args.dispatch and "data" in stages:
         _warm_data_stage(cfg, run_id)
-    with api:
-        state = llm_pipeline(config=public_config(cfg), run_id=run_id, stages=stages,
-                             dispatch=args.dispatch, return_state=True)
-        return _report(state, cfg, run_id, stages, embedded=api.server is not None)
+    from tasks import terminal
+
+    screen = terminal.install(verbose=args.verbose)
+    try:
+        with api:
+            state = llm_pipeline(config=public_config(cfg), run_id=run_id, stages=stages,
+                                 dispatch=args.dispatch, return_state=True)
+            return _report(state, cfg, run_id, stages, embedded=api.server is not None)
+    finally:
+        screen.uninstall()
 
 
 def _warm_data_stage(cfg, run_id: str) -> None:
@@ -398,6 +411,8 @@ def nightly_main(argv: list[str]) -> int:
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--run-date", help="the night's date, YYYY-MM-DD (default today); names the run nightly-<date>")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="print every log line, not only each stage's start, progress, result, warnings and errors")
     args = ap.parse_intermixed_args(argv)
     from flows.nightly import check_run_date
 
@@ -410,11 +425,16 @@ def nightly_main(argv: list[str]) -> int:
         return 2
     api = embedded_api().launch()
     from flows.nightly import nightly
+    from tasks import terminal
 
-    with api:
-        # the resolved config, its secrets as env: references: the overrides (a webhook URL among them) never
-        # become flow-run parameters
-        state = nightly(config=public_config(cfg), run_date=args.run_date, return_state=True)
+    screen = terminal.install(verbose=args.verbose)  # the same quiet terminal as `run`
+    try:
+        with api:
+            # the resolved config, its secrets as env: references: the overrides (a webhook URL among them) never
+            # become flow-run parameters
+            state = nightly(config=public_config(cfg), run_date=args.run_date, return_state=True)
+    finally:
+        screen.uninstall()
     # every end of a night is a named Completed state with its message (flows.nightly), or a failure
     print(f"nightly {state.name}: {state.message}" if state.is_completed() else f"nightly failed: {state.message}")
     return 0 if state.is_completed() else 1
@@ -422,7 +442,7 @@ def nightly_main(argv: list[str]) -> int:
 
 COMMANDS = {"validate": validate_main, "plan": plan_main, "run": run_main, "status": status_main,
             "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main, "dedup-index": dedup_index_main,
-            "doctor": doctor_main}
+            "doctor": doctor_main, "diff": diff_main}
 
 
 def main(argv: list[str] | None = None) -> int:

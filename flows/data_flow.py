@@ -28,6 +28,7 @@ from pipeline_lib.storage import RunPaths
 
 from tasks import data_tasks as t
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
+from tasks.stage_log import StageLog
 
 
 def local_cluster_kwargs(cfg) -> dict:
@@ -118,11 +119,15 @@ def run_mapped_data(cfg, run_id: str) -> dict:
         finally:
             executor.close()
 
+    log = StageLog("data", paths, get_run_logger())  # the stage's lines in its log file too, its path on the terminal
     try:
-        manifest, skipped = run_stage(cfg, paths, "data", log=get_run_logger().info, work=shard_tasks)
+        manifest, skipped = run_stage(cfg, paths, "data", log=log, work=shard_tasks)
     except Exception as exc:  # the doctor's category and first remedy in the message, as the stage task does; here,
         attach_diagnosis(exc, cfg, "data")  # outside run_stage, which names a full disk (DiskFull) first
+        log.write_only(str(exc))
         raise
+    finally:
+        log.close()
     result = {"stage": "data", "run_id": run_id, "skipped": skipped, "seconds": round(time.time() - started, 2),
               "stage_uri": paths.stage_uri("data"), "manifest": manifest.__dict__}
     if skipped:

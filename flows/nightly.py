@@ -6,7 +6,8 @@ After evaluate the night is judged (pipeline_lib/nightly_gate.py, nightly.gate):
 model on the same rows. Within budget: Completed "Promoted" (latest moves). Over budget: with on_regression=hold,
 Completed "Held" (latest stays, the files are consumed, the candidate is listed under `held`, the artifact
 `nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
-with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours.
+with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours. Either way the
+artifact `nightly-changes` (and <run>/changes.md) says what changed against the promoted run (flows/night_changes.py).
 Other final states: Completed "Busy" (another night holds this output root's nightly lock: this one did
 nothing, the message names the holder), Completed "Skipped" (no new file), Completed "NoNewData" (new files, but every
 document in them was seen before: they are consumed, nothing is trained, a markdown artifact and
@@ -36,6 +37,7 @@ from pipeline_lib.nightly_gate import judge
 from pipeline_lib.stages import SPECS
 
 from flows.common import resolve_config
+from flows.night_changes import publish_night_changes
 from flows.notify import notify_failure, notify_night
 from flows.pipeline import llm_pipeline
 
@@ -100,6 +102,7 @@ def _night(cfg, run_id: str, dispatch: bool):
         decision, decided_by = (_ask(cfg, run_id, verdict) if cfg.nightly.gate.on_regression == "ask"
                                 else ("held", None))
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
+    publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
                  verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id))
     return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)

@@ -30,6 +30,7 @@ from flows.notify import notify_failure
 from flows.run_history import earlier_flow_runs, flow_run_name, ui_link
 from flows.stage_flows import stage_flow
 from tasks.overview import RunOverview
+from tasks.terminal import SHOW
 
 
 class StageFailed(RuntimeError):
@@ -109,6 +110,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
 
     earlier = [(r.name, r.state_name or "", ui_link(r.id)) for r in earlier_flow_runs(run_id, flow_run.id)]
     overview = RunOverview(paths, list(wanted), earlier=earlier)
+    _refuse_bad_sft_inputs(cfg, wanted, run_id, overview)
     for stage in wanted:
         entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
         missing = _upstream_missing(stage, summary["stages"], paths)
@@ -119,6 +121,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
             continue
         started = time.time()
         overview.running(stage)
+        logger.info(f"{stage}: started", extra=SHOW)
         try:
             if dispatch:
                 result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
@@ -131,8 +134,32 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
         entry.update(state="cached" if cached else "completed", seconds=round(time.time() - started, 1))
         overview.finished(stage, entry["state"], entry["seconds"], result.get("manifest") if isinstance(result, dict)
                           else None)
-        logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}")
+        logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}", extra=SHOW)
     return summary
+
+
+class InputsRefused(RuntimeError):
+    """An input the chain checks before its first stage is unusable: nothing ran."""
+
+    log_without_traceback = True
+
+
+def _refuse_bad_sft_inputs(cfg, wanted: list[str], run_id: str, overview: RunOverview) -> None:
+    """The SFT records parsed (read, not tokenized: checks/inputs.py sft_records) before the first stage, also for a
+    run started from the UI or a worker that never went through `validate`: a malformed SFT file fails in seconds,
+    not after data and pretrain."""
+    if "sft" not in wanted:
+        return
+    from pipeline_lib.checks.inputs import check_inputs
+
+    errors, _ = check_inputs(cfg, ["sft"])
+    if not errors:
+        return
+    text = "\n".join(f"- {issue}" for issue in errors)
+    for stage in wanted[:wanted.index("sft")]:
+        overview.not_run(stage, "not run: the sft inputs were refused first")
+    overview.failed("sft", None, f"refused before any stage ran:\n{text}")
+    raise InputsRefused(f"run {run_id}: sft inputs refused before any stage ran:\n{text}")
 
 
 def stage_states(cfg, run_id: str) -> dict:

@@ -1,4 +1,4 @@
-"""Commands that need no orchestrator: `validate`, `plan`, `dedup-index` and `doctor`.
+"""Commands that need no orchestrator: `validate`, `plan`, `dedup-index`, `diff` and `doctor`.
 
 `llm-pipeline` itself lives in flows/cli.py (it also runs flows); it delegates here so that
 pipeline_lib stays free of Prefect.
@@ -187,6 +187,38 @@ def plan_main(argv: list[str]) -> int:
     from .planner.cli import plan_main as _plan
 
     return _plan(argv)
+
+
+def diff_main(argv: list[str]) -> int:
+    """`diff CONFIG --run-id A --run-id B [--out FILE] [key=value ...]`: what changed from run A to run B."""
+    from .run_diff import RunNotFound, diff_runs
+    from .storage.names import BadName, check_name
+
+    ap = argparse.ArgumentParser(prog="llm-pipeline diff", description="What changed from run A to run B: documents "
+                                 "per source file with the top reasons, the token mix, every perplexity and task "
+                                 "score side by side with the change, the fixed prompts whose answers changed.")
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides (e.g. run.output_root=...)")
+    ap.add_argument("--run-id", action="append", default=[], help="give it twice: A (before), then B (after)")
+    ap.add_argument("--out", help="also write the markdown to this file")
+    args = ap.parse_intermixed_args(argv)
+    if len(args.run_id) != 2:
+        print(f"--run-id given {len(args.run_id)} time(s): give it twice, --run-id A --run-id B", file=sys.stderr)
+        return 2
+    try:
+        for run_id in args.run_id:
+            check_name("--run-id", run_id)
+        cfg = load_config(args.config, args.overrides)
+        text = diff_runs(cfg, *args.run_id).markdown()
+    except (ConfigError, BadName, RunNotFound) as err:
+        print(err, file=sys.stderr)
+        return 2
+    if args.out:
+        from pathlib import Path
+
+        Path(args.out).write_text(text, encoding="utf-8")
+    print(text)
+    return 0
 
 
 def doctor_main(argv: list[str]) -> int:

@@ -19,6 +19,8 @@ from prefect.artifacts import (create_link_artifact, create_markdown_artifact, c
 from pipeline_lib.stages import stage_tables
 from pipeline_lib.storage import join
 
+from tasks import terminal
+
 
 def _key(*parts: str) -> str:
     # Artifact keys allow lowercase letters, digits and dashes only.
@@ -37,6 +39,7 @@ class ProgressReporter:
         self.last_pct = 0.0
 
     def __call__(self, step: str, done: int, total: int, detail: str = "") -> None:
+        terminal.progress(self.stage, step, done, total)  # the CLI's progress bar, when it has one
         pct = 100.0 * done / total if total else 0.0
         description = f"{self.stage}: {step} {done}/{total}" + (f"; {detail}" if detail else "")
         now = time.time()

@@ -4,7 +4,8 @@ Without this, one failure appeared three times with ~40 lines of Prefect traceba
 ("Task run failed with exception ..."), the stage flow and the parent flow ("Encountered exception
 during execution ..."). Now:
 - the stage task logs one ERROR line of its own: the doctor's category and remedy first (when the
-  doctor knows the cause), then the error, then where the full traceback is (the stage's log file);
+  doctor knows the cause), then our message (a trainer's tail cut off into the stage's log file, whose path it
+  names: compact_message), then what happens next (a retry, or how to resume);
 - the engine's repeats of that same exception are dropped from the log (the state message keeps it);
 - our own one-line exceptions (e.g. the pipeline's StageFailed, marked `log_without_traceback`) are
   logged as their message only.
@@ -13,8 +14,11 @@ An exception neither reported nor marked keeps Prefect's full record: an unexpec
 from __future__ import annotations
 
 import logging
+import re
 import traceback
 from collections import deque
+
+from pipeline_lib.doctor.retry import HEADLINE
 
 ENGINE_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 
@@ -45,6 +49,8 @@ class OurErrorsOnce(logging.Filter):
         if getattr(exc, "log_without_traceback", False):
             record.msg, record.args = str(exc), ()
             record.exc_info, record.exc_text = None, None
+            # e.g. the parent flow's StageFailed: its run's log keeps it; the CLI's terminal showed the stage's own
+            record.repeats_stage_error = any(getattr(e, "reported_by_stage", False) for e in _chain(exc))
             return True
         # reported by the stage task already (the exception itself, or the one it wraps)
         return not any(getattr(e, "reported_by_stage", False) for e in _chain(exc))
@@ -61,18 +67,54 @@ def install() -> None:
             logger.addFilter(_FILTER)
 
 
-def report_stage_error(logger, stage_log, exc: BaseException, diagnosis, stage: str, final: bool) -> str:
-    """Log the stage's failure once (ERROR when final, WARNING when the task will retry it); the full
-    traceback goes to the stage's log file. Returns the line logged."""
+MESSAGE_CHARS = 600  # our part of a failure message; the rest (a trainer's tail, a long listing) goes to the log file
+# where a launcher's failure text (runtime/launcher.py LaunchResult.describe) turns from our words into the child's
+_TAIL_START = re.compile(r"^(?:command: |--- last \d+ lines of )")
+
+
+def compact_message(exc: BaseException, stage_log, stage: str) -> str:
+    """Cut the exception's message to ours: the lines before a launcher's command and tails, at most MESSAGE_CHARS,
+    the doctor's headline (attach_diagnosis) kept last, plus `full log: <the stage's log file>`; the whole text goes
+    into that file first. The Prefect state message, the run overview, the webhook and the CLI summary are all built
+    from this message. An exception whose message is not one string argument keeps its message."""
+    text = str(exc)
+    where = getattr(stage_log, "uri", None)
+    if not (len(exc.args) == 1 and isinstance(exc.args[0], str)):
+        return text
+    lines = text.splitlines()
+    headlines = [ln for ln in lines if HEADLINE.match(ln)]
+    ours = []
+    for line in lines:
+        if _TAIL_START.match(line):
+            break
+        if not HEADLINE.match(line):
+            ours.append(line)
+    short = "\n".join(ours).strip()
+    if len(short) > MESSAGE_CHARS:
+        short = short[:MESSAGE_CHARS].rstrip() + " ..."
+    if short != "\n".join(ln for ln in lines if not HEADLINE.match(ln)).strip():
+        try:
+            stage_log.write_only(f"--- {stage} failed; the whole message ---\n{text}")
+        except Exception:
+            pass
+    if where:
+        short += f"\nfull log: {where}"
+    exc.args = ("\n".join([short, *headlines[-1:]]),)
+    return str(exc)
+
+
+def report_stage_error(logger, stage_log, exc: BaseException, diagnosis, stage: str, final: bool,
+                       next_step: str = "") -> str:
+    """Log the stage's failure once (ERROR when final, WARNING when the task will retry it): the doctor's headline
+    first, then our message (compact_message: with the log file's path), then what happens next (`next_step`); the
+    full traceback goes to the stage's log file. Returns the line logged."""
+    compact_message(exc, stage_log, stage)
     message = str(exc)
     headline = diagnosis.headline() if diagnosis is not None and diagnosis.category != "unknown" else None
     if headline and message.rstrip().endswith(headline):  # attach_diagnosis appended it: say it first instead
         message = message.rstrip()[: -len(headline)].rstrip()
     first = f"{headline}\n" if headline else ""
-    where = getattr(stage_log, "uri", None)
-    line = (f"{first}{stage} failed: {type(exc).__name__}: {message}"
-            + (f"\nfull traceback: {where}" if where else "")
-            + ("" if final else "\n(this attempt; the task retries it)"))
+    line = f"{first}{stage} failed: {type(exc).__name__}: {message}" + (f"\n{next_step}" if next_step else "")
     try:
         stage_log.write_only("".join(traceback.format_exception(exc)))
     except Exception:  # the file is a convenience; the failure itself is what matters

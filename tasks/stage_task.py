@@ -23,6 +23,7 @@ from prefect.states import Completed
 from prefect.tasks import exponential_backoff
 
 from pipeline_lib.config import PipelineConfig, config_from_dict
+from pipeline_lib.config.schema import global_batch
 from pipeline_lib.config.secrets import public_config
 from pipeline_lib.doctor.retry import attach_diagnosis, should_retry
 from pipeline_lib.stages import SPECS, TransientError, run_stage, stage_done
@@ -62,18 +63,39 @@ def retry_by_cause(task, task_run, state) -> bool:
     return False
 
 
-def _last_attempt(exc: BaseException) -> bool:
-    """No retry of this task run follows: the cause is not retried, or the retries are used up."""
+def retry_plan(exc: BaseException, stage: str, run_id: str) -> tuple[bool, str]:
+    """(final, what happens next): whether no retry of this task run follows (the cause is not retried, or the
+    retries are used up), said as it will happen."""
     from prefect.context import TaskRunContext
 
     ctx = TaskRunContext.get()
-    if ctx is None or not retry_by_cause_exc(exc):
-        return True
-    return ctx.task_run.run_count > ctx.task.retries
+    resume = (f"resume with `llm-pipeline run CONFIG --run-id {run_id}` (or Retry in the UI for a deployment run): "
+              "finished stages are not redone" + (", training restarts from the last verified checkpoint"
+                                                  if SPECS[stage].multi_node else ""))
+    if not retry_by_cause_exc(exc):
+        diag = getattr(exc, "diagnosis", None)
+        category = getattr(diag, "category", "unknown")
+        why = (f"retrying the same config cannot fix {category}" if category != "unknown"
+               else "not a transient error")
+        return True, f"not retried ({why}); {resume}"
+    if ctx is None:
+        return True, f"not retried (no Prefect task run); {resume}"
+    attempt, retries = ctx.task_run.run_count, ctx.task.retries
+    if attempt > retries:
+        return True, f"not retried again: all {attempt} attempts failed (orchestration.task_retries={retries}); {resume}"
+    return False, (f"attempt {attempt} of {retries + 1}: the task retries it after a backoff"
+                   + (", from the last verified checkpoint" if SPECS[stage].multi_node else ""))
 
 
 def retry_by_cause_exc(exc: BaseException) -> bool:
     return should_retry(exc, is_transient(exc))
+
+
+def _tokens_per_step(cfg: PipelineConfig, stage: str) -> int | None:
+    """Tokens per optimizer step of a training stage (the terminal's tokens/s), None for the others."""
+    if stage not in ("pretrain", "sft"):
+        return None
+    return global_batch(cfg, stage) * cfg.model.seq_length
 
 
 def _run_paths(cfg: PipelineConfig, run_id: str) -> RunPaths:
@@ -89,7 +111,8 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     cfg = config_from_dict(config)
     paths = _run_paths(cfg, run_id)
     reporter = ProgressReporter(stage)
-    log = StageLog(stage, paths, logger)  # trainer lines at their level, step lines rate-limited, full log file
+    # trainer lines at their level, step lines rate-limited, full log file
+    log = StageLog(stage, paths, logger, tokens_per_step=_tokens_per_step(cfg, stage))
     started = time.time()
     try:
         if SPECS[stage].multi_node:
@@ -105,9 +128,11 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
         else:
             manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=reporter)
     except Exception as exc:
+        log.flush()  # the trainer's last warning before the failure that follows it
         diagnosis = attach_diagnosis(exc, cfg, stage)  # category + first remedy into the message
         # once, doctor first, the traceback in the stage's log file (tasks/error_log.py)
-        report_stage_error(logger, log, exc, diagnosis, stage, final=_last_attempt(exc))
+        final, next_step = retry_plan(exc, stage, run_id)
+        report_stage_error(logger, log, exc, diagnosis, stage, final=final, next_step=next_step)
         raise
     finally:
         log.close()

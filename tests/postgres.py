@@ -7,6 +7,8 @@ a random password (scram-sha-256: no other local account can use it), creates th
 server runs as the `postgres` account (PostgreSQL refuses to run as root). Durability is off (fsync,
 synchronous_commit, full_page_writes): a test database is thrown away. `stop()` stops it and removes the folder.
 `available()` says why it cannot run here (None when it can).
+A session killed before `stop()` (SIGKILL, a CI timeout) leaves its server running: each cluster records the
+test process that owns it (`owner.pid`), and `start()` first stops and removes the clusters whose owner is gone.
 """
 from __future__ import annotations
 
@@ -36,6 +38,35 @@ def available() -> str | None:
     return None
 
 
+PREFIX, OWNER = "llm-pipeline-pg-", "owner.pid"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_orphans() -> list[Path]:
+    """Stop and remove the clusters of test sessions that died without stopping them; returns their folders."""
+    gone = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        try:
+            owner = int((folder / OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # being made right now, or whose owner cannot be told: not ours to stop
+        if _alive(owner):
+            continue
+        as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        PostgresCluster(folder, 0, "", as_user).stop()
+        gone.append(folder)
+    return gone
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -58,7 +89,9 @@ class PostgresCluster:
         if why:
             raise RuntimeError(why)
         bins = _bin_dir()
-        folder = Path(tempfile.mkdtemp(prefix="llm-pipeline-pg-"))
+        stop_orphans()
+        folder = Path(tempfile.mkdtemp(prefix=PREFIX))
+        (folder / OWNER).write_text(str(os.getpid()))
         as_user: list[str] = []
         if os.geteuid() == 0:
             shutil.chown(folder, "postgres", "postgres")

@@ -5,7 +5,7 @@
 both lists of ConfigIssue naming the field the user set (data.inputs[1], sft.inputs[0],
 evaluate.prompt_files[2] ...):
 - local inputs are listed with the lister the stages use (`storage.input_files.list_inputs`), prompt sets
-  are parsed with the evaluate stage's reader, a tokenizer.path is loaded and checked as the data
+  and task files (evaluate.tasks) are parsed with the evaluate stage's readers, a tokenizer.path is loaded and checked as the data
   stage checks it, an hf_checkpoint folder is checked as the pretrain stage checks it (config.json and
   tensor headers), checkpoints must exist;
 - s3:// entries are listed only when the endpoint answers a TCP connect within S3_CONNECT_TIMEOUT_S;
@@ -115,6 +115,25 @@ class InputChecks:
                 except PromptSetError as err:  # its message names the line and what to write there
                     self.errors.append(ConfigIssue(field, path, str(err), "correct that line of the prompt file"))
 
+    def tasks(self) -> None:
+        from ..evaluate.loglik_tasks import TaskSetError, load_task_file
+
+        names: dict[str, int] = {}
+        for i, path in enumerate(self.cfg.evaluate.tasks):
+            field = f"evaluate.tasks[{i}]"
+            if not self.exists(field, path, what="task jsonl such as configs/eval/domain_choice.jsonl",
+                               otherwise="remove it from the list"):
+                continue
+            try:
+                task = load_task_file(path)
+            except TaskSetError as err:  # its message names the line, the field and what to write there
+                self.errors.append(ConfigIssue(field, path, str(err), "correct that line of the task file"))
+                continue
+            if task.name in names:
+                self.errors.append(ConfigIssue(field, path, f"task name {task.name!r} is also evaluate.tasks"
+                                               f"[{names[task.name]}]'s", "rename one file or give it a header 'name'"))
+            names.setdefault(task.name, i)
+
     def tokenizer(self) -> None:
         t = self.cfg.tokenizer
         if self.exists("tokenizer.path", t.path, what="sentencepiece tokenizer.model"):
@@ -222,10 +241,66 @@ def data_inputs(c: InputChecks) -> None:
 
 def sft_inputs(c: InputChecks) -> None:
     c.listed("sft.inputs", c.cfg.sft.inputs)
+    if not any(issue.field.startswith("sft.inputs") for issue in c.errors):
+        sft_records(c)
+
+
+SFT_EXAMPLES = 3  # records named per finding: the first of each reason
+SFT_WARN_SHARE = 0.5  # more malformed records than this share is a warning (a few is what quarantine is for)
+
+
+def sft_records(c: InputChecks) -> None:
+    """Parse every local SFT record as the sft stage does (instructions.to_turns: read, not tokenized): malformed
+    ones are counted per reason and the first of each is named by file:line and field; fewer usable records than
+    one batch is an error (the stage would fail after data and pretrain ran), more than SFT_WARN_SHARE of them
+    malformed a warning.
+    s3:// inputs are parsed by the stage when it runs."""
+    from collections import Counter
+
+    from ..train.instructions import SftDataError, iter_instruction_records, offending_field, to_turns
+
+    cfg = c.cfg
+    local = [entry for entry in cfg.sft.inputs if not entry.startswith("s3://")]
+    if not local:
+        return
+    read, rejected, first = 0, Counter(), {}
+    try:
+        for rec in iter_instruction_records(local, c.endpoint):
+            read += 1
+            reason = rec.reason if rec.obj is None else to_turns(rec.obj, system_prompt=cfg.sft.system_prompt)[1]
+            if reason:
+                rejected[reason] += 1
+                first.setdefault(reason, (rec.uri, rec.line, offending_field(rec.obj, reason)))
+    except SftDataError:  # a listing problem: `listed` reported it
+        return
+    bad = sum(rejected.values())
+    need = cfg.sft.micro_batch_size * cfg.parallel.data_parallel
+    usable = read - bad
+    if usable >= need and bad <= read * SFT_WARN_SHARE:
+        return
+    counts = ", ".join(f"{reason}: {n}" for reason, n in rejected.most_common())
+    where = "; ".join(f"{reason} at {uri}:{line}" + (f" (field {field})" if field else "")
+                      for reason, (uri, line, field) in list(first.items())[:SFT_EXAMPLES])
+    problem = (f"{bad} of {read} records are malformed ({counts}; first: {where})" if bad else f"{read} records")
+    fix = ("correct or remove those records (the sft stage also writes each one, with its reason and field, to "
+           "<run>/sft/quarantine.jsonl)")
+    if usable < need:
+        c.errors.append(ConfigIssue("sft.inputs", list(cfg.sft.inputs),
+                                    f"{problem}, leaving {usable} usable, fewer than one batch of "
+                                    f"sft.micro_batch_size x parallel.data_parallel = {need}",
+                                    f"{fix}, or add instruction data" if bad else "add instruction data"))
+    else:
+        c.warnings.append(ConfigIssue("sft.inputs", list(cfg.sft.inputs),
+                                      f"{problem}: the sft stage quarantines them and trains on the {usable} others",
+                                      fix))
 
 
 def prompt_files(c: InputChecks) -> None:
     c.prompts()
+
+
+def task_files(c: InputChecks) -> None:
+    c.tasks()
 
 
 def tokenizer(c: InputChecks) -> None:

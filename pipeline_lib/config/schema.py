@@ -107,6 +107,18 @@ class DedupConfig(_Section):
     )
 
 
+class PackingConfig(_Section):
+    document_mask: bool = Field(
+        False, json_schema_extra=identity("data", "pretrain"),
+        description="Stop attention at document boundaries in packed rows: each row gets an attention_mask column "
+        "(a query attends only to earlier tokens of its own document, a document ending with its EOS) and the "
+        "pretrain yaml passes it to mindformers' Llama. Off: every token attends to the whole row, across the EOS "
+        "between documents. Works on mindformers 1.9's attention path without flash attention and with float32 "
+        "compute (CPU; validate refuses flash attention and 16-bit compute, see docs/mindformers-facts.md). Costs "
+        "4 x seq_length^2 bytes per row in the MindRecord files (16 KiB at seq 64, 1 MiB at seq 512). Position ids "
+        "are not reset: mindformers' Llama ignores them in training and its rotary embedding is relative.")
+
+
 class DataConfig(_Section):
     inputs: list[InputPath] = Field(
         default_factory=lambda: ["configs/data/tiny_corpus.jsonl"], validate_default=True,
@@ -147,6 +159,15 @@ class DataConfig(_Section):
         "workers need this package installed and run.output_root reachable (s3:// across machines). null: a "
         "local cluster of data.num_workers worker processes, started for the stage and closed after it.")
     filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
+    exclude_from: list[InputPath] = Field(
+        default_factory=list, json_schema_extra=identity("data", by="contents"),
+        description="guard_diagnosis.json files of earlier pretrain runs (written when the loss guard tripped): the "
+        "source documents packed in their bad batches are dropped before the filters (matched by origin, "
+        "`<file>:<line>`), written to excluded.jsonl and counted in stats.json as filtered with reason `guard`.")
+    exclude_ids: list[InputPath] = Field(
+        default_factory=list, json_schema_extra=identity("data", by="contents"),
+        description="Text files of source ids (data.id_field values) to drop, one per line, each a JSON value "
+        "(\"doc-17\", 17) or else a string; dropped and counted as for exclude_from (reason `guard`).")
     max_line_bytes: int = Field(
         64 << 20, ge=1024, le=1 << 31,
         description="Longest jsonl line read, in bytes (default 64 MiB; no document is that long). A longer line is "
@@ -181,6 +202,7 @@ class DataConfig(_Section):
     remainder: Literal["drop", "pad"] = Field(
         "pad", description="Last partial row: drop it, or pad it with pad tokens excluded from the loss."
     )
+    packing: PackingConfig = Field(default_factory=PackingConfig)
 
 
 class TokenizerConfig(_Section):
@@ -419,6 +441,12 @@ class TrainingConfig(_Section):
     guard: GuardConfig = Field(default_factory=GuardConfig)
     timeout_seconds: int = Field(3600, json_schema_extra=NO_OUTPUT_EFFECT,
                                  ge=1, description="Launcher timeout; the whole process group is killed.")
+    hang_timeout_s: float | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT, ge=0,
+        description="Hang watchdog: a rank that finishes no training step for this many seconds is a hang (every "
+        "rank's stacks are dumped, the trainer tree is killed, training resumes from the last verified checkpoint; "
+        "a second hang at the same step fails the stage). Empty: 10 x the median step time, at least 600 s; before "
+        "a launch's first step (graph compile) at least 1800 s. 0 turns the watchdog off.")
     upload_checkpoints: bool | None = Field(
         None, json_schema_extra=NO_OUTPUT_EFFECT,
         description="Copy finished checkpoints to the run store (S3), so a retry on another machine resumes from the "
@@ -525,10 +553,21 @@ class EvaluateConfig(_Section):
     reference_heldout: list[str] = Field(
         default_factory=list, json_schema_extra=identity("evaluate"),
         description="Held-out splits of earlier runs of this lineage (their data/mindrecord/heldout folder, local "
-        "or s3://), scored like reference sets and reported as heldout@<run id>. The rows were tokenized by that "
+        "or s3://), scored like reference sets and reported as heldout@RUN_ID. The rows were tokenized by that "
         "run, so its tokenizer must be the run's (checked). The nightly sets it to the held-out split of its "
         "lineage's first promoted night: rows that do not move from night to night, in the lineage's own domain, "
         "so a night that forgets the domain (trained on garbage) is caught by the gate.")
+    tasks: list[InputPath] = Field(
+        default_factory=lambda: ["configs/eval/domain_choice.jsonl", "configs/eval/domain_classify.jsonl"],
+        json_schema_extra=identity("evaluate", by="contents"), validate_default=True,
+        description="Task files scored by log-likelihood for every evaluated checkpoint (jsonl, docs/evaluation.md): "
+        "multiple choice (question, choices, answer) or classification (text, label, over the labels its header "
+        "declares). Each candidate's log-likelihood after the prompt is summed from one forward; the highest is the "
+        "model's answer; accuracy per task (the nightly gate's nightly.gate.max_task_drop reads it).")
+    task_batch_size: int = Field(
+        16, ge=1, le=4096, description="Sequences (item x candidate, model.seq_length tokens each) per forward when "
+        "scoring evaluate.tasks: no gradients, so larger than training's micro batch; it costs activation memory "
+        "only (the weights are shared with the decoding graph).")
     compare_checkpoints: dict[str, InputPath] = Field(
         default_factory=dict,
         description="Extra checkpoints (label -> .ckpt path) shown side by side, e.g. last night's.")

@@ -247,6 +247,36 @@ def base_weights_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
     return []
 
 
+def document_mask_issues(cfg: PipelineConfig, target: str | None = None) -> list[ConfigIssue]:
+    """Where data.packing.document_mask cannot work (the pretrain yaml builder refuses the same; facts and source
+    lines of mindformers 1.9 in docs/mindformers-facts.md, "Packed documents"). `target`: the device the
+    training runs on, default what run.device_target resolves to."""
+    if not cfg.data.packing.document_mask:
+        return []
+    target = target or device_target(cfg)
+    m, issues = cfg.model, []
+    if m.use_flash_attention and target != "CPU":
+        issues.append(ConfigIssue(
+            "data.packing.document_mask", True,
+            f"with model.use_flash_attention on {target}, mindformers 1.9's Llama hands the attention_mask to "
+            "FlashAttentionScore, which reads every nonzero entry as 'discard' (mindformers/modules/"
+            "flash_attention.py:92), i.e. this mask's allowed positions; mindformers' own route for packed "
+            "documents in Llama (use_eod_attn_mask_compression with an actual_seq_len column, models/llama/"
+            "llama.py:115) needs the per-batch offsets its dataset adds only when the data_loader section names "
+            "create_compressed_eod_mask (dataset/causal_language_model_dataset.py:40-53, 121-138), a key "
+            "MindDataset does not accept: not wired here, and not testable without an Ascend card",
+            "set data.packing.document_mask=false, or model.use_flash_attention=false with training.precision=fp32 "
+            "(mindformers' plain attention: seq_length^2 scores per head in memory)"))
+    if m.compute_dtype != "float32":
+        issues.append(ConfigIssue(
+            "data.packing.document_mask", True,
+            f"mindformers adds the mask to the attention scores in model.compute_dtype={m.compute_dtype} "
+            "(models/llama/llama_transformer.py:722); next to the mask's 255 a float16 score moves in steps of "
+            "0.125 and a bfloat16 one in steps of 1, which blurs attention",
+            "set training.precision=fp32, or data.packing.document_mask=false"))
+    return issues
+
+
 def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
     if device_target(cfg) != "CPU":
         return []
@@ -273,7 +303,7 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 
 RULES = (_batch, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft,
-         preflight_steps_issues, profile_issues, base_weights_issues)
+         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues)
 
 
 def warnings(cfg: PipelineConfig) -> list[str]:
@@ -293,6 +323,13 @@ def warnings(cfg: PipelineConfig) -> list[str]:
                    "machine finds none and restarts from step 0. Fix: remove training.upload_checkpoints (on by "
                    "default for an s3:// run) or set it to true")
     d = cfg.data
+    seq = cfg.model.seq_length
+    if d.packing.document_mask and seq > 512:
+        # the mask is stored, int32 (MindRecord has no uint8), seq_length^2 per row (docs/mindformers-facts.md)
+        out.append(f"data.packing.document_mask=true at model.seq_length={seq}: every packed row carries a "
+                   f"{4 * seq * seq / (1 << 20):g} MiB attention_mask next to its {4 * (seq + 1) / 1024:g} KiB of "
+                   "tokens, in the MindRecord files and in each training batch. Fix: a shorter seq_length, or "
+                   "data.packing.document_mask=false")
     if d.dask_address and d.executor != "dask":
         out.append(f"data.dask_address={d.dask_address} has no effect with data.executor={d.executor}: only the dask "
                    "executor sends work to a Dask scheduler. Fix: set data.executor=dask, or remove data.dask_address")

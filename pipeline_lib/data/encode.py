@@ -29,7 +29,8 @@ from .. import killpoints
 from ..model.token_ids import CONFIG_NAME
 from ..model.tokenizer import Tokenizer
 from .errors import DataStageError
-from ..model.packing import count_rows, join_with_eos, rows_from_tokens
+from ..model.packing import (count_rows, document_attention_mask, join_with_eos, mask_bytes_per_row,
+                             rows_from_tokens)
 from .packing import gather_tokens, heldout_mask, write_mindrecord
 from .prep import read_docs, shard_dir
 from .tokenizer import check_loaded, lineage_tokenizer_checked, load_base, train_tokenizer, write_config
@@ -165,11 +166,14 @@ def plan_mindrecord(cfg, paths, *, shared: bool = True) -> list[tuple[str, int]]
 
 def rows_per_file(cfg) -> int:
     """Packed rows per MindRecord file: data.rows_per_mindrecord_shard when set, else as many
-    rows of 4-byte tokens as fit in data.mindrecord_file_mb (at least one)."""
+    rows of 4-byte tokens (+ their attention mask with data.packing.document_mask) as fit in
+    data.mindrecord_file_mb (at least one)."""
     d = cfg.data
     if d.rows_per_mindrecord_shard:
         return d.rows_per_mindrecord_shard
-    return max(1, int(d.mindrecord_file_mb * (1 << 20)) // (4 * (cfg.model.seq_length + 1)))
+    seq = cfg.model.seq_length
+    row_bytes = 4 * (seq + 1) + (mask_bytes_per_row(seq) if d.packing.document_mask else 0)
+    return max(1, int(d.mindrecord_file_mb * (1 << 20)) // row_bytes)
 
 
 def mindrecord_groups(items: list[tuple[str, int]], n_groups: int) -> list[list[tuple[str, int]]]:
@@ -237,8 +241,8 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
             with open(ws.fetch(f"{shard_dir(k)}/spans_{split}.jsonl"), encoding="utf-8") as fh:
                 spans += doc_spans(_span_heads(fh), offset, start, stop, row_len)
         offset += n
-    pad_id = ws.read_json(f"tokenizer/{CONFIG_NAME}")["pad_id"]  # the tokenizer's, not the config's
-    rows = rows_from_tokens(gather_tokens(parts, start, stop), row_len, d.remainder, pad_id)
+    ids = ws.read_json(f"tokenizer/{CONFIG_NAME}")  # the tokenizer's, not the config's
+    rows = rows_from_tokens(gather_tokens(parts, start, stop), row_len, d.remainder, ids["pad_id"])
     assert len(rows) == last_row - first_row, (split, j, len(rows), last_row - first_row)
     side = ws.local(sidecar_name(split, j))
     side.parent.mkdir(parents=True, exist_ok=True)
@@ -246,7 +250,8 @@ def write_mindrecord_shard(cfg, paths, split: str, j: int, *, shared: bool = Tru
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.writelines(spans)
     os.replace(tmp, side)
-    write_mindrecord(ws.local(rel), rows)
+    mask = document_attention_mask(rows, ids["eos_id"]) if d.packing.document_mask else None
+    write_mindrecord(ws.local(rel), rows, attention_mask=mask)
     ws.publish(sidecar_name(split, j), rel + ".db", rel)
     ws.mark(f"mr-{split}-{j:05d}")
     return rel

@@ -2,6 +2,8 @@
 hash, sign), deduplicate all shards in input order; then (`stage_index_segment`, while the
 tokenizer trains) this run's segment of the persistent dedup index, all but its publication.
 
+`prep_shard` drops the documents data.exclude_from / data.exclude_ids name (exclusions.py) before the filters.
+
 Each step is idempotent: it returns at once when its completion marker (shards/<name>.done,
 holding the work hash) exists, so a rerun redoes only unfinished shards. `prep_shard` is the
 function a Prefect task maps over shard indices; `plan_data_stage` and `dedup_stage` run once.
@@ -22,6 +24,7 @@ from ..storage import LongLine, join
 from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import index_uri, lineage, load_prior, segment_meta, stage_segment, write_segment
 from .errors import DataStageError, NoNewDocuments
+from .exclusions import GUARD_REASON, load_exclusions
 from .filters import Doc, apply_filters_batch, build_filters
 from .minhash import shingle_hashes, signatures
 from .readers import iter_shard_batches
@@ -147,6 +150,7 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         return ws.read_json(f"{folder}/counts.json")
     spec = ShardSpec(**ws.read_json("shards/plan.json")["shards"][index])
     filters = build_filters(d.filters)
+    exclusions = load_exclusions(cfg, ws.endpoint)
     fields = (d.id_field, *d.keep_fields)
     rejected, filtered, read = Counter(), Counter(), 0
     # copies written per reason: beyond the cap a record is counted only (finalize_data_stage then keeps
@@ -169,6 +173,13 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
                         wrote_q[reason] += 1
                         qf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
                                         "reason": reason, **quarantine_copy(raw, copy)}) + "\n")
+                elif exclusions and exclusions.matches(sid, origin):
+                    filtered[GUARD_REASON] += 1
+                    if wrote_x[GUARD_REASON] < cap:
+                        wrote_x[GUARD_REASON] += 1
+                        xf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
+                                        "filter": GUARD_REASON, "reason": GUARD_REASON, "meta": meta,
+                                        **excluded_copy(text, copy)}) + "\n")
                 else:
                     docs.append(Doc(origin, text))
                     found.append((line, text, sid, meta))

@@ -5,5 +5,6 @@
 - remedies:  what to change, with numbers from our planner and the run's config
 - logs:      where a failed run's logs are (the stage folders of `--run-id`)
 - cli:       `llm-pipeline doctor --log FILE | --run-id ID CONFIG [--json]`
+- scoring:   precision and recall per category on the corpus of real logs (tests/doctor/logs/corpus.yaml)
 No MindSpore or Prefect import.
 """

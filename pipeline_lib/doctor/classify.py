@@ -4,22 +4,24 @@
 stage=None, ...)` -> `Diagnosis` with remedies computed from our planner and config (remedies.py).
 Works on any mindformers / msrun / MindSpore / HCCL log, ours or not. Categories and their text: patterns.py.
 
-Device OOM is split by phase: a device OOM after a training step line was logged happened in a step
-(`device_oom_step`); before any step it happened while the graph was compiled and its memory laid out
-(`device_oom_compile`): in graph mode MindSpore allocates a graph's memory before the graph's first step.
+Device OOM is split by phase, from the evidence the log has: after a training step line was logged, or met by a
+kernel of a step (a backward pass, an op being executed, a data-source actor feeding a running graph) it happened in
+a step (`device_oom_step`); otherwise before the first step (`device_oom_compile`): while the graph was compiled and
+its memory laid out (in graph mode MindSpore plans a graph's memory before its first step), or the weights loaded.
 A trainer killed by SIGKILL (exit -9 / 137, msrun's "Error code: -9") that no timeout of ours killed is `host_oom` only
 with evidence of memory pressure: the kernel's OOM-killer lines in the log, or the launcher's memory evidence
 (runtime/memory_evidence.py: the cgroup's oom_kill count rose, or the tree's last sampled RSS was near the limit),
 passed as `memory=` or read from the launcher's line in the log. Without it the kill is `killed` (a lost node, a
 preemption, an operator's kill -9): retried, and the retry resumes from the last checkpoint. The evidence line that
-decided is in the diagnosis. No recognised text gives `unknown`, with no evidence: never a guess.
+decided is in the diagnosis. No recognised text gives `unknown`, never a guess; `diagnose` then quotes the log's
+error lines as its evidence, so the user sees what doctor saw.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-from .patterns import CATEGORIES, COMPILE_HINT, CONTEXT, PATTERNS, STEP_LINE
+from .patterns import CATEGORIES, COMPILE_HINT, CONTEXT, ERROR_LINE, PATTERNS, STEP_HINT, STEP_LINE
 
 MAX_EVIDENCE = 6
 MAX_LINE = 400
@@ -28,11 +30,13 @@ _STAGE_LINE = re.compile(r"^(?:\[[^\]]*\]\s*)?(data|pretrain|sft|evaluate|export
 _FAILED_STAGE = re.compile(r"stage '(\w+)' failed")
 SIGKILL_CODES = (-9, 137)
 
-# Retry policy by category: only infrastructure that comes back on its own is retried with the same config.
-RETRY_CATEGORIES = frozenset({"collective_timeout", "killed"})
+# Retry policy by category: only infrastructure that comes back on its own is retried with the same config (a hang
+# resumes from the last checkpoint; the watchdog does not retry a second hang at the same step). A stalled input
+# pipeline stalls again with the same workers and prefetch: the config changes first.
+RETRY_CATEGORIES = frozenset({"collective_timeout", "killed", "hang"})
 NO_RETRY_CATEGORIES = frozenset({"device_oom_compile", "device_oom_step", "host_oom", "nan_or_overflow",
                                  "disk_full", "config_name_clash", "missing_kernel", "dataset_schema",
-                                 "checkpoint_shape_mismatch"})
+                                 "checkpoint_shape_mismatch", "dataloader_stall"})
 ALL_CATEGORIES = tuple(sorted(RETRY_CATEGORIES | NO_RETRY_CATEGORIES)) + ("unknown",)
 
 
@@ -95,7 +99,7 @@ def classify(text: str, *, returncode: int | None = None, timed_out: bool = Fals
     hits: dict[str, list[tuple[int, str]]] = {}
     for i, line in enumerate(lines):
         for pat in PATTERNS:
-            if pat.regex.search(line):
+            if pat.matches(line):
                 hits.setdefault(pat.category, []).append((i, line))
                 break
     category = next((c for c in CATEGORIES if c in hits), None)
@@ -122,20 +126,42 @@ def classify(text: str, *, returncode: int | None = None, timed_out: bool = Fals
             if len(evidence) < MAX_EVIDENCE and context.search(line) and _clip(line) not in evidence:
                 evidence.append(_clip(line))
     if category == "device_oom":
-        first = found[0][0]
-        steps = [ln for ln in lines[:first] if STEP_LINE.search(ln)]
-        if steps:
-            category = "device_oom_step"
-            evidence.insert(0, _clip(steps[-1]))  # the last step that finished before memory ran out
-        else:
-            category = "device_oom_compile"
-            hint = next((ln for ln in lines if COMPILE_HINT.search(ln)), None)
-            if hint is not None and _clip(hint) not in evidence:
-                evidence.append(_clip(hint))
-        evidence = evidence[:MAX_EVIDENCE]
+        category, evidence = _oom_phase(lines, found[0][0], evidence)
     if category == "killed":
         return _kill_verdict(category, evidence, memory)
     return category, evidence
+
+
+def _oom_phase(lines: list[str], first: int, evidence: list[str]) -> tuple[str, list[str]]:
+    """device_oom_step when a step line came before the OOM or a step's kernel met it, else device_oom_compile; the
+    line that decided joins the evidence (a step line first: the last step that finished before memory ran out)."""
+    steps = [ln for ln in lines[:first] if STEP_LINE.search(ln)]
+    if steps:
+        return "device_oom_step", ([_clip(steps[-1])] + evidence)[:MAX_EVIDENCE]
+    kernel = next((ln for ln in lines if STEP_HINT.search(ln.strip())), None)
+    if kernel is not None:
+        return "device_oom_step", _with(evidence, kernel)
+    hint = next((ln for ln in lines if COMPILE_HINT.search(ln)), None)
+    return "device_oom_compile", (_with(evidence, hint) if hint is not None else evidence)
+
+
+def _with(evidence: list[str], line: str) -> list[str]:
+    clipped = _clip(line)
+    if clipped in evidence:
+        return evidence
+    return (evidence[:MAX_EVIDENCE - 1] + [clipped]) if len(evidence) >= MAX_EVIDENCE else evidence + [clipped]
+
+
+def error_lines(text: str) -> list[str]:
+    """The lines of a log that report an error (exceptions, [ERROR], Ascend error codes), last ones first: what an
+    `unknown` diagnosis quotes so that the user sees what doctor saw."""
+    found: list[str] = []
+    for line in reversed(_lines(text)):
+        if ERROR_LINE.search(line) and _clip(line) not in found:
+            found.append(_clip(line))
+            if len(found) >= MAX_EVIDENCE:
+                break
+    return found
 
 
 def stage_from_text(text: str) -> str | None:
@@ -156,6 +182,8 @@ def diagnose(text: str, cfg=None, *, stage: str | None = None, returncode: int |
     from .remedies import remedies_for
 
     category, evidence = classify(text, returncode=returncode, timed_out=timed_out, memory=memory)
+    if category == "unknown" and not evidence:
+        evidence = error_lines(text)
     stage = stage or stage_from_text(text)
     diag = Diagnosis(category, stage, evidence)
     diag.remedies = remedies_for(diag, cfg)

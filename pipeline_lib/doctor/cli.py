@@ -5,7 +5,9 @@
 
 --log reads any mindformers / msrun / MindSpore / HCCL log (ours or not); with CONFIG the remedies carry numbers
 from our planner and config. --run-id finds the failed stage of the run (the first whose manifest does not match)
-and reads its logs (logs.py). --json prints {"category", "stage", "evidence", "remedies"}.
+and reads its logs (logs.py); when its loss guard tripped, the source documents of the bad batches
+(guard_diagnosis.json) are printed too, with the override that drops them from the next run's data.
+--json prints {"category", "stage", "evidence", "remedies"} (+ "documents", "guard_diagnosis" with --run-id).
 Exit codes: 0 a failure category was found, 1 unknown (no known failure text), 2 bad arguments or config.
 """
 from __future__ import annotations
@@ -36,7 +38,8 @@ def render(diag) -> str:
     if diag.category == "unknown":
         out.append("no known failure text found in the log (see docs/troubleshooting.md for what doctor knows)")
     if diag.evidence:
-        out.append("evidence:")
+        out.append("error lines in the log (none is a failure doctor knows):" if diag.category == "unknown"
+                   else "evidence:")
         out += [f"  > {line}" for line in diag.evidence]
     if diag.remedies:
         out.append("remedies:")
@@ -47,6 +50,27 @@ def render(diag) -> str:
     if diag.retry is not None:
         out.append("retry with the same config: " + ("may help (transient infrastructure)" if diag.retry
                                                       else "will not help; change the config first"))
+    return "\n".join(out)
+
+
+def guard_documents(folder: Path) -> tuple[Path | None, list[dict]]:
+    """(the stage folder's guard_diagnosis.json, its documents), or (None, []) without one."""
+    from ..train.session import GUARD_DIAGNOSIS_FILE
+
+    path = folder / GUARD_DIAGNOSIS_FILE
+    if not path.is_file():
+        return None, []
+    try:
+        return path, json.loads(path.read_text(encoding="utf-8")).get("documents") or []
+    except ValueError:
+        return path, []
+
+
+def render_documents(path: Path, docs: list[dict]) -> str:
+    out = [f"documents in the batches the loss guard stopped at ({path}):"]
+    out += [f"  step {', '.join(map(str, d.get('steps') or []))}: id {json.dumps(d.get('id'))} origin {d.get('origin')}"
+            for d in docs]
+    out.append(f"  drop them from the next run's data: data.exclude_from=[{path}]")
     return "\n".join(out)
 
 
@@ -86,5 +110,15 @@ def doctor_main(argv: list[str]) -> int:
     from .logs import read_logs
 
     diag = diagnose(read_logs(files), cfg, stage=stage)
-    print(json.dumps(diag.as_dict(), indent=2, ensure_ascii=False) if args.json else render(diag))
+    guard_file, docs = None, []
+    if args.run_id:
+        from ..storage import RunPaths
+
+        paths = RunPaths(cfg.run.output_root, args.run_id, cfg.run.s3_endpoint_url)
+        guard_file, docs = guard_documents(Path(paths.stage_uri(stage)))
+    if args.json:
+        extra = {"documents": docs, "guard_diagnosis": str(guard_file)} if guard_file else {}
+        print(json.dumps(diag.as_dict() | extra, indent=2, ensure_ascii=False))
+    else:
+        print(render(diag) + (("\n" + render_documents(guard_file, docs)) if docs else ""))
     return 1 if diag.category == "unknown" else 0

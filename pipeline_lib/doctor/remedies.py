@@ -15,7 +15,9 @@ _SHAPE = re.compile(r"For 'load_param_into_net', (\S+) in the argument 'net' sho
                     r"its shape \(([^)]*)\) in the argument 'net' and shape \(([^)]*)\) in the argument "
                     r"'parameter_dict'")
 _CLASH = re.compile(r"'([^']+)' is already used by a (\w+) (config|model)")
-_KERNEL = re.compile(r"The kernel (\w+) unregistered|Unsupported op \[(\w+)\]")
+_KERNEL = re.compile(r"The kernel (\w+) unregistered|Unsupported op \[(\w+)\]|Not registered \w+ kernel: op\[(\w+)\]"
+                     r"|Operator\[(\w+)\]|Op (\w+) does not has any binary|Operator \((\w+)\) does not have kernel"
+                     r"|No registered '(\w+)' OpKernel|Could not run '([^']+)'|\"(\w+)\" not implemented for")
 MODEL_DIMS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "kv_heads", "seq_length")
 
 
@@ -86,7 +88,7 @@ def layout_remedies(cfg, *, limit: int = 3, what: str = "device memory") -> list
 
 
 def _device_oom(diag, cfg) -> list[dict]:
-    phase = ("while the graph was compiled and its memory laid out, before the first step"
+    phase = ("while the graph was compiled and its memory laid out (or the weights loaded), before the first step"
              if diag.category == "device_oom_compile" else "during a training step")
     if cfg is None:
         return [_r(f"device memory ran out {phase}; pass the run's config (--config) for the predicted peak and "
@@ -144,8 +146,8 @@ def _killed(diag, cfg) -> list[dict]:
     why = next((ln for ln in diag.evidence if ln.startswith("no memory pressure") or "no memory evidence" in ln),
                "no evidence of memory pressure")
     return [_r(f"killed by SIGKILL without an OOM kill ({why}): a lost node, a preempted job or an operator's kill "
-               "-9. The stage is retried with the same config and resumes from the last verified checkpoint; if "
-               "it keeps happening, look at the node (dmesg, the scheduler's events) rather than the config")]
+               "-9. Nothing in the config needs to change: a retry or a rerun with the same --run-id resumes from the "
+               "last verified checkpoint; if it keeps happening, look at the node (dmesg, the scheduler's events)")]
 
 
 def _nan(diag, cfg) -> list[dict]:
@@ -220,7 +222,7 @@ def _clash(diag, cfg) -> list[dict]:
 
 def _kernel(diag, cfg) -> list[dict]:
     found = next((m for m in map(_KERNEL.search, diag.evidence) if m), None)
-    op = (found.group(1) or found.group(2)) if found else "an op"
+    op = found.group(found.lastindex) if found else "an op"  # one group per wording: the one that matched
     target = ""
     if cfg is not None:
         from ..config.platform import device_target
@@ -228,6 +230,9 @@ def _kernel(diag, cfg) -> list[dict]:
         target = f" ({device_target(cfg)})"
     out = [_r(f"{op} has no kernel on this device target{target}: run the stage on Ascend (its work pool) or use a "
               "code path without it (on CPU evaluation decodes from forward logits, not model.generate)")]
+    if any("does not has any binary" in line for line in diag.evidence):
+        out.insert(0, _r("the CANN kernel binaries of this chip are not installed: install the Ascend-cann-kernels "
+                         "package matching the chip and the CANN toolkit, then rerun"))
     if cfg is not None and cfg.model.use_flash_attention:
         out.append(_r("flash attention is an Ascend kernel", ["model.use_flash_attention=false"]))
     return out
@@ -271,10 +276,51 @@ def _collective(diag, cfg) -> list[dict]:
                "(environment)")]
 
 
+_HANG_FIRST = re.compile(r"stopped first: (rank\(s\) [\d, ]+ on host \S+ after step \d+)")
+_HANG_STACKS = re.compile(r"Python stacks of every rank: (\S+)")
+
+
+def _hang(diag, cfg) -> list[dict]:
+    first = next((m.group(1) for m in map(_HANG_FIRST.search, diag.evidence) if m), None)
+    if first is None:  # not our watchdog's line: a device task, a peer or a collective that never finished
+        return [_r("a rank stopped making progress (a device task or stream that never finished, a dead peer, a stuck "
+                   "collective, or the watchdog's no-new-step timeout; the evidence names the rank or node): the stage "
+                   "is retried and resumes from the last verified checkpoint, and a second hang at the same step is "
+                   "not retried. Read that rank's log and stack dump (msrun/worker_N.log) for what it waited on; on "
+                   "Ascend check the card (npu-smi info) and the collective timeout in force (HCCL_EXEC_TIMEOUT)")]
+    stacks = next((m.group(1) for m in map(_HANG_STACKS.search, diag.evidence) if m), "hang/stacks_N.txt")
+    out = [_r(f"{first} stopped making progress: read its stack in {stacks} (a collective, the dataset pipeline, a "
+              "stopped or dead process) and that rank's msrun/worker_N.log. The stage resumes from the last "
+              "verified checkpoint; a second hang at the same step is not retried")]
+    if cfg is not None and cfg.training.hang_timeout_s:
+        out.append(_r(f"if that step is only slow (a long checkpoint save, a slow data source), raise the hang limit "
+                      f"training.hang_timeout_s={cfg.training.hang_timeout_s:g} or leave it empty (derived from the "
+                      "median step time)", ["training.hang_timeout_s=null"]))
+    return out
+
+
+def _stall(diag, cfg) -> list[dict]:
+    why = ("the input pipeline did not deliver a batch in time (the device's GetNext waited on an empty data queue, "
+           "or a loader worker timed out): the dataset workers are too few or too slow for the step, or the shards "
+           "are read from slow storage")
+    if cfg is None:
+        return [_r(why + "; pass the run's config (--config) for the numbers: more training.dataset_workers, a "
+                   "larger training.prefetch_size")]
+    from ..config.platform import device_target
+    from ..train.mindformers_yaml import dataset_workers
+
+    t = cfg.training
+    workers = dataset_workers(cfg, on_cpu=device_target(cfg) == "CPU")
+    return [_r(f"{why}: raise the workers per rank from {workers} and the prefetch from {t.prefetch_size}",
+               [f"training.dataset_workers={workers * 2}", f"training.prefetch_size={t.prefetch_size * 2}"]),
+            _r("and keep the MindRecord shards on local disk (run.output_root) rather than a network filesystem; a "
+               "stall on one rank shows on the others as a collective timeout, so read the first rank that waited")]
+
+
 _BY_CATEGORY = {"device_oom_compile": _device_oom, "device_oom_step": _device_oom, "host_oom": _host_oom,
                 "nan_or_overflow": _nan, "disk_full": _disk, "config_name_clash": _clash,
                 "missing_kernel": _kernel, "dataset_schema": _schema, "checkpoint_shape_mismatch": _shape,
-                "collective_timeout": _collective, "killed": _killed}
+                "collective_timeout": _collective, "killed": _killed, "hang": _hang, "dataloader_stall": _stall}
 
 
 def remedies_for(diag, cfg=None) -> list[dict]:

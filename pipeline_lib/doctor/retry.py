@@ -7,7 +7,8 @@ Prefect failure message, the failure webhook and the CLI summary (all built from
 `should_retry(exc, transient)`: the category decides when it knows (collective_timeout, killed: yes; OOM, NaN, disk,
 config, data, kernel: no, whatever the exception type, so a trainer the kernel OOM killer SIGKILLed, as the memory
 evidence shows, is not retried with the same config, while one SIGKILLed without that evidence is, and resumes);
-for `unknown` the caller's transient-error rule (storage/network errors, lost workers) stands.
+for `unknown` the caller's transient-error rule (storage/network errors, lost workers) stands. An exception that says
+itself (`retryable = False`, e.g. train.session's second hang at the same step) overrides its category.
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def category_of(exc: BaseException) -> str:
 
 
 def should_retry(exc: BaseException, transient: bool) -> bool:
+    if getattr(exc, "retryable", None) is False:
+        return False
     retry = Diagnosis(category_of(exc)).retry
     return transient if retry is None else retry
 

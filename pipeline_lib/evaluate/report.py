@@ -2,7 +2,8 @@
 
 Input: the evaluation summary (stage metrics.json: prompts and per-checkpoint results) and the
 generations (label -> prompt id -> generations.jsonl record). Output:
-- `summary_rows`: one row per checkpoint (perplexity, keyword hits, tokens, speed);
+- `summary_rows`: one row per checkpoint (perplexity, task accuracy, keyword hits, tokens, speed);
+- `task_rows`: the accuracy table, one row per task of evaluate.tasks and a column per checkpoint;
 - `comparison_rows`: one row per prompt with one answer column per checkpoint, in the order the
   checkpoints were given (base, pretrained, SFT, last night's, ...), plus keyword hits per checkpoint;
 - `render_markdown` / `render_html`: the reading view: perplexity per checkpoint on top, then per
@@ -48,6 +49,7 @@ def summary_rows(summary: dict) -> list[dict]:
         rows.append({"checkpoint": ck["label"], "perplexity": _ppl(ck),
                      "heldout_tokens": (ck.get("perplexity") or {}).get("tokens"),
                      "reference": {name: r["perplexity"] for name, r in (ck.get("reference") or {}).items()},
+                     "tasks": {name: t["accuracy"] for name, t in (ck.get("tasks") or {}).items()},
                      "keyword_hits": _hits(ck), "generated_tokens": ck.get("generated_tokens"),
                      "tokens_per_s": ck.get("tokens_per_second"), "lora_merged": bool(ck.get("lora_merged")),
                      "source": _source(ck["ref"])})
@@ -79,7 +81,7 @@ def _md_cell(value) -> str:
     return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>") or " "
 
 
-def _md_table(rows: list[dict]) -> str:
+def md_table(rows: list[dict]) -> str:
     if not rows:
         return "_(none)_\n"
     cols = list(rows[0])
@@ -96,6 +98,25 @@ def reading_rows(summary: dict) -> list[dict]:
             for r in summary_rows(summary)]
 
 
+def task_rows(summary: dict) -> list[dict]:
+    """The accuracy table: one row per task, one column per checkpoint (accuracy, then acc_norm in brackets)."""
+    rows = []
+    for t in summary.get("tasks") or []:
+        row = {"task": t["name"], "type": t["type"].replace("_", " "), "items": t["items"]}
+        for ck in summary["checkpoints"]:
+            r = (ck.get("tasks") or {}).get(t["name"])
+            row[ck["label"]] = f"{r['accuracy']:.3f} ({r['accuracy_norm']:.3f})" if r else ""
+        first = next((ck["tasks"][t["name"]] for ck in summary["checkpoints"] if t["name"] in (ck.get("tasks") or {})),
+                     None)
+        row["chance"] = f"{first['chance']:.3f}" if first else ""
+        rows.append(row)
+    return rows
+
+
+TASKS_NOTE = ("Accuracy by log-likelihood: the candidate (choice or label) the model finds likeliest after the "
+              "prompt is its answer; in brackets the same with the log-likelihood per character (acc_norm).\n")
+
+
 def _round(value, digits: int = 4):
     return float(f"{value:.{digits}g}") if isinstance(value, float) else value
 
@@ -104,7 +125,7 @@ _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|#~])")
 _LONG_WORD = re.compile(r"\S{60,}")
 
 
-def _md_quote(text: str) -> str:
+def md_quote(text: str) -> str:
     """Model output as a one-paragraph quote a markdown renderer shows as written: markdown and HTML
     characters backslash-escaped (the Prefect UI renders raw HTML tags), newlines as <br>, and a
     zero-width space every 40 characters of a very long word so the page can wrap it."""
@@ -121,12 +142,14 @@ def render_markdown(summary: dict, generations: dict, title: str = "Evaluation")
              f"Checkpoints: {', '.join(labels)}. Decoding: {summary.get('decoding', '')}, "
              f"max {summary.get('max_new_tokens', '')} new tokens, device {summary.get('device', '')} "
              f"({summary.get('decode_path', '')} path). Keyword hits: expected keywords found in the answer.\n",
-             "## Checkpoints\n", _md_table(reading_rows(summary)),
-             "\n".join(f"- {_md_cell(ck['label'])}: `{_source(ck['ref'])}`" for ck in summary["checkpoints"]) + "\n",
-             "## Answers per prompt\n"]
+             "## Checkpoints\n", md_table(reading_rows(summary)),
+             "\n".join(f"- {_md_cell(ck['label'])}: `{_source(ck['ref'])}`" for ck in summary["checkpoints"]) + "\n"]
+    if summary.get("tasks"):
+        parts += ["## Task accuracy\n", TASKS_NOTE, md_table(task_rows(summary))]
+    parts.append("## Answers per prompt\n")
     for p in summary["prompts"]:
         kws = p.get("keywords", [])
-        parts.append(f"### {p['id']} ({p['set']})\n\n{_md_quote(p['prompt'])}\n")
+        parts.append(f"### {p['id']} ({p['set']})\n\n{md_quote(p['prompt'])}\n")
         if kws:
             parts.append(f"Expected keywords: {', '.join(kws)}\n")
         for label in labels:
@@ -136,7 +159,7 @@ def render_markdown(summary: dict, generations: dict, title: str = "Evaluation")
                 continue
             hits = f"{len(rec['keyword_hits'])}/{len(rec['keywords'])} hits, " if rec.get("keywords") else ""
             parts.append(f"**{label}** ({hits}{rec.get('num_tokens', '?')} tokens, {rec.get('stop_reason', '')})\n\n"
-                         f"{_md_quote(rec['text'])}\n")
+                         f"{md_quote(rec['text'])}\n")
     return "\n".join(parts)
 
 
@@ -161,6 +184,9 @@ def render_html(summary: dict, generations: dict, title: str = "Evaluation") -> 
     s_table = _html_table(s_cols, [[html.escape("" if r[c] is None else str(r[c])) for c in s_cols] for r in srows])
     sources = "".join(f"<li>{html.escape(ck['label'])}: <code>{html.escape(_source(ck['ref']))}</code></li>"
                       for ck in summary["checkpoints"])
+    trows = task_rows(summary)
+    t_table = (f"<h2>Task accuracy</h2><p>{html.escape(TASKS_NOTE)}</p>" + _html_table(
+        list(trows[0]), [[html.escape(str(r[c])) for c in r] for r in trows])) if trows else ""
     labels = [ck["label"] for ck in summary["checkpoints"]]
     body = []
     for p in summary["prompts"]:
@@ -187,5 +213,5 @@ def render_html(summary: dict, generations: dict, title: str = "Evaluation") -> 
     return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>"
             f"<p>Decoding: {esc('decoding')}, device {esc('device')} ({esc('decode_path')} path)</p>"
-            f"<h2>Checkpoints</h2>{s_table}<ul>{sources}</ul><h2>Answers per prompt</h2>"
+            f"<h2>Checkpoints</h2>{s_table}<ul>{sources}</ul>{t_table}<h2>Answers per prompt</h2>"
             + "".join(body) + "</body></html>")

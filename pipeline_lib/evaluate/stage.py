@@ -1,11 +1,12 @@
-"""The evaluate stage: fixed prompts and held-out perplexity for several checkpoints, side by side.
+"""The evaluate stage: fixed prompts, held-out perplexity and task accuracy for several checkpoints, side by side.
 
 What `run_evaluate_stage(run, checkpoints=None, tokenizer_path=None, heldout_dir=None, ...)` does
 (stage contract, pipeline_lib.runtime.contract):
 1. loads and checks the prompt sets (evaluate.prompt_files) in this process;
 2. runs `python -m pipeline_lib.evaluate.worker` (runtime.worker; MindSpore lives only there; launcher
    timeout = training.timeout_seconds), which writes `<label>/generations.jsonl` per checkpoint and
-   returns perplexity, keyword hits and speed per checkpoint;
+   returns perplexity, keyword hits, speed and the accuracy of each task of evaluate.tasks (loglik_tasks.py)
+   per checkpoint;
 3. writes `metrics.json` (prompts + per-checkpoint results), `report.md` and `report.html`
    (answers side by side per prompt) and returns them as outputs. Its metrics carry the inputs it
    consumed (`inputs`: checkpoints, tokenizer, held-out folder, prompt file digests), the tables
@@ -43,6 +44,7 @@ from ..runtime.worker import as_log, run_worker
 from . import report as rep
 from .prompts import load_prompt_sets, resolve_prompt_file
 from .reference import heldout_name
+from .loglik_tasks import load_task_sets
 
 STAGE = "evaluate"
 MARKDOWN_LIMIT = 60_000  # characters of the report kept in the manifest for the UI
@@ -93,6 +95,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
         work = Path(tmp)
         cache = work / "inputs"
         labels = list(checkpoints)
+        task_files = [localize(t, cache, paths.endpoint_url) for t in cfg.evaluate.tasks]
+        tasks = load_task_sets(task_files, cfg.evaluate.tasks)  # checked here, before the worker starts
         items = [{"label": label, "dir": d, "ref": localize_ref(checkpoints[label], cache, paths.endpoint_url)}
                  for label, d in zip(labels, _dir_names(labels))]
         target = device_target(cfg)
@@ -104,8 +108,9 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
                    "formats": prompt_formats or {}, "check_generate": check_generate,
                    "reference_sets": [localize(r, cache, paths.endpoint_url) for r in cfg.evaluate.reference_sets],
                    "reference_heldout": {heldout_name(f): localize(f, cache, paths.endpoint_url)
-                                         for f in cfg.evaluate.reference_heldout}}
-        emit(f"evaluate: {len(items)} checkpoints x {len(prompts)} prompts on {target}")
+                                         for f in cfg.evaluate.reference_heldout},
+                   "tasks": task_files, "task_names": list(cfg.evaluate.tasks)}
+        emit(f"evaluate: {len(items)} checkpoints x {len(prompts)} prompts, {len(tasks)} task(s) on {target}")
         if progress:
             progress("evaluate", 0, len(items))
         started = time.time()
@@ -116,7 +121,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
                    "decoding": cfg.evaluate.decoding, "max_new_tokens": cfg.evaluate.max_new_tokens,
                    "temperature": cfg.evaluate.temperature, "top_k": cfg.evaluate.top_k, "top_p": cfg.evaluate.top_p,
                    "seed": cfg.run.seed, "heldout_dir": heldout_dir, "tokenizer": tokenizer_path,
-                   "prompts": [p.to_json() for p in prompts], "checkpoints": result["checkpoints"],
+                   "prompts": [p.to_json() for p in prompts], "tasks": [t.to_json() for t in tasks],
+                   "task_batch_size": cfg.evaluate.task_batch_size, "checkpoints": result["checkpoints"],
                    "seconds": round(time.time() - started, 2)}
         (folder.local / "metrics.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False), encoding="utf-8")
         gens = rep.load_generations(folder.local, summary)
@@ -130,7 +136,7 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
     inputs = {"checkpoints": {i["label"]: checkpoints[i["label"]] for i in items}, "tokenizer": tokenizer_path,
               "heldout_dir": heldout_dir, "prompt_files": _sha_files(cfg.evaluate.prompt_files),
               "reference_sets": _sha_files(cfg.evaluate.reference_sets),
-              "reference_heldout": list(cfg.evaluate.reference_heldout)}
+              "reference_heldout": list(cfg.evaluate.reference_heldout), "tasks": _sha_files(cfg.evaluate.tasks)}
     emit(f"evaluate: done in {summary['seconds']} s -> {folder.uri}")
     # the consumed inputs stay in the metrics: the manifest's own `inputs` are the registry's upstream fingerprints
     return StageOutput(outputs, {"checkpoints": rep.summary_rows(summary), "device": summary["device"],

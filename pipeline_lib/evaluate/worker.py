@@ -3,8 +3,10 @@
 Launched by stage.run_evaluate_stage (runtime.worker.run_worker); imports MindSpore. One network is built
 (batch = evaluate.batch_size, length = model.seq_length) and every checkpoint's weights are loaded
 into it in turn, so the graph compiles once. Per checkpoint it writes `<label>/generations.jsonl`
-(one line per prompt: prompt id, checkpoint, text, tokens, time, stop reason, keyword hits) and
-computes held-out perplexity. A checkpoint with a LoRA adapter (instruction-tuned) is prompted with
+(one line per prompt: prompt id, checkpoint, text, tokens, time, stop reason, keyword hits),
+computes held-out perplexity and scores the tasks of evaluate.tasks by log-likelihood (loglik_tasks.py; the
+same network called at evaluate.task_batch_size rows: a second compiled graph, the weights shared),
+one record per item in `<label>/tasks.jsonl`. A checkpoint with a LoRA adapter (instruction-tuned) is prompted with
 the SFT chat template, the others with BOS + the raw prompt (request "formats" overrides per label);
 prompts too long for max_new_tokens keep BOS and their tail (decoding.truncate_prompt).
 
@@ -91,6 +93,29 @@ def _decode_checkpoint(net, fn, prompts, codec, cfg, req, label, fmt, out_path: 
             "tokens_per_second": round(n_tokens / decode_time, 2) if decode_time else None}
 
 
+def _score_tasks(task_fn, tasks, encoded: dict, codec, cfg, fmt: str, out_path: Path, label: str) -> dict:
+    """Accuracy per task by log-likelihood (loglik_tasks.py); one record per item in `<label>/tasks.jsonl`."""
+    from .loglik_tasks import encode_task, score_task, sequence_logliks
+
+    seq = cfg.model.seq_length
+    if fmt not in encoded:
+        encoded[fmt] = [encode_task(t, codec, fmt, seq, cfg.sft.system_prompt) for t in tasks]
+    results = {}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "w", encoding="utf-8") as fh:
+        for task, seqs in zip(tasks, encoded[fmt]):
+            t0 = time.time()
+            logliks = sequence_logliks(task_fn, seqs, seq, codec.pad_id, cfg.evaluate.task_batch_size)
+            result, records = score_task(task, seqs, logliks)
+            result["seconds"] = round(time.time() - t0, 3)
+            results[task.name] = result
+            for rec in records:
+                fh.write(json.dumps({**rec, "checkpoint": label}, ensure_ascii=False) + "\n")
+            progress(f"{label}: task {task.name} accuracy {result['accuracy']:.3f} ({result['correct']}/"
+                     f"{result['items']}, {len(seqs)} sequences in {result['seconds']} s)")
+    return results
+
+
 def run(req: dict) -> dict:
     from ..config.load import config_from_dict
     from ..model.llama import prepare_env
@@ -124,6 +149,12 @@ def run(req: dict) -> dict:
     net = build_llama(cfg, batch_size=cfg.evaluate.batch_size, seq_length=cfg.model.seq_length, target=target,
                       token_ids=codec.ids)
     fn = fixed_batch(logits_fn(net), cfg.evaluate.batch_size, codec.pad_id)
+    from .loglik_tasks import load_task_sets
+
+    tasks = load_task_sets(req.get("tasks", []), req.get("task_names"))
+    # the same network at the tasks' own (larger) batch: a second compiled graph sharing the weights
+    task_fn = fixed_batch(logits_fn(net), cfg.evaluate.task_batch_size, codec.pad_id)
+    encoded_tasks: dict = {}  # prompt format -> sequences per task, encoded once
     state = {"use_generate": target != "CPU" and cfg.evaluate.decoding == "greedy"}
     results = []
     for item in req["checkpoints"]:
@@ -146,6 +177,9 @@ def run(req: dict) -> dict:
                               for name, ref_rows in references.items()}
         for name, result in entry["reference"].items():
             progress(f"{label}: reference {name} perplexity {result['perplexity']:.3f} on {result['tokens']} tokens")
+        if tasks:
+            entry["tasks"] = _score_tasks(task_fn, tasks, encoded_tasks, codec, cfg, fmt,
+                                          out_dir / item["dir"] / "tasks.jsonl", label)
         entry["seconds"] = round(time.time() - started, 2)
         results.append(entry)
         killpoints.reached("evaluate.between_checkpoints")

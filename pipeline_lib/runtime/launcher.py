@@ -7,6 +7,9 @@ What `launch(command, cwd=..., timeout_s=...)` owns:
 - the timeout: when `timeout_s` passes, every process ever seen in the tree is killed
   (process_tree.kill_tree: SIGTERM, SIGKILL after `grace_s`); a Prefect task timeout would not do it, it
   does not kill Popen children. Processes still alive after the child exited are killed as well;
+- the watchdog: `watchdog()` runs every `watch_s`; when it returns lines (e.g. train.hang: no rank finished a step
+  for too long) they are logged as the launcher's and the tree is killed as for the timeout; `stopped` holds the
+  first line;
 - log streaming: every stdout/stderr line, and every line of the extra sources `follow` returns (e.g.
   msrun's per-worker log files), goes to `on_line` in the caller's thread (Prefect's run logger works
   there) and into the result's tails; `on_tick()` runs every `tick_s` between reads;
@@ -56,14 +59,17 @@ class LaunchResult:
     tails: dict[str, list[str]] = field(default_factory=dict)  # last lines per source: output, launcher, worker_N
     peak_rss_bytes: int = 0
     leftover_killed: int = 0  # processes still alive after the main child exited (then killed)
+    stopped: str | None = None  # the watchdog's first line when it stopped the child
     memory: MemoryEvidence | None = None  # OOM-kill count before/after, last tree RSS, limit
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.returncode == 0 and not self.timed_out and self.stopped is None
 
     def how(self, what: str = "timeout_s") -> str:
         """'timed out after Ns (<what>); the whole process tree was killed' or 'exited with code N after Ts'."""
+        if self.stopped is not None:
+            return f"was stopped by the watchdog after {self.duration_s:.1f}s; the whole process tree was killed"
         if self.timed_out:
             return f"timed out after {self.timeout_s:g}s ({what}); the whole process tree was killed"
         return f"exited with code {self.returncode} after {self.duration_s:.1f}s"
@@ -81,6 +87,7 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
            on_line: Callable[[str], None] | None = None, env: dict[str, str] | None = None,
            log_dir: str | Path | None = None, follow: Callable[[bool], list[tuple[str, str]]] | None = None,
            on_tick: Callable[[], None] | None = None, tick_s: float = 5.0, grace_s: float = 10.0,
+           watchdog: Callable[[], list[str] | None] | None = None, watch_s: float = 1.0,
            tail_lines: int = 60, parent_death_signal: int = signal.SIGTERM,
            output_name: str = "output") -> LaunchResult:
     """Run `command` to completion or timeout (see the module docstring); returns a LaunchResult.
@@ -118,8 +125,8 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
         tails.setdefault(source, collections.deque(maxlen=tail_lines)).append(line)
         emit_line(line)
 
-    timed_out, stdout_done, exited_at, leftover = False, False, None, 0
-    next_follow = next_tick = start
+    timed_out, stdout_done, exited_at, leftover, stopped = False, False, None, 0, None
+    next_follow = next_tick = next_watch = start
     try:
         while True:
             try:
@@ -145,13 +152,22 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
             # A leftover grandchild can hold stdout open after the child exits: stop waiting after 2 s.
             if exited_at is not None and (stdout_done or now - exited_at > 2.0):
                 break
+            if watchdog is not None and exited_at is None and now >= next_watch:
+                said = watchdog()
+                next_watch = now + watch_s
+                if said:
+                    for line in said:
+                        emit(line, "launcher")
+                    stopped = said[0]
+                    kill_tree(proc, sampler, grace_s)
+                    break
             if timeout_s is not None and now - start > timeout_s:
                 timed_out = True
                 emit(f"[launcher] timeout {timeout_s:g}s reached: terminating the process tree of pid {proc.pid}",
                      "launcher")
                 kill_tree(proc, sampler, grace_s)
                 break
-        if not timed_out:
+        if not (timed_out or stopped):
             leftover = sum(1 for p in sampler.seen_processes() if p.pid != proc.pid and alive(p))
             if leftover:
                 emit(f"[launcher] {leftover} process(es) outlived pid {proc.pid}: killing them", "launcher")
@@ -177,7 +193,7 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
         for source, line in follow(True):
             emit(line, source)
     memory.finish(sampler.last_rss_bytes)
-    if proc.returncode != 0 and not timed_out:
+    if proc.returncode != 0 and not timed_out and stopped is None:  # our own kill is not evidence of anything
         killed = proc.returncode in SIGKILL_CODES
         oom, why = memory.verdict(rss=killed)  # high RSS says OOM only of a kill, not of any failure
         if killed or oom:
@@ -187,7 +203,7 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
     return LaunchResult(command=command, returncode=proc.returncode, timed_out=timed_out,
                         duration_s=time.monotonic() - start, timeout_s=timeout_s, tail=list(tail),
                         tails={k: list(v) for k, v in tails.items()}, peak_rss_bytes=sampler.peak_rss_bytes,
-                        leftover_killed=leftover, memory=memory)
+                        leftover_killed=leftover, memory=memory, stopped=stopped)
 
 
 def launch_module(module: str, args: Sequence[str] = (), **options) -> LaunchResult:

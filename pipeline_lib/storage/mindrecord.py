@@ -1,6 +1,6 @@
 """MindRecord files of int32 columns (the format mindformers trains from), written and read back.
 
-The data stage writes pretraining shards ({input_ids}) and SFT writes its rows ({input_ids, labels})
+The data stage writes pretraining shards ({input_ids}, + attention_mask with data.packing.document_mask) and SFT writes its rows ({input_ids, labels})
 through `write_mindrecord_columns`. FileWriter writes <name> and <name>.db and records the name inside
 both, so a file is written under its final name in a temporary folder and then moved into place, .db
 first: a .mindrecord file present means it is complete. `read_mindrecord_columns` reads files back
@@ -39,7 +39,7 @@ def write_mindrecord_columns(path: str | Path, columns: dict[str, np.ndarray], d
         if page_sizes_ is not None:
             writer.set_page_size(page_sizes_[0])
             writer.set_header_size(page_sizes_[1])
-        writer.add_schema({name: {"type": "int32", "shape": [-1]} for name in names}, description)
+        writer.add_schema({name: {"type": "int32", "shape": _row_shape(columns[name])} for name in names}, description)
         _write_rows(writer, columns, n)
         killpoints.reached("data.mindrecord.mid_file")
         writer.commit()
@@ -49,6 +49,12 @@ def write_mindrecord_columns(path: str | Path, columns: dict[str, np.ndarray], d
         shutil.rmtree(tmp_dir, ignore_errors=True)
     killpoints.reached("data.mindrecord.between_files")
     return path
+
+
+def _row_shape(column: np.ndarray) -> list[int]:
+    """A column of vectors is stored as int32[-1] (MindDataset reads back their length); a column of
+    matrices (the document attention mask) keeps its fixed row shape, which the batch passes on."""
+    return [-1] if np.ndim(column) <= 2 else [int(d) for d in np.shape(column)[1:]]
 
 
 _BATCH_ROWS = 2000

@@ -10,10 +10,16 @@ What:
   this one, e.g. a checkpoint save; None for an attempt's first step). The MindSpore 2.9 profiler on CPU records
   op times and memory but no step boundaries or dataset waits, so this split is measured here. A resumed
   trainer's first record supersedes the earlier attempt's rows from its step on (`metrics.MetricsFile`).
+- `PipelineMetrics` also writes every rank's heartbeat (`heartbeat/rank_N.json`: last finished step, the step
+  under way, pid, host; train.heartbeat) at train begin, each step's begin and end, and train end: the hang
+  watchdog's input.
 - `LossGuard` stops training at the first step whose loss is not finite, or exceeds `spike_factor` x the
   mean of the previous `window` finite losses. It writes `<output_dir>/guard/rank_N.json` (step, loss, the
-  running mean, lr, loss scale, global norm and the dataset rows of the batch, see `metrics.batch_rows`) and
-  raises `LossGuardError`, so the process exits non-zero and the launcher raises `GuardTripped`.
+  running mean, lr, loss scale, global norm, the dataset rows of the batch and the source documents packed in them)
+  and raises `LossGuardError`, so the process exits non-zero and the launcher raises `GuardTripped`. The rows are
+  found by the batch's content in the train MindRecord files (train.batch_docs; exact also with training.shuffle
+  on), the documents through the data stage's rows-to-documents sidecars; unshuffled, `metrics.batch_rows` gives
+  the rows by position as well.
 
 Both are registered with mindformers (module type CALLBACK): the run yaml lists them (`metrics.
 training_callbacks`) and the trainer process must import this module before building the Trainer.
@@ -49,6 +55,7 @@ from mindspore.train.callback import Callback, ModelCheckpoint
 
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 
+from .heartbeat import Heartbeat
 from .metrics import LossRule, MetricsFile, batch_rows, guard_diagnosis_path, metrics_path
 
 INJECT_NAN_ENV = "LLM_PIPELINE_INJECT_NAN_STEP"
@@ -155,6 +162,7 @@ class PipelineMetrics(_BeforeCheckpoint):
             raise ValueError(f"tokens_per_step={tokens_per_step!r}: must be > 0 or None")
         self.output_dir, self.tokens_per_step, self.all_ranks = output_dir, tokens_per_step, all_ranks
         self.file: MetricsFile | None = None
+        self.heartbeat: Heartbeat | None = None
         self._t0 = time.perf_counter()
         self._last_end: float | None = None  # when the previous step's record was taken (None: first step)
         self._wait_ms: float | None = None
@@ -162,12 +170,16 @@ class PipelineMetrics(_BeforeCheckpoint):
     def on_train_begin(self, run_context):
         super().on_train_begin(run_context)
         rank, world = rank_and_size()
+        self.heartbeat = Heartbeat(self.output_dir, rank)
+        self.heartbeat.begin(self.step_offset)
         # metrics.jsonl is the loss rank's (a last-stage rank under pipeline parallel: LossRule)
         loss_rank = self.rule.loss_rank(world)
         if rank == loss_rank or self.all_ranks:
             self.file = MetricsFile(metrics_path(self.output_dir, 0 if rank == loss_rank else rank))
 
     def on_train_step_begin(self, run_context):
+        if self.heartbeat is not None:
+            self.heartbeat.step_begins(self.data_step(run_context.original_args()))
         self._t0 = time.perf_counter()
         # between the previous step's end and this begin: the next batch from the dataset pipeline, plus the
         # callbacks that run after this one (checkpoint saving on save steps, the loss monitor's log line)
@@ -183,9 +195,11 @@ class PipelineMetrics(_BeforeCheckpoint):
         return rows * (length - 1) * rank_and_size()[1]  # rows hold seq_length + 1 tokens
 
     def step_end_once(self, run_context):
+        cb = run_context.original_args()
+        if self.heartbeat is not None:
+            self.heartbeat.step_ends(self.data_step(cb))
         if self.file is None:
             return
-        cb = run_context.original_args()
         out = step_outputs(cb.net_outputs)  # reading the loss waits for the step: time after it
         ms = (time.perf_counter() - self._t0) * 1000
         out["loss_raw"], out["loss"] = out["loss"], self.rule.normalise(out["loss"])
@@ -198,6 +212,8 @@ class PipelineMetrics(_BeforeCheckpoint):
         self._last_end = time.perf_counter()
 
     def on_train_end(self, run_context):
+        if self.heartbeat is not None:
+            self.heartbeat.train_ends()
         if self.file is not None:
             self.file.close()
 
@@ -210,9 +226,11 @@ class LossGuard(_BeforeCheckpoint):
 
     def __init__(self, output_dir: str, spike_factor: float = 5.0, window: int = 20, batch_size: int | None = None,
                  data_parallel: int | None = None, num_rows: int | None = None, initial_step: int | None = None,
-                 shuffle_seed: int | None = None, loss_rule: dict | None = None, **kwargs):
+                 shuffle_seed: int | None = None, loss_rule: dict | None = None, dataset_dir: str | None = None,
+                 **kwargs):
         super().__init__(initial_step)
         self.rule = LossRule(**(loss_rule or {}))
+        self.dataset_dir = dataset_dir  # the train MindRecord files and their sidecars: the batch's documents
         self.shuffle_seed = shuffle_seed  # set when the dataset is shuffled: file rows cannot be named then
         if spike_factor <= 1:
             raise ValueError(f"spike_factor={spike_factor!r}: must be > 1 (training.guard.spike_factor)")
@@ -267,12 +285,23 @@ class LossGuard(_BeforeCheckpoint):
         dp = self.data_parallel or world
         # rank % dp: with model/pipeline parallel several ranks share a data shard; with full_batch
         # (semi-auto parallel) the yaml passes data_parallel=1 and every rank reads the whole batch.
-        rows = None
+        rows, found, docs, lookup_error = None, None, None, None
+        if ids is not None and ids.ndim == 2 and self.dataset_dir:
+            try:
+                from .batch_docs import documents, find_rows
+
+                found = find_rows(self.dataset_dir, ids)
+                docs = documents(self.dataset_dir, [hit for hits in found for hit in hits])
+            except Exception as err:  # naming the documents must never hide the trip itself
+                lookup_error = f"{type(err).__name__}: {err}"
         if self.shuffle_seed is not None:
-            # MindDataset's seeded shuffle is not reproducible outside its pipeline: name the position instead.
-            where = (f"a shuffled batch (training.shuffle, seed {self.shuffle_seed}): batch "
-                     f"{(step - 1) % int(cb.batch_num) + 1} of epoch {int(cb.cur_epoch_num)} (set "
-                     "training.shuffle=false to get its file rows)")
+            position = (f"a shuffled batch (training.shuffle, seed {self.shuffle_seed}): batch "
+                        f"{(step - 1) % int(cb.batch_num) + 1} of epoch {int(cb.cur_epoch_num)}")
+            if found is not None and all(found):
+                rows = sorted({hit["global_row"] for hits in found for hit in hits})
+                where = f"{position}, dataset rows {rows} (found by content)"
+            else:
+                where = f"{position} (its rows were not found by content: {lookup_error or 'no matching row'})"
         elif batch:
             rows = batch_rows(step, int(cb.batch_num), batch, dp, rank % dp, self.num_rows)
             where = f"dataset rows {rows}"
@@ -284,6 +313,7 @@ class LossGuard(_BeforeCheckpoint):
         diag = {"reason": reason, "message": message, "step": step, "epoch": int(cb.cur_epoch_num),
                 "rank": rank, "world_size": world, **out, "running_mean": mean, "window": self.window,
                 "spike_factor": self.spike_factor, "batch_rows": rows, "batch_where": where,
+                "batch_found": found, "documents": docs, "documents_error": lookup_error,
                 "batch_head": ids[:4, :8].tolist() if ids is not None and ids.ndim == 2 else None,
                 "time": time.time()}
         path = guard_diagnosis_path(self.output_dir, rank)

@@ -9,6 +9,13 @@ What: `CPUTrainOneStepCell` is mindformers' `MFTrainOneStepCell` with two CPU fi
   rows (pretraining) the update equals the full-batch update; with masked SFT labels it is the mean of
   per-micro-batch means (as in most accumulation implementations).
 
+`cpu_barrier` stands in for `mindspore.communication.comm_func.barrier` on CPU: mindformers 1.9 calls that barrier
+when a multi-rank run resumes from a checkpoint (trainer/utils.py, utils/load_checkpoint_utils.py, ...), and MindSpore
+2.9 has no CPU kernel for it ("Unsupported op [Barrier] on CPU"; its pynative all_reduce fails the same way:
+"Create kernelmod for op InnerCommAllReduce failed"), while a graph-mode AllReduce of one value works (measured with
+two msrun CPU ranks). Importing this module routes those modules' `barrier` through it; on any other device target
+the original barrier runs.
+
 The generated yaml names it `runner_wrapper.type: CPUTrainOneStepCell`; `pipeline_lib.train.entry`
 imports this module on every rank before the Trainer builds the wrapper.
 
@@ -21,6 +28,10 @@ import mindspore.common.dtype as mstype
 from mindspore import ops
 from mindspore.common.tensor import Tensor
 from mindspore.context import ParallelMode
+
+import mindspore as ms
+from mindspore import nn
+from mindspore.communication import comm_func
 
 from mindformers.tools.register import MindFormerModuleType, MindFormerRegister
 from mindformers.wrapper.wrapper import MFTrainOneStepCell
@@ -81,3 +92,50 @@ class CPUTrainOneStepCell(MFTrainOneStepCell):
                 loss_sum = loss_sum + loss
                 grads_sum = self.hyper_map(ops.add, grads_sum, grads)
         return loss_sum / steps, grads_sum, self.accum_factor
+
+
+class _AllReduceOne(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.op = ops.AllReduce()
+
+    def construct(self, x):
+        return self.op(x)
+
+
+_ORIGINAL_BARRIER = comm_func.barrier
+_barrier_cell: _AllReduceOne | None = None
+
+
+def cpu_barrier(*args, **kwargs):
+    """Every rank waits here for every other (see the module docstring)."""
+    global _barrier_cell
+    if ms.get_context("device_target") != "CPU":
+        return _ORIGINAL_BARRIER(*args, **kwargs)
+    from mindspore.parallel._auto_parallel_context import auto_parallel_context
+
+    # mindformers may call it while full_batch is set outside (semi-)auto parallel, which refuses any graph compile
+    context = auto_parallel_context()
+    full_batch = context.get_full_batch()
+    context.set_full_batch(False)
+    try:
+        if _barrier_cell is None:
+            _barrier_cell = _AllReduceOne()
+        _barrier_cell(Tensor([1.0], mstype.float32)).asnumpy()  # asnumpy waits for the collective to finish
+    finally:
+        context.set_full_batch(full_batch)
+    return None
+
+
+def _route_barriers() -> None:
+    import importlib
+
+    comm_func.barrier = cpu_barrier  # mindformers/utils/parallel_utils.py looks it up there at call time
+    for name in ("mindformers.trainer.utils", "mindformers.utils.load_checkpoint_utils", "mindformers.version_control",
+                 "mindformers.core.callback.callback"):  # these imported the name itself
+        module = importlib.import_module(name)
+        if getattr(module, "barrier", None) is _ORIGINAL_BARRIER:
+            module.barrier = cpu_barrier
+
+
+_route_barriers()

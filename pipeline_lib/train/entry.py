@@ -1,7 +1,8 @@
 """Training entry point that runs inside the trainer process (one per rank under msrun).
 
 What: reads a yaml written by `pipeline_lib.train.mindformers_yaml`, points mindformers' and
-MindSpore's logs/dumps into the run's output_dir (before importing them), imports the CPU wrapper
+MindSpore's logs/dumps into the run's output_dir (before importing them), registers the Python stack dump on
+SIGUSR1 (train.heartbeat: the hang watchdog's stacks), imports the CPU wrapper
 shim and the pipeline's callbacks (StopAtStep, PipelineMetrics, LossGuard), then does what mindformers' run_mindformer.py does:
 `MindFormerConfig(yaml)` -> `build_context(cfg)` -> `Trainer(cfg).train()`.
 The LoRA finetune also goes through `train()`: the yaml carries `run_mode: finetune` and
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,11 +42,37 @@ def _prepare_env(output_dir: str) -> None:
     os.environ.setdefault("GLOG_v", "3")
 
 
+# mindformers imports every model it ships when it is imported; the PyNative trainers of DeepseekV3 and Qwen3
+# (models/deepseek3/modeling_deepseek_v3.py, models/qwen3/modeling_qwen3.py) need the `hyper_parallel` package,
+# which this stack does not install and the Llama we train does not use: each import warns, in every trainer.
+UNUSED_MODEL_IMPORT = re.compile(r"^Import PyNative\w+ForCausalLM failed: No module named 'hyper_parallel'")
+
+
+class _UnusedModelImports(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not UNUSED_MODEL_IMPORT.match(str(record.msg))
+
+
+def quiet_unused_model_imports() -> None:
+    """Drop those two warnings at their source: mindformers' logger is `logging.getLogger("mindformers" +
+    LOG_MF_PATH)` (tools/logger.py get_logger, the path as tools/utils.py get_log_path expands it), so the logger
+    made here first, with the filter, is the one mindformers then configures and logs to. Every other warning of
+    mindformers stays. Call it after LOG_MF_PATH is set and before mindformers is imported."""
+    name = "mindformers" + os.path.expanduser(os.environ["LOG_MF_PATH"])
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _UnusedModelImports) for f in logger.filters):
+        logger.addFilter(_UnusedModelImports())
+
+
 def run(yaml_path: str) -> None:
     """Train with the run config at `yaml_path` (see the module docstring)."""
     t0 = time.time()
     raw = yaml.safe_load(Path(yaml_path).read_text(encoding="utf-8"))
     _prepare_env(raw.get("output_dir") or "./output")
+    quiet_unused_model_imports()
+    from pipeline_lib.train.heartbeat import register_stack_dump
+
+    register_stack_dump(raw.get("output_dir") or "./output")
     from mindformers import MindFormerConfig, Trainer, build_context  # noqa: E402 (env must be set first)
 
     import pipeline_lib.train.callbacks  # noqa: F401  (registers PipelineMetrics and LossGuard)

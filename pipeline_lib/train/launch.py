@@ -13,8 +13,9 @@ Why the kill is a tree kill: msrun starts each worker with `setsid`, so killing 
 leaves the workers running; the launcher kills every process it has seen in the tree. The parent-death
 signal is SIGINT for msrun (its handler kills the workers), SIGTERM otherwise.
 
-Raises `TrainingLaunchError` (exit code != 0), `TrainingTimeout` (timeout) or `GuardTripped` (the loss guard
-stopped training; carries its diagnosis) when `check=True`, each with the last log lines; `ValueError` for a
+Raises `TrainingLaunchError` (exit code != 0), `TrainingTimeout` (timeout), `TrainingHang` (the hang watchdog,
+train.hang, stopped it; carries its report) or `GuardTripped` (the loss guard stopped training; carries its
+diagnosis) when `check=True`, each with the last log lines; `ValueError` for a
 parallel layout that does not match the device count.
 """
 from __future__ import annotations
@@ -44,6 +45,14 @@ class TrainingLaunchError(RuntimeError):
 
 class TrainingTimeout(TrainingLaunchError):
     """The launcher-side timeout expired and the whole process tree was killed."""
+
+
+class TrainingHang(TrainingLaunchError):
+    """The hang watchdog saw no finished step for too long and the tree was killed; `.report` is train.hang's."""
+
+    def __init__(self, message: str, result: "LaunchResult", report: dict | None):
+        super().__init__(message, result)
+        self.report = report or {}
 
 
 class GuardTripped(TrainingLaunchError):
@@ -129,12 +138,13 @@ class _LogTailer:
 def launch(command: Sequence[str], *, log: Callable[[str], None], cwd: str | Path, timeout_s: float,
            log_dir: str | Path | None = None, env: dict[str, str] | None = None, grace_s: float = 10.0,
            tail_lines: int = 60, on_tick: Callable[[], None] | None = None, tick_s: float = 5.0,
-           guard_dir: str | Path | None = None, check: bool = True) -> LaunchResult:
+           guard_dir: str | Path | None = None, check: bool = True, watchdog=None) -> LaunchResult:
     """Run the trainer `command` to completion or timeout (see the module docstring); returns a LaunchResult.
 
     `env`: variables over runtime.env.subprocess_env's. `log_dir` is msrun's log folder to follow; `guard_dir`
     is where the loss guard writes its diagnosis (the run's output_dir): when training fails and one exists,
     `GuardTripped` is raised with it. With `check=False` failures are returned instead of raised.
+    `watchdog`: a train.hang.HangWatchdog (or any callable the launcher polls, see runtime.launcher).
     If `log` or `on_tick` raises, the tree is killed and the exception propagates.
     """
     command = [str(c) for c in command]
@@ -147,12 +157,14 @@ def launch(command: Sequence[str], *, log: Callable[[str], None], cwd: str | Pat
     result = launch_process(command, cwd=cwd, timeout_s=timeout_s, on_line=log, env=env, follow=follow,
                             on_tick=on_tick, tick_s=tick_s, grace_s=grace_s, tail_lines=tail_lines,
                             parent_death_signal=signal.SIGINT if is_msrun else signal.SIGTERM,
-                            output_name="trainer output")
+                            output_name="trainer output", watchdog=watchdog)
     if check and not result.ok:
         message = result.describe("trainer", "training.timeout_seconds")
         # only this launch's diagnoses: an earlier attempt may have left one in the same folder
         diagnoses = read_guard_diagnoses(guard_dir, since=wall_start) if guard_dir is not None else []
         if diagnoses:
             raise GuardTripped(diagnoses[0]["message"] + "\n" + message, result, diagnoses)
+        if result.stopped is not None:
+            raise TrainingHang(result.stopped + "\n" + message, result, getattr(watchdog, "report", None))
         raise (TrainingTimeout if result.timed_out else TrainingLaunchError)(message, result)
     return result

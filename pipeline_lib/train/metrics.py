@@ -260,12 +260,13 @@ def batch_rows(step: int, steps_per_epoch: int, batch_size: int, data_parallel: 
 
 def training_callbacks(output_dir: str | Path, *, tokens_per_step: int, batch_size: int, data_parallel: int,
                        num_rows: int | None = None, spike_factor: float = 5.0, window: int = 20,
-                       shuffle_seed: int | None = None) -> list[dict]:
+                       shuffle_seed: int | None = None, dataset_dir: str | Path | None = None) -> list[dict]:
     """yaml `callbacks` entries for PipelineMetrics and LossGuard (append them to the run config's list).
 
     `batch_size` is the per-rank dataset batch (micro batch x accumulation on CPU); with `num_rows` the guard
-    names the exact MindRecord rows of a bad batch (only with the dataset unshuffled: pass `shuffle_seed` when
-    training.shuffle is on, and the guard names the batch's position instead). With `full_batch: True` (semi-auto parallel) every rank
+    names the MindRecord rows of a bad batch by position (only with the dataset unshuffled: pass `shuffle_seed` when
+    training.shuffle is on); with `dataset_dir` (the train MindRecord folder) it finds them by content, shuffled or
+    not, and names the source documents packed in them (train.batch_docs). With `full_batch: True` (semi-auto parallel) every rank
     reads the whole global batch: pass data_parallel=1 and the dataset's batch size. The trainer process must import
     `pipeline_lib.train.callbacks` before building the Trainer (that registers both types with mindformers).
     """
@@ -274,4 +275,5 @@ def training_callbacks(output_dir: str | Path, *, tokens_per_step: int, batch_si
             {"type": "LossGuard", "output_dir": out, "spike_factor": float(spike_factor), "window": int(window),
              "batch_size": int(batch_size), "data_parallel": int(data_parallel),
              "num_rows": None if num_rows is None else int(num_rows),
-             "shuffle_seed": None if shuffle_seed is None else int(shuffle_seed)}]
+             "shuffle_seed": None if shuffle_seed is None else int(shuffle_seed),
+             "dataset_dir": None if dataset_dir is None else str(dataset_dir)}]

@@ -5,7 +5,10 @@ What: `build_run_config(cfg, stage=..., dataset_dir=..., output_dir=...)` return
 `run_mindformer.py`) runs; `write_run_yaml(cfg, path, run, stage=...)` writes such a dict once (with a
 header stating the command and the batch/step arithmetic) into the run folder. Stage "pretrain" is `run_mode: train` over packed
 `input_ids`; stage "sft" is a LoRA finetune (`pet_config` under `model.model_config`,
-`run_mode: finetune`, `load_checkpoint` = the base checkpoint, columns `input_ids` + `labels`).
+`run_mode: finetune`, `load_checkpoint` = the base checkpoint, columns `input_ids` + `labels`). With
+data.packing.document_mask the pretrain columns are `input_ids` + `attention_mask`: mindformers 1.9 passes the
+dataset's columns to the network by name (trainer/base_trainer.py:925-926 -> wrapper/wrapper.py:444-449
+DataOrderWrapperCell), so the mask reaches LlamaForCausalLM's `attention_mask` argument.
 
 One code path for CPU and Ascend: on CPU only the measured overrides change (config/platform.py), the run
 is data parallel (`parallel_mode: 0`), the wrapper is `CPUTrainOneStepCell` (IsFinite overflow
@@ -34,7 +37,7 @@ at :488; load_ckpt -> get_load_checkpoint_result loads the file whole, :692-696,
 MindSpore slices every parameter that holds data to this rank's piece when it compiles (mindspore/parallel/
 _utils.py:231 `_slice_parameter` -> `_load_tensor_by_layout`, :257/:270). `auto_trans_ckpt: True` is for the
 other case, shards of another strategy (src_strategy_path_or_dir, :507-523). A path with `rank_<N>` anywhere in
-it is not "full" to mindformers (:546-556, the regex `rank_\d+`): it would be loaded after compile into the
+it is not "full" to mindformers (:546-556, the regex `rank_[0-9]+`): it would be loaded after compile into the
 already-sliced parameters, so `sft_base_path_issue` refuses it for a sharded SFT.
 
 Limits: no eval dataset/processor sections (evaluation runs elsewhere). SFT has its own steps, learning
@@ -57,7 +60,7 @@ import yaml
 
 from ..config.platform import CPU_RUNNER_OVERRIDES, device_target
 from ..config.schema import PipelineConfig, global_batch, sft_accumulation
-from ..config.validate import lora_model_name
+from ..config.validate import document_mask_issues, lora_model_name
 from ..model.llama import llama_model_config
 from ..model.token_ids import configured_ids
 
@@ -210,6 +213,12 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
 
     parallel, parallel_config = _parallel(cfg, on_cpu, accum)
     columns = ["input_ids", "labels"] if stage == "sft" else ["input_ids"]
+    if stage == "pretrain" and cfg.data.packing.document_mask:
+        issues = document_mask_issues(cfg, target)
+        if issues:
+            raise ValueError("; ".join(str(i) for i in issues))
+        # fed by name (train_dataset.input_columns = construct_args_key) to LlamaForCausalLM(attention_mask=...)
+        columns.append("attention_mask")
     name = lora_model_name(cfg) if stage == "sft" else cfg.model.name
     wrapper = {"type": CPU_WRAPPER if on_cpu else "MFTrainOneStepCell", "scale_sense": _loss_scale(cfg),
                "use_clip_grad": True, "max_grad_norm": float(t.grad_clip)}

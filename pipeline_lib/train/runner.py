@@ -4,8 +4,10 @@
 - `local_ranks(cfg, rank)`: the global ranks node `rank` runs (its rank: runtime.nodes.node_rank).
 - `launch_trainer(cfg, yaml, out, ...)`: build_command + launch in its own process group with timeout
   training.timeout_seconds, logs/dumps of the trainer under `out` (GLOG_v=3, LOG_MF_PATH, MS_OM_PATH), msrun logs
-  followed in `out/msrun`, the guard's diagnosis read from `out`. A trainer killed by a signal raises
-  `TrainerKilled`, which is also a `stages.TransientError`: the retry resumes from the last checkpoint.
+  followed in `out/msrun`, the guard's diagnosis read from `out`, the hang watchdog (train.hang, limit
+  training.hang_timeout_s) watching this node's ranks' heartbeats. A trainer killed by a signal raises
+  `TrainerKilled`, which is also a `stages.TransientError`: the retry resumes from the last checkpoint; a hang
+  raises `TrainingHang` (the session decides whether to resume).
 - `resume_fields(ckpt)`: mindformers 1.9 resumes only from a checkpoint FOLDER (`load_checkpoint: <dir>`; a file path
   fails in `is_hf_checkpoint` with "checkpoint_path is not a directory") and picks the file by
   `resume_training: <name>` (each rank its own, rank id replaced), so the run resumes from exactly the verified
@@ -34,7 +36,8 @@ from ..runtime.contract import TransientError
 from ..runtime.launcher import LaunchResult, launch_module
 from ..storage import store_for
 from .checkpoints import CheckpointManager, list_checkpoints
-from .launch import ENTRY_MODULE, GuardTripped, TrainingLaunchError, build_command, launch
+from .hang import HangWatchdog
+from .launch import ENTRY_MODULE, GuardTripped, TrainingHang, TrainingLaunchError, build_command, launch
 from .metrics import METRICS_FILE
 
 VERIFY_DUTY = 0.05      # share of wall time checkpoint verification may take while the trainer runs
@@ -43,7 +46,8 @@ VERIFY_MIN_GAP_S = 30.0
 
 
 class TrainerKilled(TrainingLaunchError, TransientError):
-    """The trainer was killed by a signal (node lost, OOM killer): a retry resumes from the last checkpoint."""
+    """The trainer was killed by a signal (node lost, OOM killer): transient unless the doctor says otherwise; a
+    retry or a rerun of the run id resumes from the last verified checkpoint."""
 
 
 def local_ranks(cfg, rank: int) -> list[int]:
@@ -54,20 +58,22 @@ def local_ranks(cfg, rank: int) -> list[int]:
 
 
 def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None, env: dict[str, str] | None = None,
-                   entry_module: str = ENTRY_MODULE) -> LaunchResult:
-    """Run the trainer on `yaml_path` (output_dir `out`) to completion; see the module docstring."""
+                   entry_module: str = ENTRY_MODULE, attempt: int = 1) -> LaunchResult:
+    """Run the trainer on `yaml_path` (output_dir `out`) to completion; see the module docstring. `attempt` numbers
+    the hang watchdog's stacks file."""
     command = build_command(cfg.parallel, yaml_path, node_rank=rank, log_dir=out / "msrun", entry_module=entry_module)
     env = {"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om"), **(env or {})}
+    watchdog = HangWatchdog(out, local_ranks(cfg, rank), cfg.training.hang_timeout_s, attempt=attempt)
     try:
         return launch(command, log=log, cwd=out / "cwd", timeout_s=cfg.training.timeout_seconds,
-                      log_dir=out / "msrun", env=env, on_tick=on_tick, guard_dir=out)
-    except GuardTripped:
+                      log_dir=out / "msrun", env=env, on_tick=on_tick, guard_dir=out, watchdog=watchdog)
+    except (GuardTripped, TrainingHang):
         raise
     except TrainingLaunchError as err:
         rc = err.result.returncode
         if rc is not None and rc < 0 and not err.result.timed_out:
-            raise TrainerKilled(f"the trainer was killed by signal {-rc}; a retry resumes from the last verified "
-                                f"checkpoint\n{err}", err.result) from None
+            # what happens next (a retry, or not) is the caller's to say: it knows the retry policy and what is left
+            raise TrainerKilled(f"the trainer was killed by signal {-rc}\n{err}", err.result) from None
         raise
 
 

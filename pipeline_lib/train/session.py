@@ -16,7 +16,10 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   (`name` for the fresh start, `resume_name` for a resume) written for it. Resumes from `latest`, syncs checkpoints
   on each tick (runner.CheckpointTicker: CPU budget, tolerates a checkpoint rotated away mid-check) and after
   each attempt; the loss guard's diagnosis (runner.describe_guard with the stage's name) stops the stage, or
-  with a rollback policy resumes past the bad data window.
+  with a rollback policy resumes past the bad data window; every trip is added to `guard_diagnosis.json` (the bad
+  batches' rows and source documents, what `data.exclude_from` reads). A hang (train.hang: the watchdog killed the tree) is
+  recorded in `hang.json` and resumed from the last verified checkpoint; a second hang at the same step, or more
+  than MAX_HANG_RESUMES hangs in one run, raises `TrainingHang` with `retryable = False`.
 - `StageYaml`: the mindformers yaml of either stage, a dict built once per attempt with the metrics and guard
   callbacks, resume fields, extra epochs and checkpoint interval, then written once (header + yaml).
 Errors a user must fix are raised as the stage's own error class (`error`), naming the field and the fix.
@@ -40,7 +43,7 @@ from .. import killpoints
 from ..storage import join, store_for
 from ..runtime.nodes import node_rank
 from .checkpoints import CheckpointManager, check_disk
-from .launch import GuardTripped, TrainingLaunchError
+from .launch import GuardTripped, TrainingHang, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, evaluate_preflight
 from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, resume_fields, rollback_checkpoint
@@ -48,6 +51,9 @@ from .runner import CheckpointTicker, describe_guard, launch_trainer, local_rank
 WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 IDENTITY_FILE = "identity.json"
 PREFLIGHT_FILE = "preflight.json"
+HANG_FILE = "hang.json"
+GUARD_DIAGNOSIS_FILE = "guard_diagnosis.json"
+MAX_HANG_RESUMES = 3
 
 
 def work_dir(stage_uri: str, node_rank: int = 0) -> Path:
@@ -103,6 +109,29 @@ NO_CHECKPOINTS = 10 ** 9
 """save_steps of a preflight: beyond its steps, so it writes no checkpoint."""
 
 
+TENSORBOARD_FOLDER = "_tensorboard"
+
+
+def tensorboard_dir(cfg, run_id: str, stage: str) -> Path | None:
+    """`<output_root>/_tensorboard/<run.name>/<run_id>/<stage>`: every run of a lineage (the nightly's nights among
+    them) under one folder, so `tensorboard --logdir <output_root>/_tensorboard/<run.name>` overlays them; mindformers
+    adds `rank_N/`. None for an s3:// run store: mindformers' writer (tensorboardX) writes local files only."""
+    from ..storage import store_for
+
+    if store_for(cfg.run.output_root, cfg.run.s3_endpoint_url).remote:
+        return None
+    return Path(cfg.run.output_root) / TENSORBOARD_FOLDER / cfg.run.name / run_id / stage
+
+
+def tensorboard_section(folder: Path) -> dict:
+    """mindformers 1.9's `tensorboard` yaml section (trainer/base_trainer.py reads `tensorboard_dir`, appends
+    `rank_N`; utils/tensorboard.py opens tensorboardX's SummaryWriter there; MFLossMonitor, core/callback/callback.py,
+    adds `loss`, `learning-rate`, `grad-norm` and, with these flags, `loss-scale`, `iteration-time`, `throughput`
+    per step)."""
+    return {"tensorboard_dir": str(folder), "tensorboard_queue_size": 10,
+            "log_loss_scale_to_tensorboard": True, "log_timers_to_tensorboard": True}
+
+
 @dataclass(frozen=True)
 class StageYaml:
     """The recipe of a stage's mindformers yaml: the fresh start, the preflight and every resumed attempt
@@ -119,9 +148,10 @@ class StageYaml:
     resume_name: str
     load: Path | None = None
     token_ids: Any = None
+    tensorboard_dir: Path | None = None  # mindformers' own `tensorboard` section writes its event files there
 
     def run_config(self, out: Path, *, resume_from: Path | None = None, steps: int | None = None,
-                   extra_epochs: int = 0, save_steps: int | None = None) -> dict:
+                   extra_epochs: int = 0, save_steps: int | None = None, tensorboard: bool = True) -> dict:
         """The run config of an attempt in `out`. `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`:
         the yaml gets `load_checkpoint: <dir>` and `resume_training: <name>` (runner.resume_fields: mindformers 1.9
         resumes only from a folder). `extra_epochs` lets a rollback (which skips data) reach the same
@@ -134,7 +164,8 @@ class StageYaml:
         callbacks = training_callbacks(out, tokens_per_step=tokens, data_parallel=dp, num_rows=self.rows,
                                        batch_size=batch.micro_batch_size * (batch.accumulation if on_cpu else 1),
                                        spike_factor=batch.guard.spike_factor, window=batch.guard.window,
-                                       shuffle_seed=cfg.run.seed if cfg.training.shuffle else None)
+                                       shuffle_seed=cfg.run.seed if cfg.training.shuffle else None,
+                                       dataset_dir=self.data_dir)
         resume = resume_fields(resume_from) if resume_from is not None else {}
         load = resume.get("load_checkpoint", self.load)
         run = build_run_config(cfg, stage=self.stage, dataset_dir=str(self.data_dir), output_dir=str(out),
@@ -150,6 +181,8 @@ class StageYaml:
         if resume:
             run["resume_training"] = resume["resume_training"]
         run["runner_config"]["epochs"] += extra_epochs
+        if tensorboard and self.tensorboard_dir is not None:
+            run["tensorboard"] = tensorboard_section(self.tensorboard_dir)
         return run
 
     def write(self, path: Path, out: Path, **changes) -> Path:
@@ -165,6 +198,7 @@ class Trained:
     resumed_from_step: int | None
     attempts: int = 0
     rollbacks: list[dict] = field(default_factory=list)
+    hangs: list[dict] = field(default_factory=list)  # the hang watchdog's reports of this stage run
     peak_rss_bytes: int = 0             # the highest peak RSS of the trainer's process tree over the attempts
 
 
@@ -265,7 +299,8 @@ class TrainingSession:
             earlier = folder / PREFLIGHT_FILE
             return json.loads(earlier.read_text(encoding="utf-8")) if earlier.exists() else None
         shutil.rmtree(pre, ignore_errors=True)
-        yaml_path = yaml.write(pre / yaml.name, pre, steps=steps, save_steps=NO_CHECKPOINTS)
+        # no event files: the preflight's few steps would sit in TensorBoard as a run of their own
+        yaml_path = yaml.write(pre / yaml.name, pre, steps=steps, save_steps=NO_CHECKPOINTS, tensorboard=False)
         self.log(f"{self.stage}: preflight of {steps} steps in {pre}")
         crash = None
         try:
@@ -338,8 +373,15 @@ class TrainingSession:
                          f"{latest.get('data_step', latest['step'])} (optimizer step {latest.get('global_step')}) "
                          f"of {steps}")
             try:
-                result = launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env)
+                result = launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env,
+                                        attempt=done.attempts)
                 done.peak_rss_bytes = max(done.peak_rss_bytes, result.peak_rss_bytes or 0)
+            except TrainingHang as err:
+                manager.sync()
+                tick.upload_metrics()
+                self._after_hang(err, done)
+                latest = manager.latest()
+                continue
             except GuardTripped as err:
                 latest = self._after_guard(err, done, rollback, steps_per_epoch)
                 skipped += int(latest["data_step"]) - int(latest["step"])
@@ -361,11 +403,49 @@ class TrainingSession:
             self.progress("train", steps, steps)
         return done
 
+    def _record_guard(self, diagnoses: list[dict]) -> None:
+        """Add a trip's diagnoses (every rank's) to guard_diagnosis.json: `trips` (step, rank, reason, loss, rows,
+        documents) and `documents`, every source document of every bad batch once, which `data.exclude_from` reads."""
+        path = self.out / GUARD_DIAGNOSIS_FILE
+        trips = json.loads(path.read_text(encoding="utf-8"))["trips"] if path.exists() else []
+        for d in diagnoses:
+            trips.append({k: d.get(k) for k in ("step", "epoch", "rank", "reason", "message", "batch_rows",
+                                                "batch_where", "documents", "documents_error")}
+                         | {"loss": finite(d.get("loss"))})
+        docs: dict = {}
+        for trip in trips:
+            for doc in trip.get("documents") or []:
+                docs.setdefault(doc["origin"], {"id": doc["id"], "origin": doc["origin"], "steps": []})
+                if trip["step"] not in docs[doc["origin"]]["steps"]:
+                    docs[doc["origin"]]["steps"].append(trip["step"])
+        write_json(path, {"stage": self.stage, "trips": trips, "documents": list(docs.values())})
+
+    def _after_hang(self, err: TrainingHang, done: Trained) -> None:
+        """Record the hang in hang.json; raise it (not retryable) when it repeats a step or there were too many."""
+        path = self.out / HANG_FILE
+        earlier = json.loads(path.read_text(encoding="utf-8"))["hangs"] if path.exists() else []
+        report = {**err.report, "attempt": done.attempts}
+        write_json(path, {"hangs": [*earlier, report]})
+        done.hangs.append(report)
+        step = report.get("step")
+        again = [h for h in earlier if h.get("step") == step]
+        why = (f"it hung at step {step} before (attempt {again[0].get('attempt')}): resuming would hang there again"
+               if again else f"{len(earlier) + 1} hangs in this run (at most {MAX_HANG_RESUMES} are resumed)"
+               if len(earlier) >= MAX_HANG_RESUMES else None)
+        if why is not None:
+            err.retryable = False
+            err.args = (f"{self.stage}: training hung and is not resumed: {why}; see {path} and the stacks in "
+                        f"{report.get('stacks')}\n{err}",)
+            raise err
+        self.log(f"{self.stage}: training hung after step {step} (ranks {report.get('first_ranks')} stopped first); "
+                 f"stacks in {report.get('stacks')}; resuming from the last verified checkpoint")
+
     def _after_guard(self, err: GuardTripped, done: Trained, rollback: GuardConfig | None,
                      steps_per_epoch: int) -> dict:
         """The guard tripped: raise its diagnosis, or (rollback policy) return the record to resume from."""
         self.manager.sync()
         good = self.manager.latest()
+        self._record_guard(err.diagnoses)
         diag = err.diagnoses[0]
         message = describe_guard(diag, good, stage=self.stage)
         if rollback is None or len(done.rollbacks) >= rollback.max_rollbacks or good is None:

@@ -172,6 +172,34 @@ def summarize(files: dict[str, dict], rows: PackedRows) -> dict:
             "conservation": "read = rejected + dropped + kept"}
 
 
+def _counts(counter: dict) -> str:
+    return ", ".join(f"{reason}: {n}" for reason, n in sorted(counter.items(), key=lambda kv: -kv[1]))
+
+
+def too_few_rows(cfg, total: dict, out: Path) -> SftDataError:
+    """The error for fewer rows than one batch: the counts per reason, the files that list those records, and only
+    the changes that are not already made."""
+    need = cfg.sft.micro_batch_size * cfg.parallel.data_parallel
+    said = [f"{total['kept']} usable samples in {total['rows']} rows of {total['read']} records"]
+    if total["rejected_total"]:
+        said.append(f"{total['rejected_total']} malformed ({_counts(total['rejected'])}; each with its reason and "
+                    f"field in {out / 'quarantine.jsonl'})")
+    if total["dropped_total"]:
+        said.append(f"{total['dropped_total']} too long for a row ({_counts(total['dropped'])}; in "
+                    f"{out / 'excluded.jsonl'})")
+    fixes = ["correct the quarantined records"] if total["rejected_total"] else []
+    fixes.append("add instruction data")
+    if total["dropped_total"]:
+        fixes.append(f"raise model.seq_length (now {cfg.model.seq_length})")
+        if cfg.sft.truncation == "drop":
+            fixes.append("use sft.truncation=truncate_prompt")
+    if cfg.sft.micro_batch_size > 1:
+        fixes.append(f"lower sft.micro_batch_size (now {cfg.sft.micro_batch_size})")
+    return SftDataError("sft.inputs", list(cfg.sft.inputs),
+                        "; ".join(said) + f": fewer than one batch of sft.micro_batch_size x data_parallel = {need}",
+                        ", ".join(fixes[:-1]) + (" or " if len(fixes) > 1 else "") + fixes[-1])
+
+
 def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpoint_url: str | None = None,
                      log=None) -> dict:
     """Write the SFT data files into out_dir (see the module docstring); returns the stats dict."""
@@ -195,12 +223,7 @@ def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpo
     if not stats["balanced"]:
         raise RuntimeError(f"SFT accounting does not add up (read != rejected + dropped + kept); see {out / STATS_FILE}")
     if t["rows"] < cfg.sft.micro_batch_size * cfg.parallel.data_parallel:
-        raise SftDataError("sft.inputs", list(cfg.sft.inputs),
-                             f"{t['kept']} usable samples in {t['rows']} rows (read {t['read']}, rejected "
-                             f"{t['rejected']}, dropped {t['dropped']}), fewer than one batch of "
-                             f"sft.micro_batch_size x data_parallel = {cfg.sft.micro_batch_size * cfg.parallel.data_parallel}",
-                             "add instruction data, raise model.seq_length, use sft.truncation=truncate_prompt, "
-                             "or lower sft.micro_batch_size")
+        raise too_few_rows(cfg, t, out)
     marker = out / (DATA_FILE + ".rows_sha256")  # the same rows are not written again (a resumed run)
     if not ((out / DATA_FILE).exists() and marker.exists() and marker.read_text() == stats["rows_sha256"]):
         marker.unlink(missing_ok=True)

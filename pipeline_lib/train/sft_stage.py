@@ -42,7 +42,7 @@ from ..storage import join, sha256_file, store_for
 from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
 from ..planner.disk import sft_checkpoint_disk
 from .mindformers_yaml import sft_base_path_issue
-from .session import Batch, StageYaml, TrainingSession, loss_history, work_dir
+from .session import Batch, StageYaml, TrainingSession, loss_history, tensorboard_dir, work_dir
 
 STAGE = "sft"
 SFT_YAML = "sft.yaml"
@@ -165,7 +165,8 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
     session.check_disk(sft_checkpoint_disk(cfg, session.ranks))
     # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
     yaml = StageYaml(cfg, STAGE, Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard), out / "data",
-                     rows, SFT_YAML, SFT_YAML, load=base, token_ids=TokenIds.from_meta(stats["token_ids"]))
+                     rows, SFT_YAML, SFT_YAML, load=base, token_ids=TokenIds.from_meta(stats["token_ids"]),
+                     tensorboard_dir=tensorboard_dir(cfg, run.paths.run_id, STAGE))
     yaml.write(out / SFT_YAML, train_dir)  # the stage's yaml: the run from the base (attempts write train/sft.yaml)
     preflight = session.preflight(yaml, out, fresh=latest is None, memory_check=False)
     trained = session.train(latest, yaml, origin=str(base))

@@ -33,7 +33,8 @@ bottom, as its steps:
    `planner_check.json` sets the median step time and the peak RSS per rank against the planner (planner/check.py)
    and logs a warning per figure off by more than training.planner_alert_factor.
 6. publish (`_publish`): `loss_curve.png`, run.yaml, metrics.jsonl, identity.json, latest_checkpoint.json, the latest
-   checkpoint file of each rank, preflight.json, profile_summary.json + profile/, planner_check.json, described (size,
+   checkpoint file of each rank, preflight.json, profile_summary.json + profile/, planner_check.json, the loss guard's
+   guard_diagnosis.json and the hang watchdog's hang.json when there were any, described (size,
    sha256) and uploaded on an s3:// store.
 6b. weights only (`_weights_checkpoint`): the model's parameters only (model.weights_only) under checkpoint/merged/
    (one rank's file cut, or a single-node sharded run's weights-only merge), published and listed as
@@ -74,8 +75,8 @@ from ..storage import join, sha256_file, store_for
 from .checkpoints import LATEST_FILE
 from .metrics import METRICS_FILE
 from .preflight import summarize_steps
-from .session import IDENTITY_FILE, PREFLIGHT_FILE, Batch, StageYaml, TrainingSession, finite, loss_history, \
-    work_dir, write_json
+from .session import GUARD_DIAGNOSIS_FILE, HANG_FILE, IDENTITY_FILE, PREFLIGHT_FILE, Batch, StageYaml, TrainingSession, \
+    finite, loss_history, tensorboard_dir, work_dir, write_json
 
 STAGE = "pretrain"
 RUN_YAML = "run.yaml"
@@ -120,7 +121,8 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     load = _materialize_base(cfg, base, base_info, out, run.endpoint, log)
     t = cfg.training  # the mindformers yaml: one recipe for the fresh start, the preflight and every resume
     yaml = StageYaml(cfg, STAGE, Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard), data_dir, rows,
-                     RUN_YAML, RESUME_YAML, load=load, token_ids=token_ids)
+                     RUN_YAML, RESUME_YAML, load=load, token_ids=token_ids,
+                     tensorboard_dir=tensorboard_dir(cfg, run.paths.run_id, STAGE))
     yaml.write(out / RUN_YAML, out)  # the fresh start's, published with the stage also when this run resumes
     # 4. preflight (a fresh start only; it writes no checkpoint)
     preflight = session.preflight(yaml, out, fresh=latest is None, memory_check=True)
@@ -365,7 +367,7 @@ def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path, weights: l
     if not run.node_rank:
         rels += [p.relative_to(out).as_posix() for p in attach(tokenizer, out / TOKENIZER_DIR)]
         rels += [r for r in (RESUME_YAML, METRICS_FILE, LOSS_PNG, PREFLIGHT_FILE, PROFILE_FILE,
-                                  PLANNER_CHECK_FILE) if (out / r).exists()]
+                                  PLANNER_CHECK_FILE, GUARD_DIAGNOSIS_FILE, HANG_FILE) if (out / r).exists()]
     rels += [Path(info["path"]).resolve().relative_to(out).as_posix() for info in latest["ranks"].values()]
     rels += [w.relative_to(out).as_posix() for w in weights]
     rels += strategy_files(out)  # needed to merge or reshard the rank files: lost with an s3 run's work folder
@@ -426,7 +428,7 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
         "step_time_ms": summary.step_time_ms if summary else None,
         "tokens_per_step": global_batch(cfg) * cfg.model.seq_length,
         "train_rows": rows, "resumed_from_step": trained.resumed_from_step, "attempts": trained.attempts,
-        "rollbacks": trained.rollbacks, "base": base_info or None, "preflight": preflight,
+        "rollbacks": trained.rollbacks, "hangs": trained.hangs, "base": base_info or None, "preflight": preflight,
         "node_rank": session.node_rank, "ranks": session.ranks, "seconds": round(time.time() - started, 1),
         "images": {"loss_curve": LOSS_PNG} if (out / LOSS_PNG).exists() else {},
         "tables": {"metrics": {"description": f"last {len(table)} training steps (metrics.jsonl)", "rows": table}},

@@ -125,6 +125,8 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     assert pretrain_metrics("nightly-2026-11-03")["base"]["base_checkpoint"] == first["latest"]["checkpoint"]
     assert f"load_checkpoint: {first['latest']['checkpoint']}" in (night3 / "pretrain" / "run.yaml").read_text()
     assert third["reference_heldout"] == first["reference_heldout"]  # the reference does not move
+    changes = (night3 / "changes.md").read_text()  # what changed against the promoted night 1, not the held 2
+    assert "nightly-2026-11-01" in changes and "heldout@nightly-2026-11-01" in changes, changes[:2000]
     assert [h["decision"] for h in third["history"]] == ["promoted", "held", "promoted"]
 
     (raw / "day4.jsonl").write_bytes(b"\n".join(lines[:40]) + b"\n")  # all seen on night 1

@@ -129,3 +129,24 @@ def test_an_hf_folder_is_checked_against_model_like_the_pretrain_stage_does(tmp_
     errors, _ = check_inputs(config_from_dict({"model": {"hf_checkpoint": str(folder)}}))
     issue = by_field(errors)["model.hf_checkpoint"]
     assert "hidden_size=128 but model.hidden_size=64: set model.hidden_size: 128" in issue.problem
+
+
+def test_sft_records_are_parsed_malformed_ones_counted_per_reason(tmp_path):
+    """validate reads the SFT records as the stage does (not tokenized): too few usable ones is an error naming each
+    reason's count and its first record; a few bad ones among enough good ones a warning."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi", "response": ""}\nnot json\n{"messages": [{"role": "user", "content": "a"}, '
+                   '{"role": "bot", "content": "b"}]}\n{"prompt": "a", "response": "b"}\n', encoding="utf-8")
+    errors, _ = check_inputs(config_from_dict({"sft": {"inputs": [str(bad)]}}), ["sft"])
+    text = str(by_field(errors)["sft.inputs"])
+    assert "3 of 4 records are malformed (" in text and "leaving 1 usable, fewer than one batch" in text
+    assert f"empty_response at {bad}:1 (field response)" in text and f"bad_json at {bad}:2;" in text
+    assert f"unknown_role at {bad}:3 (field messages[1].role)" in text and "quarantine.jsonl" in text
+    half_bad = tmp_path / "half.jsonl"
+    half_bad.write_text(bad.read_text(encoding="utf-8") * 2 + '{"prompt": "c", "response": "d"}\n' * 2, encoding="utf-8")
+    errors, warnings = check_inputs(config_from_dict({"sft": {"inputs": [str(half_bad)]}}), ["sft"])
+    assert errors == [] and "6 of 10 records are malformed" in str(by_field(warnings)["sft.inputs"])
+    assert "trains on the 4 others" in str(by_field(warnings)["sft.inputs"])
+    mostly_good = tmp_path / "ok.jsonl"
+    mostly_good.write_text(bad.read_text(encoding="utf-8") + '{"prompt": "c", "response": "d"}\n' * 8, encoding="utf-8")
+    assert check_inputs(config_from_dict({"sft": {"inputs": [str(mostly_good)]}}), ["sft"]) == ([], [])

@@ -268,3 +268,47 @@ def test_upload_checkpoints_follows_a_remote_run_store_and_turning_it_off_warns(
     assert "run.output_root=s3://" in warning and "restarts from step 0" in warning and "Fix:" in warning
     # the config a flow receives (dumped, loaded again) keeps the derived value
     assert config_from_dict(cfg.model_dump(mode="json")).training.upload_checkpoints is True
+
+
+def _mask_issues(**sections):
+    sections.setdefault("data", {})["packing"] = {"document_mask": True}
+    return [i for i in check(config_from_dict(sections), for_run=False) if i.field == "data.packing.document_mask"]
+
+
+def test_document_mask_runs_without_flash_attention_in_float32():
+    assert _mask_issues(run={"device_target": "CPU"}) == []
+    # on CPU flash attention is forced off (platform.CPU_MODEL_OVERRIDES): the mask works there
+    assert _mask_issues(run={"device_target": "CPU"}, model={"use_flash_attention": True}) == []
+    assert _mask_issues(**ascend()) == []  # mindformers' plain attention adds the mask on Ascend too
+
+
+def test_document_mask_is_refused_with_flash_attention_or_16_bit_compute():
+    flash, = _mask_issues(**ascend(model={"use_flash_attention": True, "compute_dtype": "float32"}))
+    assert "flash_attention.py:92" in flash.problem and "llama.py:115" in flash.problem
+    assert "document_mask=false" in flash.fix
+    half, = _mask_issues(run={"device_target": "CPU"}, training={"precision": "fp16"})
+    assert "float16" in half.problem and "llama_transformer.py:722" in half.problem
+    assert "training.precision=fp32" in half.fix
+
+
+def test_document_mask_on_the_shipped_7b_config_says_why_not():
+    from pipeline_lib.config.load import load_config
+
+    shipped = Path(__file__).resolve().parents[2] / "configs/pipelines/llama2-7b-4x64gb.yaml"
+    assert _mask_issues() == [] and not load_config(shipped).data.packing.document_mask  # off by default
+    found = [i for i in check(load_config(shipped, ["data.packing.document_mask=true"]), for_run=False)
+             if i.field == "data.packing.document_mask"]
+    assert len(found) == 2  # flash attention on Ascend, bfloat16 compute
+    assert "FlashAttentionScore" in found[0].problem and "bfloat16" in found[1].problem
+
+
+def test_document_mask_warns_of_its_size_beyond_seq_512():
+    from pipeline_lib.config.validate import warnings
+
+    def mask_warnings(seq):
+        cfg = config_from_dict({"run": {"device_target": "CPU"}, "model": {"seq_length": seq},
+                                "data": {"packing": {"document_mask": True}}})
+        return [w for w in warnings(cfg) if w.startswith("data.packing.document_mask")]
+    assert mask_warnings(512) == []
+    warned, = mask_warnings(2048)
+    assert "16 MiB attention_mask" in warned and "8.00391 KiB of tokens" in warned

@@ -50,6 +50,9 @@ def test_device_oom_before_any_step_is_compile_after_a_step_is_step():
     assert classify(oom)[0] == "device_oom_compile"
     assert classify(step + "\n" + oom)[0] == "device_oom_step"
     assert classify(oom + "\n" + step)[0] == "device_oom_compile"  # a step after the OOM is another attempt's
+    # MindSpore scopes the kernels of the backward graph under Gradients/: such a kernel ran in a step
+    grad = oom.replace("MatMul-op1", "Gradients/Default/network-WithLossCell/gradMatMul/MatMul-op1")
+    assert classify(grad)[0] == "device_oom_step"
 
 
 @pytest.mark.parametrize("text", [
@@ -61,6 +64,51 @@ def test_device_oom_before_any_step_is_compile_after_a_step_is_step():
 ])
 def test_text_without_known_failure_is_unknown(text):
     assert classify(text) == ("unknown", [])
+
+
+def test_an_oom_in_a_step_kernel_is_a_step_without_a_step_line():
+    # PyTorch's backward pass ran out of device memory on the first step: no step line, but the kernel is a step's
+    category, evidence = classify(log_text("device_oom_torch_backward_cuda_error.log"))
+    assert category == "device_oom_step" and any("loss.backward()" in line for line in evidence)
+    # CANN: the allocation failed while a Conv2D executed
+    assert classify(log_text("device_oom_el0004_execute_op.log"))[0] == "device_oom_step"
+    # MindSpore's SOMAS memory plan was being laid out: before the first step
+    category, evidence = classify(log_text("device_oom_ms_somas_first_sampling_step.log"))
+    assert category == "device_oom_compile" and any("somas.cc" in line for line in evidence)
+
+
+def test_a_loss_scale_searching_down_is_healthy_one_driven_below_one_is_not():
+    assert classify(log_text("healthy_deepspeed_scale_warmup.log")) == ("unknown", [])  # 2**24 halving: the search
+    assert classify(log_text("healthy_mindyolo_overflow_still_update.log")) == ("unknown", [])
+    category, evidence = classify(log_text("nan_apex_loss_scale_collapse.log"))
+    assert category == "nan_or_overflow" and evidence[0].endswith("reducing loss scale to 0.5")
+    # MindSpore's 'overflow, still update, loss scale adjust to' alone is loss scaling at work; then loss: nan is not
+    assert classify(log_text("nan_mindyolo_overflow_then_loss_nan.log"))[0] == "nan_or_overflow"
+
+
+def test_a_bare_killed_is_killed_and_the_kernels_oom_lines_make_it_host_oom():
+    assert classify(log_text("killed_bare_fastmaskrcnn.log"))[0] == "killed"
+    assert classify(log_text("killed_bare_zh_locale.log"))[0] == "killed"
+    assert classify(log_text("host_oom_dmesg_invoked_oom_killer.log"))[0] == "host_oom"  # 'Killed' + the kernel's
+    assert classify("Killed process 7748 (python) was not the cause")[0] == "unknown"  # only the kernel's own line
+
+
+def test_hang_and_stall_name_what_stopped():
+    category, evidence = classify(log_text("hang_msrun_time_out_nodes.log"))
+    assert category == "hang" and any("Time out nodes are ['3']" in line for line in evidence)
+    category, evidence = classify(log_text("getnext_mindocr_e39999_task_fail.log"))
+    assert category == "dataloader_stall" and any("GetNext-op18" in line for line in evidence)
+    # HCCL blames the rank that went away: the cluster's exception location is quoted
+    category, evidence = classify(log_text("hccl_ei0002_heartbeat_lost.log"))
+    assert category == "collective_timeout" and any("Cluster Exception Location" in line for line in evidence)
+
+
+def test_an_unknown_failure_quotes_its_error_lines_and_names_no_category():
+    text = log_text("hang_eh9999_task_timeout_multinode.log").replace("task timeout", "something else")
+    diag = diagnose(text)
+    assert diag.category == "unknown" and diag.remedies == [] and diag.retry is None
+    assert any("EH9999" in line for line in diag.evidence)
+    assert diagnose(log_text("healthy_llama_adapter_first_iterations.log")).evidence == []
 
 
 def test_root_cause_outranks_its_echo():

@@ -42,6 +42,7 @@ def run_python(code: str, *args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "GLOG_v": "2"})
 
 
+@pytest.mark.slow  # a MindSpore process training under a memory cap: 5-11 s on the shared 2-core machine
 def test_a_training_step_under_a_host_memory_limit_is_host_oom():
     proc = run_python(TRAIN_UNDER_LIMIT)
     assert proc.returncode != 0 and "step 1 loss" in proc.stdout

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_retry_decision_per_category(name):
     exc = TransientError(log_text(name))  # even an error raised as transient: the cause decides
     retry = should_retry(exc, transient=True)
-    assert retry is (EXPECTED[name] in ("collective_timeout", "killed"))
+    assert retry is (EXPECTED[name] in ("collective_timeout", "killed", "hang"))
 
 
 def test_unknown_cause_keeps_the_transient_rule():
@@ -35,7 +35,7 @@ def test_unknown_cause_keeps_the_transient_rule():
 
 
 def test_every_category_has_a_retry_rule():
-    assert set(ALL_CATEGORIES) - NO_RETRY_CATEGORIES == {"collective_timeout", "killed", "unknown"}
+    assert set(ALL_CATEGORIES) - NO_RETRY_CATEGORIES == {"collective_timeout", "killed", "hang", "unknown"}
 
 
 def test_attach_appends_the_headline_to_the_message():
@@ -130,6 +130,27 @@ def test_prefect_retries_a_killed_stage_unless_it_was_an_oom_kill(tmp_path, monk
     assert f"doctor: {category} in pretrain:" in state.message
     note = hook.received[-1]
     assert note["stage"] == "pretrain" and note["category"] == category and note["remedy"]
+    # the message: ours, the log file's path and the doctor's headline, not the trainer's tail (that is in the file)
+    message = state.message
+    assert "the trainer was killed by signal 9" in message and "--- last " not in message and "command: " not in message
+    assert len(message) < 1200, len(message)
+    log_file = Path(message.split("\nfull log: ", 1)[1].split("\n", 1)[0])
+    assert "--- last " in log_file.read_text(encoding="utf-8") and "a retry resumes" not in message
+    # what happens next, said as it happens: the last attempt's record says no retry follows and why
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterLevel
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        logged = client.read_logs(log_filter=LogFilter(level=LogFilterLevel(ge_=40)))
+    final = [r.message for r in sorted(logged, key=lambda r: r.timestamp)
+             if r.message.startswith(f"doctor: {category} in pretrain:") and "\npretrain failed: " in r.message][-1]
+    assert f"full log: {log_file}" in final
+    if oom:
+        assert "not retried (retrying the same config cannot fix host_oom); resume with" in final
+    else:
+        assert "not retried again: all 3 attempts failed (orchestration.task_retries=2); resume with" in final
 
 
 def test_cli_summary_names_the_cause(capsys):

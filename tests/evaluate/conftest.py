@@ -37,6 +37,8 @@ def tokenizer_texts() -> list[str]:
     records = [json.loads(line) for f in sorted((ROOT / "configs" / "eval").glob("*.jsonl"))
                for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
     texts = [r["prompt"] for r in records if "prompt" in r]  # the prompt sets (not the reference sets)
+    texts += [" ".join(r.get("choices", []) + r.get("labels", [])) for r in records
+              if {"choices", "labels"} & set(r)]  # the task sets' candidates (their questions: byte fallback)
     texts += [f"The quick brown fox jumps over the lazy dog number {i}." for i in range(150)]
     texts += [f"我们每天晚上都会用新数据继续训练模型，第{i}次检查点已经保存。"
               for i in range(150)]

@@ -70,8 +70,31 @@ def test_evaluate_stage_side_by_side(tiny, forward_path_run):  # forward_path_ru
     assert len({r["tokens"] for r in ref.values()}) == 1 and all(r["perplexity"] > 1 for r in ref.values())
     assert ref["sft"]["perplexity"] == pytest.approx(ref["sft full ckpt"]["perplexity"], rel=1e-6)
     assert ref["pretrained"]["perplexity"] != pytest.approx(ref["base"]["perplexity"], rel=1e-6)
+    # the tasks (the shipped set): accuracy per task and checkpoint, an item record each, read by the nightly gate
+    names = ["domain_choice", "domain_classify"]
+    assert [t["name"] for t in summary["tasks"]] == names
+    for ck in summary["checkpoints"]:
+        assert list(ck["tasks"]) == names and [ck["tasks"][n]["items"] for n in names] == [20, 16]
+        for n in names:
+            r = ck["tasks"][n]
+            assert 0 <= r["accuracy"] <= 1 and r["correct"] == round(r["accuracy"] * r["items"])
+        recs = [json.loads(x) for x in open(f"{stage}/{dirs[labels.index(ck['label'])]}/tasks.jsonl", encoding="utf-8")]
+        assert len(recs) == 36 and sum(r["correct"] for r in recs) == sum(ck["tasks"][n]["correct"] for n in names)
+        assert all(r["predicted"] == max(r["loglik"], key=r["loglik"].get) for r in recs)
+    assert summary["checkpoints"][0]["tasks"]["domain_classify"]["chance"] == pytest.approx(0.25)
+    acc = {c["label"]: c["tasks"]["domain_choice"]["accuracy"] for c in summary["checkpoints"]}
+    assert acc["sft"] == acc["sft full ckpt"]
+    assert {r["checkpoint"]: r["tasks"] for r in manifest.metrics["checkpoints"]}["pretrained"] == {
+        n: summary["checkpoints"][0]["tasks"][n]["accuracy"] for n in names}
+    from pipeline_lib.nightly_gate import judge
+
+    verdict = judge(cfg, manifest.metrics)  # the gate reads the accuracies as they are: base vs pretrained
+    assert {r["metric"] for r in verdict.rows} >= {"domain_choice accuracy", "domain_classify accuracy"}
+    md = open(f"{stage}/report.md", encoding="utf-8").read()
+    assert "## Task accuracy" in md and "| task | type | items | pretrained | sft | sft full ckpt | base | chance |" in md
     html = open(f"{stage}/report.html", encoding="utf-8").read()
-    assert html.count("<tr>") == 1 + len(labels)  # header + checkpoints; the answers are stacked per prompt
+    # header + checkpoints, header + tasks; the answers are stacked per prompt
+    assert html.count("<tr>") == 1 + len(labels) + 1 + len(names)
     assert html.count('class="prompt"') == 3 and html.count('class="answer"') == 3 * len(labels)
     assert manifest.metrics["inputs"]["checkpoints"]["sft"] == {"adapter": str(tiny.adapter), "base": str(tiny.base)}
     assert progress[-1] == ("evaluate", 4, 4) and any("perplexity" in x for x in lines)

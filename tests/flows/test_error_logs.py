@@ -43,9 +43,13 @@ def test_a_failing_stage_logs_its_error_once_with_the_doctor_first(tiny_cfg, mon
     assert len(parent_errors) == 1 and parent_errors[0].startswith("stage 'pretrain' failed (run r-errlog): OSError: ")
     assert MESSAGE in parent_errors[0] and "doctor: disk_full" in parent_errors[0]
     assert not [m for m in stage_errors + parent_errors if "Traceback" in m]
-    # the full traceback is in the stage's log file, which the error line names
-    log_file = stage_errors[0].split("full traceback: ", 1)[1].split()[0]
+    # the full traceback is in the stage's log file, which the error line names, and so does the parent's message
+    log_file = stage_errors[0].split("\nfull log: ", 1)[1].split()[0]
     assert "Traceback (most recent call last)" in open(log_file).read()
+    assert f"\nfull log: {log_file}" in parent_errors[0]
+    assert "finished stages are not redone" in stage_errors[0]  # not retried: says how to resume
+    assert "not retried (retrying the same config cannot fix disk_full); resume with `llm-pipeline run CONFIG " \
+           "--run-id r-errlog`" in stage_errors[0]
 
 
 def test_an_unexpected_error_keeps_prefects_traceback():

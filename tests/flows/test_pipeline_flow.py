@@ -135,3 +135,21 @@ def test_training_stage_holds_the_node_training_slot(tiny_cfg, monkeypatch):
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name(node_limit_name()).active_slots == 0
         client.delete_global_concurrency_limit_by_name(node_limit_name())
+
+
+def test_malformed_sft_file_is_refused_before_the_first_stage(tiny_cfg, tmp_path):
+    """A run that never went through `validate` (a UI or worker run): the chain parses the SFT records before data runs
+    and fails in seconds, naming the reasons with their counts and the first record of each."""
+    import time
+
+    bad = tmp_path / "bad_sft.jsonl"
+    bad.write_text('{"prompt": "hi", "response": ""}\nnot json\n{"prompt": "x"}\n', encoding="utf-8")
+    cfg = tiny_cfg.model_copy(update={"sft": tiny_cfg.sft.model_copy(update={"inputs": [str(bad)]})})
+    started = time.monotonic()
+    state = run(cfg, "r-badsft")
+    assert state.is_failed() and time.monotonic() - started < 20
+    message = state.message
+    assert "sft inputs refused before any stage ran" in message
+    assert "3 of 3 records are malformed (" in message and "bad_json: 1" in message and "empty_response: 1" in message
+    assert f"empty_response at {bad}:1 (field response)" in message and f"bad_json at {bad}:2" in message
+    assert not (Path(tiny_cfg.run.output_root) / "r-badsft" / "data").exists()  # nothing ran

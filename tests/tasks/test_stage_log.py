@@ -1,38 +1,74 @@
-"""Trainer lines at their own level, step lines rate-limited, everything in the stage's log file."""
+"""Trainer lines at their own level (mindformers' real format), a record's continuation lines kept with it, step
+lines rate-limited, everything in the stage's log file."""
 import logging
+import re
+from pathlib import Path
 
 from pipeline_lib.storage import RunPaths
 
-from tasks.stage_log import StageLog
+from tasks.stage_log import StageLog, parse_line
 
-STEP = ("[INFO] 2026-11-30 20:33:33,678 [mindformers/core/callback/callback.py:747] print_output_info: "
-        "{{ Epoch:[  1/  9], step:[ {n:4d}/   24], loss:[6.47/6.47], per_step_time: 62ms, lr: 0.005")
-WARN = "[WARNING] 2026-11-30 20:21:09,968 [mindformers/tools/register/template.py:84] _none_process: moe_config is empty."
+LOGS = Path(__file__).parent / "logs"
+REAL = (LOGS / "pretrain_preflight_tiny_cpu.log").read_text(encoding="utf-8").splitlines()
+MF_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - mindformers\S*\[(\S+:\d+)\] - (\w+) - (.*)$")
 
 
-def test_levels_rate_limit_and_full_file(tmp_path, caplog):
+def replay(tmp_path, caplog, lines, **kw):
     logger = logging.getLogger("stage-log-test")
     caplog.set_level(logging.DEBUG, logger="stage-log-test")
-    log = StageLog("pretrain", RunPaths(str(tmp_path / "runs"), "r1"), logger, step_every_s=3600)
-    log("pretrain: running (no manifest)")
-    log(WARN)
-    log("[worker_0] [ERROR] 2026-11-30 ME(1:2):boom")
-    log("[INFO] 2026-11-30 20:21:09 [mindformers/trainer.py:1] built the model")
-    for n in range(1, 25):
-        log(STEP.format(n=n))
+    log = StageLog("pretrain", RunPaths(str(tmp_path / "runs"), "r1"), logger, **kw)
+    for line in lines:
+        log(line)
     log.close()
-    by_level = {lvl: [r.getMessage() for r in caplog.records if r.levelno == lvl]
-                for lvl in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR)}
-    assert by_level[logging.WARNING] == [WARN]
-    assert by_level[logging.ERROR] == ["[worker_0] [ERROR] 2026-11-30 ME(1:2):boom"]
-    assert by_level[logging.DEBUG] == ["[INFO] 2026-11-30 20:21:09 [mindformers/trainer.py:1] built the model"]
-    steps = [m for m in by_level[logging.INFO] if "step:[" in m]
-    assert len(steps) == 2 and "step:[    1/" in steps[0] and "step:[   24/" in steps[1]  # first and last
-    assert "(22 step lines since the last one shown" in steps[1]
-    text = log.path.read_text()
-    assert text.count("step:[") == 24 and WARN in text  # the file has every line
-    assert log.path.parent == tmp_path / "runs" / "r1" / "logs"
-    assert by_level[logging.INFO][-1] == f"pretrain: full log {log.path}"
+    return log, [r for r in caplog.records if r.name == "stage-log-test"]
+
+
+def test_real_mindformers_output_levels_and_one_record_per_dump(tmp_path, caplog):
+    log, records = replay(tmp_path, caplog, REAL, step_every_s=3600)
+    expected = [MF_RECORD.match(line) for line in REAL]
+    expected = [m for m in expected if m]
+    warnings = [(m[1], m[3]) for m in expected if m[2] == "WARNING"]
+    assert len(warnings) >= 20  # the real file: the trainer's warnings, import-time ones among them
+    shipped = [r for r in records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in shipped] == [f"[{module}] {message}" for module, message in warnings]
+    # not one mindformers INFO line reaches the run logger at INFO (the logger ships INFO and up)
+    info = [r.getMessage() for r in records if r.levelno == logging.INFO]
+    assert not [m for m in info if " - INFO - " in m]
+    steps = [m for m in info if m.startswith("pretrain: step ")]
+    assert len(steps) == 2 and steps[0].startswith("pretrain: step 1 (epoch 1), loss 7.6259, lr 0, 3456 ms/step")
+    assert steps[1].startswith("pretrain: step 5 (epoch 1), loss 7.3747") and "(3 step lines since" in steps[1]
+    assert "step:[" not in " ".join(info)
+    assert "PIPELINE_TIMING" in " ".join(info) and any(m.startswith("pretrain: preflight ok") for m in info)
+    # every other mindformers record is one debug record, its continuation lines with it
+    debug = [r.getMessage() for r in records if r.levelno == logging.DEBUG]
+    infos = [m for m in expected if m[2] == "INFO" and "step:[" not in m[3]]
+    assert len(debug) == len(infos)
+    dump = next(m for m in debug if "parallel_config will be change to default config" in m)
+    assert "\n_swap:False\n" in dump and "\n_pipeline_stage:1\n" in dump
+    pprinted = next(m for m in debug if "Starting Init Train Model" in m)
+    assert "\n{'adapter_id': None,\n" in pprinted and "\n 'auto_trans_ckpt': False,\n" in pprinted
+    assert len(records) < len(REAL) / 3
+    assert log.path.read_text(encoding="utf-8").splitlines() == REAL  # the file has every line as it came
+
+
+def test_bracketed_levels_and_a_late_line_is_a_record_of_its_own(tmp_path, caplog, monkeypatch):
+    import tasks.stage_log as stage_log
+
+    sdk = "[INFO] 2026-12-01 23:32:33,133 [2596] [SDK] : Start to freeze model for delta, mode: lora"
+    file_format = ("[WARNING] 2026-12-01 23:38:50,646 [mindformers/tools/register/template.py:84] _none_process: "
+                   "The input config moe_config is empty.")
+    assert parse_line(file_format) == (logging.WARNING, "mindformers/tools/register/template.py:84",
+                                       "_none_process: The input config moe_config is empty.")
+    assert parse_line(sdk)[0] == logging.INFO and parse_line("pretrain: hello") == (None, None, "pretrain: hello")
+    monkeypatch.setattr(stage_log, "CONTINUATION_GAP_S", 0.0)  # every line arrives "late"
+    ours = "pretrain: WARNING step time: measured 133 ms is 2.88x the planner's prediction 46 ms"
+    _, records = replay(tmp_path, caplog, [file_format, "  a line after a pause", "[worker_0] [ERROR] ME(1:2):boom",
+                                           ours])
+    by_level = {r.levelno: r.getMessage() for r in records}
+    warned = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert warned[0].endswith("The input config moe_config is empty.") and warned[1] == ours
+    assert by_level[logging.ERROR] == "ME(1:2):boom"
+    assert [r.getMessage() for r in records if r.levelno == logging.INFO][0] == "  a line after a pause"
 
 
 def test_s3_run_store_gets_the_log_file(s3_bucket):

@@ -109,7 +109,8 @@ def test_training_callbacks_spec():
                                spike_factor=4.0, window=10)
     assert [s["type"] for s in specs] == ["PipelineMetrics", "LossGuard"]
     assert specs[1] == {"type": "LossGuard", "output_dir": "out", "spike_factor": 4.0, "window": 10,
-                        "batch_size": 4, "data_parallel": 2, "num_rows": 100, "shuffle_seed": None}
+                        "batch_size": 4, "data_parallel": 2, "num_rows": 100, "shuffle_seed": None,
+                        "dataset_dir": None}
     shuffled = training_callbacks("out", tokens_per_step=512, batch_size=4, data_parallel=2, shuffle_seed=7)
     assert shuffled[1]["shuffle_seed"] == 7
 

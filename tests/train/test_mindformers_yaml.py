@@ -347,3 +347,27 @@ def test_the_shipped_7b_sft_loads_the_full_base_for_mindspore_to_slice(tmp_path)
     staged = _unranked(src, tmp_path / "sft" / "_inputs")
     assert staged.read_bytes() == b"weights" and sft_base_path_issue(cfg, str(staged)) is None
     assert check_path_include_total_ckpt(str(staged))
+
+
+def test_document_mask_adds_the_attention_mask_column_to_pretrain_only(mf_config, tmp_path):
+    _, off = write_and_load(mf_config, tmp_path / "off", cpu_cfg())
+    assert off.train_dataset.input_columns == ["input_ids"]
+    masked = cpu_cfg(data={"packing": {"document_mask": True}})
+    _, mf = write_and_load(mf_config, tmp_path / "on", masked)
+    # mindformers feeds the columns to LlamaForCausalLM by these names (construct_args_key = input_columns)
+    assert mf.train_dataset.input_columns == ["input_ids", "attention_mask"]
+    assert mf.model.model_config.use_flash_attention is False
+    sft = build_run_config(masked, stage="sft", dataset_dir=str(tmp_path), output_dir=str(tmp_path),
+                           load_checkpoint=str(tmp_path / "base.ckpt"), train_rows=256)
+    assert sft["train_dataset"]["input_columns"] == ["input_ids", "labels"]
+
+
+def test_document_mask_with_flash_attention_is_refused_by_the_yaml_builder(tmp_path):
+    cfg = config_from_dict({"run": {"device_target": "Ascend"}, "data": {"packing": {"document_mask": True}},
+                            "model": {"use_flash_attention": True}, "training": {"precision": "bf16"}})
+    with pytest.raises(ValueError, match=r"data.packing.document_mask=True: with model.use_flash_attention on Ascend"):
+        build_run_config(cfg, stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path), train_rows=256)
+    # the same config built for a CPU target (flash attention forced off) still refuses bfloat16
+    with pytest.raises(ValueError, match="compute_dtype=bfloat16"):
+        build_run_config(cfg, stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path), train_rows=256,
+                         target="CPU")

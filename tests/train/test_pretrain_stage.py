@@ -11,11 +11,15 @@ step, 16 steps, a checkpoint every 4 steps, 2 kept. What is asserted:
   that checkpoint superseded, attempt 1 then 2) and the final weights equal the reference's (float tolerance);
 The data is shuffled (training.shuffle, the default) except in nan_stop.
 - nan_stop: NaN injected at step 6 stops training at step 6 with a diagnosis naming step, loss, lr, loss scale,
-  global norm and the dataset rows; the last good checkpoint (step 4) is the latest;
+  global norm and the dataset rows (by position, and the same rows found by content); the last good checkpoint
+  (step 4) is the latest; `llm-pipeline doctor --run-id` prints the batch's source documents;
 - rollback (training.guard.on_failure=rollback): the same NaN rolls back to step 4, skips data steps 5-6 and
-  finishes the 8 optimizer steps;
+  finishes the 8 optimizer steps; with the data shuffled, guard_diagnosis.json names the batch's packed rows and
+  source documents, and a data stage rerun with data.exclude_from drops exactly those documents;
 - preflight_fail: a preflight whose peak memory exceeds parallel.device_memory_gb stops the stage before training;
-- dp2: msrun with 2 CPU ranks (data parallel): identical weights in rank_0 and rank_1 checkpoints;
+- dp2: msrun with 2 CPU ranks (data parallel), rank 1 stopped with SIGSTOP after step 3: the hang watchdog
+  (training.hang_timeout_s=8) notices, names rank 1 and its host, dumps the stacks, kills the tree and resumes
+  from the step-2 checkpoint; the run finishes its 6 steps with identical weights in rank_0 and rank_1;
 - s3: an s3:// run store (moto): outputs and checkpoints uploaded, latest_checkpoint is a URI, and a rerun without
   the local work folder resumes from the uploaded checkpoint (nothing retrained);
 plus the fast failures (missing base checkpoint, not enough disk) that must happen before anything is launched.
@@ -101,6 +105,33 @@ def _kill_after_checkpoints(out: Path, n: int, done: threading.Event, record: di
         time.sleep(0.02)
 
 
+def _stop_rank_after(out: Path, rank: int, step: int, done: threading.Event, record: dict) -> None:
+    """SIGSTOP rank `rank`'s trainer process (its pid from its heartbeat) once it has finished `step`."""
+    from pipeline_lib.train.heartbeat import read_heartbeats
+
+    while not done.is_set():
+        beat = read_heartbeats(out).get(rank)
+        if beat and beat["step"] >= step:
+            os.kill(beat["pid"], signal.SIGSTOP)
+            record.update(pid=beat["pid"], step=beat["step"], at=time.time())
+            return
+        time.sleep(0.02)
+
+
+def _dp2_with_a_stopped_rank(data) -> Outcome:
+    o = Outcome(*new_run(data, "dp2", parallel={
+        "devices": 2, "data_parallel": 2, "devices_per_node": 2, "master_port": free_port()},
+        training={"steps": 6, "save_steps": 2, "global_batch_size": 8, "hang_timeout_s": 8}))
+    done, record = threading.Event(), {}
+    threading.Thread(target=_stop_rank_after, args=(o.out, 1, 3, done, record), daemon=True).start()
+    try:
+        o.run()
+    finally:
+        done.set()
+    o.extra["stop"] = record
+    return o
+
+
 def _killed_then_resumed(data) -> Outcome:
     cfg, paths = new_run(data, "killed")
     first = Outcome(cfg, paths)
@@ -160,9 +191,7 @@ def _scenarios(data, s3_endpoint=None) -> dict[str, callable]:
         "reference": lambda: Outcome(*new_run(data, "reference", training={"preflight_steps": 4})).run(),
         "rollback": lambda: Outcome(*new_run(data, "rollback", training={
             "steps": 8, "guard": {"on_failure": "rollback", "max_rollbacks": 1}})).run(env=nan),
-        "dp2": lambda: Outcome(*new_run(data, "dp2", parallel={
-            "devices": 2, "data_parallel": 2, "devices_per_node": 2, "master_port": free_port()},
-            training={"steps": 4, "global_batch_size": 8})).run(),
+        "dp2": lambda: _dp2_with_a_stopped_rank(data),
         # unshuffled so that the guard can name the file rows of the bad batch
         "nan_stop": lambda: Outcome(*new_run(data, "nan-stop", training={"steps": 8, "shuffle": False})).run(env=nan),
         "preflight_fail": lambda: Outcome(*new_run(data, "preflight-fail", training={"preflight_steps": 3},
@@ -290,6 +319,21 @@ def test_reference_loss_falls_and_manifest(outcomes):
     assert run_stage(o.cfg, o.paths, "pretrain", log=lambda line: None)[1] is True
 
 
+def test_tensorboard_event_files_hold_the_loss_per_step(outcomes):
+    """mindformers' own tensorboard section: event files under <output_root>/_tensorboard/<run.name>/<run id>/pretrain,
+    holding the loss of every step as metrics.jsonl has it; the preflight writes none."""
+    from tensorboard_events import event_files, read_scalars
+
+    o = outcomes["reference"]
+    folder = Path(o.cfg.run.output_root) / "_tensorboard" / o.cfg.run.name / o.paths.run_id / "pretrain"
+    assert event_files(folder / "rank_0"), list(Path(o.cfg.run.output_root).rglob("*tfevents*"))
+    loss = read_scalars(folder)["loss"]
+    steps = _by_step(o)
+    assert sorted(loss) == sorted(steps) == list(range(1, 17))
+    assert all(loss[s] == pytest.approx(steps[s]["loss"], rel=1e-4) for s in steps)
+    assert not event_files(o.out / "preflight")
+
+
 def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
     o, ref = outcomes["killed"], outcomes["reference"]
     _ok(ref)
@@ -338,6 +382,81 @@ def test_nan_at_step_k_stops_at_k_with_diagnosis(outcomes):
     assert read_manifest(str(o.out)) is None
 
 
+def test_guard_rows_by_content_equal_the_unshuffled_positions_and_doctor_prints_the_documents(outcomes, tmp_path,
+                                                                                             capsys):
+    import yaml
+
+    from pipeline_lib.doctor.cli import doctor_main
+
+    o = outcomes["nan_stop"]
+    assert isinstance(o.error, GuardTripped), (o.error, o.lines[-30:])
+    diag = o.error.diagnoses[0]
+    # unshuffled, the rows are known by position (metrics.batch_rows); found by content they must be the same
+    assert [[hit["global_row"] for hit in hits] for hits in diag["batch_found"]] == [[20], [21], [22], [23]]
+    names = json.loads((o.out / "guard_diagnosis.json").read_text())["documents"]
+    assert names and all(d["steps"] == [6] for d in names)
+    config = tmp_path / "nan-stop.yaml"
+    config.write_text(yaml.safe_dump(o.cfg.model_dump(mode="json")))
+    assert doctor_main(["--run-id", "nan-stop", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "category: nan_or_overflow" in printed and "documents in the batches the loss guard stopped at" in printed
+    for d in names:
+        assert f"id {json.dumps(d['id'])} origin {d['origin']}" in printed
+    assert f"data.exclude_from=[{o.out / 'guard_diagnosis.json'}]" in printed
+
+
+def _sidecar_spans(data_dir: Path) -> dict[str, list[dict]]:
+    return {p.name.replace(".docs.jsonl", ".mindrecord"): [json.loads(ln) for ln in p.read_text().splitlines()]
+            for p in sorted((data_dir / "mindrecord" / "train").glob("*.docs.jsonl"))}
+
+
+def test_a_shuffled_bad_batch_is_named_by_documents_and_exclude_from_drops_exactly_them(outcomes, pretrain_data,
+                                                                                       tmp_path):
+    from pipeline_lib.config import config_from_dict
+    from pipeline_lib.storage import RunPaths
+    from pipeline_lib.storage.mindrecord import read_mindrecord_columns
+    from pretrain_fixtures import TINY, merge
+
+    o = outcomes["rollback"]
+    m = _ok(o).metrics
+    path = o.out / "guard_diagnosis.json"
+    assert "guard_diagnosis.json" in {x["path"] for x in o.manifest.outputs}
+    report = json.loads(path.read_text())
+    (trip,) = report["trips"]
+    assert trip["step"] == 6 and trip["reason"] == "nonfinite" and trip["documents_error"] is None
+    guard = json.loads((o.out / "guard" / "rank_0.json").read_text())
+    rows = trip["batch_rows"]
+    assert len(rows) == 4 and rows != [20, 21, 22, 23]  # shuffled: not the file order's batch 6
+    assert f"dataset rows {rows} (found by content)" in trip["batch_where"]
+    # each named row holds the tokens the batch tensor held (batch_head: its first 8 tokens of each row)
+    data_dir = pretrain_data.data_dir
+    files = sorted((data_dir / "mindrecord" / "train").glob("*.mindrecord"))
+    ids = np.concatenate([read_mindrecord_columns([f], ["input_ids"])["input_ids"] for f in files])
+    for hits, head in zip(guard["batch_found"], guard["batch_head"]):
+        assert [ids[h["global_row"]][:8].tolist() for h in hits] == [head]
+    # the documents are the sidecars' spans over those rows
+    spans = _sidecar_spans(data_dir)
+    expected = {span["origin"]: span["id"] for hits in guard["batch_found"] for h in hits
+                for span in spans[h["file"]] if span["row_start"] <= h["row"] <= span["row_end"]}
+    named = {d["origin"]: d["id"] for d in report["documents"]}
+    assert named == expected and len(named) >= 2
+    assert m["rollbacks"][0]["rows"] == rows
+    # the next run drops exactly them in the data stage: counted as filtered by reason guard, listed in excluded.jsonl
+    raw = merge(TINY, {"run": {"output_root": str(tmp_path / "runs")}, "data": {"exclude_from": [str(path)]}})
+    cfg = config_from_dict(raw)
+    paths = RunPaths(str(tmp_path / "runs"), "excluded")
+    manifest, _ = run_stage(cfg, paths, "data", workers=1)
+    folder = Path(paths.stage_uri("data"))
+    stats, before = (json.loads((f / "stats.json").read_text()) for f in (folder, data_dir))
+    assert stats["total"]["filtered"]["guard"] == len(named)
+    assert stats["total"]["kept"] == before["total"]["kept"] - len(named)
+    dropped = [json.loads(ln) for ln in (folder / "excluded.jsonl").read_text().splitlines()]
+    assert {d["origin"]: d["id"] for d in dropped if d["reason"] == "guard"} == named
+    trained_before = {span["origin"] for file_spans in spans.values() for span in file_spans}
+    trained_now = {span["origin"] for file_spans in _sidecar_spans(folder).values() for span in file_spans}
+    assert trained_now == trained_before - set(named)
+
+
 def test_rollback_skips_the_bad_window_and_finishes(outcomes):
     o = outcomes["rollback"]
     m = _ok(o).metrics
@@ -367,7 +486,7 @@ def test_failed_preflight_stops_before_training(outcomes):
 def test_two_rank_data_parallel_identical_weights(outcomes):
     o = outcomes["dp2"]
     m = _ok(o).metrics
-    assert m["steps"] == 4 and m["ranks"] == [0, 1]
+    assert m["steps"] == 6 and m["ranks"] == [0, 1]
     ckpts = m["checkpoints"]
     assert sorted(ckpts) == ["0", "1"] and "rank_1" in ckpts["1"]
     assert {f"checkpoint/rank_{r}/{Path(ckpts[str(r)]).name}" for r in (0, 1)} <= {x["path"] for x in o.manifest.outputs}
@@ -377,6 +496,32 @@ def test_two_rank_data_parallel_identical_weights(outcomes):
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     assert m["tokens_per_step"] == 512
+
+
+def test_a_stopped_rank_is_a_hang_named_by_the_doctor_and_the_resume_finishes(outcomes):
+    from pipeline_lib.doctor.classify import diagnose
+    from pipeline_lib.doctor.logs import read_logs, stage_log_files
+
+    o = outcomes["dp2"]
+    m = _ok(o).metrics
+    stop = o.extra["stop"]
+    assert stop, "rank 1 was never stopped"
+    (hang,) = m["hangs"]
+    # noticed within the hang limit: 8 s without a finished step, plus the 1 s poll
+    assert 8 <= hang["time"] - stop["at"] <= 8 + 1 + 2, hang["time"] - stop["at"]
+    assert hang["first_ranks"] == [1] and hang["step"] == stop["step"] and hang["hosts"] == [os.uname().nodename]
+    assert hang["ranks"]["1"]["state"] == "stopped" and hang["attempt"] == 1
+    rank0 = Path(hang["stacks"]).read_text().split("=== rank 1")[0]
+    assert "=== rank 0" in rank0 and "mindspore/train/model.py" in rank0  # its Python stack inside the train loop
+    # what `llm-pipeline doctor --run-id ID CONFIG --stage pretrain` reads: the stage folder's logs
+    diag = diagnose(read_logs(stage_log_files(o.out)))
+    assert diag.category == "hang" and diag.retry is True
+    assert f"stopped first: rank(s) 1 on host {os.uname().nodename} after step {stop['step']}" in diag.evidence[0]
+    # the resume: from the last verified checkpoint before the hang, every step once in metrics.jsonl
+    assert m["attempts"] == 2 and m["resumed_from_step"] is None
+    assert any("training 6 steps from tiny_llama_rank_0-" in ln and "(resume)" in ln for ln in o.lines)
+    raw = [json.loads(line) for line in (o.out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in raw) == list(range(1, 7)) and {r["attempt"] for r in raw} == {1, 2}
 
 
 def test_s3_store_uploads_outputs_and_a_rerun_elsewhere_resumes_from_the_upload(outcomes):

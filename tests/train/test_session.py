@@ -180,3 +180,37 @@ def test_the_sft_disk_check_sizes_from_the_layout(tmp_path):
     with pytest.raises(InsufficientDiskError, match=r"need [\d,]+ bytes \(4 checkpoints .* Fix: lower "
                                                      r"training.keep_checkpoint_max"):
         s.check_disk(CheckpointDisk({r: free for r in s.ranks}, need.copies))
+
+
+def test_a_hang_is_resumed_once_per_step_and_a_second_at_the_same_step_is_not_retried(tmp_path):
+    from pipeline_lib.doctor.retry import should_retry
+    from pipeline_lib.runtime.launcher import LaunchResult
+    from pipeline_lib.train.launch import TrainingHang
+    from pipeline_lib.train.session import HANG_FILE, Trained
+
+    cfg = _cfg(tmp_path)
+    lines: list[str] = []
+    session = TrainingSession(cfg, stage="pretrain", out=tmp_path / "out", remote=None, endpoint=None, steps=8,
+                              log=lines.append)
+    done = Trained(None, None)
+
+    def hang(step: int) -> TrainingHang:
+        line = f"[watchdog] hang: no training step finished for 9s (limit 8s); stopped first: rank(s) 1 after step {step}"
+        result = LaunchResult(["trainer"], -15, False, 1.0, stopped=line, tails={"launcher": [line]})
+        return TrainingHang(line, result, {"step": step, "first_ranks": [1], "stacks": "s.txt"})
+
+    done.attempts = 1
+    session._after_hang(hang(3), done)  # resumed: logged, nothing raised
+    assert "pretrain: training hung after step 3 (ranks [1] stopped first)" in lines[-1]
+    done.attempts = 2
+    session._after_hang(hang(5), done)  # another step: resumed again
+    # a later stage run (the Prefect retry) of the same run reads hang.json: step 5 again is not resumed
+    later = Trained(None, None)
+    later.attempts = 1
+    with pytest.raises(TrainingHang) as err:
+        session._after_hang(hang(5), later)
+    assert "it hung at step 5 before (attempt 2)" in str(err.value) and err.value.retryable is False
+    assert should_retry(err.value, transient=True) is False
+    assert should_retry(hang(7), transient=False) is True  # a first hang: the category says retry
+    hangs = json.loads((tmp_path / "out" / HANG_FILE).read_text())["hangs"]
+    assert [(h["step"], h["attempt"]) for h in hangs] == [(3, 1), (5, 2), (5, 1)]

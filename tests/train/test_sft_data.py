@@ -300,3 +300,23 @@ def test_fuzz_found_records_are_quarantined_naming_the_field(tmp_path, tpl, tok)
     assert stats["balanced"] and stats["total"]["kept"] == 1
     assert found[-1]["raw"] == json.dumps({"instruction": "Do \udc00 it", "output": "A.", "bad": "\ud801"},
                                           ensure_ascii=False)
+
+
+def test_too_few_rows_names_the_reasons_the_quarantine_and_only_changes_not_made(tmp_path, tpl, tok):
+    """The stage's own error when too little is left (the records really built and counted): counts per reason, the
+    quarantine file, and no "use sft.truncation=truncate_prompt" when it is already set."""
+    from pipeline_lib.config import load_config
+    from pipeline_lib.train.sft_data import too_few_rows
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi", "response": ""}\nnot json\n{"prompt": "a", "response": "b"}\n', encoding="utf-8")
+    rows, stats = build_sft_rows(iter_instruction_records([str(bad)]), tpl, tok, row_len=65, truncation="drop",
+                                 packing=False)
+    for truncation, micro in (("drop", 4), ("truncate_prompt", 1)):
+        cfg = load_config(str(ROOT / "configs/pipelines/tiny-cpu.yaml"),
+                          [f"sft.truncation={truncation}", f"sft.micro_batch_size={micro}"])
+        text = str(too_few_rows(cfg, stats["total"], tmp_path / "sft"))
+        assert "2 malformed (" in text and "bad_json: 1" in text and "empty_response: 1" in text
+        assert f"in {tmp_path / 'sft' / 'quarantine.jsonl'}" in text and "Fix: correct the quarantined records" in text
+        assert "truncation" not in text.split("Fix:")[1]  # nothing was too long: no truncation advice at all
+        assert ("lower sft.micro_batch_size (now 4)" in text) is (micro == 4)

@@ -125,6 +125,19 @@ def test_guard_stops_on_nan_and_the_rerun_resumes_from_the_last_good_checkpoint(
         {s: (before[s]["loss"], redone[s]) for s in range(21, 30)}
 
 
+def test_tensorboard_event_files_of_both_attempts_hold_the_loss(memorized):
+    """The SFT stage's event files (mindformers' tensorboard section) under the lineage's folder: both attempts (the
+    guard stop and the resume) wrote into the same run's folder, the loss of every step 1..60 among them."""
+    from tensorboard_events import event_files, read_scalars
+
+    cfg, paths = memorized["cfg"], memorized["paths"]
+    folder = Path(cfg.run.output_root) / "_tensorboard" / cfg.run.name / paths.run_id / "sft"
+    assert len(event_files(folder / "rank_0")) >= 2  # one per attempt
+    loss = read_scalars(folder)["loss"]
+    assert sorted(loss) == list(range(1, 61))
+    assert loss[60] == pytest.approx(losses(memorized["stage"])[-1], rel=1e-4)
+
+
 def test_lora_alone_memorizes_four_new_pairs(memorized):
     curve = losses(memorized["stage"])
     assert len(curve) == 60 and all(v == v for v in curve)

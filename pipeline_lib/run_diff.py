@@ -1,0 +1,228 @@
+"""What changed between two runs: `llm-pipeline diff CONFIG --run-id A --run-id B` and every night's artifact.
+
+`diff_runs(cfg, a, b)` reads both run folders under run.output_root (local or s3://, through the store) and
+`RunDiff.markdown()` renders, as narrow tables that stay readable in a 1,600 px window:
+1. data: per source file of each run the documents read / kept / excluded (rejected + filtered) / duplicated (exact +
+   near) and the top reasons (the data stage's stats.json), then the totals side by side with the change;
+2. the token mix: the training tokens of each file and its share of its run's, and the mix the stats name (`mix`);
+3. every perplexity (held-out, each reference set) and task accuracy per checkpoint label, A and B side by side
+   with the change (evaluate/metrics.json; held-out perplexity is on each run's own held-out split, the reference
+   sets and tasks are the same files);
+4. the fixed prompts whose answers changed, per checkpoint label both runs evaluated: the prompt, then A's answer
+   and B's answer one under the other (evaluate/<label>/generations.jsonl).
+A run without a data or evaluate stage shows as such in its sections. Raises RunNotFound (a ValueError) naming the
+run id, the folder and the fix when a run folder holds neither. Plain Python: no Prefect, no MindSpore.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from .evaluate.report import md_quote, md_table
+from .storage import RunPaths, store_for
+
+TOP_REASONS = 3
+
+
+class RunNotFound(ValueError):
+    """A run id with no data stats and no evaluation under run.output_root."""
+
+
+@dataclass
+class RunFacts:
+    run_id: str
+    uri: str
+    stats: dict | None = None            # data/stats.json
+    evaluation: dict | None = None       # evaluate/metrics.json
+    answers: dict = field(default_factory=dict)  # label -> prompt id -> generation text
+
+
+def _read_json(store, uri: str) -> dict | None:
+    return json.loads(store.get_bytes(uri)) if store.exists(uri) else None
+
+
+def read_run(cfg, run_id: str) -> RunFacts:
+    paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
+    store = store_for(paths.run_uri, cfg.run.s3_endpoint_url)
+    facts = RunFacts(run_id, paths.run_uri, _read_json(store, f"{paths.stage_uri('data')}/stats.json"),
+                     _read_json(store, f"{paths.stage_uri('evaluate')}/metrics.json"))
+    if facts.stats is None and facts.evaluation is None:
+        raise RunNotFound(f"--run-id {run_id}: {paths.run_uri} holds no data/stats.json and no evaluate/metrics.json; "
+                          "give a run id whose data or evaluate stage finished (ls run.output_root, or "
+                          "llm-pipeline status CONFIG --run-id ID)")
+    for ck in (facts.evaluation or {}).get("checkpoints", []):
+        uri = f"{paths.stage_uri('evaluate')}/{ck['dir']}/generations.jsonl"
+        if store.exists(uri):
+            facts.answers[ck["label"]] = {r["prompt_id"]: r["text"] for r in
+                                          map(json.loads, store.get_bytes(uri).decode("utf-8").splitlines()) if r}
+    return facts
+
+
+def diff_runs(cfg, run_a: str, run_b: str) -> "RunDiff":
+    return RunDiff(read_run(cfg, run_a), read_run(cfg, run_b))
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _change(a, b, relative: bool) -> str:
+    if a is None or b is None:
+        return "–"
+    if relative:
+        return f"{b / a - 1:+.2%}" if a else "–"
+    delta = b - a
+    return f"{delta:+,}" if isinstance(delta, int) else f"{delta:+.3f}"
+
+
+def _excluded(entry: dict) -> int:
+    return int(entry.get("rejected_total", 0)) + int(entry.get("filtered_total", 0))
+
+
+def _duplicated(entry: dict) -> int:
+    return int(entry.get("exact_duplicates", 0)) + int(entry.get("near_duplicates", 0))
+
+
+def top_reasons(entry: dict, n: int = TOP_REASONS) -> str:
+    """The n commonest reasons a file's documents were not kept (rejected, filtered, duplicates), with counts."""
+    counts = {**entry.get("rejected", {}), **entry.get("filtered", {})}
+    for kind in ("exact_duplicates", "near_duplicates"):
+        if entry.get(kind):
+            counts[kind.replace("_", " ")] = entry[kind]
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return ", ".join(f"{reason} {count}" for reason, count in ranked) or "–"
+
+
+def _file_name(name: str, entry: dict) -> str:
+    return PurePosixPath(entry.get("uri") or name).name or name
+
+
+def _checkpoint_metrics(ck: dict) -> dict[str, tuple[float | None, bool]]:
+    """metric name -> (value, relative change?) of one evaluated checkpoint."""
+    out = {"held-out perplexity": ((ck.get("perplexity") or {}).get("perplexity"), True)}
+    for name, ref in (ck.get("reference") or {}).items():
+        out[f"{name} perplexity"] = (ref.get("perplexity"), True)
+    for name, task in (ck.get("tasks") or {}).items():
+        out[f"{name} accuracy"] = (task.get("accuracy"), False)
+    return out
+
+
+@dataclass
+class RunDiff:
+    a: RunFacts
+    b: RunFacts
+
+    def data_rows(self) -> list[dict]:
+        rows = []
+        for facts in (self.a, self.b):
+            for name, entry in sorted(((facts.stats or {}).get("files") or {}).items()):
+                rows.append({"run": facts.run_id, "file": _file_name(name, entry), "read": entry.get("read"),
+                             "kept": entry.get("kept"), "excluded": _excluded(entry),
+                             "duplicated": _duplicated(entry), "top reasons": top_reasons(entry)})
+        return rows
+
+    def total_rows(self) -> list[dict]:
+        ta, tb = ((f.stats or {}).get("total") for f in (self.a, self.b))
+        figures = [("files", lambda t, s: len(s.get("files") or {})), ("read", lambda t, s: t.get("read")),
+                   ("kept", lambda t, s: t.get("kept")), ("excluded", lambda t, s: _excluded(t)),
+                   ("duplicated", lambda t, s: _duplicated(t)), ("training tokens", lambda t, s: t.get("tokens_train")),
+                   ("training rows", lambda t, s: t.get("rows_train")),
+                   ("held-out tokens", lambda t, s: t.get("tokens_heldout"))]
+        rows = []
+        for name, get in figures:
+            va = get(ta, self.a.stats) if ta is not None else None
+            vb = get(tb, self.b.stats) if tb is not None else None
+            rows.append({"": name, self.a.run_id: _fmt(va), self.b.run_id: _fmt(vb),
+                         "change": _change(va, vb, relative=False)})
+        return rows
+
+    def mix_rows(self) -> list[dict]:
+        rows = []
+        for facts in (self.a, self.b):
+            stats = facts.stats or {}
+            total = (stats.get("total") or {}).get("tokens_train") or 0
+            for name, entry in sorted((stats.get("files") or {}).items()):
+                tokens = entry.get("tokens_train") or 0
+                rows.append({"run": facts.run_id, "source": _file_name(name, entry), "training tokens": _fmt(tokens),
+                             "share": f"{tokens / total:.1%}" if total else "–"})
+            for name, value in sorted((stats.get("mix") or {}).items()):  # e.g. new vs replay, when the stats say
+                if isinstance(value, (int, float)):
+                    rows.append({"run": facts.run_id, "source": f"mix: {name}", "training tokens": _fmt(value),
+                                 "share": f"{value / total:.1%}" if total and isinstance(value, int) else "–"})
+        return rows
+
+    def labels(self) -> list[str]:
+        """Checkpoint labels of either run, B's order first."""
+        out = []
+        for facts in (self.b, self.a):
+            for ck in (facts.evaluation or {}).get("checkpoints", []):
+                if ck["label"] not in out:
+                    out.append(ck["label"])
+        return out
+
+    def metric_rows(self) -> list[dict]:
+        by = [{ck["label"]: _checkpoint_metrics(ck) for ck in (f.evaluation or {}).get("checkpoints", [])}
+              for f in (self.a, self.b)]
+        rows = []
+        for label in self.labels():
+            ma, mb = by[0].get(label, {}), by[1].get(label, {})
+            for metric in list(mb) + [m for m in ma if m not in mb]:
+                va, rel = ma.get(metric, (None, True))
+                vb, rel_b = mb.get(metric, (None, rel))
+                rows.append({"checkpoint": label, "metric": metric, self.a.run_id: _fmt(va),
+                             self.b.run_id: _fmt(vb), "change": _change(va, vb, relative=rel and rel_b)})
+        return rows
+
+    def changed_answers(self) -> list[dict]:
+        """One entry per (prompt, label) whose answer differs between the runs, in B's prompt order."""
+        prompts = {p["id"]: p for f in (self.a, self.b) for p in (f.evaluation or {}).get("prompts", [])}
+        order = [p["id"] for p in (self.b.evaluation or {}).get("prompts", [])] + \
+            [p["id"] for p in (self.a.evaluation or {}).get("prompts", [])]
+        out, seen = [], set()
+        for pid in order:
+            if pid in seen:
+                continue
+            seen.add(pid)
+            for label in self.labels():
+                before, after = self.a.answers.get(label, {}).get(pid), self.b.answers.get(label, {}).get(pid)
+                if before is not None and after is not None and before != after:
+                    out.append({"prompt_id": pid, "set": prompts[pid].get("set", ""), "prompt": prompts[pid]["prompt"],
+                                "checkpoint": label, "a": before, "b": after})
+        return out
+
+    def unchanged_count(self) -> int:
+        compared = sum(1 for label in self.labels() for pid in self.b.answers.get(label, {})
+                       if pid in self.a.answers.get(label, {}))
+        return compared - len(self.changed_answers())
+
+    def markdown(self, title: str | None = None) -> str:
+        a, b = self.a.run_id, self.b.run_id
+        parts = [f"# {title or f'What changed: {a} -> {b}'}\n",
+                 f"A = `{a}` ({self.a.uri}), B = `{b}` ({self.b.uri}).\n", "## Data\n"]
+        if self.a.stats is None or self.b.stats is None:
+            missing = [f.run_id for f in (self.a, self.b) if f.stats is None]
+            parts.append(f"_No data stage stats for {', '.join(missing)}._\n")
+        parts += ["Documents per source file (excluded = rejected + filtered, duplicated = exact + near; "
+                  "the top reasons any document was not kept):\n", md_table(self.data_rows()),
+                  "Totals:\n", md_table(self.total_rows()), "## Token mix\n", md_table(self.mix_rows()),
+                  "## Perplexity and task accuracy\n",
+                  "Perplexity change is relative, accuracy change absolute. Held-out perplexity is on each run's own "
+                  "held-out split; reference sets and tasks are the same files for both.\n",
+                  md_table(self.metric_rows()) if self.labels() else "_Neither run has an evaluation._\n",
+                  "## Answers that changed\n"]
+        changed = self.changed_answers()
+        parts.append(f"{len(changed)} answer(s) changed, {self.unchanged_count()} the same "
+                     "(fixed prompts, per checkpoint label both runs evaluated).\n")
+        last = None
+        for c in changed:
+            if c["prompt_id"] != last:
+                parts.append(f"### {c['prompt_id']} ({c['set']})\n\n{md_quote(c['prompt'])}\n")
+                last = c["prompt_id"]
+            parts.append(f"**{c['checkpoint']}, A** ({a})\n\n{md_quote(c['a'])}\n\n"
+                         f"**{c['checkpoint']}, B** ({b})\n\n{md_quote(c['b'])}\n")
+        return "\n".join(parts)

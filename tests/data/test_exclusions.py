@@ -1,0 +1,43 @@
+"""data.exclude_from / data.exclude_ids: what the data stage reads to drop documents (the stage's own run with them is
+in tests/train/test_pretrain_stage.py, on the guard_diagnosis.json of a real guard trip)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline_lib.config import config_from_dict
+from pipeline_lib.data.errors import DataStageError
+from pipeline_lib.data.exclusions import load_exclusions
+
+
+def _cfg(**data):
+    return config_from_dict({"data": data})
+
+
+def test_guard_documents_match_by_origin_and_id_lists_by_id(tmp_path):
+    diag = tmp_path / "guard_diagnosis.json"
+    diag.write_text(json.dumps({"trips": [], "documents": [{"id": "pm-0007", "origin": "corpus.jsonl:7", "steps": [6]}]}))
+    ids = tmp_path / "ids.txt"
+    ids.write_text('"pm-0100"\n17\nplain id\n\n')
+    ex = load_exclusions(_cfg(exclude_from=[str(diag)], exclude_ids=[str(ids)]))
+    assert ex.matches("pm-0007", "corpus.jsonl:7")
+    assert not ex.matches("pm-0007", "other.jsonl:7")  # the same id elsewhere is another document
+    assert ex.matches("pm-0100", "x:1") and ex.matches(17, "x:2") and ex.matches("plain id", "x:3")
+    assert not ex.matches("17", "x:4")  # ids compare as their JSON values: 17 is not "17"
+    assert not load_exclusions(_cfg())
+
+
+@pytest.mark.parametrize("text, problem", [("{}", "not a guard_diagnosis.json"),
+                                           ('{"documents": [{"id": 1}]}', "not a guard_diagnosis.json")])
+def test_a_file_that_is_not_a_guard_diagnosis_is_refused_naming_the_field(tmp_path, text, problem):
+    bad = tmp_path / "other.json"
+    bad.write_text(text)
+    with pytest.raises(DataStageError) as err:
+        load_exclusions(_cfg(exclude_from=[str(bad)]))
+    assert str(err.value).startswith(f"data.exclude_from={str(bad)!r}: {problem}") and "Fix:" in str(err.value)
+
+
+def test_a_missing_file_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(DataStageError, match=r"data.exclude_ids=.*cannot read it"):
+        load_exclusions(_cfg(exclude_ids=[str(tmp_path / "absent.txt")]))
