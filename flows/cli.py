@@ -122,12 +122,17 @@ class _EmbeddedServer:
         env.pop("PREFECT_API_URL", None)
         # Not this process's stdout/stderr: a server outliving the CLI must not hold the pipes of whoever
         # reads the CLI's output (it logs errors only; a failed start shows as its exit code).
-        cmd = [sys.executable, "-m", "flows.embedded_server", str(self.port), str(os.getpid())]
-        return subprocess.Popen(cmd, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                preexec_fn=die_with_parent(signal.SIGTERM))
+        self.ready, ready_w = os.pipe()  # one byte when it serves (flows/embedded_server.py): no polling
+        cmd = [sys.executable, "-m", "flows.embedded_server", str(self.port), str(os.getpid()), str(ready_w)]
+        try:
+            return subprocess.Popen(cmd, env=env, pass_fds=(ready_w,),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    preexec_fn=die_with_parent(signal.SIGTERM))
+        finally:
+            os.close(ready_w)
 
     def relaunch(self) -> None:
+        os.close(self.ready)
         self.port = self._free_port()
         self.server_process = self._run_uvicorn_command()
 
@@ -158,25 +163,22 @@ class embedded_api:
         return self
 
     def _wait_ready(self, timeout: float = 120) -> None:
+        import select
         import time
 
-        import httpx
-
         server, deadline = self.server, time.monotonic() + timeout
-        with httpx.Client(auth=tuple(server.auth.split(":", 1))) as client:
-            while time.monotonic() < deadline:
-                code = server.server_process.poll()
-                if code == 3:  # the port was taken meanwhile: another one (as Prefect's start does)
-                    server.relaunch()
-                    continue
-                if code is not None:
-                    raise RuntimeError(f"the embedded Prefect API exited with code {code} while starting")
-                try:
-                    if client.get(f"{server.api_url}/health", timeout=5).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([server.ready], [], [], 0.5)
+            if readable and os.read(server.ready, 1) == b"1":
+                os.close(server.ready)
+                return
+            if not readable and server.server_process.poll() is None:
+                continue
+            code = server.server_process.wait(timeout=30)  # the pipe closed without a byte: it exits
+            if code == 3:  # the port was taken meanwhile: another one (as Prefect's start does)
+                server.relaunch()
+                continue
+            raise RuntimeError(f"the embedded Prefect API exited with code {code} while starting")
         raise RuntimeError(f"the embedded Prefect API did not answer within {timeout:g} s; set PREFECT_API_URL "
                            "to a running Prefect server instead")
 

@@ -1,27 +1,28 @@
-"""The data stage flow: the steps of pipeline_lib.data.stage as tasks mapped over shards.
+"""The data stage flow: the steps of pipeline_lib.data.stage as six task runs (prep, dedup, tokenizer,
+tokenize, mindrecord, finalize) in the `data` stage flow, each fanning its shards out to a shard executor
+and naming the shards done in the stage's progress artifact (tasks/data_tasks.py).
 
-data.executor=prefect: shard steps run as concurrent task runs (a thread pool of data.num_workers)
-whose prep and tokenize work runs in a shared process pool of as many workers
-(pipeline_lib.data.stage.in_worker): task runs in a process pool are not recorded by Prefect 3.9's
-server in our tests, so the task runs stay in threads (one per shard in the UI) and only their work
-goes to processes.
-data.executor=dask: the same task runs go to Dask workers through prefect-dask's DaskTaskRunner
-(data.dask_address, or a local cluster of data.num_workers processes); each worker runs its
-Prefect task engine and reports the task run to the server itself, and does the work inline.
+data.executor=prefect: the shard executor is a process pool of data.num_workers workers shared by the
+process (pipeline_lib.data.stage.shard_pool; the CLI starts it while its Prefect API server boots).
+data.executor=dask: the shard work goes to the Dask cluster as plain functions (no Prefect engine on the
+workers): data.dask_address, or a local cluster of data.num_workers processes, started in the background
+while the prep task lists the inputs. Work and results move by path: a Dask task gets the config and a
+shard index and returns its counts; the shard's files are in the stage folder (s3:// across machines).
+The single steps (dedup, tokenizer training, finalize) run in the flow's process.
 data.executor=local runs the stage in one task with its own process pool instead.
 Every step is idempotent: a retry or a resumed run redoes only unfinished shards.
 """
 from __future__ import annotations
 
+import threading
 import time
 
-from prefect import flow, get_run_logger, unmapped
+from prefect import get_run_logger
 from prefect.states import Completed
-from prefect.task_runners import ThreadPoolTaskRunner
 
 from pipeline_lib.config.secrets import public_config
-from pipeline_lib.runtime.contract import StageOutput, StageRun
 from pipeline_lib.doctor.retry import attach_diagnosis
+from pipeline_lib.runtime.contract import StageOutput, StageRun
 from pipeline_lib.stages import run_stage
 from pipeline_lib.storage import RunPaths
 
@@ -30,54 +31,79 @@ from tasks.artifacts import ProgressReporter, publish_stage_artifacts
 from tasks.stage_log import StageLog
 
 
-def _each_done(futures, progress, step: str) -> None:
-    """Wait for all mapped shard tasks, reporting each one done (the progress bar counts shards); then raise the
-    first failure in shard order, as `.result()` on the list does."""
-    from prefect.futures import as_completed
+def local_cluster_kwargs(cfg) -> dict:
+    """The stage's own Dask cluster (data.dask_address null): data.num_workers processes of one thread (a
+    shard's work is CPU-bound Python, one at a time), on 127.0.0.1 only (its dashboard too, on a free port),
+    with temporary TLS credentials (security=True): a Dask scheduler runs whatever code a client sends it,
+    so another local account must not be one."""
+    return {"n_workers": cfg.data.num_workers, "threads_per_worker": 1, "processes": True, "host": "127.0.0.1",
+            "dashboard_address": "127.0.0.1:0", "security": True,
+            # each worker imports the data stage as it starts, while the inputs are listed, not on its first shard
+            "preload": ["pipeline_lib.data._warm"]}
 
-    futures = list(futures)
-    for done, _ in enumerate(as_completed(futures), 1):
-        progress(step, done, len(futures))
-    for future in futures:
-        future.result()
+
+class ShardExecutor:
+    """Where a step's shards run: get() is a concurrent.futures executor (or None: inline). With Dask the
+    client connects (or the local cluster starts, ~3-20 s of worker imports) in a background thread from
+    construction on, so that time overlaps with listing the inputs; get() waits for it."""
+
+    def __init__(self, cfg):
+        self.remote = cfg.data.executor == "dask"
+        self.workers = cfg.data.num_workers
+        self._cluster = self._client = self._error = None
+        self._ready = threading.Event()
+        if self.remote:
+            threading.Thread(target=self._connect, args=(cfg,), name="dask-connect", daemon=True).start()
+
+    def _connect(self, cfg) -> None:
+        try:
+            from distributed import Client, LocalCluster
+
+            if cfg.data.dask_address:
+                self._client = Client(cfg.data.dask_address)
+            else:
+                self._cluster = LocalCluster(**local_cluster_kwargs(cfg))
+                self._client = Client(self._cluster)
+            self.workers = max(1, len(self._client.scheduler_info().get("workers", {})) or self.workers)
+        except BaseException as exc:  # raised by get(), in the task that needs the cluster
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def get(self):
+        if not self.remote:
+            from pipeline_lib.data.stage import shard_pool
+
+            return shard_pool(self.workers)
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._client.get_executor(pure=False)
+
+    def close(self) -> None:
+        if not self.remote:
+            return
+        self._ready.wait()
+        for part in (self._client, self._cluster):
+            if part is not None:
+                part.close()
 
 
-@flow(name="data-shards", flow_run_name="data/{run_id}/shards", log_prints=True)
-def _shard_steps(config: dict, run_id: str) -> dict:
-    progress = ProgressReporter("data")
-    n = t.plan_task(config, run_id)
-    progress("prep", 0, n)
-    _each_done(t.prep_task.map(unmapped(config), unmapped(run_id), list(range(n))), progress, "prep")
+def shard_steps(config: dict, run_id: str, executor: ShardExecutor) -> dict:
+    """The stage's steps as task runs of the calling flow; returns the finalize step's outputs."""
+    progress = ProgressReporter("data")  # which shards each step has done
+    logger = get_run_logger()
+    n, read = t.prep_task(config, run_id, executor, progress)
+    logger.info(f"data: {n} shards, read {read} records")
     progress("dedup", 0, 1)
-    dup = t.dedup_task(config, run_id)
-    get_run_logger().info(f"data: dedup {dup}")
+    logger.info(f"data: dedup {t.dedup_task(config, run_id)}")
     progress("tokenizer", 0, 1)
-    t.tokenizer_task(config, run_id, n)
-    progress("tokenize", 0, n)
-    _each_done(t.tokenize_task.map(unmapped(config), unmapped(run_id), list(range(n))), progress, "tokenize")
-    items = t.mindrecord_plan_task(config, run_id)
-    progress("mindrecord", 0, len(items))
-    _each_done(t.mindrecord_task.map(unmapped(config), unmapped(run_id), [s for s, _ in items],
-                                     [j for _, j in items]), progress, "mindrecord")
+    t.tokenizer_task(config, run_id, n, executor)
+    t.tokenize_task(config, run_id, n, executor, progress)
+    t.mindrecord_task(config, run_id, executor, progress)
     manifest = t.finalize_task(config, run_id)
-    progress("finalize", 1, 1)
+    progress.finish()
     return manifest
-
-
-def _task_runner(cfg):
-    """Where the shard task runs go: Dask workers (data.executor=dask) or a thread pool."""
-    if cfg.data.executor != "dask":
-        return ThreadPoolTaskRunner(max_workers=cfg.data.num_workers)
-    from prefect_dask import DaskTaskRunner
-
-    if cfg.data.dask_address:
-        return DaskTaskRunner(address=cfg.data.dask_address)
-    # One thread per worker process: a shard's work is CPU-bound Python (the GIL), one at a time. The local
-    # cluster listens on 127.0.0.1 only (its dashboard too, on a free port), with temporary TLS credentials (security=True):
-    # a Dask scheduler runs whatever code a client sends it, so another local account must not be one.
-    return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.data.num_workers, "threads_per_worker": 1,
-                                          "processes": True, "host": "127.0.0.1", "dashboard_address": "127.0.0.1:0",
-                                          "security": True})
 
 
 def run_mapped_data(cfg, run_id: str) -> dict:
@@ -87,8 +113,11 @@ def run_mapped_data(cfg, run_id: str) -> dict:
     started = time.time()
 
     def shard_tasks(run: StageRun) -> StageOutput:
-        return StageOutput(**_shard_steps.with_options(task_runner=_task_runner(cfg))(config=public_config(cfg),
-                                                                                         run_id=run_id))
+        executor = ShardExecutor(cfg)
+        try:
+            return StageOutput(**shard_steps(public_config(cfg), run_id, executor))
+        finally:
+            executor.close()
 
     log = StageLog("data", paths, get_run_logger())  # the stage's lines in its log file too, its path on the terminal
     try:

@@ -28,7 +28,8 @@ def _key(*parts: str) -> str:
 
 
 class ProgressReporter:
-    """progress(step, done, total) callback -> one progress artifact, updated at most every 2 s."""
+    """progress(step, done, total[, detail]) callback -> one progress artifact, updated at most every 2 s;
+    `detail` (e.g. the shards not done yet) follows the count in its description."""
 
     def __init__(self, stage: str, min_interval: float = 2.0):
         self.stage = stage
@@ -37,19 +38,18 @@ class ProgressReporter:
         self.last = 0.0
         self.last_pct = 0.0
 
-    def __call__(self, step: str, done: int, total: int) -> None:
+    def __call__(self, step: str, done: int, total: int, detail: str = "") -> None:
         terminal.progress(self.stage, step, done, total)  # the CLI's progress bar, when it has one
         pct = 100.0 * done / total if total else 0.0
+        description = f"{self.stage}: {step} {done}/{total}" + (f"; {detail}" if detail else "")
         now = time.time()
         try:
             if self.artifact_id is None:
                 self.artifact_id = create_progress_artifact(
-                    progress=pct, key=_key(self.stage, "progress"),
-                    description=f"{self.stage}: {step} {done}/{total}")
+                    progress=pct, key=_key(self.stage, "progress"), description=description)
                 self.last = now
             elif now - self.last >= self.min_interval or done >= total:
-                update_progress_artifact(self.artifact_id, progress=pct,
-                                         description=f"{self.stage}: {step} {done}/{total}")
+                update_progress_artifact(self.artifact_id, progress=pct, description=description)
                 self.last = now
             self.last_pct = pct
         except Exception:  # the UI is a view; never fail a stage because an artifact could not be written

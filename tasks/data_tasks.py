@@ -1,10 +1,18 @@
-"""The data stage as Prefect tasks mapped over shards.
+"""The data stage as Prefect tasks: one task run per step (prep, dedup, tokenizer, tokenize, mindrecord,
+finalize), not per shard.
 
-Each task wraps one idempotent step of pipeline_lib.data.stage (a step whose completion marker
-exists returns at once), so a retried or resumed flow redoes only unfinished shards, and every
-shard shows as its own task run in the UI. Output does not depend on how many run at once.
+Each task fans its shards out to the run's shard executor (flows/data_flow.py: the shared process pool
+of data.num_workers workers, or the Dask cluster of data.executor=dask) and reports which shards are
+done in the stage's progress artifact. Every step function of pipeline_lib.data skips work whose
+completion marker exists, so a retried task or a resumed run redoes only unfinished shards. A task run
+per shard cost the Prefect engine's bookkeeping (run creation, state changes, log records) per shard
+on the stage's critical path, and grew with the shard count (bench/data.md, issue 31). Output does not
+depend on how the shards are spread.
 """
 from __future__ import annotations
+
+import concurrent.futures as cf
+from functools import partial
 
 from prefect import task
 from prefect.tasks import exponential_backoff
@@ -23,39 +31,81 @@ def _ctx(config: dict, run_id: str):
     return cfg, RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
 
 
-def _shard_processes(cfg) -> int:
-    """Processes for a shard's CPU work: on Dask the task already runs in a worker process (one task
-    at a time per worker), so it works inline; in the thread-pool runner a shared process pool."""
+def local_workers(cfg) -> int:
+    """Processes of this machine's shard pool: none with Dask (its workers do the shard work)."""
     return 1 if cfg.data.executor == "dask" else cfg.data.num_workers
 
 
 def warm_shard_work(cfg) -> None:
     """In the background: start the shard pool's workers (the fork server imports the data stage,
     ~0.6 s) and import what the dedup step needs in this process. For a caller about to wait on
-    something else: the plan task on listing the inputs, the CLI on its Prefect API server."""
+    something else: the prep task on listing the inputs, the CLI on its Prefect API server."""
     from pipeline_lib.data.stage import DEDUP_IMPORTS, preload, shard_pool, start_workers
 
-    workers = _shard_processes(cfg)
+    workers = local_workers(cfg)
     start_workers(shard_pool(workers), workers)
     preload(*DEDUP_IMPORTS)
 
 
-@task(name="data-plan", task_run_name="data/{run_id}/plan", **_RETRY)
-def plan_task(config: dict, run_id: str) -> int:
-    from pipeline_lib.data.prep import plan_data_stage
+def shard_ranges(indices) -> str:
+    """`0-3, 7, 9-10`: shard indices as ranges, for a progress line a person reads."""
+    parts, run = [], []
+    for k in sorted(indices):
+        if run and k == run[-1] + 1:
+            run.append(k)
+            continue
+        if run:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [k]
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(parts)
+
+
+def fan_out(executor, fn, items: list[tuple], step: str, progress) -> list:
+    """fn(*item) for each item on `executor` (inline when None), results in item order; `progress`
+    (step, done, total, detail) hears which items are not done yet. The first failure raises at once
+    (the rest are cancelled: their markers make the retry skip what did finish)."""
+    pending = dict.fromkeys(range(len(items)))
+
+    def tell():
+        left = f"not done: shards {shard_ranges(pending)}" if pending else "all done"
+        progress(step, len(items) - len(pending), len(items), left)
+
+    tell()
+    if executor is None:
+        out = []
+        for i, item in enumerate(items):
+            out.append(fn(*item))
+            del pending[i]
+            tell()
+        return out
+    futures = {executor.submit(fn, *item): i for i, item in enumerate(items)}
+    try:
+        for f in cf.as_completed(futures):
+            f.result()
+            del pending[futures[f]]
+            tell()
+        return [f.result() for f in futures]
+    finally:
+        for f in futures:
+            f.cancel()
+
+
+def _shards(cfg, paths, n: int) -> list[tuple]:
+    return [(cfg, paths, k) for k in range(n)]
+
+
+@task(name="data-prep", task_run_name="data/{run_id}/prep", **_RETRY)
+def prep_task(config: dict, run_id: str, executor, progress) -> tuple[int, int]:
+    """List the inputs, plan the shards, prepare every shard; returns (shards, records read)."""
+    from pipeline_lib.data.prep import plan_data_stage, prep_shard
 
     cfg, paths = _ctx(config, run_id)
     warm_shard_work(cfg)  # nothing new when the CLI did it already
-    return len(plan_data_stage(cfg, paths))
-
-
-@task(name="data-prep", task_run_name="data/{run_id}/prep-{index:05d}", **_RETRY)
-def prep_task(config: dict, run_id: str, index: int) -> dict:
-    from pipeline_lib.data.prep import prep_shard
-    from pipeline_lib.data.stage import in_worker
-
-    cfg, paths = _ctx(config, run_id)  # the work runs in a process pool: data.num_workers shards at once
-    return in_worker(prep_shard, cfg, paths, index, workers=_shard_processes(cfg))
+    n = len(plan_data_stage(cfg, paths))
+    counts = fan_out(executor.get(), prep_shard, _shards(cfg, paths, n), "prep", progress)
+    return n, sum(c["read"] for c in counts)
 
 
 @task(name="data-dedup", task_run_name="data/{run_id}/dedup", **_RETRY)
@@ -64,50 +114,47 @@ def dedup_task(config: dict, run_id: str) -> dict:
     from pipeline_lib.data.stage import warm_mindrecord_writer
 
     cfg, paths = _ctx(config, run_id)
-    if _shard_processes(cfg) > 1:
+    if local_workers(cfg) > 1:
         warm_mindrecord_writer()  # MindSpore's import on the core the dedup and tokenizer steps leave idle
     summary = dedup_stage(cfg, paths)
     return {k: sum(s[k] for s in summary["shards"]) for k in ("exact_duplicates", "near_duplicates", "kept")}
 
 
 @task(name="data-tokenizer", task_run_name="data/{run_id}/tokenizer", **_RETRY)
-def tokenizer_task(config: dict, run_id: str, n_shards: int) -> dict:
-    from pipeline_lib.data.stage import shard_pool, tokenizer_and_cleaned
+def tokenizer_task(config: dict, run_id: str, n_shards: int, executor) -> dict:
+    from pipeline_lib.data.stage import tokenizer_and_cleaned
 
-    cfg, paths = _ctx(config, run_id)  # the cleaned parts are written meanwhile, in the shard processes
-    return tokenizer_and_cleaned(cfg, paths, shard_pool(_shard_processes(cfg)), n_shards)
+    cfg, paths = _ctx(config, run_id)  # the cleaned parts are written meanwhile, by the shard executor
+    return tokenizer_and_cleaned(cfg, paths, executor.get(), n_shards)
 
 
-@task(name="data-tokenize", task_run_name="data/{run_id}/tokenize-{index:05d}", **_RETRY)
-def tokenize_task(config: dict, run_id: str, index: int) -> dict:
+@task(name="data-tokenize", task_run_name="data/{run_id}/tokenize", **_RETRY)
+def tokenize_task(config: dict, run_id: str, n_shards: int, executor, progress) -> None:
     from pipeline_lib.data.encode import tokenize_shard
-    from pipeline_lib.data.stage import in_worker
 
     cfg, paths = _ctx(config, run_id)
-    return in_worker(tokenize_shard, cfg, paths, index, workers=_shard_processes(cfg))
+    fan_out(executor.get(), tokenize_shard, _shards(cfg, paths, n_shards), "tokenize", progress)
 
 
-@task(name="data-mindrecord-plan", task_run_name="data/{run_id}/mindrecord-plan", **_RETRY)
-def mindrecord_plan_task(config: dict, run_id: str) -> list[tuple[str, int]]:
-    from pipeline_lib.data.encode import plan_mindrecord
+@task(name="data-mindrecord", task_run_name="data/{run_id}/mindrecord", **_RETRY)
+def mindrecord_task(config: dict, run_id: str, executor, progress) -> None:
+    """Plan the MindRecord files and write them: one group per process that pays MindSpore's import."""
+    from pipeline_lib.data.encode import plan_mindrecord, write_mindrecord_files
     from pipeline_lib.data.replay import prepare_replay, reads_earlier_runs
-    from pipeline_lib.data.stage import in_mindrecord_writer
+    from pipeline_lib.data.stage import in_mindrecord_writer, mindrecord_work
 
     cfg, paths = _ctx(config, run_id)
-    if _shard_processes(cfg) > 1 and reads_earlier_runs(cfg):  # read with MindSpore: in the warm writer
+    pool = executor.get()
+    if pool is not None and not executor.remote and reads_earlier_runs(cfg):  # read with MindSpore: in the warm writer
         in_mindrecord_writer(prepare_replay, cfg, paths)
-    return [tuple(x) for x in plan_mindrecord(cfg, paths)]
-
-
-@task(name="data-mindrecord", task_run_name="data/{run_id}/mindrecord-{split}-{j:05d}", **_RETRY)
-def mindrecord_task(config: dict, run_id: str, split: str, j: int) -> str:
-    from pipeline_lib.data.encode import write_mindrecord_shard
-    from pipeline_lib.data.stage import in_mindrecord_writer
-
-    cfg, paths = _ctx(config, run_id)
-    if _shard_processes(cfg) > 1:  # the process warmed by the dedup task
-        return in_mindrecord_writer(write_mindrecord_shard, cfg, paths, split, j)
-    return write_mindrecord_shard(cfg, paths, split, j)
+    # spread: the executor when the rows pay for a MindSpore import per worker; else one group
+    spread, groups = mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths), executor.workers)
+    if spread is None and pool is not None and not executor.remote:  # in the process the dedup task warmed
+        write = partial(in_mindrecord_writer, write_mindrecord_files, cfg, paths)
+        fan_out(None, write, [(g,) for g in groups], "mindrecord", progress)
+        return
+    write_on = spread or (pool if executor.remote else None)  # one group: on one Dask worker, or inline
+    fan_out(write_on, write_mindrecord_files, [(cfg, paths, g) for g in groups], "mindrecord", progress)
 
 
 @task(name="data-finalize", task_run_name="data/{run_id}/finalize", **_RETRY)

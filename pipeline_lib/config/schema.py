@@ -198,10 +198,11 @@ class DataConfig(_Section):
                              "each is a process).")
     executor: Literal["prefect", "local", "dask"] = Field(
         "prefect", json_schema_extra=NO_OUTPUT_EFFECT,
-        description="prefect: shard steps are Prefect tasks mapped over shards (a task run per "
-        "shard in the UI, run concurrently in threads); local: one task runs the stage with its own process pool "
-        "(fastest for large CPU-bound corpora); dask: the shard tasks run on Dask workers (prefect-dask's "
-        "DaskTaskRunner), a task run per shard in the UI, on data.dask_address or a local cluster.")
+        description="prefect: a task run per step (prep, dedup, tokenizer, tokenize, mindrecord, finalize), each "
+        "spreading its shards over a process pool of data.num_workers, the shards not done yet named in the stage's "
+        "progress artifact; local: one task runs the stage with its own process pool; dask: the same step tasks, "
+        "their shards run on Dask workers (data.dask_address, or a local cluster started while the inputs are "
+        "listed).")
     dask_address: str | None = Field(
         None, json_schema_extra=NO_OUTPUT_EFFECT,
         description="With data.executor=dask: address of an existing Dask scheduler (tcp://host:8786); its "

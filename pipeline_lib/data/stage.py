@@ -215,7 +215,7 @@ _POOL_MINDRECORD_BYTES = 1 << 30
 DEDUP_IMPORTS = ("datasketch", "pandas")
 
 
-def _mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple:
+def mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple:
     """(pool or None, groups of (split, j)): the pool only when the rows pay for a MindSpore import
     (~1-3 s) per worker: the shard writer takes ~100 MB/s of rows per process. Without it, one group
     in one process (the warm writer, or this process with one worker): the import is paid once, in
@@ -257,7 +257,7 @@ _WRITER = "mindrecord-writer"
 def _shared_pool(key, make) -> cf.ProcessPoolExecutor:
     with _SHARED_POOLS_LOCK:
         pool = _SHARED_POOLS.get(key)
-        if pool is None:
+        if pool is None or pool._broken:  # a worker died (killed, OOM): a retry gets a new pool
             pool = _SHARED_POOLS[key] = make()
     return pool
 
@@ -280,17 +280,8 @@ def _shards(workers: int) -> tuple:
 
 
 def shard_pool(workers: int) -> cf.ProcessPoolExecutor | None:
-    """The process pool of `workers` that this process's shard task runs share (in_worker); None for one."""
+    """The process pool of `workers` that this process's data step tasks share (tasks/data_tasks.py); None for one."""
     return _shared_pool(*_shards(workers)) if workers > 1 else None
-
-
-def in_worker(fn, *args, workers: int, **kwargs):
-    """fn(*args, **kwargs) in a process of a pool of `workers` that this process's callers share, for
-    Prefect task runs in threads: each shard stays one task run in the UI while the CPU work of
-    `workers` of them runs in parallel processes (threads alone hold the GIL). Inline when workers <= 1."""
-    if workers <= 1:
-        return fn(*args, **kwargs)
-    return _in_shared_pool(*_shards(workers), fn, *args, **kwargs)
 
 
 def _import_mindrecord() -> None:
@@ -390,7 +381,7 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
         _run_all(pool, partial(tokenize_shard, shared=shared), each, "tokenize", report)
         if writer is not None and reads_earlier_runs(cfg):  # with MindSpore: where it is imported already
             writer.submit(prepare_replay, cfg, paths, shared=shared).result()
-        mr_pool, groups = _mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers)
+        mr_pool, groups = mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers)
         _run_all(mr_pool or writer, partial(write_mindrecord_files, shared=shared), [(cfg, paths, g) for g in groups],
                  "mindrecord", report, inline_one=mr_pool is not None)
         report("finalize", 0, 1)

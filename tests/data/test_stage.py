@@ -510,16 +510,32 @@ def test_a_staged_index_segment_is_seen_only_once_published(tmp_path):
     assert len(np.load(segment / "keys.npy")) == len(np.load(segment / "sigs.npy")) == out.metrics["kept"]
 
 
-def test_in_worker_runs_in_a_shared_process_pool_and_inline_for_one_worker():
-    """Prefect-mapped shard tasks (threads) hand their work to processes: the CPU work of
-    data.num_workers shards runs in parallel, not under one GIL."""
+def test_shard_pool_is_shared_and_replaced_when_a_worker_died():
+    """The data flow's step tasks share one process pool per worker count (none for one worker); a pool
+    whose worker was killed is broken for good, so the task's retry must get a new one."""
     import os
+    import signal
 
-    from pipeline_lib.data.stage import in_worker
+    from pipeline_lib.data.stage import shard_pool
 
-    assert in_worker(os.getpid, workers=1) == os.getpid()
-    pids = {in_worker(os.getpid, workers=2) for _ in range(4)}
-    assert os.getpid() not in pids and 1 <= len(pids) <= 2  # the same pool of two serves every call
+    assert shard_pool(1) is None
+    pool = shard_pool(2)
+    assert shard_pool(2) is pool
+    pid = pool.submit(os.getpid).result()
+    assert pid != os.getpid()
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(Exception):
+        pool.submit(time_sleep_then_pid).result(timeout=60)
+    fresh = shard_pool(2)
+    assert fresh is not pool and fresh.submit(os.getpid).result(timeout=60) != pid
+
+
+def time_sleep_then_pid() -> int:
+    import os
+    import time
+
+    time.sleep(0.5)
+    return os.getpid()
 
 
 def _outputs(cfg, run_id="r1", rename=("", "")) -> dict:
