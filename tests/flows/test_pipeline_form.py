@@ -60,6 +60,7 @@ def test_the_chain_deployment_is_prefilled_with_its_config_file_and_the_schema_a
     assert resolve_config(params["config"], None, sections) == resolve_config(TINY)  # unchanged form = the file
 
 
+@pytest.mark.e2e  # the whole chain flow, on the stage doubles
 def test_a_run_with_two_changed_fields_has_the_stage_identities_of_the_same_overrides(prefect_server, stage_doubles,
                                                                                       tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
