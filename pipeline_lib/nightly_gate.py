@@ -6,7 +6,10 @@ sets model.base_checkpoint to `latest`, or the configured base on the first nigh
 - perplexity of the domain held-out split and of each evaluate.reference_sets file: the candidate may be at most
   `max_perplexity_increase` (relative) above the promoted model;
 - task accuracy (a task's `accuracy` per checkpoint, when the evaluate stage scored tasks): at most
-  `max_task_drop` (absolute) below.
+  `max_task_drop` (absolute) below, or within the noise of the task's size when that is larger: twice the
+  standard error of the difference of two accuracies on its n items (`task_items`), 2*sqrt((a(1-a)+b(1-b))/n).
+  On a 20-item task one answer is 0.05: without it a budget of 0.02 would hold every night whose answers moved
+  by one item, which says nothing about the model.
 It returns a `Verdict`: `regressed` (any metric over budget), one row per metric with both values, the change and
 the budget, and the message the night's state, artifact and webhook carry. With nothing promoted to compare with
 (a first night from scratch) the candidate passes and the verdict says so.
@@ -14,6 +17,7 @@ Plain Python: no Prefect, no MindSpore.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 CANDIDATE, PROMOTED = "pretrained", "base"
@@ -87,9 +91,12 @@ def judge(cfg, evaluate_metrics: dict) -> Verdict:
         if after is None:
             continue
         drop = before - after
+        items = (cand.get("task_items") or {}).get(task)
+        noise = 2 * math.sqrt((before * (1 - before) + after * (1 - after)) / items) if items else 0.0
+        budget = max(gate.max_task_drop, noise)
         rows.append({"metric": f"{task} accuracy", "promoted": before, "candidate": after, "change": -drop,
-                     "change_text": f"{-drop:+.3f}", "budget": gate.max_task_drop,
-                     "budget_text": f"-{gate.max_task_drop:.3f}",
-                     "used": drop / gate.max_task_drop if gate.max_task_drop else float(drop > 0),
-                     "ok": drop <= gate.max_task_drop})
+                     "change_text": f"{-drop:+.3f}", "budget": budget, "noise": noise, "items": items,
+                     "budget_text": f"-{budget:.3f}" + (f" (noise of {items} items)" if noise > gate.max_task_drop
+                                                         else ""),
+                     "used": drop / budget if budget else float(drop > 0), "ok": drop <= budget})
     return Verdict(regressed=any(not r["ok"] for r in rows), rows=rows)

@@ -662,7 +662,8 @@ class GateConfig(_Section):
         "lineage's fixed held-out rows) by at most this fraction over the promoted model's, measured on the same "
         "rows in the same evaluate run (0.05 = 5%).")
     max_task_drop: float = Field(0.02, ge=0, le=1, description="Largest accepted drop of a task's accuracy "
-                                 "(absolute, per task) against the promoted model.")
+                                 "(absolute, per task) against the promoted model; on a small task the noise of its "
+                                 "size decides when larger (twice the standard error of the difference on its items).")
     on_regression: Literal["hold", "ask"] = Field(
         "hold", description="Over budget: hold (latest stays, the candidate is kept under `held` in the nightly "
         "state, the night ends Completed `Held`) or ask (the night waits for a person in the Prefect UI: approve "
