@@ -20,6 +20,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import psutil
+
 PG_ROOT = Path("/usr/lib/postgresql")
 
 
@@ -41,16 +43,6 @@ def available() -> str | None:
 PREFIX, OWNER = "llm-pipeline-pg-", "owner.pid"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stop_orphans() -> list[Path]:
     """Stop and remove the clusters of test sessions that died without stopping them; returns their folders."""
     gone = []
@@ -59,7 +51,7 @@ def stop_orphans() -> list[Path]:
             owner = int((folder / OWNER).read_text())
         except (OSError, ValueError):
             continue  # being made right now, or whose owner cannot be told: not ours to stop
-        if _alive(owner):
+        if psutil.pid_exists(owner):
             continue
         as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         PostgresCluster(folder, 0, "", as_user).stop()
