@@ -1,4 +1,5 @@
-"""pipeline_lib.nightly_gate.judge on evaluate metrics as the evaluate stage writes them (report.summary_rows)."""
+"""pipeline_lib.nightly_gate.judge on evaluate metrics as the evaluate stage writes them (report.summary_rows; the
+flow around it: tests/flows/test_nightly_gate.py)."""
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.nightly_gate import judge
 
