@@ -239,8 +239,9 @@ def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: di
     tail = "files consumed, nothing trained, latest checkpoint unchanged"
     if found.get("kind") == "no_usable_documents":
         name, title = "NoUsableData", "no usable data"
-        reasons = ", ".join(f"{n} {r}" for r, n in sorted({**found["rejected"], **found["filtered"]}.items(),
-                                                         key=lambda kv: -kv[1]))
+        from pipeline_lib.data.prep import unusable_reasons
+
+        reasons = unusable_reasons(found)
         message = (f"{run_id}: no usable data: {len(files)} new file(s), {found['read']} records read, all rejected "
                    f"or filtered ({reasons}); {tail}. The records and their reasons are in "
                    f"{', '.join(found['records']['quarantine.jsonl'] + found['records']['excluded.jsonl'])}")

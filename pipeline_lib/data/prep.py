@@ -386,6 +386,11 @@ def _nothing_kept(cfg, ws: Workspace, n_shards: int, per_shard: list[dict], from
         f"(llm-pipeline dedup-index list|clear CONFIG --lineage {lineage(cfg)})", found)
 
 
+def unusable_reasons(found: dict) -> str:
+    """"3 bad_json, 1 empty_text": the reasons of a no_usable_documents count, most frequent first."""
+    return ", ".join(f"{n} {r}" for r, n in (Counter(found["rejected"]) + Counter(found["filtered"])).most_common())
+
+
 def _nothing_usable(cfg, ws: Workspace, counts: list[dict], read: int) -> None:
     rejected, filtered = Counter(), Counter()
     for c in counts:
@@ -393,7 +398,7 @@ def _nothing_usable(cfg, ws: Workspace, counts: list[dict], read: int) -> None:
         filtered.update(c["filtered"])
     files = {name: [join(ws.uri, shard_dir(k), name) for k, c in enumerate(counts) if c["written"][name]]
              for name in ("quarantine.jsonl", "excluded.jsonl")}
-    reasons = ", ".join(f"{n} {r}" for r, n in (rejected + filtered).most_common())
+    reasons = unusable_reasons({"rejected": rejected, "filtered": filtered})
     where = "; ".join(f"{name}: {', '.join(uris)}" for name, uris in files.items() if uris) or "none written"
     if read and set(rejected) == {"missing_text"} and not filtered:
         raise DataStageError("data.text_field", cfg.data.text_field, f"none of the {read} records read from "
