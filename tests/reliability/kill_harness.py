@@ -73,8 +73,10 @@ class Pipeline:
     def run_dir(self) -> Path:
         return self.root / self.run_id
 
-    def run(self, kill: str | None = None, report: Path | None = None, timeout: float = 900) -> Attempt:
-        return self._cli(["run", CONFIG, "--run-id", self.run_id], kill, report, timeout)
+    def run(self, kill: str | None = None, report: Path | None = None, timeout: float = 900,
+            stages: tuple[str, ...] = STAGES) -> Attempt:
+        picked = [] if tuple(stages) == tuple(STAGES) else ["--stages", ",".join(stages)]
+        return self._cli(["run", CONFIG, "--run-id", self.run_id, *picked], kill, report, timeout)
 
     def nightly(self, date: str, inputs: str, kill: str | None = None, report: Path | None = None,
                 timeout: float = 900) -> Attempt:

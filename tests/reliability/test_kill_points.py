@@ -21,7 +21,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.train]
 FULL = os.environ.get("HYPOTHESIS_PROFILE") == "reliability"
 RELIABILITY_ROW = "kill_points"
 
-CI_CASES = {"data:data.mindrecord.mid_file", "pretrain:checkpoint.before_latest", "export:export.mid_mindir"}
+# The cases `make test` runs, each with the stages its runs go through: the data case stops after data (its
+# bytes equal the reference's, and the pretrain case shows that training resumes on such data); the reliability
+# profile runs every case through every stage.
+CI_CASES = {"data:data.mindrecord.mid_file": ("data",), "pretrain:checkpoint.before_latest": STAGES,
+            "export:export.mid_mindir": STAGES}
 CASES = [
     *(Case(f"{s}.before_manifest", s) for s in STAGES),
     Case("data.prep.between_shards", "data", nth=2),
@@ -97,11 +101,12 @@ def test_kill_then_rerun_resumes_and_matches(case, golden, prefect_home, tmp_pat
     if case.name not in CI_CASES and not FULL:
         pytest.skip("the full kill-point table runs in the reliability profile (bench/reliability.py)")
     known(case)
+    stages = STAGES if FULL else CI_CASES[case.name]
     run = Pipeline(tmp_path / "runs", prefect_home)
     run.seed_from(golden, case.stage)
     row = {"killed": False, "resumed": False, "outputs_equal": False}
     try:
-        first = run.run(kill=f"{case.point}@{case.nth}", report=tmp_path / "killed-1")
+        first = run.run(kill=f"{case.point}@{case.nth}", report=tmp_path / "killed-1", stages=stages)
         assert killed_by_sigkill(first) and set(first.killed_at) == {case.point}, \
             (first.returncode, first.killed_at, first.output[-3000:])
         row["killed"] = True
@@ -110,17 +115,17 @@ def test_kill_then_rerun_resumes_and_matches(case, golden, prefect_home, tmp_pat
         assert run.partial_outputs() == [], "a finished stage lists outputs that are partial"
         done_before = run.manifests()
         if case.then:  # kill again while the rerun resumes
-            again = run.run(kill=case.then, report=tmp_path / "killed-2")
+            again = run.run(kill=case.then, report=tmp_path / "killed-2", stages=stages)
             assert killed_by_sigkill(again) and set(again.killed_at) == {case.then}, again.output[-3000:]
             assert run.partial_outputs() == []
-        rerun = run.run()
+        rerun = run.run(stages=stages)
         assert rerun.returncode == 0, rerun.output[-4000:]
         after = run.manifests()
-        assert set(after) == set(STAGES), f"not every stage completed: {sorted(after)}"
+        assert set(after) == set(STAGES[:STAGES.index(stages[-1]) + 1]), f"not every stage completed: {sorted(after)}"
         redone = [s for s, raw in done_before.items() if after[s] != raw]
         assert not redone, f"stages whose manifest was complete were redone: {redone}"
         row["resumed"] = True
-        diffs = [d for s in STAGES[STAGES.index(case.stage):] for d in differences(run, golden, s)]
+        diffs = [d for s in STAGES[STAGES.index(case.stage):] if s in after for d in differences(run, golden, s)]
         assert diffs == [], diffs
         row["outputs_equal"] = True
     finally:

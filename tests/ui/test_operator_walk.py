@@ -13,7 +13,7 @@ from prefect import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
 from flows.nightly import night_date
-from ui_helpers import CONTENT, ROOT, WINDOW, cli, finished_run, hidden_width
+from ui_helpers import CONTENT, ROOT, WINDOW, cli, finished_run, hidden_width, open_artifact_tab
 
 TINY = "configs/pipelines/tiny-cpu.yaml"
 
@@ -148,12 +148,7 @@ def test_a_nightly_quick_run_is_named_by_its_date_in_the_schedules_zone(chain_de
         run = finished_run(created.value.json()["id"], 120)
         assert run.state.is_completed() and run.state.name == "Skipped", run.state
         assert run.name == f"nightly/{night_date('Asia/Shanghai')}"
-        page.goto(f"{ui_url}/runs/flow-run/{run.id}")
-        page.get_by_text(run.name).first.wait_for()
-        page.get_by_text("Artifacts", exact=True).first.click()
-        page.get_by_text("nightly-summary", exact=True).first.click()
-        page.locator(CONTENT).wait_for()
-        summary = page.locator(CONTENT).inner_text()
+        summary = open_artifact_tab(page, ui_url, run.id, "nightly-summary")
         assert f"Night {night_date('Asia/Shanghai')}: Skipped" in summary and "Asia/Shanghai" in summary
         _fits(page, "nightly-summary", screenshot)
     finally:

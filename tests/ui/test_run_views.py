@@ -12,7 +12,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, Fl
 
 from flows.pipeline import llm_pipeline
 from pipeline_lib import stages
-from ui_helpers import CONTENT, WINDOW, hidden_width, overflow
+from ui_helpers import CONTENT, WINDOW, hidden_width, open_artifact_tab, overflow
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_server", "stage_doubles")]
 
@@ -61,11 +61,7 @@ def run_artifacts(run_id: str) -> list:
 
 def open_overview(page, ui_url: str, run_id: str) -> str:
     """As a user does: the parent run's page, its Artifacts tab, the overview card. Returns the text."""
-    page.goto(f"{ui_url}/runs/flow-run/{flow_run_id(f'llm-pipeline/{run_id}')}")
-    page.get_by_text("Artifacts", exact=True).first.click()
-    page.get_by_text(f"run-overview-{run_id}", exact=True).first.click()
-    page.locator(CONTENT).wait_for()
-    return page.locator(CONTENT).inner_text()
+    return open_artifact_tab(page, ui_url, flow_run_id(f"llm-pipeline/{run_id}"), f"run-overview-{run_id}")
 
 
 def test_parent_overview_shows_every_stage_and_the_evaluation_fits_the_window(tiny_cfg, eval_double, page,
@@ -120,11 +116,7 @@ def test_failing_stage_shows_its_error_in_the_overview_and_a_rerun_shows_cached(
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(
             any_=["llm-pipeline/ui-fail (resume 1)"])))  # a resume is a flow run of its own name
     assert len(runs) == 1
-    page.goto(f"{ui_url}/runs/flow-run/{runs[0].id}")
-    page.get_by_text("Artifacts", exact=True).first.click()
-    page.get_by_text("run-overview-ui-fail", exact=True).first.click()
-    page.locator(CONTENT).wait_for()
-    text = page.locator(CONTENT).inner_text()
+    text = open_artifact_tab(page, ui_url, runs[0].id, "run-overview-ui-fail")
     assert text.count("Cached") >= 3  # the legend, data and pretrain (not redone)
     assert "Earlier flow runs of this run" in text and "llm-pipeline/ui-fail (Failed)" in text
     screenshot(page, "run-overview-resumed")

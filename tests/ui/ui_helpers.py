@@ -36,6 +36,27 @@ def finished_run(flow_run_id: str, timeout: float):
     raise AssertionError(f"flow run {flow_run_id} not finished after {timeout} s: {run.state}")
 
 
+def open_artifact_tab(page, ui_url: str, flow_run_id, key: str) -> str:
+    """As a user does: the flow run's page, its Artifacts tab, the card `key`; returns the artifact's text.
+    The page is loaded again once when the card did not show: on a busy machine the tab's list was seen to stay
+    empty for 30 s (its first request answered before the run's artifacts were readable), and a person would
+    reload too."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in (1, 2):
+        page.goto(f"{ui_url}/runs/flow-run/{flow_run_id}")
+        page.get_by_role("tab", name="Artifacts").or_(page.get_by_text("Artifacts", exact=True)).first.click()
+        card = page.get_by_text(key, exact=True).first
+        try:
+            card.click(timeout=20_000 if attempt == 1 else 30_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+    page.locator(CONTENT).wait_for()
+    return page.locator(CONTENT).inner_text()
+
+
 def hidden_width(page) -> list:
     """Elements of the page content whose content is wider than they show (scrolled or cut off), and the
     page's own width: what a user at a 1,600 px window cannot see without scrolling sideways."""
