@@ -29,3 +29,10 @@ def test_defaults_without_log_dir(monkeypatch):
     env = subprocess_env()
     assert env["GLOG_v"] == "3" and env["PYTHONPATH"] == str(PROJECT_ROOT) and "LOG_MF_PATH" not in env
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+
+
+def test_the_compile_cache_of_the_users_shell_does_not_reach_a_child(monkeypatch):
+    monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", "1")
+    monkeypatch.setenv("MS_COMPILER_CACHE_PATH", "/tmp/somewhere")
+    env = subprocess_env(extra={"GLOG_v": "2"})
+    assert "MS_COMPILER_CACHE_ENABLE" not in env and "MS_COMPILER_CACHE_PATH" not in env
