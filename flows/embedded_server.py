@@ -61,7 +61,7 @@ def _blocks_state(db: str) -> dict | None:
             block_types = con.execute("SELECT count(*) FROM block_type").fetchone()[0]
     except sqlite3.Error:
         return None
-    collections = sorted((ep.dist.name, ep.dist.version) for ep in entry_points(group="prefect.collections") if ep.dist)
+    collections = sorted([ep.dist.name, ep.dist.version] for ep in entry_points(group="prefect.collections") if ep.dist)
     return {"prefect": version("prefect"), "collections": collections, "revision": sorted(r[0] for r in revision),
             "block_types": block_types}
 
