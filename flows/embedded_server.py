@@ -104,12 +104,12 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         gc.freeze()  # the boot's objects live as long as the server: out of every later pass
         gc.enable()
-        if self.started and self.stamp_db is not None:
-            stamp_blocks_registered(self.stamp_db)
         if self.started and self.ready_fd is not None:
             os.write(self.ready_fd, b"1")
             os.close(self.ready_fd)
             self.ready_fd = None
+        if self.started and self.stamp_db is not None:  # after the byte: not the CLI's wait
+            stamp_blocks_registered(self.stamp_db)
 
     def handle_exit(self, sig, frame) -> None:
         timer = threading.Timer(GRACE_S, os._exit, args=(0,))
