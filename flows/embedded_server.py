@@ -9,10 +9,23 @@ to its end would wait forever). Exit code 3 when it could not start (e.g. the po
 uvicorn's own command. READY_FD: a pipe's write end that gets one byte once the app has started and the port
 listens, so the CLI waits without polling /health (every poll is a request the booting server must serve,
 on the cores it boots on).
-Deliberately imports no Prefect here: uvicorn imports the app factory itself.
+
+Its boot is the CLI's wait (~3.5 s of CPU, on the cores the data stage's pool warms on; bench/data.md, issue 31),
+so two things it does not redo on every start:
+- the garbage collector's passes over the ~1M objects the import of prefect.server creates (~0.4 s): off until
+  the app serves, then those objects are frozen out of later passes (gc.freeze);
+- block auto-registration, when the database already holds this Prefect's blocks: Prefect's own memo of it
+  still imports every collection (prefect_dask, i.e. dask and distributed: ~0.25 s) to hash the block registry.
+  BOOT_STAMP, beside the SQLite file, records after a start that registered them: Prefect's version, the
+  versions of the installed collections, the schema revision and the block types in the database. A start that
+  finds all of them unchanged skips the registration; a new or reset database, a Prefect or collection upgrade
+  or a migration registers as before. Migrations are left to Prefect: at the head revision alembic's check costs
+  ~0.01 s here.
 """
 from __future__ import annotations
 
+import gc
+import json
 import os
 import signal
 import sys
@@ -23,17 +36,80 @@ import uvicorn
 
 GRACE_S = 10.0
 STARTUP_FAILURE = 3
+BOOT_STAMP = ".llm-pipeline-boot.json"  # suffix to the SQLite file's path
+
+
+def _sqlite_path() -> str | None:
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url.get_secret_value()
+    prefix = "sqlite+aiosqlite:///"
+    return url[len(prefix):] if url.startswith(prefix) and ":memory:" not in url else None
+
+
+def _blocks_state(db: str) -> dict | None:
+    """What decides whether the database holds this install's blocks; None when it cannot tell (no file yet,
+    no schema, locked)."""
+    import sqlite3
+    from importlib.metadata import entry_points, version
+
+    if not os.path.exists(db):
+        return None
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as con:
+            revision = con.execute("SELECT version_num FROM alembic_version").fetchall()
+            block_types = con.execute("SELECT count(*) FROM block_type").fetchone()[0]
+    except sqlite3.Error:
+        return None
+    collections = sorted([ep.dist.name, ep.dist.version] for ep in entry_points(group="prefect.collections") if ep.dist)
+    return {"prefect": version("prefect"), "collections": collections, "revision": sorted(r[0] for r in revision),
+            "block_types": block_types}
+
+
+def blocks_registered(db: str | None) -> bool:
+    """The database at `db` holds the blocks a start of this install would register (BOOT_STAMP matches)."""
+    if db is None:
+        return False
+    try:
+        with open(db + BOOT_STAMP, encoding="utf-8") as f:
+            stamp = json.load(f)
+    except (OSError, ValueError):
+        return False
+    state = _blocks_state(db)
+    return state is not None and stamp == state
+
+
+def stamp_blocks_registered(db: str | None) -> None:
+    """After a start that ran block registration: record the state it left (temp file + rename)."""
+    state = _blocks_state(db) if db else None
+    if state is None:
+        return
+    tmp = f"{db}{BOOT_STAMP}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(state, f)
+        os.replace(tmp, db + BOOT_STAMP)
+    except OSError:  # a read-only Prefect home: registration is simply not skipped next time
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 class _Server(uvicorn.Server):
     ready_fd: int | None = None
+    stamp_db: str | None = None  # the SQLite file whose blocks this start registered
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
+        gc.freeze()  # the boot's objects live as long as the server: out of every later pass
+        gc.enable()
         if self.started and self.ready_fd is not None:
             os.write(self.ready_fd, b"1")
             os.close(self.ready_fd)
             self.ready_fd = None
+        if self.started and self.stamp_db is not None:  # after the byte: not the CLI's wait
+            stamp_blocks_registered(self.stamp_db)
 
     def handle_exit(self, sig, frame) -> None:
         timer = threading.Timer(GRACE_S, os._exit, args=(0,))
@@ -59,7 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     server = _Server(config)
     server.ready_fd = int(args[2]) if len(args) > 2 else None
     threading.Thread(target=_exit_when_orphaned, args=(server, parent), daemon=True).start()
-    server.run()
+    gc.disable()
+    from prefect.settings import (PREFECT_API_BLOCKS_REGISTER_ON_START, PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION,
+                                  temporary_settings)
+
+    db = _sqlite_path()
+    if not blocks_registered(db):
+        server.stamp_db = db
+        server.run()
+    else:  # the settings context reaches the app's lifespan: asyncio.run copies this thread's context
+        with temporary_settings({PREFECT_API_BLOCKS_REGISTER_ON_START: False, PREFECT_MEMOIZE_BLOCK_AUTO_REGISTRATION: False}):
+            server.run()
     return 0 if server.started else STARTUP_FAILURE
 
 

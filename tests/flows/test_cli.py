@@ -116,3 +116,20 @@ def test_the_embedded_api_answers_only_its_own_processes(tmp_path, monkeypatch):
         with get_client(sync_client=True) as client:
             client.read_flow_runs()  # our own client gets in
     assert "PREFECT_API_AUTH_STRING" not in os.environ
+
+
+def test_run_turns_the_collector_back_on_however_it_ends(tmp_path, monkeypatch):
+    """`run` switches the garbage collector off while it imports Prefect and the flows (flows/cli.py
+    _imports_done): a refused config must not leave it off in the calling process."""
+    import gc
+
+    from flows import cli
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # no embedded server for a refusal
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: {docs_per_shard: -3}\n")
+    assert gc.isenabled()
+    assert cli.main(["run", str(bad), "--stages", "data"]) == 2
+    assert gc.isenabled()
+    assert cli.main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert gc.isenabled()
