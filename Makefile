@@ -41,7 +41,7 @@ demo: $(STAMP)
 # the suite waits on subprocesses and servers, so two workers on two cores finish in about half the time
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # the two-node training dispatch alone (real Prefect server + worker, two msrun node ranks; 2-3.5 min)
 test-two-node: setup

@@ -50,6 +50,7 @@ def test_added_stage_runs_through_the_registry_which_writes_its_manifest(tally_r
     assert "tally.before_manifest" in killpoints.POINTS  # the kill point of its record_stage
 
 
+@pytest.mark.e2e  # the CLI's run command
 @pytest.mark.usefixtures("prefect_server")  # its PREFECT_API_URL: the CLI starts no embedded server
 def test_added_stage_checks_refuse_bad_input_before_any_flow_runs(tally_row, tiny_cfg, tmp_path):
     from flows.cli import run_main
@@ -116,6 +117,7 @@ def test_a_row_whose_upstream_is_not_in_the_table_is_refused():
     assert "orphan" not in stages.SPECS
 
 
+@pytest.mark.e2e  # the whole pipeline flow (stage doubles): ~6 s, 10+ on a busy machine
 @pytest.mark.usefixtures("prefect_server")
 def test_added_stage_runs_in_the_pipeline_flow(tally_row, tiny_cfg):
     from prefect import get_client
