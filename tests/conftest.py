@@ -299,7 +299,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_makereport(item, call):
     """Fail a test that took longer than SLOW_SECONDS (its own setup included; a module or session fixture it
     happens to build first is shared, not counted) without a selecting marker: `-m "not (slow or train or e2e or browser)"` must stay fast."""
-    from suite_rules import SELECTING_MARKERS, SLOW_SECONDS
+    from suite_rules import SELECTING_MARKERS, SLOW_SECONDS, slow_limit
 
     outcome = yield
     report = outcome.get_result()
@@ -307,7 +307,7 @@ def pytest_runtest_makereport(item, call):
         item.stash[_SETUP_S] = max(0.0, call.duration - item.stash.get(_SHARED_S, 0.0))
     elif report.when == "call" and report.passed:
         took = item.stash.get(_SETUP_S, 0.0) + call.duration
-        if took > SLOW_SECONDS and not any(item.get_closest_marker(m) for m in SELECTING_MARKERS):
+        if took > slow_limit() and not any(item.get_closest_marker(m) for m in SELECTING_MARKERS):
             report.outcome = "failed"
             report.longrepr = (f"{item.nodeid} took {took:.1f} s (own setup {item.stash.get(_SETUP_S, 0.0):.1f} s) and "
                                f"carries none of the markers {', '.join(SELECTING_MARKERS)}: mark it (`train` when it "
