@@ -39,8 +39,18 @@ def two_runs(pretrain_data, tmp_path_factory):
     from pipeline_lib.config import config_from_dict
     from pipeline_lib.stages import run_stage
 
+    import shutil
+
+    from pretrain_fixtures import PretrainData
+
     tmp = tmp_path_factory.mktemp("diff_inputs")
-    a_tok = pretrain_data.data_dir / "tokenizer" / "tokenizer.model"
+    # the lineage in an output root of its own: B's data stage adds a segment to the dedup index, which the
+    # session's other tests on pretrain_data's root (test_replay counts its segments) must not see
+    own = tmp_path_factory.mktemp("diff_lineage")
+    shutil.copytree(pretrain_data.data_dir, own / "runs" / "data-run" / "data")
+    shutil.copytree(pretrain_data.root / "runs" / "_dedup_index", own / "runs" / "_dedup_index")
+    data = PretrainData(own, own / "runs" / "data-run" / "data", pretrain_data.rows_train)
+    a_tok = data.data_dir / "tokenizer" / "tokenizer.model"
     lines = _good_lines()
     texts = [json.loads(x)["text"] for x in lines]
     new = [json.dumps({"id": f"new-{i}", "text": texts[i] + texts[i + 50]}, ensure_ascii=False) for i in range(40)]
@@ -48,18 +58,16 @@ def two_runs(pretrain_data, tmp_path_factory):
     (tmp / "mixed.jsonl").write_text("\n".join(lines[:5] + [json.dumps({"text": "ok"})] * 3) + "\n", encoding="utf-8")
     ckpts = {}
     for seed in (0, 1):
-        cfg_m, _ = new_run(pretrain_data, "diff-probe")
+        cfg_m, _ = new_run(data, "diff-probe")
         ckpts[seed] = save_params(random_llama_params(cfg_m.model, seed=seed), tmp / f"weights-{seed}.ckpt")
-    cfg_a, paths_a = new_run(pretrain_data, "diff-a", evaluate={**EVAL, "compare_checkpoints": {"candidate": str(ckpts[0])}})
+    cfg_a, paths_a = new_run(data, "diff-a", evaluate={**EVAL, "compare_checkpoints": {"candidate": str(ckpts[0])}})
     run_stage(cfg_a, paths_a, "evaluate")
     # B: another night of the lineage: its own files, deduplicated against A, A's tokenizer
-    cfg_b, paths_b = new_run(pretrain_data, "diff-b", tokenizer={"path": str(a_tok)},
+    cfg_b, paths_b = new_run(data, "diff-b", tokenizer={"path": str(a_tok)},
                              evaluate={**EVAL, "compare_checkpoints": {"candidate": str(ckpts[1])}})
     raw = cfg_b.model_dump(mode="json")
     raw["data"]["inputs"] = [str(tmp / "new.jsonl"), str(tmp / "mixed.jsonl")]
     cfg_b = config_from_dict(raw)
-    import shutil
-
     shutil.rmtree(paths_b.stage_uri("data"))  # new_run copied A's data stage in; B runs its own
     run_stage(cfg_b, paths_b, "data", workers=1)
     run_stage(cfg_b, paths_b, "evaluate")
