@@ -80,20 +80,16 @@ def blocks_registered(db: str | None) -> bool:
 
 
 def stamp_blocks_registered(db: str | None) -> None:
-    """After a start that ran block registration: record the state it left (temp file + rename)."""
+    """After a start that ran block registration: record the state it left (LocalStore.put_bytes: temp file + rename)."""
+    from pipeline_lib.storage.store import LocalStore
+
     state = _blocks_state(db) if db else None
     if state is None:
         return
-    tmp = f"{db}{BOOT_STAMP}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(state, f)
-        os.replace(tmp, db + BOOT_STAMP)
+        LocalStore().put_bytes(db + BOOT_STAMP, json.dumps(state).encode())
     except OSError:  # a read-only Prefect home: registration is simply not skipped next time
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
 
 
 class _Server(uvicorn.Server):
