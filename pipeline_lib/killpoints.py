@@ -34,7 +34,7 @@ POINTS: dict[str, str] = {
     "data.mindrecord.between_files": "data: a MindRecord file complete, the next one or the stats not",
     "data.dedup_index.mid_commit": "data: some partitions of the dedup index committed, others not",
     "checkpoint.mid_write": "trainer: MindSpore writing a checkpoint file (its .tmp half written)",
-    "checkpoint.verify": "stage: a new checkpoint being verified in the verification subprocess",
+    "checkpoint.verify": "stage: a new checkpoint being verified (read in place, or loaded by MindSpore)",
     "checkpoint.before_latest": "stage: a checkpoint verified (sidecar written), latest_checkpoint.json not moved",
     "checkpoint.mid_upload": "stage: a checkpoint uploaded to the run store, its sidecar and pointer not",
     "train.resuming": "stage: resuming from a checkpoint, the trainer not yet relaunched",
