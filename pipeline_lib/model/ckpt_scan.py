@@ -41,6 +41,7 @@ class Tensor:
     nbytes: int = 0
     finite: bool = True
     first: int | None = None  # the first element of an integer tensor (the step counters)
+    records: list[tuple[int, int]] = field(default_factory=list)  # its top-level records' bytes in the file
 
 
 @dataclass
@@ -70,9 +71,12 @@ def _varint(buf, pos: int, end: int) -> tuple[int, int]:
     raise Unreadable("bad varint")
 
 
-def _fields(buf, pos: int, end: int):
-    """(field number, wire type, value or (start, stop) of a length-delimited field) of one message."""
+def _fields(buf, pos: int, end: int, starts: list[int] | None = None):
+    """(field number, wire type, value or (start, stop) of a length-delimited field) of one message; `starts`
+    collects where each field's key begins (a top-level record is starts[i] .. its stop)."""
     while pos < end:
+        if starts is not None:
+            starts.append(pos)
         key, pos = _varint(buf, pos, end)
         number, wire = key >> 3, key & 7
         if wire == 0:
@@ -127,8 +131,8 @@ def _finite(buf, dtype: str, start: int, stop: int) -> bool:
 
 
 def _scan(buf, end: int) -> Scan:
-    out = Scan()
-    for number, wire, value in _fields(buf, 0, end):
+    out, starts = Scan(), []
+    for number, wire, value in _fields(buf, 0, end, starts):
         if (number, wire) != (1, 2):
             raise Unreadable(f"Checkpoint field {number}")
         start, stop = value
@@ -153,6 +157,7 @@ def _scan(buf, end: int) -> Scan:
         elif (t.dtype, t.dims) != (dtype, tuple(dims)):
             raise Unreadable(f"slices of {tag} disagree")
         t.nbytes += c1 - c0
+        t.records.append((starts[-1], stop))
         t.finite = t.finite and _finite(buf, dtype, c0, c1)
     for tag, t in out.tensors.items():
         if t.dtype == "str":
@@ -163,6 +168,17 @@ def _scan(buf, end: int) -> Scan:
     if not out.tensors:
         raise Unreadable("no tensors")
     return out
+
+
+def copy_records(src: str | Path, dst, tags: list[str], found: Scan) -> None:
+    """Write the records of `tags` (as `found` scanned them from `src`) to the open binary file `dst`, in file
+    order: concatenated records of a repeated field are themselves a Checkpoint message, the bytes MindSpore's
+    save_checkpoint writes for those tensors."""
+    ranges = sorted(r for tag in tags for r in found.tensors[tag].records)
+    with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        for start, stop in ranges:
+            for pos in range(start, stop, 1 << 26):
+                dst.write(buf[pos:min(stop, pos + (1 << 26))])
 
 
 def scan(path: str | Path) -> Scan | None:

@@ -331,6 +331,7 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
     import tempfile
 
     from ..model.checkpoint_cache import MERGED_DIR, full_checkpoint
+    from ..model.weights_only import copy_weights
     from ..model.checkpoints import CheckpointRef
     from ..runtime.launcher import launch_module
 
@@ -345,9 +346,13 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
         return [merged, merged.with_suffix(".json")]
     src = Path(ref.ckpt)
     dst = out / TOKENIZER_DIR / MERGED_DIR / f"{src.stem}-weights.ckpt"
-    done = launch_module("pipeline_lib.model.weights_only", [str(src), str(dst)], cwd=None, timeout_s=3600,
-                         env={"GLOG_v": "3"})
-    if not done.ok:
+    try:
+        copied = copy_weights(src, dst)
+    except ValueError as err:
+        raise PretrainStageError(f"writing the weights-only checkpoint {dst} failed: {err}") from None
+    done = None if copied else launch_module("pipeline_lib.model.weights_only", [str(src), str(dst)], cwd=None,
+                                             timeout_s=3600, env={"GLOG_v": "3"})
+    if done is not None and not done.ok:
         raise PretrainStageError(f"writing the weights-only checkpoint {dst} failed: "
                                  + done.describe("weights_only"))
     log(f"pretrain: weights-only checkpoint {dst.name}: {dst.stat().st_size:,} bytes (training checkpoint "
