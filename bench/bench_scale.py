@@ -176,9 +176,15 @@ def executors_compared(args) -> None:
             same = "; ".join(f"{what}: {', '.join(names)}" for what, names in
                              (("OUTPUTS DIFFER", differ), ("missing", missing), ("extra", extra)) if names)
             same = same or "outputs identical"
+            if differ and args.sample_lines < lines:  # what follows from the tokenizer's sample, not the executor
+                same += f" (tokenizer.sample_lines {args.sample_lines} < {lines} lines: compare with --sample-lines 10000000)"
             print(f"  round {rnd + 1}: {ex}, {w} workers: {wall:.1f} s, CPU {cpu:.1f} s, load {load0:.1f}; "
                   f"{len(digests)} files, {same}", flush=True)
             subprocess.run(["rm", "-rf", str(out)], check=False)
+    import hashlib
+
+    print("stage folder digest (sha256 of the first run's file digests, to compare across invocations): "
+          + hashlib.sha256(json.dumps(reference, sort_keys=True).encode()).hexdigest()[:16])
     print("\n| executor | workers | process wall s (median) | docs/s | process-tree CPU s/1k docs | vs local CPU | "
           "load avg at start (each round) |")
     print("|---|---|---|---|---|---|---|")
