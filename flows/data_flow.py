@@ -42,9 +42,41 @@ def local_cluster_kwargs(cfg) -> dict:
             "preload": ["pipeline_lib.data._warm"]}
 
 
+# distributed's defaults that cost CPU for this cluster and buy it nothing (bench/scale.md, issue 31), set while
+# the cluster starts: the nannies read them then (a worker restarted later by its nanny is spawned as by default).
+LOCAL_CLUSTER_CONFIG = {
+    # the nanny puts MALLOC_TRIM_THRESHOLD_=65536 in each worker's environment (freed memory back to the OS at once):
+    # glibc then no longer raises its mmap threshold, every large numpy/pyarrow buffer is a fresh mmap, and the
+    # page faults cost ~3 s of system CPU per worker over a 22 MB stage. The thread caps stay (one thread a worker).
+    "distributed.nanny.pre-spawn-environ": {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1, "OPENBLAS_NUM_THREADS": 1},
+    # the statistical profiler walks every thread's stack every 10 ms for the dashboard (bokeh is not installed):
+    # half the worker's GIL hand-offs (futex calls) with the thread doing the shard's work
+    "distributed.worker.profile.enabled": False,
+    # each worker forked from one fork server that imported distributed and the data stage (FORKSERVER_PRELOAD),
+    # as the local pool's workers are, not a spawned interpreter importing them again
+    "distributed.worker.multiprocessing-method": "forkserver",
+}
+FORKSERVER_PRELOAD = ["distributed", "pipeline_lib.data._warm"]
+
+
+def start_local_cluster(cfg):
+    """The stage's own LocalCluster (local_cluster_kwargs) with LOCAL_CLUSTER_CONFIG, its workers from the fork
+    server. The fork server is multiprocessing's, one per process: when this process's local pool
+    (pipeline_lib.data.stage) started it first, it preloaded only the data stage and each worker imports
+    distributed itself; the outputs are the same either way."""
+    import dask
+    from distributed import LocalCluster
+    from distributed.utils import get_mp_context
+
+    with dask.config.set(LOCAL_CLUSTER_CONFIG):
+        # distributed names its own preload on its first call (itself and its dependencies): ours after it
+        get_mp_context().set_forkserver_preload(FORKSERVER_PRELOAD)
+        return LocalCluster(**local_cluster_kwargs(cfg))
+
+
 class ShardExecutor:
     """Where a step's shards run: get() is a concurrent.futures executor (or None: inline). With Dask the
-    client connects (or the local cluster starts, ~3-20 s of worker imports) in a background thread from
+    client connects (or the local cluster starts, ~1-3 s: the fork server's imports) in a background thread from
     construction on, so that time overlaps with listing the inputs; get() waits for it."""
 
     def __init__(self, cfg):
@@ -57,12 +89,12 @@ class ShardExecutor:
 
     def _connect(self, cfg) -> None:
         try:
-            from distributed import Client, LocalCluster
+            from distributed import Client
 
             if cfg.data.dask_address:
                 self._client = Client(cfg.data.dask_address)
             else:
-                self._cluster = LocalCluster(**local_cluster_kwargs(cfg))
+                self._cluster = start_local_cluster(cfg)
                 self._client = Client(self._cluster)
             self.workers = max(1, len(self._client.scheduler_info().get("workers", {})) or self.workers)
         except BaseException as exc:  # raised by get(), in the task that needs the cluster

@@ -130,20 +130,34 @@ def test_dask_executor_matches_local_and_records_step_task_runs(tmp_path):
     assert names == steps, sorted(names)
 
 
+def _in_worker() -> dict:
+    import os
+
+    import dask
+
+    return {"parent": os.getppid(), "profiler": dask.config.get("distributed.worker.profile.enabled")}
+
+
 def test_the_local_dask_cluster_serves_only_its_own_clients(tiny_cfg):
     """The local cluster's dashboard listened on 0.0.0.0 and its scheduler ran code for anyone local: now
-    127.0.0.1 only (dashboard included), and TLS with temporary credentials a stranger's client does not have."""
-    from distributed import Client, LocalCluster
+    127.0.0.1 only (dashboard included), and TLS with temporary credentials a stranger's client does not have.
+    Its workers fork from the fork server (not spawned by this process), without distributed's malloc trim
+    threshold in their environment and without its profiler (issue 31: CPU they cost, bench/scale.md)."""
+    import os
 
-    from flows.data_flow import local_cluster_kwargs
+    from distributed import Client
 
-    kwargs = local_cluster_kwargs(tiny_cfg.model_copy(update={"data": tiny_cfg.data.model_copy(
-        update={"executor": "dask", "num_workers": 1})}))
-    with LocalCluster(**kwargs) as cluster:
+    from flows.data_flow import start_local_cluster
+
+    with start_local_cluster(tiny_cfg.model_copy(update={"data": tiny_cfg.data.model_copy(
+            update={"executor": "dask", "num_workers": 1})})) as cluster:
         assert cluster.scheduler_address.startswith("tls://127.0.0.1:"), cluster.scheduler_address
         http = cluster.scheduler.http_server  # the dashboard and its routes
         assert {sock.getsockname()[0] for sock in http._sockets.values()} == {"127.0.0.1"}
+        assert all("MALLOC_TRIM_THRESHOLD_" not in nanny.pre_spawn_env for nanny in cluster.workers.values())
         with Client(cluster) as ours:
             assert ours.submit(sum, [1, 2]).result(timeout=60) == 3
+            (seen,) = ours.run(_in_worker).values()
+            assert seen["parent"] != os.getpid() and seen["profiler"] is False, seen
         with pytest.raises(Exception):
             Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=3)
