@@ -20,7 +20,8 @@ The special tokens of the SFT chat format are user-defined symbols: never split,
 
 Training (`train_tokenizer`) takes an iterable of documents, cuts them into lines of at most
 MAX_PIECE_CHARS characters (sentencepiece skips longer sentences), trains on sentencepiece's own
-reproducible uniform sample of `sample_lines` of them (counts in tokenizer_config.json under
+uniform sample of `sample_lines` of them, drawn by us with a fixed seed (`sample_lines`; sentencepiece's
+own sampler draws a new sample on every run, measured: three runs, three models) (counts in tokenizer_config.json under
 "sample", hence in stats.json), and uses the identity normalization and no dummy-prefix space (the cleaning filters already normalized the text;
 decode gives the text back exactly; a chat template starts with its special token).
 Loading an existing model (continued pretraining keeps the base model's tokenizer) checks that
@@ -45,6 +46,22 @@ from .errors import DataStageError
 
 MAX_PIECE_CHARS = 2000
 TRAIN_THREADS = 4  # fixed: the trained model depends on the thread count (BPE too: 1, 2, 4, 16 give 4 models)
+
+
+SAMPLE_SEED = 20240531  # any fixed value: the same lines give the same sample, hence the same model
+
+
+def sample_lines(lines: Iterable[str], k: int, seed: int = SAMPLE_SEED) -> list[str]:
+    """A uniform sample of `k` of `lines` (all of them when fewer), in input order; the same for the same lines."""
+    import random
+
+    rng, kept = random.Random(seed), []
+    for n, line in enumerate(lines):
+        if n < k:
+            kept.append((n, line))
+        elif (j := rng.randrange(n + 1)) < k:
+            kept[j] = (n, line)
+    return [line for _, line in sorted(kept, key=lambda t: t[0])]
 
 
 def _lines(texts: Iterable[str], seen: dict) -> Iterable[str]:
@@ -80,12 +97,13 @@ def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer
         raise DataStageError("tokenizer.pad_id/unk_id/bos_id/eos_id", ids, "the four ids must be distinct and >= 0",
                              "use e.g. pad 0, unk 1, bos 2, eos 3")
     model, seen = io.BytesIO(), {"docs": 0, "lines": 0}
-    # sentencepiece keeps a uniform reservoir of input_sentence_size lines; its sampler's seed is fixed
-    # (spm.set_random_generator_seed does not reach it in 0.2.x), so the sample is the same on every run
+    # our own sample: sentencepiece's reservoir (input_sentence_size) is reseeded on every run and
+    # spm.set_random_generator_seed does not reach it (0.2.x), so the same corpus gave a new model each time
+    sample = sample_lines(_lines(texts, seen), cfg.sample_lines)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(_lines(texts, seen)), model_writer=model,
-            input_sentence_size=cfg.sample_lines, shuffle_input_sentence=True,
+            sentence_iterator=iter(sample), model_writer=model,
+            input_sentence_size=0, shuffle_input_sentence=False,
             model_type=cfg.model_type, vocab_size=cfg.vocab_size, byte_fallback=cfg.byte_fallback,
             character_coverage=cfg.character_coverage, user_defined_symbols=list(cfg.special_tokens),
             pad_piece="<pad>", normalization_rule_name="identity", remove_extra_whitespaces=False,

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 from datagen import TINY
 
 from pipeline_lib.config.schema import TokenizerConfig
 from pipeline_lib.data.errors import DataStageError
-from pipeline_lib.data.tokenizer import check_loaded, train_tokenizer
+from pipeline_lib.data.tokenizer import check_loaded, sample_lines, train_tokenizer
 from pipeline_lib.model.token_ids import TokenIds, model_ids
 from pipeline_lib.model.tokenizer import Tokenizer
 
@@ -53,7 +55,7 @@ def test_training_is_deterministic(tok, tmp_path):
 
 
 def test_training_takes_a_bounded_reproducible_sample_of_lines(tmp_path):
-    """sentencepiece keeps sample_lines of the lines (its own reservoir: the same on every run), and says so."""
+    """sample_lines of the lines are trained on (the same sample on every run), and the config says so."""
     def train(sample_lines, name):
         t = train_tokenizer(TEXTS, TokenizerConfig(vocab_size=1000, sample_lines=sample_lines), tmp_path / name)
         return open(t.model_file, "rb").read(), json.loads((tmp_path / name / "tokenizer_config.json").read_text())
@@ -64,6 +66,41 @@ def test_training_takes_a_bounded_reproducible_sample_of_lines(tmp_path):
     assert train(150, "b")[0] == first  # the same sample, the same model
     every, meta = train(10 ** 6, "all")
     assert every != first and meta["sample"]["lines_trained"] == lines  # the bound did cut the input
+
+
+_TRAIN_IN_A_FRESH_PROCESS = """
+import json, sys
+from pipeline_lib.config.schema import TokenizerConfig
+from pipeline_lib.data.tokenizer import train_tokenizer
+texts = json.loads(open(sys.argv[1], encoding="utf-8").read())
+train_tokenizer(texts, TokenizerConfig(vocab_size=1000, sample_lines=150), sys.argv[2])
+"""
+
+
+def test_a_sampled_model_is_the_same_in_another_process(tmp_path):
+    """sentencepiece's own sampler gave three models in three processes for one corpus (seeded per process);
+    the sample is ours now, so two fresh processes train the same model."""
+    (tmp_path / "texts.json").write_text(json.dumps(TEXTS), encoding="utf-8")
+    models = []
+    for name in ("one", "two"):
+        subprocess.run([sys.executable, "-c", _TRAIN_IN_A_FRESH_PROCESS, str(tmp_path / "texts.json"),
+                        str(tmp_path / name)], check=True, timeout=300)
+        models.append((tmp_path / name / "tokenizer.model").read_bytes())
+    assert models[0] == models[1]
+
+
+def test_the_sample_is_uniform_in_input_order_and_whole_when_short():
+    lines = [f"line {i}" for i in range(1000)]
+    picked = sample_lines(iter(lines), 100)
+    assert len(picked) == 100 and picked == sorted(picked, key=lines.index) and picked == sample_lines(lines, 100)
+    assert sample_lines(lines, 100, seed=1) != picked
+    assert sample_lines(lines[:50], 100) == lines[:50]
+    # uniform: over many seeds each line is kept about k/n of the time
+    counts = [0] * 1000
+    for seed in range(200):
+        for line in sample_lines(lines, 100, seed=seed):
+            counts[int(line.split()[1])] += 1
+    assert 0.08 < sum(counts[:500]) / 200 / 500 < 0.12 and 0.08 < sum(counts[500:]) / 200 / 500 < 0.12
 
 
 def test_unigram_and_too_large_vocab(tmp_path):
