@@ -19,9 +19,9 @@ The special tokens of the SFT chat format are user-defined symbols: never split,
 `tokenizer_config.json` next to the model records the ids and the special tokens.
 
 Training (`train_tokenizer`) takes an iterable of documents, cuts them into lines of at most
-MAX_PIECE_CHARS characters (sentencepiece skips longer sentences), trains on sentencepiece's own
-uniform sample of `sample_lines` of them, drawn by us with a fixed seed (`sample_lines`; sentencepiece's
-own sampler draws a new sample on every run, measured: three runs, three models) (counts in tokenizer_config.json under
+MAX_PIECE_CHARS characters (sentencepiece skips longer sentences), trains on a uniform
+sample of `sample_lines` of them drawn with a fixed seed (`sample_lines`: sentencepiece's own sampler draws a
+new sample in every process, measured: three runs, three models) (counts in tokenizer_config.json under
 "sample", hence in stats.json), and uses the identity normalization and no dummy-prefix space (the cleaning filters already normalized the text;
 decode gives the text back exactly; a chat template starts with its special token).
 Loading an existing model (continued pretraining keeps the base model's tokenizer) checks that
