@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import re
 from pathlib import Path
 from typing import Iterable
@@ -53,8 +54,6 @@ SAMPLE_SEED = 20240531  # any fixed value: the same lines give the same sample, 
 
 def sample_lines(lines: Iterable[str], k: int, seed: int = SAMPLE_SEED) -> list[str]:
     """A uniform sample of `k` of `lines` (all of them when fewer), in input order; the same for the same lines."""
-    import random
-
     rng, kept = random.Random(seed), []
     for n, line in enumerate(lines):
         if n < k:

@@ -115,25 +115,20 @@ def verify_checkpoints(paths: Iterable[str | Path], timeout_s: float = 900) -> l
     # An absent or empty file needs no MindSpore process to judge.
     missing = {p: VerifyResult(p, False, "file is missing" if not os.path.exists(p) else "file is empty")
                for p in paths if not os.path.exists(p) or os.path.getsize(p) == 0}
-    found: dict[str, dict] = {}
-    for p in paths:
-        if p not in missing and (res := _scanned(p)) is not None:
-            found[p] = asdict(res)
+    found = {p: res for p in paths if p not in missing and (res := _scanned(p)) is not None}
     todo = [p for p in paths if p not in missing and p not in found]
-    if not todo:
-        return [_hashed(missing.get(p) or VerifyResult(**found[p])) for p in paths]
+    crash = ""
+    if todo:
+        def on_line(line: str) -> None:
+            if line.startswith(_MARK):
+                record = json.loads(line[len(_MARK):])
+                found[record["path"]] = VerifyResult(**record)
 
-    def on_line(line: str) -> None:
-        if line.startswith(_MARK):
-            record = json.loads(line[len(_MARK):])
-            found[record["path"]] = record
-
-    done = launch_module("pipeline_lib.train.checkpoints", ["verify", *todo], cwd=None, timeout_s=timeout_s,
-                         on_line=on_line)
-    crash = (f"verifier timed out after {timeout_s:g}s" if done.timed_out else
-             f"verifier exited with {done.returncode}: " + "\n".join(done.tail[-10:])[-500:])
-    return [missing[p] if p in missing else _hashed(VerifyResult(**found[p]) if p in found
-                                                     else VerifyResult(p, False, crash)) for p in paths]
+        done = launch_module("pipeline_lib.train.checkpoints", ["verify", *todo], cwd=None, timeout_s=timeout_s,
+                             on_line=on_line)
+        crash = (f"verifier timed out after {timeout_s:g}s" if done.timed_out else
+                 f"verifier exited with {done.returncode}: " + "\n".join(done.tail[-10:])[-500:])
+    return [missing.get(p) or _hashed(found.get(p) or VerifyResult(p, False, crash)) for p in paths]
 
 
 def _hashed(res: VerifyResult) -> VerifyResult:
