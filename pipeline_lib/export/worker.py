@@ -60,10 +60,9 @@ def run(req: dict) -> dict:
     from .mindir import compare_logits, export_mindir, fixed_inputs, reload_logits, serving_spec
 
     t = time.time()
-    from ..runtime.deferred_imports import deferring
+    from ..runtime.deferred_imports import import_mindformers
 
-    with deferring():  # HF datasets, nltk, jieba: mindformers' metric/loader imports export never uses
-        import mindformers  # noqa: F401  (timed on its own: ~4-7 s)
+    import_mindformers()  # timed on its own: ~4-7 s
 
     set_context(target)
     ex = cfg.export

@@ -82,10 +82,10 @@ def build_llama(cfg: PipelineConfig, *, batch_size: int, seq_length: int, target
     `lora` = {"lora_rank", "lora_alpha", "target_modules" (regex)} adds mindformers' LoRA adapters
     (LoRADense: y = x W^T + (alpha / rank) * (x A^T) B^T) exactly as the SFT training graph does.
     """
-    from ..runtime.deferred_imports import deferring
+    from ..runtime.deferred_imports import import_mindformers
 
-    with deferring():  # HF datasets, nltk, jieba: imported by mindformers for features inference never uses
-        from mindformers import LlamaConfig, LlamaForCausalLM
+    import_mindformers()
+    from mindformers import LlamaConfig, LlamaForCausalLM
 
     net = LlamaForCausalLM(LlamaConfig(**llama_kwargs(cfg, batch_size=batch_size, seq_length=seq_length,
                                                        target=target, token_ids=token_ids)))

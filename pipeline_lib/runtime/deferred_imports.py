@@ -7,10 +7,11 @@ nltk's BLEU, jieba and rouge_chinese: ~40% of its import time here (tiny trainer
 Our trainers read MindRecord and score no text metrics, so these imports are pure start-up cost, paid by every
 trainer, evaluation and export launch.
 
-`deferring()` is a context manager around the heavy import. Inside it, each module of DEFERRED is a placeholder in
-`sys.modules`; a name taken from it (`from nltk.translate.bleu_score import sentence_bleu`, `jieba.cut`) is a
-stand-in that imports the real module the first time it is called or an attribute of it is read. After the block,
-reading an attribute of a placeholder imports the real module and returns the real attribute, so later code
+`import_mindformers()` imports mindformers that way (the trainer entry, the export worker and
+model.llama.build_llama call it before their `from mindformers import ...`). Under it, `deferring()`: inside that
+block each module of DEFERRED is a placeholder in `sys.modules`; a name taken from it
+(`from nltk.translate.bleu_score import sentence_bleu`, `jieba.cut`) is a stand-in that imports the real module
+the first time it is called or an attribute of it is read. After the block, reading an attribute of a placeholder imports the real module and returns the real attribute, so later code
 (`isinstance(x, datasets.Dataset)`, `from datasets import Dataset` in a function) sees the real objects.
 
 Why this is safe for mindformers 1.9.0 (the pinned version, checked when DEFERRED was written): every use of
@@ -35,7 +36,7 @@ DEFERRED = ("datasets", "datasets.distributed", "nltk", "nltk.translate", "nltk.
             "rouge_chinese")
 
 _lock = threading.RLock()
-_window_open = False
+_windows_open = 0  # deferring() blocks running now: one may run inside another
 
 
 def _real(name: str) -> types.ModuleType:
@@ -75,7 +76,7 @@ class _Placeholder(types.ModuleType):
     def __getattr__(self, attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        if _window_open:
+        if _windows_open:
             return _StandIn(self.__name__, attr)
         return getattr(_real(self.__name__), attr)
 
@@ -94,7 +95,7 @@ def _spec(name: str):
 @contextmanager
 def deferring(names: tuple[str, ...] = DEFERRED):
     """Placeholders for `names` (those installed and not yet imported) while the block imports."""
-    global _window_open
+    global _windows_open
     placed = []
     with _lock:
         for name in names:
@@ -107,11 +108,19 @@ def deferring(names: tuple[str, ...] = DEFERRED):
             module.__spec__ = spec
             sys.modules[name] = module
             placed.append(name)
-        _window_open = True
+        _windows_open += 1
     try:
         yield placed
     finally:
-        _window_open = False
+        with _lock:
+            _windows_open -= 1
+
+
+def import_mindformers() -> types.ModuleType:
+    """`import mindformers` without loading DEFERRED (a no-op once it is imported)."""
+    with deferring():
+        import mindformers
+    return mindformers
 
 
 def loaded(name: str) -> bool:

@@ -78,8 +78,8 @@ def run(yaml_path: str) -> None:
     from pipeline_lib.train.heartbeat import register_stack_dump
 
     register_stack_dump(raw.get("output_dir") or "./output")
-    with deferred_imports.deferring():  # HF datasets, nltk, jieba: mindformers' metric/loader imports we never use
-        from mindformers import MindFormerConfig, Trainer, build_context  # noqa: E402 (env must be set first)
+    deferred_imports.import_mindformers()
+    from mindformers import MindFormerConfig, Trainer, build_context  # noqa: E402 (env must be set first)
 
     import pipeline_lib.train.callbacks  # noqa: F401  (registers PipelineMetrics and LossGuard)
     import pipeline_lib.train.cpu_wrappers  # noqa: F401  (registers CPUTrainOneStepCell)
