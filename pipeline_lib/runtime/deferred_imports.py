@@ -11,7 +11,8 @@ trainer, evaluation and export launch.
 model.llama.build_llama call it before their `from mindformers import ...`). Under it, `deferring()`: inside that
 block each module of DEFERRED is a placeholder in `sys.modules`; a name taken from it
 (`from nltk.translate.bleu_score import sentence_bleu`, `jieba.cut`) is a stand-in that imports the real module
-the first time it is called or an attribute of it is read. After the block, reading an attribute of a placeholder imports the real module and returns the real attribute, so later code
+the first time it is called or an attribute of it is read. After the block, reading an attribute of a placeholder
+imports the real module and returns the real attribute, so later code
 (`isinstance(x, datasets.Dataset)`, `from datasets import Dataset` in a function) sees the real objects.
 
 Why this is safe for mindformers 1.9.0 (the pinned version, checked when DEFERRED was written): every use of
