@@ -12,6 +12,10 @@ def event_files(folder: Path) -> list[Path]:
 
 def read_scalars(folder: Path) -> dict[str, dict[int, float]]:
     """{tag: {step: value}} of every scalar in every event file under `folder` (a later file wins a step)."""
+    # MindSpore first: its generated *_pb2 modules fail to import ("Descriptors cannot be created directly") in a
+    # process where tensorboardX's protobuf was imported before it (measured: a test file reading events before
+    # any MindSpore import broke every later MindSpore import of that pytest worker)
+    import mindspore  # noqa: F401
     from tensorboardX.proto import event_pb2
 
     out: dict[str, dict[int, float]] = {}
