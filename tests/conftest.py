@@ -313,3 +313,20 @@ def pytest_runtest_makereport(item, call):
                                f"carries none of the markers {', '.join(SELECTING_MARKERS)}: mark it (`train` when it "
                                "trains, `e2e` when it runs the CLI or a flow end to end, else `slow`) or make it "
                                f"faster than {SLOW_SECONDS:.0f} s")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The slowest files (setup + call + teardown of their tests, seconds of one worker each): what LONGEST_FIRST
+    orders by, and the table to compare between runs."""
+    per_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            if isinstance(rep, pytest.TestReport):
+                f = rep.nodeid.split("::")[0]
+                per_file[f] = per_file.get(f, 0.0) + rep.duration
+    if not per_file:
+        return
+    terminalreporter.write_sep("=", "slowest 15 files (seconds, all phases)")
+    for f, s in sorted(per_file.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{s:8.1f}s  {f}")
+    terminalreporter.write_line(f"{sum(per_file.values()):8.1f}s  in all {len(per_file)} files (summed over workers)")
