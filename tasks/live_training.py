@@ -17,7 +17,6 @@ from pipeline_lib.key_figures import fmt
 
 LIVE_EVERY_S = 30.0
 TABLE_STEPS = 10
-PREFLIGHT_DIR = "preflight"  # train/session.py: the preflight trains in <work folder>/preflight
 COLUMNS = ("step", "loss", "lr", "global_norm", "step_time_ms", "data_wait_ms", "tokens_per_s")
 
 
@@ -81,8 +80,6 @@ class LiveTraining:
             if not records or (len(records) == self.seen_steps and state == "training"):
                 return
             total = self.total
-            if path.parent.name == PREFLIGHT_DIR:  # the preflight's few steps, not step 5 of the run's 1,500
-                state, total = ("preflight" if state == "training" else f"{state} in the preflight"), None
             with tempfile.TemporaryDirectory() as tmp:
                 png = Path(tmp) / "loss.png"
                 plot_loss(records, png, title=f"{self.stage} loss ({state})")

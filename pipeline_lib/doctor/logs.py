@@ -1,8 +1,8 @@
 """Where a failed run's logs are: the failed stage's folder under run.output_root/<run_id>/.
 
 The training stages keep theirs in the stage folder: msrun's `msrun/worker_N.log` and `scheduler.log`, mindformers'
-`log/rank_N/*.log` (LOG_MF_PATH), the preflight's under `preflight/`, and the loss guard's diagnosis json. Evaluate
-and export run their worker in a scratch folder that is removed; their failure text travels in the stage's error
+`log/rank_N/*.log` (LOG_MF_PATH; the preflight is the first steps of the same launch), `preflight.json` and the loss
+guard's diagnosis json. Evaluate and export run their worker in a scratch folder that is removed; their failure text travels in the stage's error
 message (the worker's last lines), which the stage failure path classifies.
 """
 from __future__ import annotations

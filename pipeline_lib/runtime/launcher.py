@@ -89,13 +89,14 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
            on_tick: Callable[[], None] | None = None, tick_s: float = 5.0, grace_s: float = 10.0,
            watchdog: Callable[[], list[str] | None] | None = None, watch_s: float = 1.0,
            tail_lines: int = 60, parent_death_signal: int = signal.SIGTERM,
-           output_name: str = "output") -> LaunchResult:
+           output_name: str = "output", on_start: Callable[[ProcessTreeSampler], None] | None = None) -> LaunchResult:
     """Run `command` to completion or timeout (see the module docstring); returns a LaunchResult.
 
     cwd: created if missing (None: this process's). timeout_s: None waits as long as it takes. env: variables
     over subprocess_env's (they win). follow(final) -> [(source, line)]: polled every 0.25 s and once more at
     the end with final=True. on_tick runs in the caller's thread: lines wait (in order) while it runs.
-    output_name: the source name of the child's own stdout/stderr lines in the tails.
+    output_name: the source name of the child's own stdout/stderr lines in the tails. on_start(sampler) gets the
+    child's tree sampler once it runs (its peak_rss_bytes is live), e.g. for a watchdog that judges memory.
     """
     command = [str(c) for c in command]
     if cwd is not None:
@@ -108,6 +109,8 @@ def launch(command: Sequence[str], *, cwd: str | Path | None, timeout_s: float |
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=die_with_parent(parent_death_signal))
     sampler = ProcessTreeSampler(proc.pid).start()
+    if on_start is not None:
+        on_start(sampler)
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     tails: dict[str, collections.deque[str]] = {}
     lines: queue.Queue = queue.Queue(maxsize=10_000)  # full queue blocks the reader: a flood cannot eat memory

@@ -138,13 +138,14 @@ class _LogTailer:
 def launch(command: Sequence[str], *, log: Callable[[str], None], cwd: str | Path, timeout_s: float,
            log_dir: str | Path | None = None, env: dict[str, str] | None = None, grace_s: float = 10.0,
            tail_lines: int = 60, on_tick: Callable[[], None] | None = None, tick_s: float = 5.0,
-           guard_dir: str | Path | None = None, check: bool = True, watchdog=None) -> LaunchResult:
+           guard_dir: str | Path | None = None, check: bool = True, watchdog=None, on_start=None) -> LaunchResult:
     """Run the trainer `command` to completion or timeout (see the module docstring); returns a LaunchResult.
 
     `env`: variables over runtime.env.subprocess_env's. `log_dir` is msrun's log folder to follow; `guard_dir`
     is where the loss guard writes its diagnosis (the run's output_dir): when training fails and one exists,
     `GuardTripped` is raised with it. With `check=False` failures are returned instead of raised.
-    `watchdog`: a train.hang.HangWatchdog (or any callable the launcher polls, see runtime.launcher).
+    `watchdog`: a train.hang.HangWatchdog (or any callable the launcher polls, see runtime.launcher); `on_start`:
+    as runtime.launcher's (the trainer's process tree sampler).
     If `log` or `on_tick` raises, the tree is killed and the exception propagates.
     """
     command = [str(c) for c in command]
@@ -157,7 +158,7 @@ def launch(command: Sequence[str], *, log: Callable[[str], None], cwd: str | Pat
     result = launch_process(command, cwd=cwd, timeout_s=timeout_s, on_line=log, env=env, follow=follow,
                             on_tick=on_tick, tick_s=tick_s, grace_s=grace_s, tail_lines=tail_lines,
                             parent_death_signal=signal.SIGINT if is_msrun else signal.SIGTERM,
-                            output_name="trainer output", watchdog=watchdog)
+                            output_name="trainer output", watchdog=watchdog, on_start=on_start)
     if check and not result.ok:
         message = result.describe("trainer", "training.timeout_seconds")
         # only this launch's diagnoses: an earlier attempt may have left one in the same folder

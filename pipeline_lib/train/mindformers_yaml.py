@@ -169,14 +169,14 @@ def sft_base_path_issue(cfg: PipelineConfig, path: str) -> str | None:
 
 def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, output_dir: str,
                      load_checkpoint: str | None = None, resume: bool = False,
-                     train_rows: int | None = None, steps: int | None = None,
+                     train_rows: int | None = None,
                      target: str | None = None, extra_callbacks: list[dict] | None = None,
                      token_ids=None) -> dict:
     """The mindformers run config of `stage` as a plain dict.
 
     `token_ids` (pipeline_lib.model.token_ids.TokenIds) are the tokenizer's special ids: stages pass the ones
     the data stage recorded in tokenizer_config.json; None means `configured_ids(cfg.tokenizer)`.
-    `steps` overrides the stage's step budget (preflight); `target` overrides the device target
+    `target` overrides the device target
     (default platform.device_target(cfg)). `resume` sets `resume_training` (then `load_checkpoint`
     should be the stage's own checkpoint folder or file). `extra_callbacks` are appended to the yaml's
     `callbacks` (e.g. `pipeline_lib.train.metrics.training_callbacks(...)`; the entry module registers them). Raises ValueError for an unknown stage, an
@@ -196,7 +196,6 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     on_cpu = target == "CPU"
     sched = stage_schedule(cfg, stage)
     micro, accum, lr, budget = sched["micro"], sched["accum"], sched["learning_rate"], sched["steps"]
-    budget = steps or budget
     # CPU: the wrapper splits one dataset batch into `accum` micro batches inside the graph.
     batch = micro * accum if on_cpu else micro
     rows_per_step = global_batch(cfg, stage)
@@ -282,8 +281,8 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         "train_dataset_task": {"type": "CausalLanguageModelDataset"},
         "do_eval": False,
         "callbacks": callbacks,
-        # the profiler runs in the pretrain stage's training launches only (not the preflight, not SFT)
-        **profile_keys(cfg, str(output_dir), enabled=stage == "pretrain" and steps is None),
+        # the profiler runs in the pretrain stage's training launches only (not SFT)
+        **profile_keys(cfg, str(output_dir), enabled=stage == "pretrain"),
     }
 
 

@@ -1,9 +1,14 @@
-"""Preflight report helpers: a verdict over a few training steps (the trainer's peak memory is sampled by
-runtime.process_tree.ProcessTreeSampler while it runs).
+"""The preflight: a verdict over the first training.preflight_steps steps of a fresh start (the trainer's peak memory
+is sampled by runtime.process_tree.ProcessTreeSampler while it runs).
 
 What:
 - `summarize_steps(metrics)` turns per-step metric dicts (metrics.jsonl) into step time, tokens/s and loss
   sanity; `evaluate_preflight(...)` turns that into a `PreflightResult` whose message says what to change.
+- `PreflightWatch`: the preflight rides on the fresh start's first training launch instead of a launch of its own,
+  which would import mindformers and compile the graph once more (~16 s of a tiny CPU stage; a full graph compile,
+  minutes at 7B, on Ascend). The launcher polls it beside the hang watchdog: once metrics.jsonl holds its steps it
+  judges them with the process tree's peak RSS so far; a bad verdict stops the trainer. `conclude(...)` judges what
+  there is when the launch ended first (a crash, a tripped guard, a run shorter than the preflight).
 
 Limits: "Loss falling" means the mean of the last third of the steps is below the mean of the first third
 (robust to one noisy step; needs >= 3 steps).
@@ -12,9 +17,13 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
 
 from ..config.validate import MIN_PREFLIGHT_STEPS
+from .metrics import read_metrics
 
 GB = 1e9
 
@@ -107,3 +116,76 @@ def evaluate_preflight(metrics: list[dict], *, expected_steps: int | None = None
     else:
         message = "preflight failed:\n- " + "\n- ".join(problems)
     return PreflightResult(ok=ok, message=message, summary=s, peak_rss_bytes=peak_rss_bytes, problems=problems)
+
+
+STOP_LINE = "[preflight] "
+
+
+class PreflightWatch:
+    """The preflight over the first `steps` steps of a launch writing `metrics_path` (see the module docstring).
+
+    `memory_limit_bytes`: the bound of the tree's peak RSS (None: not checked); `devices`: the ranks the tree runs,
+    for the per-device figure; `planner_line(measured_gb)` -> (predicted GB per device or None, the comparison line)
+    when the memory is checked; `on_verdict(report)` runs once, at the verdict (while the trainer still runs when the
+    watch judged). `report` is None until the verdict, then preflight.json's dict.
+    """
+
+    def __init__(self, metrics_path: str | Path, steps: int, *, memory_limit_bytes: int | None = None,
+                 devices: int = 1, planner_line: Callable[[float], tuple[float | None, str]] | None = None,
+                 on_verdict: Callable[[dict], None] | None = None):
+        self.metrics_path, self.steps = Path(metrics_path), steps
+        self.memory_limit_bytes, self.devices, self.planner_line = memory_limit_bytes, max(1, devices), planner_line
+        self.on_verdict = on_verdict
+        self.sampler = None
+        self.started = time.monotonic()
+        self.report: dict | None = None
+
+    def bind(self, sampler) -> None:
+        """The launcher's process tree sampler of the trainer (its peak RSS is read at the verdict)."""
+        self.sampler, self.started = sampler, time.monotonic()
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.report and self.report["ok"])
+
+    def __call__(self) -> list[str] | None:
+        """Polled while the trainer runs: None, or the line that stops it after a bad verdict."""
+        if self.report is not None:
+            return None
+        records = [r for r in read_metrics(self.metrics_path) if (r.get("step") or 0) <= self.steps]
+        if len(records) < self.steps:
+            return None
+        self._judge(records, peak_rss=self.sampler.peak_rss_bytes if self.sampler else 0, crash=None)
+        if self.passed:
+            return None
+        return [STOP_LINE + self.report["message"].replace("\n", " ") + ": stopping the trainer"]
+
+    def conclude(self, peak_rss: int, crash: str | None) -> dict:
+        """The verdict over what the launch left when it ended before the watch judged (`crash`: its error)."""
+        if self.report is None:
+            records = [r for r in read_metrics(self.metrics_path) if (r.get("step") or 0) <= self.steps]
+            self._judge(records, peak_rss=peak_rss, crash=crash)
+        return self.report
+
+    def _judge(self, records: list[dict], *, peak_rss: int, crash: str | None) -> None:
+        verdict = evaluate_preflight(records, expected_steps=self.steps, peak_rss_bytes=peak_rss or None,
+                                     memory_limit_bytes=self.memory_limit_bytes)
+        measured_gb = (peak_rss or 0) / GB / self.devices
+        predicted, memory_line = self.planner_line(measured_gb) if self.planner_line else (None, None)
+        s = verdict.summary
+        report = {"ok": verdict.ok and crash is None, "message": verdict.message, "problems": verdict.problems,
+                  "crash": crash and crash.splitlines()[0], "steps": s.steps, "expected_steps": self.steps,
+                  "step_time_ms": s.step_time_ms, "tokens_per_s": s.tokens_per_s, "loss_first": s.loss_first,
+                  "loss_last": s.loss_last, "loss_finite": s.first_nonfinite_step is None,
+                  "loss_falling": s.loss_falling, "peak_rss_bytes": peak_rss,
+                  "measured_gb_per_device": round(measured_gb, 3),
+                  "predicted_gb_per_device": None if predicted is None else round(predicted, 3),
+                  "memory": memory_line, "memory_limit_bytes": self.memory_limit_bytes,
+                  "seconds": round(time.monotonic() - self.started, 1)}
+        if crash:
+            report["problems"] = [f"the trainer failed within the preflight's steps: {report['crash']}",
+                                  *report["problems"]]
+            report["message"] = "preflight failed:\n- " + "\n- ".join(report["problems"])
+        self.report = report
+        if self.on_verdict is not None:
+            self.on_verdict(report)

@@ -57,16 +57,35 @@ def local_ranks(cfg, rank: int) -> list[int]:
     return node_ranks(cfg, rank)
 
 
+class _Watchers:
+    """The hang watchdog, then the preflight riding on this launch: the first that speaks stops the trainer.
+    `report` is the hang watchdog's (what launch() puts in a TrainingHang)."""
+
+    def __init__(self, hang: HangWatchdog, preflight):
+        self.hang, self.preflight = hang, preflight
+
+    @property
+    def report(self) -> dict | None:
+        return self.hang.report
+
+    def __call__(self) -> list[str] | None:
+        return self.hang() or self.preflight()
+
+
 def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None, env: dict[str, str] | None = None,
-                   entry_module: str = ENTRY_MODULE, attempt: int = 1) -> LaunchResult:
+                   entry_module: str = ENTRY_MODULE, attempt: int = 1, preflight=None) -> LaunchResult:
     """Run the trainer on `yaml_path` (output_dir `out`) to completion; see the module docstring. `attempt` numbers
-    the hang watchdog's stacks file."""
+    the hang watchdog's stacks file; `preflight` (a train.preflight.PreflightWatch) judges the launch's first steps
+    and stops the trainer on a bad verdict (raised as a TrainingHang whose report is None: the caller asks the
+    watch)."""
     command = build_command(cfg.parallel, yaml_path, node_rank=rank, log_dir=out / "msrun", entry_module=entry_module)
     env = {"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om"), **(env or {})}
     watchdog = HangWatchdog(out, local_ranks(cfg, rank), cfg.training.hang_timeout_s, attempt=attempt)
     try:
         return launch(command, log=log, cwd=out / "cwd", timeout_s=cfg.training.timeout_seconds,
-                      log_dir=out / "msrun", env=env, on_tick=on_tick, guard_dir=out, watchdog=watchdog)
+                      log_dir=out / "msrun", env=env, on_tick=on_tick, guard_dir=out,
+                      watchdog=watchdog if preflight is None else _Watchers(watchdog, preflight),
+                      on_start=None if preflight is None else preflight.bind)
     except (GuardTripped, TrainingHang):
         raise
     except TrainingLaunchError as err:

@@ -9,10 +9,7 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   else an emptied `out`; with training.upload_checkpoints on an s3:// store, a rerun on another machine downloads
   the uploaded latest checkpoint of the same run first: every rank of this node gets its own file back into
   checkpoint/rank_N/ (a tensor/pipeline shard each), from this node's own pointer (checkpoints.remote_latest_name).
-- `session.preflight(yaml, folder, fresh=...)`: on a fresh start, training.preflight_steps steps in
-  `<folder>/preflight` (the stage's `StageYaml` without checkpoints); a crash or a NaN is a verdict; `<folder>/preflight.json`; a bad verdict raises the
-  stage's preflight error.
-- `session.train(latest, yaml, origin=...)`: the attempt loop; each attempt launches the stage's `StageYaml`
+- `session.train(latest, yaml, origin=..., preflight_dir=...)`: the attempt loop; each attempt launches the stage's `StageYaml`
   (`name` for the fresh start, `resume_name` for a resume) written for it. Resumes from `latest`, syncs checkpoints
   on each tick (runner.CheckpointTicker: CPU budget, tolerates a checkpoint rotated away mid-check) and after
   each attempt; the loss guard's diagnosis (runner.describe_guard with the stage's name) stops the stage, or
@@ -20,6 +17,9 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   batches' rows and source documents, what `data.exclude_from` reads). A hang (train.hang: the watchdog killed the tree) is
   recorded in `hang.json` and resumed from the last verified checkpoint; a second hang at the same step, or more
   than MAX_HANG_RESUMES hangs in one run, raises `TrainingHang` with `retryable = False`.
+  The preflight is the first training.preflight_steps steps of a fresh start's first launch (train.preflight.
+  PreflightWatch): a crash, a tripped guard or a bad verdict within them writes `<preflight_dir>/preflight.json`,
+  forgets the run (a rerun starts afresh and preflights again) and raises the stage's preflight error.
 - `StageYaml`: the mindformers yaml of either stage, a dict built once per attempt with the metrics and guard
   callbacks, resume fields, extra epochs and checkpoint interval, then written once (header + yaml).
 Errors a user must fix are raised as the stage's own error class (`error`), naming the field and the fix.
@@ -45,8 +45,9 @@ from ..runtime.nodes import node_rank
 from .checkpoints import CheckpointManager, check_disk
 from .launch import GuardTripped, TrainingHang, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
-from .preflight import GB, evaluate_preflight
-from .runner import CheckpointTicker, describe_guard, launch_trainer, local_ranks, resume_fields, rollback_checkpoint
+from .preflight import GB, PreflightWatch
+from .runner import (CheckpointTicker, TrainerKilled, describe_guard, launch_trainer, local_ranks, resume_fields,
+                     rollback_checkpoint)
 
 WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 IDENTITY_FILE = "identity.json"
@@ -105,10 +106,6 @@ class Batch:
     guard: GuardConfig
 
 
-NO_CHECKPOINTS = 10 ** 9
-"""save_steps of a preflight: beyond its steps, so it writes no checkpoint."""
-
-
 TENSORBOARD_FOLDER = "_tensorboard"
 
 
@@ -134,7 +131,7 @@ def tensorboard_section(folder: Path) -> dict:
 
 @dataclass(frozen=True)
 class StageYaml:
-    """The recipe of a stage's mindformers yaml: the fresh start, the preflight and every resumed attempt
+    """The recipe of a stage's mindformers yaml: the fresh start (the preflight rides on it) and every resumed attempt
     are this run config (train.mindformers_yaml) with the PipelineMetrics / LossGuard callbacks and a few
     fields changed, built as a dict and written once. `name` is the fresh start's file name, `resume_name`
     a resumed attempt's; `load` the weights a fresh start loads (None: random init)."""
@@ -150,12 +147,11 @@ class StageYaml:
     token_ids: Any = None
     tensorboard_dir: Path | None = None  # mindformers' own `tensorboard` section writes its event files there
 
-    def run_config(self, out: Path, *, resume_from: Path | None = None, steps: int | None = None,
-                   extra_epochs: int = 0, save_steps: int | None = None, tensorboard: bool = True) -> dict:
+    def run_config(self, out: Path, *, resume_from: Path | None = None, extra_epochs: int = 0) -> dict:
         """The run config of an attempt in `out`. `resume_from` is a checkpoint file `<dir>/rank_N/<name>.ckpt`:
         the yaml gets `load_checkpoint: <dir>` and `resume_training: <name>` (runner.resume_fields: mindformers 1.9
         resumes only from a folder). `extra_epochs` lets a rollback (which skips data) reach the same
-        optimizer-step budget; `save_steps` overrides the checkpoint interval."""
+        optimizer-step budget."""
         cfg, batch = self.cfg, self.batch
         dp = cfg.parallel.data_parallel
         on_cpu = device_target(cfg) == "CPU"
@@ -170,18 +166,16 @@ class StageYaml:
         load = resume.get("load_checkpoint", self.load)
         run = build_run_config(cfg, stage=self.stage, dataset_dir=str(self.data_dir), output_dir=str(out),
                                load_checkpoint=str(load) if load else None, resume=bool(resume), train_rows=self.rows,
-                               steps=steps, extra_callbacks=callbacks, token_ids=self.token_ids)
+                               extra_callbacks=callbacks, token_ids=self.token_ids)
         # the loss rank and normalisation come from the values mindformers reads in this config (metrics.LossRule)
         rule = LossRule.from_run_yaml(run).to_json()
         for cb in run["callbacks"]:
             if cb["type"] in ("PipelineMetrics", "LossGuard"):
                 cb["loss_rule"] = rule
-            if cb["type"] == "CheckpointMonitor" and save_steps:
-                cb["save_checkpoint_steps"] = save_steps
         if resume:
             run["resume_training"] = resume["resume_training"]
         run["runner_config"]["epochs"] += extra_epochs
-        if tensorboard and self.tensorboard_dir is not None:
+        if self.tensorboard_dir is not None:
             run["tensorboard"] = tensorboard_section(self.tensorboard_dir)
         return run
 
@@ -200,6 +194,7 @@ class Trained:
     rollbacks: list[dict] = field(default_factory=list)
     hangs: list[dict] = field(default_factory=list)  # the hang watchdog's reports of this stage run
     peak_rss_bytes: int = 0             # the highest peak RSS of the trainer's process tree over the attempts
+    preflight: dict | None = None       # preflight.json's report (this run's first attempt wrote it)
 
 
 class TrainingSession:
@@ -289,53 +284,51 @@ class TrainingSession:
 
     # ------------------------------------------------------------ preflight
 
-    def preflight(self, yaml: StageYaml, folder: Path, *, fresh: bool, memory_check: bool) -> dict | None:
-        """On a fresh start with training.preflight_steps > 0, that many steps in `<folder>/preflight`
-        (the stage's yaml there, writing no checkpoint) -> `<folder>/preflight.json`; `memory_check` also holds the
-        peak RSS against parallel.device_memory_gb and the planner's prediction. A resumed run returns the report
-        its first attempt wrote (or None)."""
-        cfg, steps, pre = self.cfg, self.cfg.training.preflight_steps, folder / "preflight"
-        if not (steps and fresh):
-            earlier = folder / PREFLIGHT_FILE
-            return json.loads(earlier.read_text(encoding="utf-8")) if earlier.exists() else None
-        shutil.rmtree(pre, ignore_errors=True)
-        # no event files: the preflight's few steps would sit in TensorBoard as a run of their own
-        yaml_path = yaml.write(pre / yaml.name, pre, steps=steps, save_steps=NO_CHECKPOINTS, tensorboard=False)
-        self.log(f"{self.stage}: preflight of {steps} steps in {pre}")
-        crash = None
-        try:
-            result = launch_trainer(cfg, yaml_path, pre, self.node_rank, self.log, env=self.env)
-        except GuardTripped as err:  # a non-finite loss is a verdict, not a crash
-            result = err.result
-        except TrainingLaunchError as err:
-            result, crash = err.result, str(err)
+    def _preflight_watch(self, folder: Path, memory_check: bool) -> PreflightWatch | None:
+        """The watch over a fresh start's first training.preflight_steps steps (None when they are 0); its verdict
+        is written to `<folder>/preflight.json` and logged as soon as it is made."""
+        cfg = self.cfg
+        steps = min(cfg.training.preflight_steps, self.steps)
+        if not steps:
+            return None
         # on CPU the devices are processes on this host: their summed RSS is what the device memory limit bounds
         on_cpu = device_target(cfg) == "CPU"
         limit = int(cfg.parallel.device_memory_gb * GB * len(self.ranks)) if memory_check and on_cpu else None
-        verdict = evaluate_preflight(read_metrics(pre / METRICS_FILE), expected_steps=steps,
-                                     peak_rss_bytes=result.peak_rss_bytes or None, memory_limit_bytes=limit)
-        measured_gb = (result.peak_rss_bytes or 0) / GB / max(1, len(self.ranks))
-        predicted, memory_line = self._planner_line(measured_gb) if memory_check else (None, None)
-        s = verdict.summary
-        report = {"ok": verdict.ok and crash is None, "message": verdict.message, "problems": verdict.problems,
-                  "crash": crash and crash.splitlines()[0], "steps": s.steps, "expected_steps": steps,
-                  "step_time_ms": s.step_time_ms, "tokens_per_s": s.tokens_per_s, "loss_first": s.loss_first,
-                  "loss_last": s.loss_last, "loss_finite": s.first_nonfinite_step is None,
-                  "loss_falling": s.loss_falling, "peak_rss_bytes": result.peak_rss_bytes,
-                  "measured_gb_per_device": round(measured_gb, 3),
-                  "predicted_gb_per_device": None if predicted is None else round(predicted, 3),
-                  "memory": memory_line, "memory_limit_bytes": limit, "seconds": round(result.duration_s, 1)}
-        if crash:
-            report["problems"] = [f"the preflight trainer failed: {report['crash']}", *report["problems"]]
-            report["message"] = "preflight failed:\n- " + "\n- ".join(report["problems"])
-        write_json(folder / PREFLIGHT_FILE, report)
-        shutil.rmtree(pre / "checkpoint", ignore_errors=True)  # its logs stay for a look at a bad verdict
-        memory = f"\n{memory_line}" if memory_line else ""
-        self.log(f"{self.stage}: {report['message']}" + (f"; {memory_line}" if memory_line else ""))
-        if not report["ok"]:
-            raise self.preflight_error(f"{self.stage} {report['message']}{memory}\n(see {folder / PREFLIGHT_FILE})"
-                                       + (f"\n{crash}" if crash else ""))
-        return report
+        (folder / PREFLIGHT_FILE).unlink(missing_ok=True)
+
+        def verdict(report: dict) -> None:
+            write_json(folder / PREFLIGHT_FILE, report)
+            memory_line = report.get("memory")
+            self.log(f"{self.stage}: {report['message']}" + (f"; {memory_line}" if memory_line else ""))
+
+        return PreflightWatch(self.out / METRICS_FILE, steps, memory_limit_bytes=limit, devices=len(self.ranks),
+                              planner_line=self._planner_line if memory_check else None, on_verdict=verdict)
+
+    def _preflight_end(self, watch: PreflightWatch, folder: Path, *, peak_rss: int = 0, crash: str | None = None,
+                       killed: bool = False) -> None:
+        """After the preflight's launch: the verdict over what it left when the watch had not judged yet; a bad
+        verdict forgets this run (a rerun starts afresh and preflights again, whatever the trainer saved) and raises
+        the stage's preflight error. `killed`: a signal ended the trainer before the verdict, which is no verdict:
+        the run is forgotten and the caller re-raises the kill (transient)."""
+        if killed:
+            self._forget_run("the trainer was killed before the preflight's verdict")
+            return
+        report = watch.conclude(peak_rss, crash)
+        if report["ok"]:
+            return
+        self._forget_run("the preflight failed")
+        memory_line = report.get("memory")
+        raise self.preflight_error(f"{self.stage} {report['message']}" + (f"\n{memory_line}" if memory_line else "")
+                                   + f"\n(see {folder / PREFLIGHT_FILE}; the trainer's log: {self.out / 'log'})"
+                                   + (f"\n{crash}" if crash else ""))
+
+    def _forget_run(self, why: str) -> None:
+        """No checkpoint of this run is resumed: a rerun starts afresh (the identity no run has)."""
+        shutil.rmtree(self.out / self.manager.subdir, ignore_errors=True)
+        self.manager.latest_path.unlink(missing_ok=True)
+        write_json(self.out / IDENTITY_FILE, {"identity": None, "forgotten": why})
+        if self.remote:
+            store_for(self.remote, self.endpoint).put_file(self.out / IDENTITY_FILE, join(self.remote, IDENTITY_FILE))
 
     def _planner_line(self, measured_gb: float) -> tuple[float | None, str]:
         from ..planner import predicted_peak_gb, predicted_vs_measured
@@ -347,14 +340,20 @@ class TrainingSession:
 
     # ------------------------------------------------------------ the attempt loop
 
-    def train(self, latest: dict | None, yaml: StageYaml, *, origin: str,
-              rollback: GuardConfig | None = None, steps_per_epoch: int = 1) -> Trained:
+    def train(self, latest: dict | None, yaml: StageYaml, *, origin: str, preflight_dir: Path,
+              memory_check: bool = False, rollback: GuardConfig | None = None, steps_per_epoch: int = 1) -> Trained:
         """Train until optimizer step `steps`, resuming from `latest`. Each attempt launches `yaml` written for it in
         `out`: `yaml.name` for the fresh start from `origin`, `yaml.resume_name` for a resume (with the epochs the
         data skipped by rollbacks needs). `rollback` (a guard with
-        on_failure=rollback) resumes past a bad data window at most max_rollbacks times; else the guard stops."""
+        on_failure=rollback) resumes past a bad data window at most max_rollbacks times; else the guard stops.
+        A fresh start's first launch is also the preflight (train.preflight.PreflightWatch): its verdict goes to
+        `<preflight_dir>/preflight.json` (`memory_check`: the peak RSS against parallel.device_memory_gb and the
+        planner's prediction); a resumed run keeps the report its first attempt wrote."""
         steps, out, manager = self.steps, self.out, self.manager
         done = Trained(latest, latest["step"] if latest else None)
+        watch = self._preflight_watch(preflight_dir, memory_check) if latest is None else None
+        if watch is None and (preflight_dir / PREFLIGHT_FILE).exists():
+            done.preflight = json.loads((preflight_dir / PREFLIGHT_FILE).read_text(encoding="utf-8"))
         if self.progress:
             self.progress("train", latest["step"] if latest else 0, steps)
         tick = CheckpointTicker(manager, out, steps, self.progress, self.log,
@@ -364,7 +363,8 @@ class TrainingSession:
             done.attempts += 1
             if latest is None:
                 yaml_path = yaml.write(out / yaml.name, out)
-                self.log(f"{self.stage}: training {steps} steps from {origin}")
+                self.log(f"{self.stage}: training {steps} steps from {origin}"
+                         + (f"; its first {watch.steps} are the preflight" if watch and not watch.report else ""))
             else:
                 start = Path(latest.get("rollback_path") or latest["path"])
                 yaml_path = yaml.write(out / yaml.resume_name, out, resume_from=start,
@@ -372,9 +372,19 @@ class TrainingSession:
                 self.log(f"{self.stage}: training {steps} steps from {start.name} (resume), resuming at data step "
                          f"{latest.get('data_step', latest['step'])} (optimizer step {latest.get('global_step')}) "
                          f"of {steps}")
+            judging = watch if watch is not None and watch.report is None else None
             try:
-                result = launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick, env=self.env,
-                                        attempt=done.attempts)
+                try:
+                    result = launch_trainer(self.cfg, yaml_path, out, self.node_rank, self.log, on_tick=tick,
+                                            env=self.env, attempt=done.attempts, preflight=judging)
+                except TrainingLaunchError as err:
+                    if judging is not None:  # the verdict came first (the watch stopped it), or there is none yet
+                        self._preflight_end(judging, preflight_dir, peak_rss=err.result.peak_rss_bytes or 0,
+                                            crash=None if judging.report or isinstance(err, GuardTripped) else str(err),
+                                            killed=isinstance(err, TrainerKilled) and judging.report is None)
+                    raise
+                if judging is not None:  # a passed verdict, or a run shorter than the preflight judged now
+                    self._preflight_end(judging, preflight_dir, peak_rss=result.peak_rss_bytes or 0)
                 done.peak_rss_bytes = max(done.peak_rss_bytes, result.peak_rss_bytes or 0)
             except TrainingHang as err:
                 manager.sync()
@@ -399,6 +409,8 @@ class TrainingSession:
                 raise self.error(f"{self.stage}: training stopped at optimizer step {latest.get('global_step')} of "
                                  f"{steps} without an error (overflow-skipped steps or too few epochs): see {out}/log")
         done.latest = latest
+        if watch is not None:
+            done.preflight = watch.report
         if self.progress:
             self.progress("train", steps, steps)
         return done

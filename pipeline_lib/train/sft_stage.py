@@ -168,12 +168,11 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
                      rows, SFT_YAML, SFT_YAML, load=base, token_ids=TokenIds.from_meta(stats["token_ids"]),
                      tensorboard_dir=tensorboard_dir(cfg, run.paths.run_id, STAGE))
     yaml.write(out / SFT_YAML, train_dir)  # the stage's yaml: the run from the base (attempts write train/sft.yaml)
-    preflight = session.preflight(yaml, out, fresh=latest is None, memory_check=False)
-    trained = session.train(latest, yaml, origin=str(base))
+    trained = session.train(latest, yaml, origin=str(base), preflight_dir=out)
     records = loss_history(train_dir, out / LOSS_PNG, title=f"SFT loss (LoRA r={cfg.sft.lora_rank})")
     rank = min(trained.latest["ranks"], key=int)
     return {"checkpoint": trained.latest["ranks"][rank]["path"], "steps": trained.latest.get("global_step"),
-            "resumed_from_step": trained.resumed_from_step, "preflight": preflight,
+            "resumed_from_step": trained.resumed_from_step, "preflight": trained.preflight,
             "loss_first": records[0]["loss"] if records else None, "loss_last": records[-1]["loss"] if records else None}
 
 

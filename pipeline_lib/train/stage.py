@@ -14,9 +14,10 @@ bottom, as its steps:
    position); otherwise the folder is emptied. A finished attempt that died before its manifest is not trained again.
 3. free disk (`_check_disk`): training.keep_checkpoint_max + 1 checkpoints of this node's rank shards
    (planner.disk: weights in param_init_type + fp32 AdamW moments, per pipeline stage / tensor-parallel shard).
-4. preflight (training.preflight_steps > 0, fresh start only): N steps in `preflight/`; step time, tokens/s, peak RSS
-   of the process tree, loss finite and falling, planner prediction vs measured memory -> `preflight.json`; a bad
-   verdict stops the stage with what to change (`PreflightFailed`).
+4. preflight (training.preflight_steps > 0, fresh start only): the first N steps of the training launch, judged
+   while it runs (train.preflight.PreflightWatch, no launch or graph compile of its own): step time, tokens/s, peak
+   RSS of the process tree, loss finite and falling, planner prediction vs measured memory -> `preflight.json`; a bad
+   verdict stops the trainer and the stage with what to change (`PreflightFailed`), and a rerun starts afresh.
 5. train (session.TrainingSession.train): `run.yaml` (mindformers_yaml + the PipelineMetrics / LossGuard callbacks)
    is exactly the yaml that is launched (`python -m pipeline_lib.train.entry --yaml run.yaml`, msrun for several
    ranks, own process group, timeout training.timeout_seconds, node rank from $LLM_PIPELINE_NODE_RANK); a resumed
@@ -119,16 +120,15 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
                                      keep=("_data",))
     _check_disk(cfg, session, checkpoint_bytes)
     load = _materialize_base(cfg, base, base_info, out, run.endpoint, log)
-    t = cfg.training  # the mindformers yaml: one recipe for the fresh start, the preflight and every resume
+    t = cfg.training  # the mindformers yaml: one recipe for the fresh start (and its preflight) and every resume
     yaml = StageYaml(cfg, STAGE, Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard), data_dir, rows,
                      RUN_YAML, RESUME_YAML, load=load, token_ids=token_ids,
                      tensorboard_dir=tensorboard_dir(cfg, run.paths.run_id, STAGE))
     yaml.write(out / RUN_YAML, out)  # the fresh start's, published with the stage also when this run resumes
-    # 4. preflight (a fresh start only; it writes no checkpoint)
-    preflight = session.preflight(yaml, out, fresh=latest is None, memory_check=True)
-    # 5. train (resumed attempts launch run_resume.yaml; a rollback also adds the epochs its skipped data needs)
-    trained = session.train(latest, yaml, origin=str(load) if load else "random init",
-                            steps_per_epoch=steps_per_epoch,
+    # 4.+5. train, a fresh start's first steps being the preflight (resumed attempts launch run_resume.yaml; a
+    # rollback also adds the epochs its skipped data needs)
+    trained = session.train(latest, yaml, origin=str(load) if load else "random init", preflight_dir=out,
+                            memory_check=True, steps_per_epoch=steps_per_epoch,
                             rollback=t.guard if t.guard.on_failure == "rollback" else None)
 
     # 6. publish, 7. summarise (the registry writes the manifest)
@@ -136,8 +136,8 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     _measured_reports(cfg, out, records, trained, session)
     weights = _weights_checkpoint(cfg, out, trained.latest, session, log)
     outputs = _publish(run, out, trained.latest, tokenizer, weights)
-    metrics = _metrics(run, out, trained, records, steps=steps, rows=rows, base_info=base_info, preflight=preflight,
-                       session=session, started=started)
+    metrics = _metrics(run, out, trained, records, steps=steps, rows=rows, base_info=base_info, session=session,
+                       started=started)
     if weights:  # {path, size, sha256}: the file every consumer of the weights takes
         metrics["weights_checkpoint"] = next({**o, "path": _ref(run, out, str(out / o["path"]))} for o in outputs
                                              if o["path"] == weights[0].relative_to(out).as_posix())
@@ -399,7 +399,7 @@ def _ref(run: StageRun, out: Path, path: str) -> str:
 
 
 def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: int, rows: int, base_info: dict,
-             preflight: dict | None, session: TrainingSession, started: float) -> dict:
+             session: TrainingSession, started: float) -> dict:
     cfg, latest = run.cfg, trained.latest
 
     def ref(path: str) -> str:
@@ -434,7 +434,7 @@ def _metrics(run: StageRun, out: Path, trained, records: list[dict], *, steps: i
         "step_time_ms": summary.step_time_ms if summary else None,
         "tokens_per_step": global_batch(cfg) * cfg.model.seq_length,
         "train_rows": rows, "resumed_from_step": trained.resumed_from_step, "attempts": trained.attempts,
-        "rollbacks": trained.rollbacks, "hangs": trained.hangs, "base": base_info or None, "preflight": preflight,
+        "rollbacks": trained.rollbacks, "hangs": trained.hangs, "base": base_info or None, "preflight": trained.preflight,
         "node_rank": session.node_rank, "ranks": session.ranks, "seconds": round(time.time() - started, 1),
         "images": {"loss_curve": LOSS_PNG} if (out / LOSS_PNG).exists() else {},
         "tables": {"metrics": {"description": f"last {len(table)} training steps (metrics.jsonl)", "rows": table}},

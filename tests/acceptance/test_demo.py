@@ -64,7 +64,7 @@ def full_log_holds_every_line(stage_dir: Path, log_file: Path) -> None:
     stdout we read) is in the stage's log file."""
     ours = log_file.read_text(encoding="utf-8")
     files = sorted(stage_dir.rglob("log/rank_0/info.log"))
-    assert len(files) >= 2, files  # the preflight's trainer and the training's
+    assert files, files  # one per trainer launch (the preflight rides on the training's)
     theirs = [m[2] for f in files for m in map(MF_FILE_LINE.match, f.read_text(encoding="utf-8").splitlines()) if m]
     assert len(theirs) > 100 and [t for t in theirs if t not in ours] == []
 

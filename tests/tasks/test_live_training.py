@@ -39,14 +39,3 @@ def test_a_cached_stage_publishes_nothing(tmp_path):
     live = LiveTraining("pretrain", paths, None, publish=lambda aid, md, stage: published.append(md) or "a1")
     live.finish(failed=False)
     assert published == []
-
-
-def test_the_preflight_is_labelled_as_the_preflight_not_as_a_step_of_the_run(tmp_path):
-    paths = RunPaths(str(tmp_path / "runs"), "r3")
-    pre = tmp_path / "runs" / "r3" / "pretrain" / "preflight"
-    pre.mkdir(parents=True)
-    published = []
-    live = LiveTraining("pretrain", paths, None, every_s=0, publish=lambda aid, md, stage: published.append(md) or "a1")
-    write_steps(pre / "metrics.jsonl", 1, 5)
-    live("train", 0, 1500)
-    assert "**pretrain**: preflight, step 5, loss 1" in published[-1] and "of 1,500" not in published[-1]

@@ -1,6 +1,8 @@
-"""preflight.py: tree RSS sampling on real processes, and the verdict over step metrics."""
+"""preflight.py: tree RSS sampling on real processes, the verdict over step metrics, and the watch that judges a
+running launch's first steps (a real child process through runtime.launcher)."""
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -8,8 +10,9 @@ import time
 
 import pytest
 
+from pipeline_lib.runtime.launcher import launch
 from pipeline_lib.runtime.process_tree import ProcessTreeSampler
-from pipeline_lib.train.preflight import evaluate_preflight, summarize_steps
+from pipeline_lib.train.preflight import STOP_LINE, PreflightWatch, evaluate_preflight, summarize_steps
 
 MB = 1 << 20
 
@@ -99,3 +102,52 @@ def test_stages_refuse_too_few_preflight_steps_before_launching(stage, tmp_path)
         # directly, not through the registry (which first refuses the missing upstream stages)
         run(StageRun(stage, cfg, RunPaths(cfg.run.output_root, "r1"), log=lambda line: None))
     assert time.time() - started < 30 and not (tmp_path / "runs" / "r1" / stage / "preflight").exists()
+
+
+# A stand-in trainer: holds `mb` MB, appends one falling-loss step to metrics.jsonl every 0.2 s, exits with `rc`.
+TRAINER = """import json, sys, time
+mb, steps, rc, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+hold = bytearray(mb << 20)
+for s in range(1, steps + 1):
+    time.sleep(0.2)
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"step": s, "loss": 8.0 - s, "step_time_ms": 200.0, "tokens_per_s": 1280.0}) + "\\n")
+    print("step", s, flush=True)
+sys.exit(rc)
+"""
+
+
+def _watched(tmp_path, *, mb=80, steps=6, rc=0, limit=None):
+    metrics = tmp_path / "metrics.jsonl"
+    verdicts = []
+    watch = PreflightWatch(metrics, 3, memory_limit_bytes=limit, on_verdict=verdicts.append,
+                           planner_line=lambda gb: (0.5, f"measured/predicted {gb:.2f}/0.50 GB"))
+    result = launch([sys.executable, "-c", TRAINER, str(mb), str(steps), str(rc), str(metrics)], cwd=tmp_path,
+                    timeout_s=60, watchdog=watch, on_start=watch.bind)
+    return watch, result, verdicts, [json.loads(ln)["step"] for ln in metrics.read_text().splitlines()]
+
+
+def test_the_watch_passes_the_first_steps_and_lets_the_launch_run_on(tmp_path):
+    watch, result, verdicts, steps = _watched(tmp_path)
+    assert result.ok and result.stopped is None and steps == [1, 2, 3, 4, 5, 6]
+    assert verdicts == [watch.report] and watch.passed  # judged once, while it ran
+    r = watch.report
+    assert (r["steps"], r["expected_steps"], r["loss_first"], r["loss_last"]) == (3, 3, 7.0, 5.0)
+    assert r["loss_falling"] and r["peak_rss_bytes"] > 80 * MB and r["memory"].startswith("measured/predicted")
+    assert watch.conclude(0, "ignored: judged already") is r
+
+
+def test_a_bad_verdict_stops_the_launch_at_the_watch(tmp_path):
+    watch, result, verdicts, steps = _watched(tmp_path, steps=60, limit=40 * MB)
+    assert result.stopped.startswith(STOP_LINE + "preflight failed: - peak host memory"), result.stopped
+    assert 3 <= len(steps) < 20 and not result.ok  # 60 steps would take 12 s
+    assert verdicts == [watch.report] and not watch.passed and "exceeds the limit 0.04 GB" in watch.report["message"]
+
+
+def test_a_launch_that_ends_before_the_verdict_is_judged_on_what_it_left(tmp_path):
+    watch, result, verdicts, steps = _watched(tmp_path, steps=2, rc=3)
+    assert result.returncode == 3 and watch.report is None and verdicts == []
+    report = watch.conclude(result.peak_rss_bytes, "the trainer exited with code 3")
+    assert verdicts == [report] and not report["ok"] and report["crash"] == "the trainer exited with code 3"
+    assert report["problems"][:2] == ["the trainer failed within the preflight's steps: the trainer exited with code 3",
+                                      "only 2 of 3 preflight steps ran: read the log tail for the error"]

@@ -5,7 +5,7 @@ much of its time importing MindSpore, compiling the graph and verifying checkpoi
 then assert on each outcome. Model: seq 64, hidden 64, 2 layers, 4 heads / 2 KV heads, vocab 2048; 4 rows per
 step, 16 steps, a checkpoint every 4 steps, 2 kept. What is asserted:
 - reference: loss falls (7.62 at random init), preflight.json (step time, tokens/s, peak RSS, predicted vs
-  measured memory), manifest outputs and metrics (latest_checkpoint, final loss, steps, tokens/s, table, image);
+  measured memory) judged on the first steps of the one trainer launch, manifest outputs and metrics (latest_checkpoint, final loss, steps, tokens/s, table, image);
 - killed: SIGKILL of the trainer's process group 2 steps after the 2nd checkpoint, then a rerun: the step count continues
   from the last verified checkpoint, metrics.jsonl holds steps 1..16 once each (the killed attempt's steps after
   that checkpoint superseded, attempt 1 then 2) and the final weights equal the reference's (float tolerance);
@@ -16,7 +16,8 @@ The data is shuffled (training.shuffle, the default) except in nan_stop.
 - rollback (training.guard.on_failure=rollback): the same NaN rolls back to step 4, skips data steps 5-6 and
   finishes the 8 optimizer steps; with the data shuffled, guard_diagnosis.json names the batch's packed rows and
   source documents, and a data stage rerun with data.exclude_from drops exactly those documents;
-- preflight_fail: a preflight whose peak memory exceeds parallel.device_memory_gb stops the stage before training;
+- preflight_fail: a preflight whose peak memory exceeds parallel.device_memory_gb stops the trainer and the stage at
+  its verdict, leaving no checkpoint to resume: the rerun preflights (and fails) again;
 - dp2: msrun with 2 CPU ranks (data parallel), rank 1 stopped with SIGSTOP after step 3: the hang watchdog
   (training.hang_timeout_s=8) notices, names rank 1 and its host, dumps the stacks, kills the tree and resumes
   from the step-2 checkpoint; the run finishes its 6 steps with identical weights in rank_0 and rank_1;
@@ -183,6 +184,16 @@ def _on_s3(data, endpoint: str) -> Outcome:
     return first
 
 
+def _preflight_fails_twice(data) -> Outcome:
+    """A memory limit no run meets, checkpoints every 2 steps (so the stopped trainer may have saved some), then a
+    rerun of the same run."""
+    cfg, paths = new_run(data, "preflight-fail", training={"preflight_steps": 3, "save_steps": 2},
+                         parallel={"device_memory_gb": 0.05})
+    first = Outcome(cfg, paths).run()
+    first.extra["rerun"] = Outcome(cfg, paths).run()
+    return first
+
+
 def _scenarios(data, s3_endpoint=None) -> dict[str, callable]:
     nan = {"LLM_PIPELINE_INJECT_NAN_STEP": "6"}
     return {
@@ -194,8 +205,7 @@ def _scenarios(data, s3_endpoint=None) -> dict[str, callable]:
         "dp2": lambda: _dp2_with_a_stopped_rank(data),
         # unshuffled so that the guard can name the file rows of the bad batch
         "nan_stop": lambda: Outcome(*new_run(data, "nan-stop", training={"steps": 8, "shuffle": False})).run(env=nan),
-        "preflight_fail": lambda: Outcome(*new_run(data, "preflight-fail", training={"preflight_steps": 3},
-                                                   parallel={"device_memory_gb": 0.05})).run(),
+        "preflight_fail": lambda: _preflight_fails_twice(data),
     }
 
 
@@ -311,8 +321,11 @@ def test_reference_loss_falls_and_manifest(outcomes):
     assert pre["ok"] and pre["steps"] == 4 and pre["loss_finite"] and pre["loss_falling"]
     assert pre["step_time_ms"] > 0 and pre["tokens_per_s"] > 0 and pre["peak_rss_bytes"] > 2e8
     assert pre["predicted_gb_per_device"] > 0 and "measured/predicted" in pre["memory"]
-    assert not (o.out / "preflight" / "checkpoint").exists()
-    assert m["preflight"]["ok"] is True
+    assert m["preflight"] == pre and not (o.out / "preflight").exists()
+    # the preflight rode on the training launch: one trainer import and graph compile in the whole stage
+    imports = [ln for ln in o.lines if "PIPELINE_TIMING" in ln and "import_s" in ln]  # one per trainer process
+    assert len(imports) == 1, imports
+    assert any("training 16 steps from random init; its first 4 are the preflight" in ln for ln in o.lines)
     # the stage registry sees the manifest as complete: a rerun through it is skipped (nothing launched)
     from pipeline_lib.stages import run_stage
 
@@ -321,7 +334,7 @@ def test_reference_loss_falls_and_manifest(outcomes):
 
 def test_tensorboard_event_files_hold_the_loss_per_step(outcomes):
     """mindformers' own tensorboard section: event files under <output_root>/_tensorboard/<run.name>/<run id>/pretrain,
-    holding the loss of every step as metrics.jsonl has it; the preflight writes none."""
+    holding the loss of every step as metrics.jsonl has it."""
     from tensorboard_events import event_files, read_scalars
 
     o = outcomes["reference"]
@@ -331,7 +344,6 @@ def test_tensorboard_event_files_hold_the_loss_per_step(outcomes):
     steps = _by_step(o)
     assert sorted(loss) == sorted(steps) == list(range(1, 17))
     assert all(loss[s] == pytest.approx(steps[s]["loss"], rel=1e-4) for s in steps)
-    assert not event_files(o.out / "preflight")
 
 
 def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
@@ -472,15 +484,21 @@ def test_rollback_skips_the_bad_window_and_finishes(outcomes):
     assert after == [7, 8, 9, 10] and all(math.isfinite(r["loss"]) for r in records if r["step"] != 6)
 
 
-def test_failed_preflight_stops_before_training(outcomes):
+def test_failed_preflight_stops_the_trainer_and_a_rerun_preflights_again(outcomes):
     o = outcomes["preflight_fail"]
-    assert isinstance(o.error, PreflightFailed), (o.error, o.lines[-30:])
-    text = str(o.error)
-    assert "peak host memory" in text and "exceeds the limit 0.05 GB" in text
-    assert "training.micro_batch_size" in text and "measured/predicted" in text
+    for attempt in (o, o.extra["rerun"]):
+        assert isinstance(attempt.error, PreflightFailed), (attempt.error, attempt.lines[-30:])
+        text = str(attempt.error)
+        assert "peak host memory" in text and "exceeds the limit 0.05 GB" in text
+        assert "training.micro_batch_size" in text and "measured/predicted" in text
+        # the watch stopped the trainer at its verdict (it polls every second)
+        assert any(ln.startswith("[preflight] preflight failed") for ln in attempt.lines), attempt.lines[-30:]
     pre = json.loads((o.out / "preflight.json").read_text())
     assert pre["ok"] is False and pre["steps"] == 3 and pre["loss_finite"]
+    # nothing of the stopped run can be resumed: checkpoints gone, the folder's identity is no run's
     assert not (o.out / "checkpoint").exists() and read_manifest(str(o.out)) is None
+    assert json.loads((o.out / "identity.json").read_text())["identity"] is None
+    assert not any("(resume)" in ln for ln in o.extra["rerun"].lines)
 
 
 def test_two_rank_data_parallel_identical_weights(outcomes):

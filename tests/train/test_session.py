@@ -90,15 +90,15 @@ def test_one_yaml_recipe_for_both_stages_written_once_per_attempt(tmp_path):
     pre = StageYaml(cfg, "pretrain", Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard), data, 400,
                     "run.yaml", "run_resume.yaml")
     start = out / "checkpoint" / "rank_0" / "m_rank_0-1_8.ckpt"
-    path = pre.write(out / pre.resume_name, out, resume_from=start, extra_epochs=2, save_steps=3)
+    path = pre.write(out / pre.resume_name, out, resume_from=start, extra_epochs=2)
     text = path.read_text()
     run = yaml.safe_load(text)
     assert "python -m pipeline_lib.train.entry --yaml" in text.splitlines()[1]
-    assert run == pre.run_config(out, resume_from=start, extra_epochs=2, save_steps=3)  # the dict, written as is
+    assert run == pre.run_config(out, resume_from=start, extra_epochs=2)  # the dict, written as is
     assert (run["load_checkpoint"], run["resume_training"]) == (str(out / "checkpoint"), start.name)
     fresh = yaml.safe_load(pre.write(out / pre.name, out).read_text())
     assert run["runner_config"]["epochs"] == fresh["runner_config"]["epochs"] + 2
-    assert [c["save_checkpoint_steps"] for c in run["callbacks"] if c["type"] == "CheckpointMonitor"] == [3]
+    assert [c["save_checkpoint_steps"] for c in run["callbacks"] if c["type"] == "CheckpointMonitor"] == [10]
     assert [c["save_checkpoint_steps"] for c in fresh["callbacks"] if c["type"] == "CheckpointMonitor"] == [10]
     assert [c["spike_factor"] for c in run["callbacks"] if c["type"] == "LossGuard"] == [4.0]
     assert {c["type"]: c["loss_rule"] for c in fresh["callbacks"] if "loss_rule" in c} == \
