@@ -21,7 +21,7 @@ latest_checkpoint.json, identity.json); `remote` is the run-store folder that mi
   PreflightWatch): a crash, a tripped guard or a bad verdict within them writes `<preflight_dir>/preflight.json`,
   forgets the run (a rerun starts afresh and preflights again) and raises the stage's preflight error.
 - `StageYaml`: the mindformers yaml of either stage, a dict built once per attempt with the metrics and guard
-  callbacks, resume fields, extra epochs and checkpoint interval, then written once (header + yaml).
+  callbacks, resume fields and extra epochs, then written once (header + yaml).
 Errors a user must fix are raised as the stage's own error class (`error`), naming the field and the fix.
 """
 from __future__ import annotations
@@ -290,6 +290,12 @@ class TrainingSession:
         cfg = self.cfg
         steps = min(cfg.training.preflight_steps, self.steps)
         if not steps:
+            return None
+        # the steps are judged where metrics.jsonl is written: the node running the rank whose loss is recorded
+        loss_rank = LossRule(pipeline_stages=cfg.parallel.pipeline_stage).loss_rank(cfg.parallel.devices)
+        if loss_rank not in self.ranks:
+            self.log(f"{self.stage}: the preflight is judged on the node running rank {loss_rank} (its loss is the "
+                     "recorded one)")
             return None
         # on CPU the devices are processes on this host: their summed RSS is what the device memory limit bounds
         on_cpu = device_target(cfg) == "CPU"

@@ -214,3 +214,26 @@ def test_a_hang_is_resumed_once_per_step_and_a_second_at_the_same_step_is_not_re
     assert should_retry(hang(7), transient=False) is True  # a first hang: the category says retry
     hangs = json.loads((tmp_path / "out" / HANG_FILE).read_text())["hangs"]
     assert [(h["step"], h["attempt"]) for h in hangs] == [(3, 1), (5, 2), (5, 1)]
+
+
+def test_the_preflight_is_judged_on_the_node_that_records_the_loss(tmp_path, monkeypatch):
+    """metrics.jsonl is written where the loss rank runs (rank 0; under pipeline parallel the first rank of the last
+    stage): only that node watches the first steps, and a rerun's earlier verdict is not taken for a new one."""
+    layouts = {"dp": {"devices": 4, "devices_per_node": 2, "data_parallel": 4},
+               "pp": {"devices": 4, "devices_per_node": 2, "data_parallel": 2, "pipeline_stage": 2}}
+    judged = {}
+    for name, parallel in layouts.items():
+        cfg = _cfg(tmp_path, parallel=parallel, training={"preflight_steps": 5})
+        for node in (0, 1):
+            monkeypatch.setenv("LLM_PIPELINE_NODE_RANK", str(node))
+            folder, lines = tmp_path / name / str(node), []
+            folder.mkdir(parents=True)
+            (folder / "preflight.json").write_text("{}")  # an earlier run's
+            watch = _session(cfg, folder, lines)._preflight_watch(folder, memory_check=False)
+            judged[name, node] = watch is not None
+            assert (watch is None) == any("judged on the node running rank" in ln for ln in lines)
+            assert (folder / "preflight.json").exists() == (watch is None)
+            if watch is not None:
+                assert watch.steps == 5 and watch.metrics_path == folder / "metrics.jsonl"
+    # rank 0 on node 0 for data parallel; rank 2 (first of the last stage) on node 1 under two pipeline stages
+    assert judged == {("dp", 0): True, ("dp", 1): False, ("pp", 0): False, ("pp", 1): True}
