@@ -39,7 +39,7 @@ demo: $(STAMP)
 
 # two workers (pytest-xdist), one test file each at a time: module fixtures stay in one process, and much of
 # the suite waits on subprocesses and servers, so two workers on two cores finish in about half the time
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
