@@ -326,7 +326,7 @@ class TrainingSession:
         memory_line = report.get("memory")
         raise self.preflight_error(f"{self.stage} {report['message']}" + (f"\n{memory_line}" if memory_line else "")
                                    + f"\n(see {folder / PREFLIGHT_FILE}; the trainer's log: {self.out / 'log'})"
-                                   + (f"\n{crash}" if crash else ""))
+                                   + (f"\n{crash}" if crash else "")) from None  # not "during TrainingHang"
 
     def _forget_run(self, why: str) -> None:
         """No checkpoint of this run is resumed: a rerun starts afresh (the identity no run has)."""
