@@ -23,12 +23,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _stop_rank_after(out: Path, rank: int, step: int, record: dict, done: threading.Event) -> None:
+    """SIGSTOP `rank` between two steps once it has finished `step`. The heartbeat read before the signal can be
+    stale by the time it lands (the rank may have begun its next step, and its peer gone one step further: seen
+    once in a clean-clone run): read again once the process is stopped, and when it is not where it was read, let
+    it go on (SIGCONT) and stop it at a later gap."""
     while not done.is_set():
         beat = read_heartbeats(out).get(rank)
         if beat and beat["step"] >= step and beat.get("running") is None:
             os.kill(beat["pid"], signal.SIGSTOP)
-            record.update(pid=beat["pid"], step=beat["step"], at=time.time())
-            return
+            proc, deadline = psutil.Process(beat["pid"]), time.time() + 5
+            while proc.status() != psutil.STATUS_STOPPED and time.time() < deadline:
+                time.sleep(0.001)
+            now = read_heartbeats(out).get(rank)
+            if now["step"] == beat["step"] and now.get("running") is None:
+                record.update(pid=beat["pid"], step=beat["step"], at=time.time())
+                return
+            os.kill(beat["pid"], signal.SIGCONT)
         time.sleep(0.005)
 
 
