@@ -152,7 +152,7 @@ class PreflightWatch:
         """Polled while the trainer runs: None, or the line that stops it after a bad verdict."""
         if self.report is not None:
             return None
-        records = [r for r in read_metrics(self.metrics_path) if (r.get("step") or 0) <= self.steps]
+        records = self._first_steps()
         if len(records) < self.steps:
             return None
         self._judge(records, peak_rss=self.sampler.peak_rss_bytes if self.sampler else 0, crash=None)
@@ -163,9 +163,11 @@ class PreflightWatch:
     def conclude(self, peak_rss: int, crash: str | None) -> dict:
         """The verdict over what the launch left when it ended before the watch judged (`crash`: its error)."""
         if self.report is None:
-            records = [r for r in read_metrics(self.metrics_path) if (r.get("step") or 0) <= self.steps]
-            self._judge(records, peak_rss=peak_rss, crash=crash)
+            self._judge(self._first_steps(), peak_rss=peak_rss, crash=crash)
         return self.report
+
+    def _first_steps(self) -> list[dict]:
+        return [r for r in read_metrics(self.metrics_path) if (r.get("step") or 0) <= self.steps]
 
     def _judge(self, records: list[dict], *, peak_rss: int, crash: str | None) -> None:
         verdict = evaluate_preflight(records, expected_steps=self.steps, peak_rss_bytes=peak_rss or None,
