@@ -69,9 +69,11 @@ def retry_plan(exc: BaseException, stage: str, run_id: str) -> tuple[bool, str]:
     from prefect.context import TaskRunContext
 
     ctx = TaskRunContext.get()
+    afresh = getattr(exc, "starts_afresh", False)  # e.g. a failed preflight: no checkpoint was written
+    restart = (", training starts afresh and preflights again (no checkpoint was written)" if afresh
+               else ", training restarts from the last verified checkpoint")
     resume = (f"resume with `llm-pipeline run CONFIG --run-id {run_id}` (or Retry in the UI for a deployment run): "
-              "finished stages are not redone" + (", training restarts from the last verified checkpoint"
-                                                  if SPECS[stage].multi_node else ""))
+              "finished stages are not redone" + (restart if SPECS[stage].multi_node else ""))
     if not retry_by_cause_exc(exc):
         diag = getattr(exc, "diagnosis", None)
         category = getattr(diag, "category", "unknown")

@@ -96,6 +96,9 @@ class PretrainStageError(ValueError):
 class PreflightFailed(PretrainStageError):
     """The preflight's verdict was bad; the message lists each problem with its fix."""
 
+    # it stops the trainer before its first checkpoint: a rerun starts training afresh and preflights again
+    starts_afresh = True
+
 
 def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
                        env: dict[str, str] | None = None) -> StageOutput:

@@ -1,7 +1,7 @@
 """The shipped Ascend configs' data stage, run as a user runs it, on a real S3 endpoint.
 
 Their `data.inputs` are `s3://.../*.jsonl.gz` globs and their tokenizer is the base model's
-(Llama-2 layout). The test uploads gzip'd jsonl files under exactly those patterns (plus files
+(Llama-2 layout: the session's `llama2_tokenizer`). The test uploads gzip'd jsonl files under exactly those patterns (plus files
 the glob must not match), gives a Llama-2-layout tokenizer trained here, shrinks the model by
 overrides, and runs `llm-pipeline run <shipped config> --stages data` from a fresh copy of the
 repository with a relative config path. Every matching file must be read, no other.
@@ -28,24 +28,6 @@ SHRINK = ["model.seq_length=64", "model.hidden_size=64", "model.num_layers=4", "
           "training.steps=10", "training.warmup_steps=2"]
 
 
-def llama2_layout_tokenizer(folder: Path) -> Path:
-    """A sentencepiece model with Llama-2's id layout and options, trained on the bundled corpus."""
-    import sentencepiece as spm
-
-    texts = []
-    for raw in (ROOT / "configs/data/tiny_corpus.jsonl").read_bytes().splitlines():
-        try:
-            texts.append(json.loads(raw)["text"])
-        except (ValueError, KeyError, TypeError):
-            pass
-    corpus = folder / "corpus.txt"
-    corpus.write_text("\n".join(t for t in texts if isinstance(t, str)), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=1000,
-                                   model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-                                   byte_fallback=True, character_coverage=0.9995, minloglevel=2)
-    return folder / "tokenizer.model"
-
-
 def glob_parts(pattern: str) -> tuple[str, str, str]:
     """s3://bucket/prefix/*.jsonl.gz -> (bucket, 'prefix/', '.jsonl.gz')."""
     bucket, key = re.match(r"s3://([^/]+)/(.*)", pattern).groups()
@@ -55,7 +37,7 @@ def glob_parts(pattern: str) -> tuple[str, str, str]:
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_shipped_config_data_stage_reads_its_s3_glob(config, user_repo, s3_endpoint, tmp_path):
+def test_shipped_config_data_stage_reads_its_s3_glob(config, user_repo, s3_endpoint, llama2_tokenizer):
     import boto3
 
     spec = yaml.safe_load((user_repo.path / "configs/pipelines" / config).read_text())
@@ -80,7 +62,7 @@ def test_shipped_config_data_stage_reads_its_s3_glob(config, user_repo, s3_endpo
         client.put_object(Bucket=bucket, Key=f"{head}old/skip{tail}", Body=gzip.compress(lines[0]))
     # a config that names its base model's tokenizer gets a Llama-2-layout one; the others train theirs
     given = (spec.get("tokenizer") or {}).get("path")
-    tokenizer = [f"tokenizer.path={llama2_layout_tokenizer(tmp_path)}"] if given else ["tokenizer.vocab_size=1000"]
+    tokenizer = [f"tokenizer.path={llama2_tokenizer}"] if given else ["tokenizer.vocab_size=1000"]
     out = f"s3://{glob_parts(spec['data']['inputs'][0])[0]}/runs-{Path(config).stem}"
     proc = user_repo.run(["./.venv/bin/llm-pipeline", "run", f"configs/pipelines/{config}", "--stages", "data",
                           "--run-id", "accept-s3", f"run.output_root={out}", f"run.s3_endpoint_url={s3_endpoint}",

@@ -1,7 +1,6 @@
 """deployments/: pools, prefect.yaml, a worker picking a run up, schedules, dispatch to pools.
 Everything against a real `prefect server` and real `prefect worker` processes."""
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ import pytest
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
+from process_groups import stop_worker
 
 pytestmark = pytest.mark.e2e  # runs the CLI or flows end to end (servers, workers, subprocesses)
 
@@ -46,12 +46,7 @@ def workers(deployed, tmp_path_factory):
                                       stderr=subprocess.STDOUT, start_new_session=True))
     yield logs
     for p in procs:
-        os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+        stop_worker(p)
 
 
 def test_pools_and_limits_created_idempotently(deployed):

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
-from process_groups import stop_group
+from process_groups import stop_worker
 
 from pipeline_lib import stages
 from pipeline_lib.config import load_config
@@ -72,7 +72,7 @@ def ascend_worker(prefect_server, tmp_path_factory):
                              "--limit", "2"], cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     yield home, log
-    stop_group(proc)
+    stop_worker(proc)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from prefect import get_client
-from process_groups import stop_group
+from process_groups import stop_worker
 from suite_rules import machine_skip
 from ui_helpers import BIN, ROOT, cli
 
@@ -120,4 +120,4 @@ def chain_deployment(prefect_server, tmp_path_factory):
     assert {"run", "data", "training", "orchestration"} <= set(deployment.parameter_openapi_schema["properties"])
     assert "DataConfig" in deployment.parameter_openapi_schema["definitions"]
     yield deployment, log
-    stop_group(worker)
+    stop_worker(worker)
