@@ -43,6 +43,27 @@ def node_limit_name(host: str | None = None) -> str:
     return f"ascend-node-{host or socket.gethostname()}"
 
 
+def node_training_slot(logger):
+    """The node's training slot for the length of a training stage, or nothing when the API has no such limit
+    (the embedded API of `make demo`, a server `llm-pipeline pools` did not set up). Prefect itself would answer a
+    missing limit with a WARNING in every training stage's terminal (`Concurrency limits [...] do not exist -
+    skipping acquisition`), which reads as a fault on a laptop; said here once, at INFO, with what it means."""
+    from contextlib import nullcontext
+
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    name = node_limit_name()
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_global_concurrency_limit_by_name(name)
+    except ObjectNotFound:
+        logger.info(f"no concurrency limit {name!r} on this Prefect API (`llm-pipeline pools --ascend-hosts HOST` "
+                    "makes it): nothing keeps a second training off this node")
+        return nullcontext()
+    return concurrency(name, occupy=1, strict=False, timeout_seconds=None)
+
+
 TRANSIENT_NAMES = {"EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
                    "ConnectTimeoutError", "ProtocolError", "LostWorkerError"}
 
@@ -120,8 +141,7 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
         if SPECS[stage].multi_node:
             live = LiveTraining(stage, paths, reporter)  # loss curve + last steps while training, kept on failure
             try:
-                # Held for the whole training run; without the limit on the server (e.g. a laptop) it is a no-op.
-                with concurrency(node_limit_name(), occupy=1, strict=False, timeout_seconds=None):
+                with node_training_slot(logger):  # held for the whole training run
                     manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=live)
             except BaseException:
                 live.finish(failed=True)

@@ -137,6 +137,27 @@ def test_training_stage_holds_the_node_training_slot(tiny_cfg, monkeypatch):
         client.delete_global_concurrency_limit_by_name(node_limit_name())
 
 
+def test_without_the_node_limit_a_training_stage_says_so_once_at_info_not_prefects_warning(tiny_cfg):
+    """The embedded API of `make demo` has no node limit: Prefect's own answer was a WARNING per training stage in
+    the user's terminal."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterTaskRunId
+
+    from tasks.stage_task import node_limit_name
+
+    state = run(tiny_cfg, "r-nolimit", ["data", "pretrain"])
+    assert state.is_completed(), state.message
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        task_run = task_runs_of("llm-pipeline/r-nolimit")["pretrain/r-nolimit"][-1]
+        logs = client.read_logs(log_filter=LogFilter(task_run_id=LogFilterTaskRunId(any_=[task_run.id])))
+    said = [r for r in logs if node_limit_name() in r.message]
+    assert [r.level for r in said] == [20], [(r.level, r.message) for r in said]
+    assert "llm-pipeline pools" in said[0].message
+    assert not [r for r in logs if "do not exist" in r.message]
+
+
 def test_a_retry_of_the_same_flow_run_shows_cached_stages_in_one_overview(tiny_cfg):
     """What the UI's Retry does (the flow run set to AwaitingRetry, run again: attempt 2 of the same flow run):
     Prefect hands back the finished stages' subflows without running them; the overview and the task runs still
