@@ -136,9 +136,13 @@ def prefect_server(tmp_path_factory, prefect_database):
     saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
     os.environ["PREFECT_API_URL"] = api
     os.environ["PREFECT_HOME"] = str(home)
-    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, PREFECT_HOME, temporary_settings
 
-    with temporary_settings({PREFECT_API_URL: api, PREFECT_HOME: str(home)}):
+    # Flows run in this process (not a worker's: os.environ keeps Prefect's default for those) send no flow-run
+    # heartbeats: the end of every flow run waits for its heartbeat thread's 1-s sleep (measured: 8.7 s of one
+    # 17 s test of two nights, ~8 flow runs a night), and what heartbeats are for, a server noticing that a
+    # flow's process died, is what the worker-dispatched tests (tests/deployments, tests/ui, two-node) keep.
+    with temporary_settings({PREFECT_API_URL: api, PREFECT_HOME: str(home), PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield api
         from flows.cli import drain_prefect_queues
 

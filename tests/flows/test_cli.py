@@ -44,6 +44,7 @@ def test_embedded_api_boots_while_the_cli_works_and_stops_without_waiting(monkey
     from flows.cli import embedded_api
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    heartbeat_before = get_current_settings().flows.heartbeat_frequency  # this worker's (see prefect_server)
     t0 = time.monotonic()
     api = embedded_api().launch()
     launched, proc, api_url = time.monotonic() - t0, api.server.server_process, api.server.api_url
@@ -65,7 +66,7 @@ def test_embedded_api_boots_while_the_cli_works_and_stops_without_waiting(monkey
     assert proc.wait(timeout=20) is not None  # it ends on its own
     assert "PREFECT_API_URL" not in __import__("os").environ
     assert get_current_settings().api.url != api_url  # the process-global settings restored
-    assert get_current_settings().flows.heartbeat_frequency is not None
+    assert get_current_settings().flows.heartbeat_frequency == heartbeat_before
 
 
 def test_embedded_api_is_not_started_when_prefect_api_url_is_set(monkeypatch):
