@@ -75,22 +75,37 @@ def is_utf8_text(text: str) -> bool:
     return True
 
 
-def _non_unicode_keys(node: dict, prefix: str = "") -> list[ConfigIssue]:
-    """Keys holding a lone surrogate (a YAML "\\udXXX" escape): pydantic can name no field for them."""
+def _yaml_spelling(key) -> str:
+    """A non-string key as YAML writes it (None -> null, True -> true): pydantic would show Python's None/True, a
+    name the user never wrote."""
+    return yaml.safe_dump(key, default_flow_style=True).splitlines()[0]
+
+
+def _unnamed_keys(node: dict, prefix: str = "") -> list[ConfigIssue]:
+    """Keys pydantic can name no field for: not text (YAML's null key `?`, `~:` or `null:`; a number; a boolean),
+    or text holding a lone surrogate (a YAML "\\udXXX" escape)."""
     issues = []
     for key, value in node.items():
         text = isinstance(key, str) and is_utf8_text(key)
-        name = prefix + (key if text else repr(key))
-        if isinstance(key, str) and not text:
+        if isinstance(key, str):
+            name = prefix + (key if text else repr(key))
+        else:
+            name = prefix + _yaml_spelling(key)
+        if not isinstance(key, str):
+            why = ("the key is null (YAML reads a `?` line, `~:` and `null:` as a null key), not a name" if key is None
+                   else "the key is a number or a boolean (YAML reads an unquoted 1, 1.5 or true as one), not a name")
+            issues.append(ConfigIssue(name, value, why, "write the section or field name before the colon (quoted if "
+                                      "it is a number or true/false), or remove the entry"))
+        elif not text:
             issues.append(ConfigIssue(name, key, "the key is not Unicode text (a lone \\udXXX escape)",
                                       "remove the escape from the key"))
         elif isinstance(value, dict):
-            issues += _non_unicode_keys(value, name + ".")
+            issues += _unnamed_keys(value, name + ".")
     return issues
 
 
 def config_from_dict(raw: dict) -> PipelineConfig:
-    issues = _non_unicode_keys(raw) if isinstance(raw, dict) else []
+    issues = _unnamed_keys(raw) if isinstance(raw, dict) else []
     if issues:
         raise ConfigError(issues)
     try:

@@ -112,6 +112,19 @@ def test_a_key_that_is_no_unicode_text_is_named(tmp_path):
     assert err.value.fields() == ["run.'\\ud800x'"]
 
 
+@pytest.mark.parametrize("text, field", [("?\n", "null"), ("run:\n  ~: 1\n", "run.null"),
+                                         ("data:\n  7: x\n", "data.7"), ("true: 1\n", "true")])
+def test_a_key_that_is_no_name_is_named_as_yaml_spells_it(tmp_path, text, field):
+    """Found by tests/reliability/test_fuzz_config.py in a clean-clone run: a file holding `?` (YAML's null key)
+    was refused as `None=None: Keys should be strings`, naming a field the user never wrote."""
+    path = tmp_path / "key.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.fields() == [field]
+    assert "not a name" in str(err.value) and "before the colon" in str(err.value)
+
+
 def test_yaml_aliases_are_refused_before_they_expand(tmp_path):
     """435 bytes of nested aliases made a 58 MB error message: an alias is refused where it appears."""
     from pipeline_lib.config.errors import ConfigError
