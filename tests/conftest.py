@@ -340,7 +340,8 @@ def pytest_runtest_teardown(item, nextitem):
     yield
     # on the teardown report (it travels to the xdist controller with its user_properties): the CPU of the whole
     # test, its subprocesses (trainers, CLIs) included; a session server is reaped at the end, counted nowhere
-    item.user_properties.append(("cpu_s", _cpu_seconds() - item.stash.get(_CPU_AT_START, _cpu_seconds())))
+    now = _cpu_seconds()
+    item.user_properties.append(("cpu_s", now - item.stash.get(_CPU_AT_START, now)))
 
 
 def pytest_terminal_summary(terminalreporter):

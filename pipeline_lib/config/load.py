@@ -81,26 +81,28 @@ def _yaml_spelling(key) -> str:
     return yaml.safe_dump(key, default_flow_style=True).splitlines()[0]
 
 
+def _key_kind(key) -> str:
+    if key is None:
+        return "null (YAML reads a `?` line, `~:` and `null:` as a null key)"
+    if isinstance(key, (bool, int, float)):
+        return "a number or a boolean (YAML reads an unquoted 1, 1.5 or true as one)"
+    return f"a {type(key).__name__} (YAML reads an unquoted value of that form as one)"
+
+
 def _unnamed_keys(node: dict, prefix: str = "") -> list[ConfigIssue]:
-    """Keys pydantic can name no field for: not text (YAML's null key `?`, `~:` or `null:`; a number; a boolean),
-    or text holding a lone surrogate (a YAML "\\udXXX" escape)."""
+    """Keys pydantic can name no field for: not text (YAML's null key `?`, `~:` or `null:`; a number; a boolean; a
+    date), or text holding a lone surrogate (a YAML "\\udXXX" escape)."""
     issues = []
     for key, value in node.items():
-        text = isinstance(key, str) and is_utf8_text(key)
-        if isinstance(key, str):
-            name = prefix + (key if text else repr(key))
-        else:
-            name = prefix + _yaml_spelling(key)
         if not isinstance(key, str):
-            why = ("the key is null (YAML reads a `?` line, `~:` and `null:` as a null key), not a name" if key is None
-                   else "the key is a number or a boolean (YAML reads an unquoted 1, 1.5 or true as one), not a name")
-            issues.append(ConfigIssue(name, value, why, "write the section or field name before the colon (quoted if "
-                                      "it is a number or true/false), or remove the entry"))
-        elif not text:
-            issues.append(ConfigIssue(name, key, "the key is not Unicode text (a lone \\udXXX escape)",
+            issues.append(ConfigIssue(prefix + _yaml_spelling(key), value, f"the key is {_key_kind(key)}, not a name",
+                                      "write the section or field name before the colon (quoted if it is a number "
+                                      "or true/false), or remove the entry"))
+        elif not is_utf8_text(key):
+            issues.append(ConfigIssue(prefix + repr(key), key, "the key is not Unicode text (a lone \\udXXX escape)",
                                       "remove the escape from the key"))
         elif isinstance(value, dict):
-            issues += _unnamed_keys(value, name + ".")
+            issues += _unnamed_keys(value, prefix + key + ".")
     return issues
 
 
