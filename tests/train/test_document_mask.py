@@ -110,7 +110,7 @@ def test_training_uses_the_mask(masked_data, trained):
     def losses():
         net = _llama(cfg, 4, init)
         net.set_train(True)
-        return float(net(ids, attention_mask=mask).asnumpy()), float(net(ids).asnumpy())
+        return float(net(ids, attention_mask=mask).asnumpy().item()), float(net(ids).asnumpy().item())
 
     masked, unmasked = _pynative(losses)
     assert abs(run.losses[1] - masked) < 1e-4, (run.losses[1], masked, unmasked)
