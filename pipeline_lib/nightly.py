@@ -11,7 +11,8 @@ what earlier versions wrote):
             comparison; `llm-pipeline nightly promote CONFIG --run-id ID` promotes one by hand
   reference_heldout: the held-out split of the lineage's first promoted night; every later night scores it
             (evaluate.reference_heldout): rows in the lineage's domain that do not move, so forgetting shows
-  history:  per night its decision (promoted, held, no new data), the gate's metrics, and who decided; with
+  history:  per night its decision (promoted, held, promoted by hand, no new data, no usable data), the gate's
+            metrics, and who decided; with
             data.replay on, the promoted nights' packed rows are tonight's replay pool (`replay_runs`)
 It is updated only after a night succeeds, so a failed night leaves the watermark and the
 `latest` pointer where they were and its data is picked up again tomorrow. An update applies the
@@ -339,11 +340,14 @@ def no_new_documents(cfg: PipelineConfig, run_id: str) -> dict | None:
 
 def consume_without_training(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
                              found: dict) -> dict:
-    """Move the watermark past files that held only already-seen documents; `latest` stays."""
+    """Move the watermark past files that held only already-seen documents (`found` kind all_seen: decision
+    "no new data") or only rejected / filtered records (no_usable_documents: "no usable data"); `latest` stays."""
+    decision = "no usable data" if found.get("kind") == "no_usable_documents" else "no new data"
+
     def change(state: dict) -> dict:
         state.setdefault("consumed", {}).update(files)
         state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": None,
-                                                "no_new_data": found})
+                                                "decision": decision, "no_new_data": found})
         return state
     return update_state(cfg, change)
 

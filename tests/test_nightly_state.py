@@ -161,6 +161,18 @@ def test_replay_draws_on_the_promoted_nights_whose_data_stage_is_still_there(tmp
         (tmp_path / run_id / "data" / "manifest.json").write_text("{}")
     state = load_state(cfg)
     assert promoted_nights(state) == ["n1", "n4", "n5"]
+    assert [h["decision"] for h in state["history"]] == ["promoted", "held", "no new data", "promoted", "promoted"]
     assert "replay" not in nightly_overrides(cfg, state, {"/raw/6.jsonl": 1})["data"]  # data.replay off
     on = config_from_dict({"run": {"output_root": str(tmp_path)}, "data": {"replay": {"fraction": 0.3, "runs": ["r0"]}}})
     assert nightly_overrides(on, state, {"/raw/6.jsonl": 1})["data"]["replay"] == {"runs": ["r0", "n1", "n4"]}
+
+
+def test_a_night_of_unusable_records_is_recorded_as_such_and_moves_nothing_but_the_watermark(tmp_path):
+    from pipeline_lib.nightly import commit_night, consume_without_training
+
+    cfg = cfg_at(str(tmp_path))
+    commit_night(cfg, load_state(cfg), {"/raw/1.jsonl": 1}, "n1", "c1")
+    consume_without_training(cfg, load_state(cfg), {"/raw/2.jsonl": 5}, "n2", {"kind": "no_usable_documents", "kept": 0})
+    state = load_state(cfg)
+    assert state["history"][-1]["decision"] == "no usable data" and state["latest"]["run_id"] == "n1"
+    assert state["consumed"] == {"/raw/1.jsonl": 1, "/raw/2.jsonl": 5}

@@ -143,6 +143,9 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     fifth = state()
     assert sorted(p.rsplit("/", 1)[-1] for p in fifth["consumed"]) == [f"day{i}.jsonl" for i in range(1, 6)]
     assert fifth["latest"] == third["latest"]
+    # every night that ended is in the history with its decision, the no-train ones too
+    assert [h["decision"] for h in fifth["history"]] == ["promoted", "held", "promoted", "no new data",
+                                                          "no usable data"]
 
     out = night("2026-11-06")
     assert "nightly Skipped" in out, out[-3000:]
