@@ -36,7 +36,7 @@ SIGKILL_CODES = (-9, 137)
 RETRY_CATEGORIES = frozenset({"collective_timeout", "killed", "hang"})
 NO_RETRY_CATEGORIES = frozenset({"device_oom_compile", "device_oom_step", "host_oom", "nan_or_overflow",
                                  "disk_full", "config_name_clash", "missing_kernel", "dataset_schema",
-                                 "checkpoint_shape_mismatch", "dataloader_stall"})
+                                 "checkpoint_shape_mismatch", "dataloader_stall", "preflight"})
 ALL_CATEGORIES = tuple(sorted(RETRY_CATEGORIES | NO_RETRY_CATEGORIES)) + ("unknown",)
 
 

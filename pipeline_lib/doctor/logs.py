@@ -1,8 +1,8 @@
 """Where a failed run's logs are: the failed stage's folder under run.output_root/<run_id>/.
 
 The training stages keep theirs in the stage folder: msrun's `msrun/worker_N.log` and `scheduler.log`, mindformers'
-`log/rank_N/*.log` (LOG_MF_PATH; the preflight is the first steps of the same launch), `preflight.json` and the loss
-guard's diagnosis json. Evaluate and export run their worker in a scratch folder that is removed; their failure text travels in the stage's error
+`log/rank_N/*.log` (LOG_MF_PATH; the preflight is the first steps of the same launch), `preflight.json` (its verdict's
+message: a bad one is the failure, which no trainer log holds) and the loss guard's diagnosis json. Evaluate and export run their worker in a scratch folder that is removed; their failure text travels in the stage's error
 message (the worker's last lines), which the stage failure path classifies.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..storage import RunPaths
 from ..train.metrics import GUARD_DIR
+from ..train.preflight import PREFLIGHT_FILE
 
 LOG_GLOBS = ("**/*.log", "**/*.log.[0-9]*")
 
@@ -30,6 +31,7 @@ def failed_stage(cfg, paths: RunPaths) -> str | None:
 def stage_log_files(folder: Path) -> list[Path]:
     found = {p for pattern in LOG_GLOBS for p in folder.glob(pattern) if p.is_file()}
     found |= {p for p in folder.glob(f"**/{GUARD_DIR}/rank_*.json") if p.is_file()}
+    found |= {p for p in folder.glob(f"**/{PREFLIGHT_FILE}") if p.is_file()}
     return sorted(found, key=lambda p: (p.stat().st_mtime, str(p)))
 
 
@@ -41,7 +43,7 @@ def read_logs(files: list[Path], max_bytes: int = 4_000_000) -> str:
             size = fh.seek(0, 2)
             fh.seek(max(0, size - max_bytes))
             text = fh.read().decode("utf-8", "replace")
-        if path.suffix == ".json":  # the loss guard's diagnosis: its message is the evidence
+        if path.suffix == ".json":  # the loss guard's diagnosis, the preflight's verdict: the message is the evidence
             try:
                 text = json.loads(text).get("message", text)
             except (ValueError, AttributeError):

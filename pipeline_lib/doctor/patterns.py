@@ -47,8 +47,10 @@ def _scale_collapsed(found: re.Match) -> bool:
 
 
 # Precedence, most specific root cause first. device_oom_* is decided as "device_oom" and split by phase later.
+# A failed preflight ranks below the root causes it may report (a crash within its steps, a NaN) and above the kill
+# that ends its trainer: the stopped trainer is its echo.
 CATEGORIES = ("disk_full", "device_oom", "host_oom", "checkpoint_shape_mismatch", "dataset_schema",
-              "config_name_clash", "missing_kernel", "nan_or_overflow", "dataloader_stall", "killed",
+              "config_name_clash", "missing_kernel", "nan_or_overflow", "dataloader_stall", "preflight", "killed",
               "collective_timeout", "hang")
 
 PATTERNS: tuple[Pattern, ...] = (
@@ -252,6 +254,10 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("nan_or_overflow", r"loss guard stopped training at step",
        "ours: pipeline_lib/train/callbacks.py LossGuard (NaN/inf loss or a spike)"),
     # ---- the input pipeline did not deliver a batch in time
+    _p("nan_or_overflow", r"\d+ of \d+ steps overflowed \(gradients not finite",
+       "ours: train/session.py, a run that ended short of its optimizer steps because its updates were skipped as "
+       "overflowed; reproduced on the tiny default at training.learning_rate=100000 (mindformers' step lines "
+       "'overflow cond: True, loss_scale: 1.0, global_norm: [nan]': tests/doctor/logs/nan_overflow_skipped_tiny_cpu.log)"),
     _p("dataloader_stall", r"GetNext error may be caused by slow data processing",
        "MindSpore ascend_kernel_runtime.cc DumpTaskExceptionInfo (mindspore-lab/mindocr#586, #615)"),
     _p("dataloader_stall", r"For 'GetNext', get data timeout",
@@ -272,6 +278,12 @@ PATTERNS: tuple[Pattern, ...] = (
        "MXNet gluon dataloader.py ('Worker timed out after 120 seconds. This might be caused by - Slow "
        "transform', apache/mxnet#18224) and PyTorch torch/utils/data/dataloader.py ('DataLoader timed out after "
        "N seconds')"),
+    # ---- our preflight's bad verdict over the first training.preflight_steps steps
+    _p("preflight", r"\b(?:pretrain |sft )?preflight failed:",
+       "ours: pipeline_lib/train/preflight.py, the verdict's message ('pretrain preflight failed:' / 'sft preflight "
+       "failed:' in the stage's error, '[preflight] preflight failed: ...: stopping the trainer' when the watch "
+       "stops it, preflight.json's message); reproduced on the tiny default: "
+       "tests/doctor/logs/preflight_*_tiny_cpu.log"),
     # ---- killed by SIGKILL with no evidence of memory pressure (decided with the launcher's memory evidence:
     # classify.py turns it into host_oom when that evidence shows an OOM kill)
     _p("killed", r"Worker process \d+ exit with exception\. Error code: -9\b",
@@ -359,6 +371,9 @@ CONTEXT = {
     "nan_or_overflow": re.compile(r"overflow cond: True|NaN or Inf found in input tensor"),
     # ours: runtime/launcher.py NO_OOM_LINE, what the memory evidence showed (and that it showed no OOM kill)
     "killed": re.compile(r"\[launcher\] no memory evidence of an OOM kill: "),
+    # ours: each problem of a bad preflight verdict, one "- " line with its numbers and fix (train/preflight.py)
+    "preflight": re.compile(r"^\s*- (?:loss rose|loss did not fall|loss is not finite|peak host memory|only \d+ of \d+ "
+                            r"preflight steps|no step metrics|\d+ step\(s\) are too few|the trainer failed within)"),
     # HCCL names the rank it blames (the cluster's exception location) and the timeout in force
     "collective_timeout": re.compile(r"Cluster Exception Location|HCCL_EXEC_TIMEOUT|HCCL_CONNECT_TIMEOUT"),
 }

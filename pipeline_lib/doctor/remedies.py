@@ -8,6 +8,7 @@ then the best layouts that need less (planner.advisor.plan, ranked as `llm-pipel
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -317,10 +318,60 @@ def _stall(diag, cfg) -> list[dict]:
                "stall on one rank shows on the others as a collective timeout, so read the first rank that waited")]
 
 
+_PEAK = re.compile(r"peak host memory ([\d.]+) GB exceeds the limit ([\d.]+) GB")
+
+
+def _preflight(diag, cfg) -> list[dict]:
+    """One remedy per problem the verdict lists (its evidence lines), with the stage's own keys (training.* or sft.*):
+    a loss that rose and one that stayed flat need opposite learning-rate changes."""
+    text = "\n".join(diag.evidence)
+    sft = diag.stage == "sft" or "sft preflight failed" in text or "sft.learning_rate" in text
+    section = "sft" if sft else "training"
+    knobs = cfg.sft if (cfg is not None and sft) else (cfg.training if cfg is not None else None)
+    lr_key, warmup_key, batch_key = (f"{section}.{k}" for k in ("learning_rate", "warmup_steps", "micro_batch_size"))
+    out = []
+    if "loss rose" in text:
+        why = "the loss climbed over the preflight's steps: the learning rate is too high for this start"
+        out.append(_r(f"{why} ({lr_key}={knobs.learning_rate:g}): a tenth of it, and a longer warm-up",
+                      [f"{lr_key}={knobs.learning_rate / 10:g}", f"{warmup_key}={max(2 * knobs.warmup_steps, 1)}"])
+                   if knobs else _r(f"{why}: lower {lr_key} (a tenth is a first try), lengthen {warmup_key}"))
+    if "loss did not fall" in text:
+        why = "the loss stayed flat over the preflight's steps: the learning rate is too low, or the steps too few to see it fall"
+        steps = cfg.training.preflight_steps if cfg is not None else None
+        out.append(_r(f"{why} ({lr_key}={knobs.learning_rate:g}, training.preflight_steps={steps})",
+                      [f"{lr_key}={knobs.learning_rate * 3:g}", f"training.preflight_steps={2 * steps}"])
+                   if knobs else _r(f"{why}: raise {lr_key} or training.preflight_steps; check that rows are not "
+                                    "mostly pad tokens"))
+    if "loss is not finite" in text:
+        out.extend(_nan(diag, cfg))
+    peak = _PEAK.search(text)
+    if peak:
+        measured, limit = float(peak.group(1)), float(peak.group(2))
+        why = (f"the trainer's peak host memory {measured:g} GB is over the preflight's limit {limit:g} GB "
+               "(parallel.device_memory_gb per device; on CPU the devices are processes on this host)")
+        if knobs is not None and knobs.micro_batch_size > 1:
+            out.append(_r(f"{why}: halve the micro batch", [f"{batch_key}={knobs.micro_batch_size // 2}"]))
+        if cfg is None:
+            out.append(_r(f"{why}: recompute activations (model.recompute=full), or, if the machine has the memory, "
+                          "raise parallel.device_memory_gb"))
+        else:  # the limit scales with device_memory_gb: the measured peak, plus a quarter of headroom
+            enough = math.ceil(cfg.parallel.device_memory_gb * measured / limit * 1.25 * 10) / 10
+            recompute = ["model.recompute=full"] if cfg.model.recompute != "full" else []
+            out.append(_r(f"{why}: {'recompute activations, or, ' if recompute else ''}if the machine has the "
+                          "memory, say so", [*recompute, f"parallel.device_memory_gb={enough:g}"]))
+    if "too few to judge" in text:
+        out.append(_r("the preflight needs at least 3 steps to judge the loss trend", ["training.preflight_steps=3"]))
+    if not out:  # a crash within its steps, or no steps recorded: the log's error is the cause
+        out.append(_r("the trainer did not finish the preflight's steps: its error is in the evidence and the log "
+                      "tail; fix that, then rerun with the same --run-id (the run starts afresh and preflights again)"))
+    return out
+
+
 _BY_CATEGORY = {"device_oom_compile": _device_oom, "device_oom_step": _device_oom, "host_oom": _host_oom,
                 "nan_or_overflow": _nan, "disk_full": _disk, "config_name_clash": _clash,
                 "missing_kernel": _kernel, "dataset_schema": _schema, "checkpoint_shape_mismatch": _shape,
-                "collective_timeout": _collective, "killed": _killed, "hang": _hang, "dataloader_stall": _stall}
+                "collective_timeout": _collective, "killed": _killed, "hang": _hang, "dataloader_stall": _stall,
+                "preflight": _preflight}
 
 
 def remedies_for(diag, cfg=None) -> list[dict]:

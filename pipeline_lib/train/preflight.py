@@ -11,7 +11,10 @@ What:
   there is when the launch ended first (a crash, a tripped guard, a run shorter than the preflight).
 
 Limits: "Loss falling" means the mean of the last third of the steps is below the mean of the first third
-(robust to one noisy step; needs >= 3 steps).
+(robust to one noisy step; needs >= 3 steps). A loss that did not fall is told apart by how it moved: up by more
+than ROSE_BY (the learning rate is too high: the tiny default at training.learning_rate=5 went 7.6 -> 116.6 over
+its 5 warm-up steps, tests/doctor/logs/preflight_loss_rose_tiny_cpu.log) or about flat (too low, or too few steps):
+the two fixes are opposite. The fixes name the stage's own keys (training.* for pretrain, sft.* for sft).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from ..config.validate import MIN_PREFLIGHT_STEPS
 from .metrics import read_metrics
 
 GB = 1e9
+PREFLIGHT_FILE = "preflight.json"  # the verdict, in the stage folder (the doctor reads its message)
+ROSE_BY = 0.10  # last-third mean over first-third mean: a loss up this much is climbing, not noise
 
 
 @dataclass
@@ -78,9 +83,11 @@ class PreflightResult:
 
 def evaluate_preflight(metrics: list[dict], *, expected_steps: int | None = None,
                        peak_rss_bytes: int | None = None, memory_limit_bytes: int | None = None,
-                       skip_first: int = 1) -> PreflightResult:
-    """Verdict over the preflight's step metrics; `message` lists each problem with its fix."""
+                       skip_first: int = 1, section: str = "training") -> PreflightResult:
+    """Verdict over the preflight's step metrics; `message` lists each problem with its fix, naming the keys of
+    `section` (the stage's: "training" or "sft")."""
     s = summarize_steps(metrics, skip_first=skip_first)
+    lr, warmup, batch = (f"{section}.{k}" for k in ("learning_rate", "warmup_steps", "micro_batch_size"))
     problems: list[str] = []
     if s.steps == 0:
         problems.append("no step metrics were recorded: check that the run yaml lists the PipelineMetrics "
@@ -88,20 +95,24 @@ def evaluate_preflight(metrics: list[dict], *, expected_steps: int | None = None
     elif expected_steps is not None and s.steps < expected_steps:
         problems.append(f"only {s.steps} of {expected_steps} preflight steps ran: read the log tail for the error")
     if s.first_nonfinite_step is not None:
-        problems.append(f"loss is not finite at step {s.first_nonfinite_step}: lower training.learning_rate, "
+        problems.append(f"loss is not finite at step {s.first_nonfinite_step}: lower {lr}, "
                         "use training.precision fp32/bf16 or a loss_scale for fp16, and check the batch rows "
                         "named in the guard diagnosis")
     elif s.steps and s.loss_falling is None:
         problems.append(f"{s.steps} step(s) are too few to judge the loss trend: set training.preflight_steps >= "
                         f"{MIN_PREFLIGHT_STEPS}")
+    elif s.loss_falling is False and s.last_third_mean > s.first_third_mean * (1 + ROSE_BY):
+        problems.append(f"loss rose over {s.steps} steps (first-third mean {s.first_third_mean:.4f}, "
+                        f"last-third mean {s.last_third_mean:.4f}): the learning rate is too high for this start: "
+                        f"lower {lr} (a tenth is a first try), lengthen {warmup}, or clip harder "
+                        "(training.grad_clip)")
     elif s.loss_falling is False:
         problems.append(f"loss did not fall over {s.steps} steps (first-third mean {s.first_third_mean:.4f}, "
-                        f"last-third mean {s.last_third_mean:.4f}): raise training.learning_rate or "
-                        "training.preflight_steps, shorten training.warmup_steps, and check that rows are not "
-                        "mostly pad tokens")
+                        f"last-third mean {s.last_third_mean:.4f}): raise {lr} or training.preflight_steps, "
+                        f"shorten {warmup}, and check that rows are not mostly pad tokens")
     if peak_rss_bytes is not None and memory_limit_bytes is not None and peak_rss_bytes > memory_limit_bytes:
         problems.append(f"peak host memory {peak_rss_bytes / GB:.2f} GB exceeds the limit "
-                        f"{memory_limit_bytes / GB:.2f} GB: lower training.micro_batch_size, set model.recompute, "
+                        f"{memory_limit_bytes / GB:.2f} GB: lower {batch}, set model.recompute, "
                         "or use more devices")
     ok = not problems
     if ok:
@@ -126,14 +137,14 @@ class PreflightWatch:
 
     `memory_limit_bytes`: the bound of the tree's peak RSS (None: not checked); `devices`: the ranks the tree runs,
     for the per-device figure; `planner_line(measured_gb)` -> (predicted GB per device or None, the comparison line)
-    when the memory is checked; `on_verdict(report)` runs once, at the verdict (while the trainer still runs when the
-    watch judged). `report` is None until the verdict, then preflight.json's dict.
+    when the memory is checked; `section`: the stage's config section, whose keys the fixes name;
+    `on_verdict(report)` runs once, at the verdict (while the trainer still runs when the watch judged). `report` is None until the verdict, then preflight.json's dict.
     """
 
     def __init__(self, metrics_path: str | Path, steps: int, *, memory_limit_bytes: int | None = None,
                  devices: int = 1, planner_line: Callable[[float], tuple[float | None, str]] | None = None,
-                 on_verdict: Callable[[dict], None] | None = None):
-        self.metrics_path, self.steps = Path(metrics_path), steps
+                 on_verdict: Callable[[dict], None] | None = None, section: str = "training"):
+        self.metrics_path, self.steps, self.section = Path(metrics_path), steps, section
         self.memory_limit_bytes, self.devices, self.planner_line = memory_limit_bytes, max(1, devices), planner_line
         self.on_verdict = on_verdict
         self.sampler = None
@@ -171,7 +182,7 @@ class PreflightWatch:
 
     def _judge(self, records: list[dict], *, peak_rss: int, crash: str | None) -> None:
         verdict = evaluate_preflight(records, expected_steps=self.steps, peak_rss_bytes=peak_rss or None,
-                                     memory_limit_bytes=self.memory_limit_bytes)
+                                     memory_limit_bytes=self.memory_limit_bytes, section=self.section)
         measured_gb = (peak_rss or 0) / GB / self.devices
         predicted, memory_line = self.planner_line(measured_gb) if self.planner_line else (None, None)
         s = verdict.summary

@@ -45,13 +45,12 @@ from ..runtime.nodes import node_rank
 from .checkpoints import CheckpointManager, check_disk
 from .launch import GuardTripped, TrainingHang, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
-from .preflight import GB, PreflightWatch
+from .preflight import GB, PREFLIGHT_FILE, PreflightWatch
 from .runner import (CheckpointTicker, TrainerKilled, describe_guard, launch_trainer, local_ranks, resume_fields,
                      rollback_checkpoint)
 
 WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 IDENTITY_FILE = "identity.json"
-PREFLIGHT_FILE = "preflight.json"
 HANG_FILE = "hang.json"
 GUARD_DIAGNOSIS_FILE = "guard_diagnosis.json"
 MAX_HANG_RESUMES = 3
@@ -282,6 +281,19 @@ class TrainingSession:
                  "to resume")
         self.manager.sync()
 
+    def _short_of_steps(self, reached, steps: int, out: Path) -> str:
+        """Why the trainer ended before its optimizer steps: the steps whose gradients overflowed (their updates are
+        skipped, so the optimizer step count falls behind the data steps), from metrics.jsonl, else the epochs."""
+        rows = read_metrics(self.out / METRICS_FILE)
+        overflowed = [r["step"] for r in rows if r.get("overflow")]
+        head = f"{self.stage}: training stopped at optimizer step {reached} of {steps} without an error"
+        if not overflowed:
+            return f"{head}: too few epochs of data for the steps (check the MindRecord rows); see {out}/log"
+        section = "sft" if self.stage == "sft" else "training"
+        return (f"{head}: {len(overflowed)} of {len(rows)} steps overflowed (gradients not finite from step "
+                f"{overflowed[0]}; their updates were skipped), so the run did not train. Fix: lower "
+                f"{section}.learning_rate (a tenth is a first try) or clip harder (training.grad_clip); see {out}/log")
+
     # ------------------------------------------------------------ preflight
 
     def _preflight_watch(self, folder: Path, memory_check: bool) -> PreflightWatch | None:
@@ -308,7 +320,8 @@ class TrainingSession:
             self.log(f"{self.stage}: {report['message']}" + (f"; {memory_line}" if memory_line else ""))
 
         return PreflightWatch(self.out / METRICS_FILE, steps, memory_limit_bytes=limit, devices=len(self.ranks),
-                              planner_line=self._planner_line if memory_check else None, on_verdict=verdict)
+                              planner_line=self._planner_line if memory_check else None, on_verdict=verdict,
+                              section="sft" if self.stage == "sft" else "training")
 
     def _preflight_end(self, watch: PreflightWatch, folder: Path, *, peak_rss: int = 0, crash: str | None = None,
                        killed: bool = False) -> None:
@@ -412,8 +425,7 @@ class TrainingSession:
                 raise self.error(f"training left no verified checkpoint in {out}/checkpoint: see the log above; "
                                  "check training.save_steps and the disk")
             if (latest.get("global_step") or 0) < steps:
-                raise self.error(f"{self.stage}: training stopped at optimizer step {latest.get('global_step')} of "
-                                 f"{steps} without an error (overflow-skipped steps or too few epochs): see {out}/log")
+                raise self.error(self._short_of_steps(latest.get("global_step"), steps, out))
         done.latest = latest
         if watch is not None:
             done.preflight = watch.report

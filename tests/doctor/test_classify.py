@@ -23,6 +23,10 @@ EXPECTED = {
     "missing_kernel_cpu.log": "missing_kernel",
     "msrun_worker_sigkill.log": "killed",  # SIGKILL alone is no OOM: the memory evidence decides (below)
     "nan_mindformers_monitor.log": "nan_or_overflow",
+    "nan_overflow_skipped_tiny_cpu.log": "nan_or_overflow",
+    "preflight_loss_rose_tiny_cpu.log": "preflight",
+    "preflight_host_memory_tiny_cpu.log": "preflight",
+    "preflight_sft_loss_rose_tiny_cpu.log": "preflight",
 }
 
 
@@ -115,6 +119,16 @@ def test_root_cause_outranks_its_echo():
     # rank 1 times out in a collective because rank 0 ran out of device memory: the OOM is the answer
     both = log_text("collective_timeout_hccl.log") + "\n" + log_text("device_oom_compile_ascend.log")
     assert classify(both)[0] == "device_oom_compile"
+
+
+def test_a_preflight_that_reports_a_crash_is_the_crash_and_the_trainer_it_stopped_is_its_echo():
+    """A preflight's verdict ranks below what the trainer died of within its steps (the verdict quotes it) and above
+    the kill that ends a trainer the watch stopped."""
+    preflight = log_text("preflight_loss_rose_tiny_cpu.log")
+    assert classify(preflight + "\n" + log_text("host_oom_cpu_rlimit.log"))[0] == "host_oom"
+    assert classify(preflight + "\n" + log_text("msrun_worker_sigkill.log"))[0] == "preflight"
+    category, evidence = classify(preflight)
+    assert any(line.startswith("- loss rose over 5 steps") for line in evidence), evidence  # the problem line
 
 
 def test_sigkill_without_evidence_is_killed_but_our_timeout_is_not():

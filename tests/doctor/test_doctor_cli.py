@@ -56,6 +56,21 @@ def test_run_id_reads_the_failed_stage_logs(capsys, tmp_path):
     assert out["remedies"][0]["why"].startswith("device memory ran out during a training step: predicted peak")
 
 
+def test_run_id_reads_a_failed_preflights_verdict(capsys, tmp_path):
+    """No trainer log holds the verdict of a preflight that stopped the trainer: preflight.json does (recorded from
+    the tiny default at training.learning_rate=5; the trainer's own logs say only its steps)."""
+    stage = tmp_path / "r1" / "pretrain"
+    (stage / "log" / "rank_0").mkdir(parents=True)
+    shutil.copy(LOGS / "preflight_loss_rose_tiny_cpu.json", stage / "preflight.json")
+    steps = [ln for ln in (LOGS / "preflight_loss_rose_tiny_cpu.log").read_text().splitlines() if "step:[" in ln]
+    (stage / "log" / "rank_0" / "info.log").write_text("\n".join(steps) + "\n")
+    assert main(["doctor", "--run-id", "r1", TINY, f"run.output_root={tmp_path}", "training.learning_rate=5",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["category"] == "preflight" and out["stage"] == "pretrain"
+    assert out["remedies"][0]["overrides"][0] == "training.learning_rate=0.5"
+
+
 def test_run_id_without_a_run_folder_says_how_to_fix(capsys, tmp_path):
     assert main(["doctor", "--run-id", "nope", TINY, f"run.output_root={tmp_path}"]) == 2
     assert "Fix:" in capsys.readouterr().err

@@ -1,6 +1,8 @@
 """Remedies carry numbers from our planner and config, and their overrides do what they say."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import yaml
 
 from pipeline_lib.config import config_from_dict, load_config
@@ -9,6 +11,8 @@ from pipeline_lib.doctor.classify import diagnose
 from pipeline_lib.planner.memory import GB, estimate
 
 from doctor_cases import LLAMA2_7B_DP4, log_text
+
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "pipelines" / "tiny-cpu.yaml")
 
 
 def test_device_oom_names_the_predicted_peak_and_layouts_that_fit(oom_cfg):
@@ -32,7 +36,7 @@ def test_compile_oom_says_so(oom_cfg):
 
 
 def test_shape_mismatch_names_the_model_field_from_the_shapes():
-    cfg = load_config("configs/pipelines/tiny-cpu.yaml", [])
+    cfg = load_config(TINY, [])
     d = diagnose(log_text("checkpoint_shape_mismatch.log"), cfg)
     # net (3, 4) vs checkpoint (5, 4): the differing dimension 3 is no model.* value of this config
     assert all(r["overrides"] == [] for r in d.remedies) and "shape (3, 4)" in d.remedies[0]["why"]
@@ -47,7 +51,7 @@ def test_shape_mismatch_names_the_model_field_from_the_shapes():
 
 
 def test_nan_halves_the_learning_rate_of_the_stage():
-    cfg = load_config("configs/pipelines/tiny-cpu.yaml", ["training.learning_rate=0.004", "sft.learning_rate=0.002"])
+    cfg = load_config(TINY, ["training.learning_rate=0.004", "sft.learning_rate=0.002"])
     d = diagnose(log_text("nan_mindformers_monitor.log"), cfg, stage="pretrain")
     assert d.remedies[0]["overrides"] == ["training.learning_rate=0.002"]
     d = diagnose(log_text("nan_mindformers_monitor.log"), cfg, stage="sft")
@@ -55,7 +59,7 @@ def test_nan_halves_the_learning_rate_of_the_stage():
 
 
 def test_disk_full_keeps_what_fits(tmp_path):
-    cfg = load_config("configs/pipelines/tiny-cpu.yaml", [f"run.output_root={tmp_path}",
+    cfg = load_config(TINY, [f"run.output_root={tmp_path}",
                                                           "training.keep_checkpoint_max=1000000"])
     d = diagnose(log_text("disk_full_save_checkpoint.log"), cfg)
     assert "GB free now on the filesystem of" in d.remedies[0]["why"]
@@ -65,7 +69,7 @@ def test_disk_full_keeps_what_fits(tmp_path):
 
 
 def test_missing_kernel_names_the_op_and_the_device_target():
-    cfg = load_config("configs/pipelines/tiny-cpu.yaml", [])
+    cfg = load_config(TINY, [])
     d = diagnose(log_text("missing_kernel_cpu.log"), cfg)
     assert d.remedies[0]["why"].startswith("ArgMaxExt has no kernel on this device target (CPU)")
 
@@ -82,3 +86,26 @@ def test_config_yaml_round_trip_of_overrides(oom_cfg, tmp_path):
     d = diagnose(log_text("device_oom_step_ascend.log"), oom_cfg)
     fixed = load_config(path, d.remedies[1]["overrides"])
     assert estimate(fixed).total < estimate(oom_cfg).total
+
+
+def test_preflight_remedies_follow_the_problem_with_the_stages_own_keys_and_the_runs_numbers():
+    """Recorded verdicts of the tiny default (tests/doctor/logs/README.md): a loss that rose gets a tenth of the
+    learning rate the run used, an SFT one the sft.* keys, a memory limit the figure the measured peak needs."""
+    cfg = load_config(TINY, ["training.learning_rate=5"])
+    rose = diagnose(log_text("preflight_loss_rose_tiny_cpu.log"), cfg)
+    assert rose.category == "preflight" and rose.stage == "pretrain" and rose.retry is False
+    assert rose.remedies[0]["overrides"] == ["training.learning_rate=0.5", f"training.warmup_steps={2 * cfg.training.warmup_steps}"]
+    sft = diagnose(log_text("preflight_sft_loss_rose_tiny_cpu.log"), load_config(TINY,
+                                                                               ["sft.learning_rate=20"]))
+    assert sft.stage == "sft" and sft.remedies[0]["overrides"][0] == "sft.learning_rate=2"
+    mem = diagnose(log_text("preflight_host_memory_tiny_cpu.log"),
+                   load_config(TINY, ["parallel.device_memory_gb=0.3"]))
+    overrides = [o for r in mem.remedies for o in r["overrides"]]
+    assert "parallel.device_memory_gb=1" in overrides  # 0.76 GB measured under 0.3: 0.3 x 0.76 / 0.3 x 1.25, rounded up
+    fixed = config_from_dict(apply_overrides(yaml.safe_load(open(TINY, encoding="utf-8")), overrides[:1]))
+    assert fixed.training.micro_batch_size < cfg.training.micro_batch_size
+
+
+def test_preflight_remedies_without_a_config_name_the_knobs():
+    d = diagnose(log_text("preflight_loss_rose_tiny_cpu.log"))
+    assert "lower training.learning_rate" in d.remedies[0]["why"] and d.remedies[0]["overrides"] == []

@@ -61,6 +61,23 @@ def test_flat_loss_fails_and_says_what_to_change():
     assert "loss did not fall over 6 steps" in result.message and "training.learning_rate" in result.message
 
 
+def test_a_rising_loss_says_lower_the_learning_rate_and_a_flat_one_says_raise_it():
+    """The fix for a loss that climbs is the opposite of a flat one's. The rising losses are the first five of the
+    tiny default at training.learning_rate=5 (tests/doctor/logs/preflight_loss_rose_tiny_cpu.log)."""
+    rose = evaluate_preflight(_steps([7.625871, 7.615848, 24.065125, 55.775925, 116.643364]))
+    assert not rose.ok and "loss rose over 5 steps" in rose.message
+    assert "lower training.learning_rate" in rose.message and "raise" not in rose.message
+    flat = evaluate_preflight(_steps([7.0, 7.1, 7.0, 7.2, 7.1, 7.3]))  # up 2.8 %: noise, not a climb
+    assert "loss did not fall" in flat.message and "raise training.learning_rate" in flat.message
+
+
+def test_an_sft_preflight_names_the_sft_keys():
+    sft = evaluate_preflight(_steps([7.0, 7.1, 7.0, 7.2, 7.1, 7.0]), section="sft", peak_rss_bytes=int(5e9),
+                             memory_limit_bytes=int(4e9))
+    assert "raise sft.learning_rate" in sft.message and "shorten sft.warmup_steps" in sft.message
+    assert "lower sft.micro_batch_size" in sft.message and "training.learning_rate" not in sft.message
+
+
 def test_nan_names_the_step_and_a_short_run_is_reported():
     result = evaluate_preflight(_steps([7.0, 6.5, float("nan"), 6.0]), expected_steps=10)
     assert not result.ok and result.summary.first_nonfinite_step == 3

@@ -237,3 +237,18 @@ def test_the_preflight_is_judged_on_the_node_that_records_the_loss(tmp_path, mon
                 assert watch.steps == 5 and watch.metrics_path == folder / "metrics.jsonl"
     # rank 0 on node 0 for data parallel; rank 2 (first of the last stage) on node 1 under two pipeline stages
     assert judged == {("dp", 0): True, ("dp", 1): False, ("pp", 0): False, ("pp", 1): True}
+
+
+def test_a_run_short_of_its_optimizer_steps_says_its_updates_overflowed(tmp_path):
+    """The metrics.jsonl of the tiny default at training.learning_rate=100000 (tests/doctor/logs/README.md): 76 of 80
+    steps overflowed and were skipped, so mindformers ended at optimizer step 4. The message says so and the fix;
+    without overflowed steps the cause is the data's epochs."""
+    recorded = Path(__file__).parents[1] / "doctor" / "logs" / "nan_overflow_skipped_tiny_cpu.metrics.jsonl"
+    out = tmp_path / "pretrain"
+    out.mkdir()
+    (out / "metrics.jsonl").write_bytes(recorded.read_bytes())
+    message = _session(_cfg(tmp_path), out)._short_of_steps(4, 60, out)
+    assert "76 of 80 steps overflowed (gradients not finite from step 5" in message
+    assert "lower training.learning_rate" in message
+    (out / "metrics.jsonl").write_text("")
+    assert "too few epochs" in _session(_cfg(tmp_path), out)._short_of_steps(40, 60, out)
