@@ -372,8 +372,9 @@ CONTEXT = {
     # ours: runtime/launcher.py NO_OOM_LINE, what the memory evidence showed (and that it showed no OOM kill)
     "killed": re.compile(r"\[launcher\] no memory evidence of an OOM kill: "),
     # ours: each problem of a bad preflight verdict, one "- " line with its numbers and fix (train/preflight.py)
-    "preflight": re.compile(r"^\s*- (?:loss rose|loss did not fall|loss is not finite|peak host memory|only \d+ of \d+ "
-                            r"preflight steps|no step metrics|\d+ step\(s\) are too few|the trainer failed within)"),
+    "preflight": re.compile(r"^\s*- (?:loss rose|loss did not fall|loss is not finite|gradients not finite in|"
+                            r"peak host memory|only \d+ of \d+ preflight steps|no step metrics|"
+                            r"\d+ step\(s\) are too few|the trainer failed within)"),
     # HCCL names the rank it blames (the cluster's exception location) and the timeout in force
     "collective_timeout": re.compile(r"Cluster Exception Location|HCCL_EXEC_TIMEOUT|HCCL_CONNECT_TIMEOUT"),
 }

@@ -330,11 +330,14 @@ def _preflight(diag, cfg) -> list[dict]:
     knobs = cfg.sft if (cfg is not None and sft) else (cfg.training if cfg is not None else None)
     lr_key, warmup_key, batch_key = (f"{section}.{k}" for k in ("learning_rate", "warmup_steps", "micro_batch_size"))
     out = []
-    if "loss rose" in text:
-        why = "the loss climbed over the preflight's steps: the learning rate is too high for this start"
-        out.append(_r(f"{why} ({lr_key}={knobs.learning_rate:g}): a tenth of it, and a longer warm-up",
-                      [f"{lr_key}={knobs.learning_rate / 10:g}", f"{warmup_key}={max(2 * knobs.warmup_steps, 1)}"])
-                   if knobs else _r(f"{why}: lower {lr_key} (a tenth is a first try), lengthen {warmup_key}"))
+    for problem, what in (("loss rose", "the loss climbed over the preflight's steps"),
+                          ("gradients not finite in", "gradients overflowed at loss scale 1 in the preflight's steps "
+                                                      "(their updates were skipped)")):
+        if problem in text:
+            why = f"{what}: the learning rate is too high for this start"
+            out.append(_r(f"{why} ({lr_key}={knobs.learning_rate:g}): a tenth of it, and a longer warm-up",
+                          [f"{lr_key}={knobs.learning_rate / 10:g}", f"{warmup_key}={max(2 * knobs.warmup_steps, 1)}"])
+                       if knobs else _r(f"{why}: lower {lr_key} (a tenth is a first try), lengthen {warmup_key}"))
     if "loss did not fall" in text:
         why = "the loss stayed flat over the preflight's steps: the learning rate is too low, or the steps too few to see it fall"
         steps = cfg.training.preflight_steps if cfg is not None else None

@@ -15,6 +15,11 @@ Limits: "Loss falling" means the mean of the last third of the steps is below th
 than ROSE_BY (the learning rate is too high: the tiny default at training.learning_rate=5 went 7.6 -> 116.6 over
 its 5 warm-up steps, tests/doctor/logs/preflight_loss_rose_tiny_cpu.log) or about flat (too low, or too few steps):
 the two fixes are opposite. The fixes name the stage's own keys (training.* for pretrain, sft.* for sft).
+A step whose gradients overflowed at a loss scale of 1 is a problem however the loss moved: its update was skipped,
+so the weights did not move and the loss trend means nothing (the tiny default at training.learning_rate=1e5: the
+loss sat at ln(2048) = 7.6246, "falling" by 0.001 through the preflight, and every update from step 5 on
+overflowed, tests/doctor/logs/nan_overflow_skipped_tiny_cpu.metrics.jsonl). Overflows at a larger scale are not
+counted: fp16 dynamic loss scaling (Ascend) overflows by design while it lowers the scale, down to 1.
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ class StepSummary:
     loss_falling: bool | None  # None: fewer than 3 finite losses
     first_third_mean: float | None = None
     last_third_mean: float | None = None
+    overflow_steps: list[int] = field(default_factory=list)  # overflowed at loss scale <= 1: updates skipped
 
 
 def summarize_steps(metrics: list[dict], skip_first: int = 1) -> StepSummary:
@@ -55,6 +61,7 @@ def summarize_steps(metrics: list[dict], skip_first: int = 1) -> StepSummary:
     times = [m["step_time_ms"] for m in timed if m.get("step_time_ms") is not None]
     tps = [m["tokens_per_s"] for m in timed if m.get("tokens_per_s") is not None]
     finite = [loss for loss in losses if loss is not None and math.isfinite(loss)]
+    overflowed = [m["step"] for m in rows if m.get("overflow") and (m.get("loss_scale") or 1) <= 1]
     falling = first_mean = last_mean = None
     if not bad and len(finite) >= 3:
         third = len(finite) // 3
@@ -66,7 +73,7 @@ def summarize_steps(metrics: list[dict], skip_first: int = 1) -> StepSummary:
         tokens_per_s=statistics.median(tps) if tps else None,
         loss_first=losses[0] if rows else None, loss_last=losses[-1] if rows else None,
         first_nonfinite_step=bad[0] if bad else None, loss_falling=falling,
-        first_third_mean=first_mean, last_third_mean=last_mean)
+        first_third_mean=first_mean, last_third_mean=last_mean, overflow_steps=overflowed)
 
 
 @dataclass
@@ -98,6 +105,11 @@ def evaluate_preflight(metrics: list[dict], *, expected_steps: int | None = None
         problems.append(f"loss is not finite at step {s.first_nonfinite_step}: lower {lr}, "
                         "use training.precision fp32/bf16 or a loss_scale for fp16, and check the batch rows "
                         "named in the guard diagnosis")
+    elif s.overflow_steps:
+        problems.append(f"gradients not finite in {len(s.overflow_steps)} of {s.steps} steps (from step "
+                        f"{s.overflow_steps[0]}, at loss scale 1): their updates were skipped, so the model did not "
+                        f"train: lower {lr} (a tenth is a first try), lengthen {warmup}, or clip harder "
+                        "(training.grad_clip)")
     elif s.steps and s.loss_falling is None:
         problems.append(f"{s.steps} step(s) are too few to judge the loss trend: set training.preflight_steps >= "
                         f"{MIN_PREFLIGHT_STEPS}")

@@ -27,6 +27,7 @@ EXPECTED = {
     "preflight_loss_rose_tiny_cpu.log": "preflight",
     "preflight_host_memory_tiny_cpu.log": "preflight",
     "preflight_sft_loss_rose_tiny_cpu.log": "preflight",
+    "preflight_overflow_tiny_cpu.log": "preflight",
 }
 
 

@@ -98,6 +98,9 @@ def test_preflight_remedies_follow_the_problem_with_the_stages_own_keys_and_the_
     sft = diagnose(log_text("preflight_sft_loss_rose_tiny_cpu.log"), load_config(TINY,
                                                                                ["sft.learning_rate=20"]))
     assert sft.stage == "sft" and sft.remedies[0]["overrides"][0] == "sft.learning_rate=2"
+    skipped = diagnose(log_text("preflight_overflow_tiny_cpu.log"), load_config(TINY, ["training.learning_rate=100000"]))
+    assert skipped.category == "preflight" and "gradients overflowed at loss scale 1" in skipped.remedies[0]["why"]
+    assert skipped.remedies[0]["overrides"][0] == "training.learning_rate=10000"
     mem = diagnose(log_text("preflight_host_memory_tiny_cpu.log"),
                    load_config(TINY, ["parallel.device_memory_gb=0.3"]))
     overrides = [o for r in mem.remedies for o in r["overrides"]]

@@ -7,11 +7,13 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from pipeline_lib.runtime.launcher import launch
 from pipeline_lib.runtime.process_tree import ProcessTreeSampler
+from pipeline_lib.train.metrics import read_metrics
 from pipeline_lib.train.preflight import STOP_LINE, PreflightWatch, evaluate_preflight, summarize_steps
 
 MB = 1 << 20
@@ -76,6 +78,35 @@ def test_an_sft_preflight_names_the_sft_keys():
                              memory_limit_bytes=int(4e9))
     assert "raise sft.learning_rate" in sft.message and "shorten sft.warmup_steps" in sft.message
     assert "lower sft.micro_batch_size" in sft.message and "training.learning_rate" not in sft.message
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "doctor" / "logs"
+
+
+def test_updates_skipped_at_loss_scale_1_fail_however_the_loss_moved():
+    """The first 5 steps the tiny default recorded at training.learning_rate=1e5: the loss sits at ln(2048) and so
+    "falls" by 0.001, while step 5's gradients overflowed (loss scale 1.0: the update was skipped) and so did every
+    step after it; the preflight passed this run, which then trained nothing for 75 more steps."""
+    rows = read_metrics(RECORDED / "nan_overflow_skipped_tiny_cpu.metrics.jsonl")
+    assert [r["overflow"] for r in rows[:5]] == [False, False, False, False, True]
+    result = evaluate_preflight(rows[:5])
+    assert not result.ok and result.summary.overflow_steps == [5] and result.summary.loss_falling is True
+    assert result.problems == [result.problems[0]] and result.problems[0].startswith(
+        "gradients not finite in 1 of 5 steps (from step 5, at loss scale 1)")
+    assert "lower training.learning_rate" in result.message and "raise" not in result.message
+    assert evaluate_preflight(rows[:4]).ok  # the same start, judged before the first skipped update
+
+
+def test_overflows_while_a_dynamic_loss_scale_comes_down_are_no_problem():
+    """fp16 dynamic loss scaling (Ascend) overflows by design while it halves the scale from e.g. 65536; a skipped
+    update counts only at scale 1, where no lower scale is left to try."""
+    rows = _steps([7.6, 7.6, 7.6, 7.4, 7.1, 6.9])
+    for row, (overflow, scale) in zip(rows, [(True, 65536.0), (True, 32768.0), (True, 16384.0), (False, 8192.0),
+                                             (False, 8192.0), (False, 8192.0)]):
+        row.update(overflow=overflow, loss_scale=scale)
+    assert evaluate_preflight(rows).ok
+    rows[-1].update(overflow=True, loss_scale=1.0)
+    assert evaluate_preflight(rows).summary.overflow_steps == [6]
 
 
 def test_nan_names_the_step_and_a_short_run_is_reported():
