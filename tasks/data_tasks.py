@@ -14,12 +14,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 from functools import partial
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.tasks import exponential_backoff
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.storage import RunPaths
 
+from tasks.error_log import report_outcome
 from tasks.stage_task import retry_by_cause
 
 _RETRY = dict(retries=2, retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_jitter_factor=0.5,
@@ -110,13 +111,18 @@ def prep_task(config: dict, run_id: str, executor, progress) -> tuple[int, int]:
 
 @task(name="data-dedup", task_run_name="data/{run_id}/dedup", **_RETRY)
 def dedup_task(config: dict, run_id: str) -> dict:
+    from pipeline_lib.data.errors import NoNewDocuments
     from pipeline_lib.data.prep import dedup_stage
     from pipeline_lib.data.stage import warm_mindrecord_writer
 
     cfg, paths = _ctx(config, run_id)
     if local_workers(cfg) > 1:
         warm_mindrecord_writer()  # MindSpore's import on the core the dedup and tokenizer steps leave idle
-    summary = dedup_stage(cfg, paths)
+    try:
+        summary = dedup_stage(cfg, paths)
+    except NoNewDocuments as exc:
+        report_outcome(get_run_logger(), exc)
+        raise
     return {k: sum(s[k] for s in summary["shards"]) for k in ("exact_duplicates", "near_duplicates", "kept")}
 
 

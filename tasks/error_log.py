@@ -67,6 +67,20 @@ def install() -> None:
             logger.addFilter(_FILTER)
 
 
+def report_outcome(logger, exc: BaseException) -> None:
+    """An exception that is an outcome of the run, not a fault in it (the data stage's NoNewDocuments, on which a
+    night ends NoNewData / NoUsableData): its message once, as a WARNING; the engine's records of it (the task's
+    "Finished in state Failed(...)", the data flow's exception, the parent's StageFailed) are then treated as for a
+    reported stage error, so the terminal of a night that ended as designed shows no ERROR (it showed three). A run
+    that is not a nightly still fails on it, and its summary says so."""
+    logger.warning(str(exc))
+    _REPORTED.append(repr(str(exc))[1:-1])
+    try:
+        exc.reported_by_stage = True
+    except AttributeError:
+        pass
+
+
 MESSAGE_CHARS = 600  # our part of a failure message; the rest (a trainer's tail, a long listing) goes to the log file
 # where a launcher's failure text (runtime/launcher.py LaunchResult.describe) turns from our words into the child's
 _TAIL_START = re.compile(r"^(?:command: |--- last \d+ lines of )")

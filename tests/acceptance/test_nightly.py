@@ -133,6 +133,8 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     (raw / "day4.jsonl").write_bytes(b"\n".join(lines[:40]) + b"\n")  # all seen on night 1
     out = night("2026-11-04")
     assert "nightly NoNewData" in out, out[-3000:]
+    # a night that ended as designed: the data stage's finding once, as a WARNING; no ERROR (there were three)
+    assert " ERROR " not in out and out.count(" WARNING ") == 1 and "no new document" in out, out[-3000:]
     fourth = state()
     assert fourth["latest"] == third["latest"]  # nothing trained: tomorrow continues from night 3
     assert not (runs / "nightly-2026-11-04" / "pretrain" / "manifest.json").exists()
@@ -140,6 +142,7 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     (raw / "day5.jsonl").write_bytes(b'not json\n{"id": "e", "text": ""}\n{"id": "m"}\n\xff\xfe\n')
     out = night("2026-11-05")
     assert "nightly NoUsableData" in out and "1 bad_json" in out and "quarantine.jsonl" in out, out[-3000:]
+    assert " ERROR " not in out, out[-3000:]
     fifth = state()
     assert sorted(p.rsplit("/", 1)[-1] for p in fifth["consumed"]) == [f"day{i}.jsonl" for i in range(1, 6)]
     assert fifth["latest"] == third["latest"]
