@@ -186,8 +186,10 @@ def _on_s3(data, endpoint: str) -> Outcome:
 
 def _preflight_fails_twice(data) -> Outcome:
     """A memory limit no run meets, checkpoints every 2 steps (so the stopped trainer may have saved some), then a
-    rerun of the same run."""
-    cfg, paths = new_run(data, "preflight-fail", training={"preflight_steps": 3, "save_steps": 2},
+    rerun of the same run. 60 steps, so that the watch (polled every second) judges while the trainer still runs:
+    the default 8 tiny steps could end first under load (seen once in a clean-clone run); the trainer is stopped at
+    the verdict, so the extra steps cost nothing when it works."""
+    cfg, paths = new_run(data, "preflight-fail", training={"preflight_steps": 3, "save_steps": 2, "steps": 60},
                          parallel={"device_memory_gb": 0.05})
     first = Outcome(cfg, paths).run()
     first.extra["rerun"] = Outcome(cfg, paths).run()
