@@ -2,7 +2,7 @@
 dedup against everything seen) -> pretrain from last night's checkpoint -> evaluate side by side
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
-After evaluate the night is judged (pipeline_lib/nightly_gate.py, nightly.gate): its candidate against the promoted
+After evaluate the night is judged (pipeline_lib/nightly/gate.py, nightly.gate): its candidate against the promoted
 model on the same rows. Within budget: Completed "Promoted" (latest moves). Over budget: with on_regression=hold,
 Completed "Held" (latest stays, the files are consumed, the candidate is listed under `held`, the artifact
 `nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
@@ -33,7 +33,7 @@ from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_train
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
                                   night_tokenizer, nightly_overrides, no_new_documents)
 from pipeline_lib.storage.names import BadName, check_name
-from pipeline_lib.nightly_gate import judge
+from pipeline_lib.nightly.gate import judge
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig

@@ -86,7 +86,7 @@ def test_evaluate_stage_side_by_side(tiny, forward_path_run):  # forward_path_ru
     assert acc["sft"] == acc["sft full ckpt"]
     assert {r["checkpoint"]: r["tasks"] for r in manifest.metrics["checkpoints"]}["pretrained"] == {
         n: summary["checkpoints"][0]["tasks"][n]["accuracy"] for n in names}
-    from pipeline_lib.nightly_gate import judge
+    from pipeline_lib.nightly.gate import judge
 
     verdict = judge(cfg, manifest.metrics)  # the gate reads the accuracies as they are: base vs pretrained
     assert {r["metric"] for r in verdict.rows} >= {"domain_choice accuracy", "domain_classify accuracy"}

@@ -1,7 +1,7 @@
-"""pipeline_lib.nightly_gate.judge on evaluate metrics as the evaluate stage writes them (report.summary_rows; the
+"""pipeline_lib.nightly.gate.judge on evaluate metrics as the evaluate stage writes them (report.summary_rows; the
 flow around it: tests/flows/test_nightly_gate.py)."""
 from pipeline_lib.config import config_from_dict
-from pipeline_lib.nightly_gate import judge
+from pipeline_lib.nightly.gate import judge
 
 
 def _metrics(promoted: float, candidate: float, items: int | None) -> dict:

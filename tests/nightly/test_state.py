@@ -86,7 +86,7 @@ def test_the_nightly_lock_holder_keeps_it_fresh(tmp_path, monkeypatch):
     """A long night is never taken for a dead one: the holder rewrites heartbeat_at while it runs."""
     import time
 
-    from pipeline_lib import nightly
+    from pipeline_lib.nightly import lock as nightly
 
     monkeypatch.setattr(nightly, "LOCK_HEARTBEAT_SECONDS", 0.05)
     cfg = cfg_at(str(tmp_path))

@@ -1,0 +1,101 @@
+"""Tonight's config and what a finished night left behind (checkpoint, tokenizer, held-out split, metrics)."""
+from __future__ import annotations
+
+import json
+
+from ..config.schema import PipelineConfig
+from ..storage import join, store_for
+from .state import promoted_nights
+
+def replay_runs(cfg: PipelineConfig, state: dict) -> list[str]:
+    """data.replay.runs for tonight: the configured ones, then the promoted nights whose data stage is still there
+    (their packed rows are what replay samples; data/replay.py)."""
+    from ..storage import RunPaths
+
+    runs = list(cfg.data.replay.runs)
+    for run_id in promoted_nights(state):
+        manifest = join(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("data"), "manifest.json")
+        if run_id not in runs and store_for(manifest, cfg.run.s3_endpoint_url).exists(manifest):
+            runs.append(run_id)
+    return runs
+
+
+def nightly_overrides(cfg: PipelineConfig, state: dict, files: dict[str, int]) -> dict:
+    """Config changes for tonight: only the new files, continue from last night's checkpoint, score the
+    lineage's fixed held-out split beside the configured evaluate.reference_heldout, and deduplicate against
+    the nights only: the nightly is its own lineage (`<run.name>-nightly` unless data.dedup.lineage is set), so a
+    manual run of the same config (make demo) does not make every document of the first night "seen before";
+    with data.replay on, replay from the promoted nights (replay_runs)."""
+    from ..data.dedup_index import lineage
+
+    changes: dict = {"data": {"inputs": sorted(files)}}
+    if cfg.data.replay.fraction > 0:
+        changes["data"]["replay"] = {"runs": replay_runs(cfg, state)}
+    if not cfg.data.dedup.lineage:
+        changes["data"]["dedup"] = {"lineage": f"{lineage(cfg)}-nightly"}
+    if state.get("reference_heldout"):
+        changes["evaluate"] = {"reference_heldout": list(dict.fromkeys([*cfg.evaluate.reference_heldout,
+                                                                       state["reference_heldout"]]))}
+    latest = state.get("latest")
+    if latest and latest.get("checkpoint"):
+        changes["model"] = {"base_checkpoint": latest["checkpoint"], "hf_checkpoint": None}
+        if latest.get("tokenizer"):  # one tokenizer per lineage: never a new one trained on tonight's files
+            changes["tokenizer"] = {"path": latest["tokenizer"]}
+        # the promoted model is evaluated as `base` (model.base_checkpoint) beside tonight's candidate: the gate
+        # compares the two (nightly.gate)
+    return changes
+
+
+def next_base_checkpoint(cfg: PipelineConfig, run_id: str, log=None) -> str | None:
+    """Tonight's pretrain checkpoint as one full .ckpt for tomorrow's model.base_checkpoint: the merged copy of
+    every rank's file for a tensor/pipeline-parallel run (model.checkpoint_cache.pretrain_checkpoint), else the file."""
+    from ..model.checkpoint_cache import pretrain_checkpoint
+    from ..storage import RunPaths
+
+    return pretrain_checkpoint(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url), None, log)
+
+
+def night_tokenizer(cfg: PipelineConfig, run_id: str) -> str | None:
+    """The tokenizer tonight's weights were trained with, as the pretrain manifest records it (beside the weights:
+    model.tokenizer_lineage); tomorrow's night loads it as tokenizer.path."""
+    from ..storage import RunPaths, read_manifest
+
+    m = read_manifest(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("pretrain"),
+                      cfg.run.s3_endpoint_url)
+    found = (m.metrics or {}).get("tokenizer") if m else None
+    return found.get("uri") if isinstance(found, dict) else None
+
+
+def night_heldout(cfg: PipelineConfig, run_id: str) -> str | None:
+    """Tonight's domain held-out split (data/mindrecord/heldout), None when the data stage held out no row."""
+    from ..runtime.upstream import find_heldout
+    from ..storage import RunPaths
+
+    return find_heldout(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url))
+
+
+def evaluate_metrics(cfg: PipelineConfig, run_id: str) -> dict:
+    """The night's evaluate manifest metrics (what the gate judges); {} when the stage wrote none."""
+    from ..storage import RunPaths, read_manifest
+
+    m = read_manifest(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("evaluate"),
+                      cfg.run.s3_endpoint_url)
+    return (m.metrics or {}) if m else {}
+
+
+def no_new_documents(cfg: PipelineConfig, run_id: str) -> dict | None:
+    """The counts the data stage left when every document of the night was seen before, else None."""
+    from ..data.prep import NO_NEW_DOCUMENTS
+    from ..storage import RunPaths
+
+    uri = join(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("data"), NO_NEW_DOCUMENTS)
+    store = store_for(uri, cfg.run.s3_endpoint_url)
+    return json.loads(store.get_bytes(uri)) if store.exists(uri) else None
+
+
+def deep_update(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        out[key] = deep_update(out.get(key) or {}, value) if isinstance(value, dict) and key != "compare_checkpoints" \
+            else value
+    return out
