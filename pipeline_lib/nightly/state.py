@@ -78,14 +78,18 @@ def promoted_nights(state: dict) -> list[str]:
 
 def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
                  checkpoint: str | None, tokenizer: str | None = None, *, decision: str = "promoted",
-                 verdict: dict | None = None, decided_by: dict | None = None, heldout: str | None = None) -> dict:
+                 verdict: dict | None = None, decided_by: dict | None = None, heldout: str | None = None,
+                 record: dict | None = None) -> dict:
     """Advance the watermark and record the night's decision; call only after every stage succeeded.
     `promoted` moves `latest` (the checkpoint and the lineage's tokenizer); `held` keeps `latest` and lists the
     candidate under `held` (a person may promote it later: promote_held). `verdict` is the gate's comparison
     (gate.Verdict.to_json), `decided_by` who decided when a person did. `state` is what the night read
     at its start; the change is applied to the newest state. `heldout` (the night's held-out split) becomes the
-    lineage's `reference_heldout` when the lineage has none yet: every later night is judged on those rows."""
-    candidate = {"run_id": run_id, "checkpoint": checkpoint, "tokenizer": tokenizer, "finished_at": _now()}
+    lineage's `reference_heldout` when the lineage has none yet: every later night is judged on those rows.
+    `record`: what the nightly's other parts keep of the night (the screen, the schedule, the deadline: one key each),
+    stored on its history entry and, for a promoted night, on `latest`."""
+    record = record or {}
+    candidate = {"run_id": run_id, "checkpoint": checkpoint, "tokenizer": tokenizer, "finished_at": _now(), **record}
 
     def change(state: dict) -> dict:
         state.setdefault("consumed", {}).update(files)
@@ -97,7 +101,7 @@ def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id
             state.setdefault("held", []).append({**candidate, "verdict": verdict})
         state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint,
                                                 "decision": decision, "verdict": verdict,
-                                                "decided_by": decided_by})
+                                                "decided_by": decided_by, **record})
         return state
     killpoints.reached("nightly.before_state_commit")
     return update_state(cfg, change)
