@@ -34,6 +34,7 @@ from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_train
                                   night_tokenizer, nightly_overrides, no_new_documents)
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly.gate import judge
+from pipeline_lib.nightly.scores import night_scores
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -154,11 +155,10 @@ def _night(cfg, run_id: str, dispatch: bool):
             run.result()  # raises the night's real failure: this flow fails and notifies
         return _no_new_data(cfg, state, files, run_id, found)
     summary = run.result()
-    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id))
-    decision, decided_by = "promoted", None
-    if verdict.regressed:
-        decision, decided_by = (_ask(cfg, run_id, verdict) if cfg.nightly.gate.on_regression == "ask"
-                                else ("held", None))
+    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id), night_scores(night_cfg, run_id))
+    decision, decided_by = verdict.decision(cfg.nightly.gate)  # promoted / held / ask (on_investigate's default)
+    if decision == "ask":
+        decision, decided_by = _ask(cfg, run_id, verdict)
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,

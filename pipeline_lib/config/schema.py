@@ -660,20 +660,42 @@ class GateConfig(_Section):
         0.05, ge=0, le=10, description="The budget of a night: its candidate may raise the perplexity of the domain "
         "held-out split, of each evaluate.reference_sets file and of each evaluate.reference_heldout split (the "
         "lineage's fixed held-out rows) by at most this fraction over the promoted model's, measured on the same "
-        "rows in the same evaluate run (0.05 = 5%).")
+        "rows in the same evaluate run (0.05 = 5%). A set regresses only when the ratio's point estimate and the "
+        "lower bound of its paired-bootstrap interval (`confidence`) are both over it; the point alone over it is "
+        "ambiguous (investigate).")
     max_task_drop: float = Field(0.02, ge=0, le=1, description="Largest accepted drop of a task's accuracy "
-                                 "(absolute, per task) against the promoted model; on a small task the noise of its "
-                                 "size decides when larger (twice the standard error of the difference on its items).")
+                                 "(absolute, per task) against the promoted model. A task regresses only when its "
+                                 "drop is over this and a one-sided paired test on the same items (McNemar mid-p on "
+                                 "the items one model got right and the other wrong) puts it beyond noise at "
+                                 "1 - `confidence`; a drop over this that the test does not confirm is ambiguous.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of the gate's intervals (perplexity: the "
+                              "two-sided paired-bootstrap interval of the candidate/promoted ratio; tasks: the "
+                              "one-sided test's alpha = 1 - confidence).")
+    bootstrap_samples: int = Field(2000, ge=100, le=100_000, description="Resamples of the paired bootstrap over "
+                                   "rows (seeded by run.seed and the set's name: the same night judges the same).")
+    uniform_fraction: float = Field(
+        0.8, gt=0, le=10, description="A perplexity set whose promoted-model perplexity is above this fraction of "
+        "the tokenizer's vocabulary size (the perplexity of a uniform guess over its pieces) carries no signal for "
+        "this lineage: it is reported as uninformative and does not decide. At the tiny default (2,000 pieces) "
+        "general_zh sits at ~2,000 (uninformative) while the lineage's fixed held-out split is ~1,200 after one "
+        "night and still shows a night of garbage (+16%).")
     on_regression: Literal["hold", "ask"] = Field(
-        "hold", description="Over budget: hold (latest stays, the candidate is kept under `held` in the nightly "
-        "state, the night ends Completed `Held`) or ask (the night waits for a person in the Prefect UI: approve "
-        "promotes, reject or timeout holds).")
+        "hold", description="A clear regression (or an ambiguous night): hold (latest stays, the candidate is kept "
+        "under `held` in the nightly state, the night ends Completed `Held`; an ambiguous night follows "
+        "`on_investigate`) or ask (the night waits for a person in the Prefect UI: approve promotes, reject or "
+        "timeout holds).")
+    on_investigate: Literal["promote", "hold"] = Field(
+        "promote", description="What an ambiguous night does when nobody is asked (on_regression: hold): a metric "
+        "over budget whose interval or test does not confirm it, or no informative metric at all. Recorded in the "
+        "history as decided by this default, with the reason; the night's message says it was ambiguous.")
     ask_timeout_hours: float = Field(12, gt=0, le=168, description="How long an `ask` night waits before it holds.")
 
 
 class NightlyConfig(_Section):
     gate: GateConfig = Field(default_factory=GateConfig, description="What a night must not make worse to become "
-                             "tomorrow's base.")
+                             "tomorrow's base: paired statistics of the candidate and the promoted model on the same "
+                             "rows and items, three outcomes (promote, hold, investigate), uninformative metrics "
+                             "reported but never deciding (docs/nightly.md).")
 
 
 class PipelineConfig(_Section):
