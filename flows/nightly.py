@@ -3,7 +3,8 @@ dedup against everything seen) -> pretrain from last night's checkpoint -> evalu
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
 After evaluate the night is judged (pipeline_lib/nightly/gate.py, nightly.gate): its candidate against the promoted
-model on the same rows. Within budget: Completed "Promoted" (latest moves). Over budget: with on_regression=hold,
+model on the same rows and items, paired. Promote: Completed "Promoted" (latest moves). Investigate (ambiguous):
+nightly.gate.on_investigate decides, or a person with ask. Hold (a clear regression): with on_regression=hold,
 Completed "Held" (latest stays, the files are consumed, the candidate is listed under `held`, the artifact
 `nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
 with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours. Either way the
