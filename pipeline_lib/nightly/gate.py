@@ -15,7 +15,8 @@ per-row and per-item scores (`scores.night_scores`) so that every comparison is 
 - uninformative metrics are reported, with the reason, and never decide: a perplexity set whose promoted-model
   perplexity is above `uniform_fraction` of the tokenizer's vocabulary size (a uniform guess scores the vocabulary
   size: the model has learned nothing there to forget), or whose interval reaches further than the budget on
-  either side of its point (half-width > budget: its rows cannot tell "no change" from "over budget"); a task
+  either side of its point and holds the budget (half-width > budget: its rows cannot tell "no change" from "over
+  budget"; a wide interval wholly above the budget still says "worse", one wholly below it "within"); a task
   whose promoted model is at chance within noise (one-sided binomial mid-p >= alpha).
 The `Verdict`'s outcome: `hold` (a regression on an informative metric), `investigate` (ambiguous: a metric over
 budget but not confirmed, or no informative metric at all), `promote`. `Verdict.decision(gate)` applies the
@@ -163,7 +164,7 @@ def _perplexity_row(cfg, metric: str, before: float, after: float, cand: dict | 
     row["used"] = row["change"] / budget if budget else float(row["change"] > 0)
     low, high = row["interval"] or (None, None)
     why = _near_uniform(gate, before, vocab, "promoted model's")
-    if why is None and low is not None and (high - low) / 2 > budget:
+    if why is None and low is not None and (high - low) / 2 > budget and low <= budget <= high:
         why = (f"its interval ({row['interval_text']} on {row['rows']} rows) reaches further than the budget "
                f"{row['budget_text']} either side of its point: its rows cannot tell no change from over budget")
     if why:

@@ -222,3 +222,12 @@ def test_the_gate_reads_the_scores_the_evaluate_stage_writes(tmp_path):
     verdict = judge(cfg, {"checkpoints": checkpoints, "tokenizer_vocab_size": 2000}, scores)
     assert [r["outcome"] for r in verdict.rows] == ["regressed", "regressed"] and verdict.outcome == "hold"
     assert night_scores(cfg, "no-such-night") == {}
+
+
+def test_a_wide_interval_wholly_over_the_budget_still_holds():
+    """Wide (half-width over the budget) but its lower bound over it too: the rows do say worse."""
+    prom, _, tok = _rows(20, 1.0, 0.0)
+    swing = np.where(np.arange(20) % 2 == 0, 0.3, -0.3)
+    row = _ppl_night({"domain": (prom, prom + (math.log(1.6) + swing) * tok, tok)}).rows[0]
+    low, high = row["interval"]
+    assert (high - low) / 2 > 0.05 and low > 0.05 and row["outcome"] == "regressed", row
