@@ -5,7 +5,9 @@ One concern per module:
   lock     one night at a time per output root
   state    the state generations: latest, held, history, consumed files
   tonight  tonight's config over the promoted night, and what a finished night left behind
-  gate     the promotion gate's statistics
+  gate     the promotion gate: per metric paired statistics, uninformative metrics, the outcome and its policy
+  paired   the gate's statistics (paired bootstrap, McNemar mid-p, above chance)
+  scores   what the night's evaluate wrote per row and per item (what the gate pairs)
 flows/nightly.py orchestrates these; nothing here imports Prefect.
 """
 from .gate import judge
