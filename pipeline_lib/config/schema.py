@@ -715,8 +715,8 @@ class NightlyConfig(_Section):
     lr_schedule: Literal["per_run", "lineage"] = Field(
         "per_run", description="per_run: every night trains with training.lr_schedule as a run of its own (warm-up "
         "and decay from the full rate each night). lineage: one warmup-stable-decay across the nights "
-        "(training.lr_schedule=wsd is set for the night): the lineage warms up once (training.warmup_steps over its "
-        "first nights), each night trains at the stable rate from the promoted night's stable-phase weights and ends "
+        "(training.lr_schedule=wsd is set for the night): the lineage warms up once (training.warmup_steps in its "
+        "first night), each night trains at the stable rate from the promoted night's stable-phase weights and ends "
         "with a short decay (training.decay_steps / decay_fraction); the decayed weights are evaluated, gated and "
         "handed on, the stable ones are what the next night continues. A plain `llm-pipeline run` ignores it. "
         "docs/nightly.md, The lineage schedule.")

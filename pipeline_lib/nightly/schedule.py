@@ -1,6 +1,6 @@
 """The lineage schedule (nightly.lr_schedule=lineage): one warmup-stable-decay across the nights of a lineage.
 
-The lineage warms up once (training.warmup_steps, over as many nights as it takes), each night trains at the held rate
+The lineage warms up once (training.warmup_steps, in its first night), each night trains at the held rate
 and ends with a short decay (training.decay_steps / decay_fraction) for the checkpoint it hands on, as OLMo-core's
 WSDS does for multi-period pretraining. Two checkpoints per night:
 - the decayed weights (the pretrain stage's `weights_checkpoint`): evaluated, gated, handed to SFT and export, and
