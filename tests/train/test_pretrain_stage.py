@@ -259,6 +259,14 @@ def test_missing_base_checkpoint_fails_fast(pretrain_data, tmp_path):
     assert not Path(paths.stage_uri("pretrain")).exists()  # refused before the stage folder was touched
 
 
+def test_missing_stable_checkpoint_fails_fast_naming_its_field(pretrain_data, tmp_path):
+    cfg, paths = new_run(pretrain_data, "missing-stable", training={
+        "lr_schedule": "wsd", "lineage_steps": 40, "stable_checkpoint": str(tmp_path / "gone.ckpt")})
+    with pytest.raises(PretrainStageError, match=r"training\.stable_checkpoint=.*gone\.ckpt.*no such file"):
+        run_stage(cfg, paths, "pretrain", log=lambda line: None)
+    assert not Path(paths.stage_uri("pretrain")).exists()
+
+
 def test_not_enough_disk_refuses_before_launch(pretrain_data):
     cfg, paths = new_run(pretrain_data, "no-disk")
     # keep_checkpoint_max=2: 2 kept + 1 being written, of this node's one rank
