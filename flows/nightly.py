@@ -32,7 +32,7 @@ from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
-                                  night_tokenizer, nightly_overrides, no_new_documents)
+                                  night_tokenizer, nightly_overrides, no_new_documents, schedule_record)
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly.gate import judge
 from pipeline_lib.nightly.scores import night_scores
@@ -163,7 +163,8 @@ def _night(cfg, run_id: str, dispatch: bool):
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
-                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id))
+                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
+                 record=schedule_record(night_cfg, run_id))
     return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)
 
 

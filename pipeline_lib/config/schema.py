@@ -449,10 +449,36 @@ class TrainingConfig(_Section):
     steps: int | None = Field(60, ge=1, le=10**9, description="Optimizer steps; if None, `epochs` decides.")
     epochs: int = Field(1, ge=1, le=10**6, description="Epochs over the packed data when steps is None.")
     optimizer: OptimizerConfig = Field(json_schema_extra=identity("pretrain", "sft"), default_factory=OptimizerConfig)
-    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate.")
-    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
-    min_lr: float = Field(1e-5, ge=0, description="Cosine schedule floor.")
-    lr_schedule: Literal["cosine"] = Field("cosine", description="Schedule after warmup.")
+    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate (validate warns when it is far from "
+                                 "what models of this size usually take: docs/training-schedule.md).")
+    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps (from 0 to learning_rate).")
+    min_lr: float = Field(1e-5, ge=0, description="Floor of the decay (cosine: the last step's rate; wsd: where the "
+                          "final decay ends); at most learning_rate.")
+    lr_schedule: Literal["cosine", "wsd"] = Field(
+        "cosine", description="cosine: warm up, then one cosine decay from learning_rate to min_lr over the rest of "
+        "the run. wsd (warmup-stable-decay): warm up, hold learning_rate, and decay to min_lr over the last "
+        "decay_steps (or decay_fraction) of the run; a run can be continued from its stable phase "
+        "(keep_stable_weights), which the nightly's lineage schedule does (nightly.lr_schedule). "
+        "docs/training-schedule.md.")
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, description="wsd: share of the run's steps spent in the final decay (0.2 = the last 20%, "
+        "at least one step); decay_steps, when set, wins.")
+    decay_steps: int | None = Field(
+        None, ge=1, description="wsd: steps of the final decay; null: round(decay_fraction x training.steps).")
+    decay_shape: Literal["linear", "cosine"] = Field(
+        "linear", description="wsd: shape of the final decay to min_lr: linear, or a half cosine.")
+    lineage_steps: int = Field(
+        0, ge=0, description="wsd: optimizer steps the lineage trained at the held (pre-decay) rates before this run: "
+        "the warm-up continues from there instead of from 0. The nightly's lineage schedule sets it from its "
+        "state; 0 for a run of its own.")
+    keep_stable_weights: bool = Field(
+        False, description="wsd: also write the model's weights as they are when the decay starts (checkpoint/merged/"
+        "<name>-stable-weights.ckpt, the manifest's `stable_checkpoint`): what the next run of the lineage continues "
+        "from. Set by the nightly's lineage schedule.")
+    stable_checkpoint: InputPath | None = Field(
+        None, description="Weights the pretrain stage starts from instead of model.base_checkpoint, which stays the "
+        "model evaluated as `base` (the nightly's lineage schedule: the promoted night's stable-phase weights, "
+        "while its decayed weights are the promoted model). null: model.base_checkpoint.")
     precision: Precision = Field(
         "fp32", json_schema_extra=identity("pretrain", "sft"),
         description="Training precision: drives the model dtypes and the loss scale left empty "
@@ -506,12 +532,24 @@ class TrainingConfig(_Section):
 
     @model_validator(mode="after")
     def _warmup_inside_steps(self):
-        if self.steps is not None and self.warmup_steps > self.steps:
+        # the warm-up left to this run: a lineage (wsd) may have done part of it in earlier runs
+        left = max(0, self.warmup_steps - self.lineage_steps)
+        if self.steps is not None and left > self.steps:
+            done = f" (of which training.lineage_steps={self.lineage_steps} are done)" if self.lineage_steps else ""
             raise ValueError(
-                f"training.warmup_steps={self.warmup_steps} exceeds training.steps={self.steps}; "
+                f"training.warmup_steps={self.warmup_steps}{done} exceeds training.steps={self.steps}; "
                 "lower warmup_steps or raise steps"
             )
         return self
+
+
+def wsd_decay_steps(t: "TrainingConfig", steps: int | None = None) -> int:
+    """Steps of a wsd run's final decay: training.decay_steps, else round(decay_fraction x steps), at least 1.
+    `steps`: the run's step budget (default training.steps)."""
+    steps = t.steps if steps is None else steps
+    if t.decay_steps is not None:
+        return t.decay_steps
+    return max(1, round(t.decay_fraction * (steps or 0)))
 
 
 class SFTConfig(_Section):
@@ -546,7 +584,7 @@ class SFTConfig(_Section):
     learning_rate: float = Field(5e-3, gt=0, description="SFT peak learning rate (the default suits the tiny "
                                  "demo; LoRA on a 7B base typically uses 1e-4 to 3e-4).")
     warmup_steps: int = Field(6, ge=0, description="SFT linear warm-up steps; must be < sft.steps.")
-    min_lr: float = Field(1e-5, ge=0, description="SFT cosine schedule floor.")
+    min_lr: float = Field(1e-5, ge=0, description="SFT cosine schedule floor; at most sft.learning_rate.")
     micro_batch_size: int = Field(4, ge=1, description="SFT samples per device per micro step.")
     gradient_accumulation_steps: int | None = Field(
         None, ge=1, description="SFT micro steps per optimizer step; None = 1, or parallel.micro_batch_num under "
@@ -696,6 +734,14 @@ class NightlyConfig(_Section):
                              "tomorrow's base: paired statistics of the candidate and the promoted model on the same "
                              "rows and items, three outcomes (promote, hold, investigate), uninformative metrics "
                              "reported but never deciding (docs/nightly.md).")
+    lr_schedule: Literal["per_run", "lineage"] = Field(
+        "per_run", description="per_run: every night trains with training.lr_schedule as a run of its own (warm-up "
+        "and decay from the full rate each night). lineage: one warmup-stable-decay across the nights "
+        "(training.lr_schedule=wsd is set for the night): the lineage warms up once (training.warmup_steps in its "
+        "first night), each night trains at the stable rate from the promoted night's stable-phase weights and ends "
+        "with a short decay (training.decay_steps / decay_fraction); the decayed weights are evaluated, gated and "
+        "handed on, the stable ones are what the next night continues. A plain `llm-pipeline run` ignores it. "
+        "docs/nightly.md, The lineage schedule.")
 
 
 class PipelineConfig(_Section):
