@@ -233,6 +233,7 @@ def gc_main(argv: list[str]) -> int:
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. nightly.retention.keep_promoted=5")
     ap.add_argument("--dry-run", action="store_true", help="print what would be freed; remove nothing")
+    ap.add_argument("-v", "--verbose", action="store_true", help="also say why each night keeps what it keeps")
     args = ap.parse_intermixed_args(argv)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -244,7 +245,7 @@ def gc_main(argv: list[str]) -> int:
     except (OSError, ValueError, RuntimeError) as err:  # an unreachable store, a state that cannot be written
         print(f"gc {cfg.run.output_root}: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
-    print("\n".join(plan_lines(applied, args.dry_run)))
+    print("\n".join(plan_lines(applied, args.dry_run, args.verbose)))
     return 0
 
 

@@ -494,25 +494,32 @@ def gc(cfg: PipelineConfig, dry_run: bool = False, log=print, running: str | Non
     return apply_plan(cfg, plan, log)
 
 
-def plan_lines(applied: Applied, dry_run: bool) -> list[str]:
-    """What `llm-pipeline gc` prints: per night what it frees (by kind) and why, then the total."""
+def plan_lines(applied: Applied, dry_run: bool, verbose: bool = False) -> list[str]:
+    """What `llm-pipeline gc` prints: per night what it frees (by kind, with why), the nights it leaves as they are,
+    then the total. verbose: also why each night keeps what it keeps."""
     plan, verb = applied.plan, "would free" if dry_run else "freed"
     lines = [f"gc {plan.output_root}: {len(plan.nights)} decided night(s)"]
+    quiet = []
     for night in plan.nights:
         freed = night.bytes() if dry_run else applied.freed.get(night.run_id, 0)
-        parts = [f"{kind} {size_text(night.bytes(kind))} ({night.why.get(kind, '')})" for kind in KINDS
-                 if night.remove.get(kind)]
         kept = [f"{kind}: {night.why[kind]}" for kind in KINDS if kind in night.why and not night.remove.get(kind)]
         kept += [f"{kind} pinned: {why}" for kind, why in night.pinned.items()]
-        lines.append(f"  {night.run_id:<24} {verb} {size_text(freed):>9}" + (": " + "; ".join(parts) if parts else ""))
-        if kept:
-            lines.append(f"  {'':<24} kept: " + "; ".join(kept))
+        if not night.remove and not night.links and not verbose:
+            quiet.append(night.run_id)
+            continue
+        parts = [f"{kind} {size_text(night.bytes(kind))} ({night.why.get(kind, '')})" for kind in KINDS
+                 if night.remove.get(kind)]
+        lines.append(f"  {night.run_id}: {verb} {size_text(freed)}" + (": " + "; ".join(parts) if parts else ""))
+        if kept and verbose:
+            lines.append("      kept: " + "; ".join(kept))
         if night.links:
-            lines.append(f"  {'':<24} symbolic link(s) not followed: {', '.join(night.links)}")
+            lines.append(f"      symbolic link(s) not followed, left as they are: {', '.join(night.links)}")
+    if quiet:
+        lines.append(f"  nothing to remove: {', '.join(quiet)}")
     for run_id, why in plan.untouched.items():
-        lines.append(f"  {run_id:<24} untouched: {why}")
+        lines.append(f"  {run_id}: untouched, {why}")
     if plan.expire_held:
-        lines.append(f"  held candidates past nightly.retention.held_days, leaving `held`: {', '.join(plan.expire_held)}")
+        lines.append(f"  held past nightly.retention.held_days (they leave `held`): {', '.join(plan.expire_held)}")
     total = plan.total if dry_run else applied.total
     files = sum(len(n.files()) for n in plan.nights)
     lines.append(f"total: {verb} {size_text(total)} ({total:,} bytes" + (f" in {files} file(s)" if dry_run else "")
