@@ -254,10 +254,13 @@ def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Fold
                 continue
             full = f"{run_id}/{rel}"
             pinned = next((why for p, why in pins.items() if full == p or full.startswith(p + "/")), None)
+            remove, why = verdict(run_id, kind)
             if pinned:
                 plan.pinned.setdefault(kind, pinned)
+                if not remove:
+                    plan.why[kind] = why
                 continue
-            remove, plan.why[kind] = verdict(run_id, kind)
+            plan.why[kind] = why
             if remove:
                 plan.remove.setdefault(kind, {})[rel] = size
         nights.append(plan)
