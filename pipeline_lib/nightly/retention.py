@@ -227,13 +227,13 @@ def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Fold
         if kind == TRAINING:
             if run_id == newest_trained:
                 return False, "the newest night's (what a resume needs)"
-            return True, "not the newest night (only its optimizer state is kept)"
+            return True, "optimizer state is kept for the newest night only"
         if run_id in replayed:
             return False, "replay reads it (data.replay, nightly.retention.replay_nights)"
         if run_id in held and replay_on:
             return False, "held: replayed if promoted by hand"
         if not replay_on:
-            return True, "replay off (data.replay.fraction 0): nothing reads it"
+            return True, "replay is off, data.replay.fraction 0: nothing reads it"
         return True, "replay does not read it (not among the promoted nights replay reads)"
 
     nights, untouched = [], {}
