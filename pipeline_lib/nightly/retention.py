@@ -170,7 +170,8 @@ def _rel_in_root(uri: str, output_root: str) -> str | None:
     return uri[len(root):].strip("/") if uri.startswith(root) else None
 
 
-def pinned_uris(state: dict, config_uris: list[str] = (), keep_held: list[str] = ()) -> dict[str, str]:
+def pinned_uris(state: dict, config_uris: list[str] = (), keep_held: list[str] = (),
+                kept_weights: list[str] = ()) -> dict[str, str]:
     """{URI: what points at it}: never removed (latest's checkpoint and tokenizer, the kept held candidates',
     reference_heldout, and the config's own references)."""
     pins = {}
@@ -185,6 +186,8 @@ def pinned_uris(state: dict, config_uris: list[str] = (), keep_held: list[str] =
             for key in ("checkpoint", "tokenizer"):
                 if entry.get(key):
                     pins[entry[key]] = f"a kept held candidate's {key}"
+    for uri in kept_weights:
+        pins.setdefault(uri, "a kept night's weights (the state's history names them)")
     for uri in config_uris:
         pins.setdefault(uri, "named in the config")
     return pins
@@ -201,7 +204,10 @@ def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Fold
     newest_promoted = promoted[-policy.keep_promoted:]
     held, expired = held_kept(policy, state, now)
     replayed = set(replay_nights_kept(policy, state, replay_on)) | (set(replay_runs) if replay_on else set())
-    pins = {rel: why for uri, why in pinned_uris(state, config_uris, list(held)).items()
+    # the file the state names as a kept night's weights, wherever it lies (an earlier version's rank file too)
+    kept_weights = [n["checkpoint"] for n in state.get("history") or []
+                    if n.get("checkpoint") and (n["run_id"] in newest_promoted or n["run_id"] in held)]
+    pins = {rel: why for uri, why in pinned_uris(state, config_uris, list(held), kept_weights).items()
             if (rel := _rel_in_root(uri, output_root))}
     decided: dict[str, str] = {}
     for night in state.get("history") or []:

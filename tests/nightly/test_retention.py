@@ -149,6 +149,19 @@ def test_the_newest_trained_night_keeps_its_optimizer_state_after_a_night_that_t
     assert plan.night(night_id(3)).bytes(WEIGHTS) == BY_KIND[WEIGHTS]  # a folder left by a night that trained nothing
 
 
+def test_a_kept_nights_weights_are_the_file_its_history_names_even_a_rank_file(tmp_path):
+    """An earlier version's night handed on a rank file: for the newest keep_promoted nights that file stays."""
+    root = str(tmp_path)
+    state = make_state(root, {1: "promoted", 2: "promoted", 3: "promoted"}, 3)
+    for night in state["history"]:
+        night["checkpoint"] = join(root, night["run_id"], "pretrain/checkpoint/rank_0/llama_rank_0-1_6.ckpt")
+    plan = plan_retention(cfg_at(root, keep_promoted=2).nightly.retention, state, folders([1, 2, 3]),
+                          output_root=root, now=NOW)
+    assert set(plan.night(night_id(2)).remove[TRAINING]) == {"pretrain/checkpoint/rank_0/llama_rank_0-1_3.ckpt",
+                                                            "pretrain/checkpoint/rank_1/llama_rank_1-1_6.ckpt"}
+    assert "rank_0/llama_rank_0-1_6.ckpt" in " ".join(plan.night(night_id(1)).remove[TRAINING])
+
+
 def test_a_running_night_and_an_undecided_folder_are_not_touched(tmp_path):
     root = str(tmp_path)
     state = make_state(root, {1: "promoted", 2: "promoted"}, 2)
