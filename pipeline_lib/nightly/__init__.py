@@ -6,6 +6,7 @@ One concern per module:
   state    the state generations: latest, held, history, consumed files
   tonight  tonight's config over the promoted night, and what a finished night left behind
   gate     the promotion gate's statistics
+  retention  bounded disk: what the folders of decided nights keep (nightly.retention, `llm-pipeline gc`)
 flows/nightly.py orchestrates these; nothing here imports Prefect.
 """
 from .gate import judge

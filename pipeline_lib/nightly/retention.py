@@ -388,17 +388,26 @@ def removed_by_retention(cfg: PipelineConfig, run_id: str) -> dict:
 
 def _write_tombstone(cfg: PipelineConfig, night: NightPlan, removed: dict[str, int], refused: list[str],
                      at: str, status: str) -> None:
+    """status "removing": the intent (per kind the files going, so a pass that dies midway leaves the folder saying
+    what was going); "removed": what went (added to what earlier passes removed)."""
     uri, body = _tombstone(cfg, night.run_id)
     for kind, files in night.remove.items():
-        done = {rel: size for rel, size in files.items() if rel in removed}
+        entry = body["removed"].get(kind) or {"files": [], "bytes": 0}
         if status == "removing":
-            done = files  # the intent: if this pass dies midway, the folder still says what was going
-        if not done:
-            continue
-        entry = body["removed"].setdefault(kind, {"files": [], "bytes": 0})
-        entry["files"] = sorted(set(entry["files"]) | set(done))
-        entry["bytes"] = entry.get("bytes", 0) + (sum(done.values()) if status == "removed" else 0)
-        entry.update(at=at, why=night.why.get(kind, ""), status=status)
+            entry["removing"] = sorted(files)
+            entry.setdefault("at", at)
+            entry.setdefault("why", night.why.get(kind, ""))
+        else:
+            done = {rel: size for rel, size in files.items() if rel in removed}
+            entry.pop("removing", None)
+            entry["files"] = sorted(set(entry["files"]) | set(done))
+            entry["bytes"] = entry.get("bytes", 0) + sum(done.values())
+            if done:
+                entry.update(at=at, why=night.why.get(kind, ""))
+        if entry["files"] or entry.get("removing"):
+            body["removed"][kind] = entry
+        else:
+            body["removed"].pop(kind, None)
     if refused:
         body["refused"] = refused
     body["note"] = ("Removed by the nightly's retention (nightly.retention, docs/nightly.md 'Disk: retention and gc'); "
@@ -572,4 +581,6 @@ def removed_lines(cfg: PipelineConfig, run_id: str) -> list[str]:
     """What `status` says of a night retention thinned: per kind, the bytes, when and why."""
     return [f"retention: {kind} removed on {e.get('at', '?')[:10]}: {size_text(e.get('bytes', 0))} in "
             f"{len(e.get('files', []))} file(s) ({e.get('why', '')}); {run_id}/{TOMBSTONE} lists them"
+            + (f"; a pass removing {len(e['removing'])} more was interrupted (the next pass finishes it)"
+               if e.get("removing") else "")
             for kind, e in removed_by_retention(cfg, run_id).items()]

@@ -191,7 +191,7 @@ def test_gc_removes_what_the_plan_says_and_leaves_a_tombstone_and_a_state_entry(
     assert not (root / night_id(1) / "pretrain/checkpoint/rank_0").exists()  # emptied folders go too
     assert (root / night_id(5) / "pretrain/checkpoint/rank_0/llama_rank_0-1_6.ckpt").exists()
     stone = json.loads((root / night_id(2) / "retention.json").read_text())
-    assert stone["removed"][WEIGHTS]["bytes"] == BY_KIND[WEIGHTS] and stone["removed"][WEIGHTS]["status"] == "removed"
+    assert stone["removed"][WEIGHTS]["bytes"] == BY_KIND[WEIGHTS] and "removing" not in stone["removed"][WEIGHTS]
     assert removed_by_retention(cfg, night_id(4)).keys() == {TRAINING, DATA}
     entry = load_state(cfg)["retention"][-1]
     assert entry["status"] == "done" and entry["freed"] == applied.total
@@ -247,6 +247,10 @@ def test_a_planned_file_changed_since_the_plan_is_refused(tmp_path):
     grown.write_bytes(b"z" * 999)
     applied = apply_plan(cfg, plan, log=lambda line: None)
     assert grown.exists() and any("999 bytes, the plan saw 200" in r for r in applied.refused)
+    said = removed_by_retention(cfg, night_id(1))[DATA]  # the tombstone names only what went
+    assert "data/cleaned/part-00000.jsonl.gz" not in said["files"] and "removing" not in said
+    assert said["files"] == ["data/mindrecord/train/shard-00000.mindrecord",
+                             "data/mindrecord/train/shard-00000.mindrecord.db"]
 
 
 def test_a_night_promoted_by_hand_after_the_plan_keeps_its_weights(tmp_path):
