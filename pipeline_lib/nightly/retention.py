@@ -186,11 +186,26 @@ def pinned_uris(state: dict, config_uris: list[str] = (), keep_held: list[str] =
             for key in ("checkpoint", "tokenizer"):
                 if entry.get(key):
                     pins[entry[key]] = f"a kept held candidate's {key}"
+    # any other path the nightly's parts keep on `latest` or a kept held candidate (commit_night's `record`)
+    for where, entry in [("latest", latest)] + [("a kept held candidate", h) for h in state.get("held") or []
+                                                if h["run_id"] in keep_held]:
+        for uri in _paths_in(entry):
+            pins.setdefault(uri, f"named on {where} in the nightly state")
     for uri in kept_weights:
         pins.setdefault(uri, "a kept night's weights (the state's history names them)")
     for uri in config_uris:
         pins.setdefault(uri, "named in the config")
     return pins
+
+
+def _paths_in(value) -> list[str]:
+    """Absolute paths and s3:// URIs anywhere in a state record (its nested dicts and lists)."""
+    from ..storage import is_absolute
+
+    if isinstance(value, str):
+        return [value] if is_absolute(value) else []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return [p for item in items for p in _paths_in(item)]
 
 
 def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Folder | None], *, output_root: str,

@@ -218,8 +218,9 @@ def month_lines(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None 
     tokens = ("data unknown (an epochs-based run: give --night-tokens)" if n.tokens is None else
               f"data {size_text(n.data)} for {n.tokens:,} new tokens (cleaned text + MindRecord"
               + (")" if night_tokens is not None else ", one pass: training.steps x tokens per step)"))
-    replay = (f"data of the newest {r.replay_nights or 'all'} promoted nights (replay)" if cfg.data.replay.fraction > 0
-              else "data: only the lineage's fixed held-out split (replay off)")
+    replay = ("data: only the lineage's fixed held-out split (replay off)" if cfg.data.replay.fraction <= 0 else
+              f"data of the newest {r.replay_nights} promoted nights (replay)" if r.replay_nights else
+              "data of every promoted night (replay reads them all: nightly.retention.replay_nights bounds it)")
     return [
         f"disk, a month of nights ({nights} trained nights at this layout; one night leaves weights "
         f"{size_text(n.weights)}, training checkpoints {n.kept} x {size_text(n.checkpoint)} = "

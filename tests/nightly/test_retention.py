@@ -162,6 +162,18 @@ def test_a_kept_nights_weights_are_the_file_its_history_names_even_a_rank_file(t
     assert "rank_0/llama_rank_0-1_6.ckpt" in " ".join(plan.night(night_id(1)).remove[TRAINING])
 
 
+def test_a_path_another_part_of_the_nightly_keeps_on_latest_is_pinned(tmp_path):
+    """commit_night's `record` (the schedule's, the screen's ...) may name a file of a night: it stays."""
+    root = str(tmp_path)
+    state = make_state(root, {1: "promoted", 2: "held", 3: "promoted"}, 1, held_days_ago={2: 1})
+    stable = join(root, night_id(1), "pretrain/checkpoint/rank_0/llama_rank_0-1_3.ckpt")
+    state["latest"]["schedule"] = {"continue_from": [stable], "note": "not/a/path"}
+    plan = plan_retention(cfg_at(root).nightly.retention, state, folders([1, 2, 3]), output_root=root, now=NOW)
+    assert set(plan.night(night_id(1)).remove[TRAINING]) == {"pretrain/checkpoint/rank_0/llama_rank_0-1_6.ckpt",
+                                                            "pretrain/checkpoint/rank_1/llama_rank_1-1_6.ckpt"}
+    assert plan.night(night_id(1)).pinned[TRAINING] == "named on latest in the nightly state"
+
+
 def test_a_running_night_and_an_undecided_folder_are_not_touched(tmp_path):
     root = str(tmp_path)
     state = make_state(root, {1: "promoted", 2: "promoted"}, 2)
