@@ -36,6 +36,7 @@ from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_train
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly.gate import judge
 from pipeline_lib.nightly.scores import night_scores
+from pipeline_lib.nightly.retention import after_night
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -128,6 +129,7 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
     try:
         with night_lock(cfg, run_id, logger.info):  # taken before listing: two nights never take the same files
             state = _night(cfg, run_id, dispatch)
+            after_night(cfg, run_id, logger)  # nightly.retention: bounded disk (a failure is only a warning)
     except NightBusy as busy:
         logger.warning(str(busy))
         state = Completed(name="Busy", message=str(busy), data={"run_id": None, "new_files": 0, "holder": busy.holder})

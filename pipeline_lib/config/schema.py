@@ -729,6 +729,26 @@ class GateConfig(_Section):
     ask_timeout_hours: float = Field(12, gt=0, le=168, description="How long an `ask` night waits before it holds.")
 
 
+class RetentionConfig(_Section):
+    keep_promoted: int = Field(
+        3, ge=1, le=1000, description="Weights-only checkpoints kept of the newest promoted nights (`latest` "
+        "always among them): the nights a person can go back to. An older promoted night keeps its logs, metrics, "
+        "manifests, evaluation and tokenizer; its weights are removed (docs/nightly.md, 'Disk: retention and gc').")
+    held_days: float = Field(
+        7, ge=0, le=3650, description="Days a held candidate's weights are kept after its night ended, so a person "
+        "can still promote it (`llm-pipeline nightly promote`); then its weights are removed and it leaves `held` "
+        "in the nightly state (it can no longer be promoted).")
+    replay_nights: int | None = Field(
+        None, ge=1, le=10000, description="With data.replay.fraction > 0: the packed rows (MindRecord) and cleaned "
+        "text of the newest N promoted nights are kept and replayed; older nights' are removed and no longer "
+        "replayed. null: every promoted night's (replay reads them all, so data disk grows with the lineage). "
+        "With replay off no night's rows are kept, except the lineage's fixed held-out split "
+        "(`reference_heldout`), which is never removed.")
+    gc_after_night: bool = Field(
+        True, description="Run the retention pass (what `llm-pipeline gc CONFIG` does) after each night's decision; "
+        "a failed pass is a warning, never a failed night. Off: disk grows until `llm-pipeline gc` runs.")
+
+
 class NightlyConfig(_Section):
     gate: GateConfig = Field(default_factory=GateConfig, description="What a night must not make worse to become "
                              "tomorrow's base: paired statistics of the candidate and the promoted model on the same "
@@ -742,6 +762,8 @@ class NightlyConfig(_Section):
         "with a short decay (training.decay_steps / decay_fraction); the decayed weights are evaluated, gated and "
         "handed on, the stable ones are what the next night continues. A plain `llm-pipeline run` ignores it. "
         "docs/nightly.md, The lineage schedule.")
+    retention: RetentionConfig = Field(default_factory=RetentionConfig, description="What the run folders of "
+                                       "decided nights keep (bounded disk); `llm-pipeline gc CONFIG` applies it.")
 
 
 class PipelineConfig(_Section):

@@ -9,6 +9,7 @@ One concern per module:
   paired   the gate's statistics (paired bootstrap, McNemar mid-p, above chance)
   scores   what the night's evaluate wrote per row and per item (what the gate pairs)
   schedule the lineage's learning-rate schedule across nights (nightly.lr_schedule=lineage)
+  retention  bounded disk: what the folders of decided nights keep (nightly.retention, `llm-pipeline gc`)
 flows/nightly.py orchestrates these; nothing here imports Prefect.
 """
 from .gate import judge

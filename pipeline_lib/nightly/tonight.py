@@ -6,17 +6,19 @@ import json
 from ..config.schema import PipelineConfig
 from ..storage import join, store_for
 from .schedule import lineage_overrides
-from .state import promoted_nights
 
 def replay_runs(cfg: PipelineConfig, state: dict) -> list[str]:
     """data.replay.runs for tonight: the configured ones, then the promoted nights whose data stage is still there
-    (their packed rows are what replay samples; data/replay.py)."""
+    (their packed rows are what replay samples; data/replay.py): the newest nightly.retention.replay_nights of them,
+    the ones retention keeps, never one whose rows retention removed."""
     from ..storage import RunPaths
+    from .retention import DATA, removed_by_retention, replay_nights_kept
 
     runs = list(cfg.data.replay.runs)
-    for run_id in promoted_nights(state):
+    for run_id in replay_nights_kept(cfg.nightly.retention, state, replay_on=True):
         manifest = join(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("data"), "manifest.json")
-        if run_id not in runs and store_for(manifest, cfg.run.s3_endpoint_url).exists(manifest):
+        if (run_id not in runs and store_for(manifest, cfg.run.s3_endpoint_url).exists(manifest)
+                and DATA not in removed_by_retention(cfg, run_id)):
             runs.append(run_id)
     return runs
 
