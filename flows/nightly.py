@@ -43,6 +43,7 @@ from flows.form_types import DataConfig
 from flows.night_changes import publish_night_changes
 from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
+from flows.pause_lease import kept_slot_while_paused
 from flows.pipeline import llm_pipeline
 
 def check_run_date(run_date: str) -> str:
@@ -202,9 +203,10 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     timer.daemon = True
     timer.start()
     try:
-        answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
-            description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
-            timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
+        with kept_slot_while_paused(get_run_logger().info):  # else the deployment's lease crashes it (pause_lease.py)
+            answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
+                description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
+                timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
     except FlowPauseTimeout:
         return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}
     finally:
