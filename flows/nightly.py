@@ -33,7 +33,9 @@ from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_train
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
                                   night_tokenizer, nightly_overrides, no_new_documents)
 from pipeline_lib.storage.names import BadName, check_name
+from pipeline_lib.nightly.deadline import size_tonight
 from pipeline_lib.nightly.gate import judge
+from pipeline_lib.nightly.tonight import tonight_timing
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -143,7 +145,12 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files)))
+    plan = size_tonight(cfg, state)  # nightly.deadline: tonight's steps from the last night's measure
+    steps = {"training": {"steps": plan.steps}} if plan and plan.cut else {}
+    night_cfg = config_from_dict(deep_update(deep_update(cfg.model_dump(mode="json"),
+                                                         nightly_overrides(cfg, state, files)), steps))
+    if plan:
+        (get_run_logger().warning if plan.worth_saying else get_run_logger().info)(f"{run_id}: {plan.message}")
     get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
                           f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
     stages = [s for s, spec in SPECS.items() if spec.nightly]
@@ -163,8 +170,10 @@ def _night(cfg, run_id: str, dispatch: bool):
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
-                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id))
-    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)
+                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
+                 record={"timing": tonight_timing(night_cfg, run_id, summary)})
+    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
+                    plan.message if plan and plan.worth_saying else None)
 
 
 PAUSE_GRACE_S = 600  # the pause outlives the night's own deadline by this much
@@ -218,14 +227,14 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     return ("promoted" if answer.approve else "held"), who
 
 
-def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by):
+def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by, steps_cut=None):
     """The night's end: an artifact with the comparison, the webhook for a held night, Completed Promoted/Held."""
     by = f" (decided by {decided_by['who']}: {decided_by['reason'] or 'no reason given'})" if decided_by else ""
     name = "Promoted" if decision == "promoted" else "Held"
     tail = ("latest moves to it; tomorrow continues from it" if name == "Promoted" else
             "latest stays; the files are consumed; the candidate is kept under `held` in the nightly state "
             f"(promote it by hand: llm-pipeline nightly promote CONFIG --run-id {run_id})")
-    message = f"{verdict.message(run_id)}{by}. {name}: {tail}"
+    message = f"{verdict.message(run_id)}{by}. {name}: {tail}" + (f". Deadline: {steps_cut}" if steps_cut else "")
     get_run_logger().info(message)
     create_markdown_artifact(key="nightly-gate", markdown=verdict.markdown(run_id, name), description=message)
     data = {"run_id": run_id, "new_files": len(files), "files": sorted(files), "checkpoint": checkpoint, "summary": summary,
