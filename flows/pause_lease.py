@@ -63,6 +63,7 @@ def _deployment_lease(flow_run_id) -> tuple[UUID | None, UUID | None]:
 def _hold_slot(flow_run_id, deployment_id, pause_over: threading.Event, log, poll_s: float) -> None:
     """Once the run is Paused (the server freed its slot), hold the deployment's slot until `pause_over`."""
     from prefect import get_client
+    from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.concurrency.sync import concurrency
 
     while not pause_over.is_set():
@@ -76,8 +77,9 @@ def _hold_slot(flow_run_id, deployment_id, pause_over: threading.Event, log, pol
     try:
         # the slot may have gone to another run in the second since the pause: then this night waits without it
         with concurrency(f"deployment:{deployment_id}", occupy=1, timeout_seconds=30, strict=False,
-                         raise_on_lease_renewal_failure=False):
-            log(f"paused: holding the deployment's concurrency slot until the pause ends")
+                         raise_on_lease_renewal_failure=False,
+                         holder=ConcurrencyLeaseHolder(type="flow_run", id=flow_run_id)):
+            log("paused: holding the deployment's concurrency slot until the pause ends")
             pause_over.wait()
     except TimeoutError:
         log("paused: the deployment's concurrency slot went to another run while pausing; this night waits "
@@ -93,7 +95,9 @@ def kept_slot_while_paused(log=print, poll_s: float = 0.5):
     if deployment_id is None or lease_id is None:  # not a deployment run, or its deployment has no limit
         yield
         return
-    stop_lease_renewal(lease_id)
+    if not stop_lease_renewal(lease_id):
+        log(f"WARNING: this Prefect's renewal of the deployment lease {lease_id} was not found: a pause may still "
+            "crash on it (flows/pause_lease.py reads Prefect 3.9's concurrency/_leases.py)")
     pause_over = threading.Event()
     holder = threading.Thread(target=contextvars.copy_context().run, daemon=True, name="nightly-paused-slot",
                               args=(_hold_slot, flow_run.id, deployment_id, pause_over, log, poll_s))

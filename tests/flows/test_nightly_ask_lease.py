@@ -111,6 +111,7 @@ def test_unanswered_ask_outlives_its_lease_holds_the_slot_and_ends_held(worker, 
     with get_client(sync_client=True) as client:
         logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
     assert not [rec.message for rec in logs if "lease renewal failed" in rec.message.lower()]
+    assert any("holding the deployment's concurrency slot" in rec.message for rec in logs)
     state_file = load_state(tiny_cfg)
     assert state_file["latest"]["run_id"] == "nightly-2026-12-01"
     assert state_file["history"][-1]["decided_by"]["reason"] == f"no decision within {PAUSE_S / 3600:g} h"
