@@ -6,9 +6,10 @@ automation per name, updated in place on re-deploy).
   (orchestration.nightly_cron) to the deadline; when none arrives (still running, paused for a person, stuck) it
   sends a notification.
 - `llm-pipeline nightly crashed` (and `... failed or held`): a reactive trigger on the nightly's Crashed (Failed,
-  Held) state events. A crashed night's process may be dead and unable to post its own webhook; Failed and Held are
-  posted by the night itself to orchestration.failure_webhook_url, so they get an automation only when the team's
-  own notification block is something else (no notice arrives twice).
+  Held) state events. A crashed night's process may be dead and unable to post its own webhook (one that lived to
+  run its on_crashed hook posts too: a crash may be told twice); Failed and Held are posted by the night itself to
+  orchestration.failure_webhook_url, so they get an automation only when the team's own notification block is
+  something else.
 
 The notifications go through the notification block named NOTIFY_BLOCK: the team's own (any Prefect notification
 block: Slack, Teams, a custom webhook ... made in the UI), or, when the config has orchestration.failure_webhook_url,
