@@ -145,10 +145,9 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    plan = size_tonight(cfg, state)  # nightly.deadline: tonight's steps from the last night's measure
-    steps = {"training": {"steps": plan.steps}} if plan and plan.cut else {}
-    night_cfg = config_from_dict(deep_update(deep_update(cfg.model_dump(mode="json"),
-                                                         nightly_overrides(cfg, state, files)), steps))
+    night = deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files))
+    plan = size_tonight(config_from_dict(night), state)  # nightly.deadline: steps from the last night's measure
+    night_cfg = config_from_dict(deep_update(night, {"training": {"steps": plan.steps}} if plan and plan.cut else {}))
     if plan:
         (get_run_logger().warning if plan.worth_saying else get_run_logger().info)(f"{run_id}: {plan.message}")
     get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "

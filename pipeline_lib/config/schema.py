@@ -691,8 +691,9 @@ class NightlyConfig(_Section):
     deadline: Annotated[str | None, BeforeValidator(_time_of_day)] = Field(
         None, description="HH:MM in orchestration.timezone by which the night must be done (empty: none). The night "
         "cuts training.steps to what fits, measured by the previous trained night (step time, other stages), never "
-        "below training.preflight_steps + 1, and says so in its message; `llm-pipeline deploy` also makes a Prefect "
-        "automation that notifies when the nightly has not completed by then (docs/nightly.md).")
+        "below training.preflight_steps + 1 (nor training.warmup_steps), and says so in its message; `llm-pipeline "
+        "deploy` also makes a Prefect automation that notifies when the nightly has not ended by then "
+        "(docs/nightly.md).")
 
 
 class PipelineConfig(_Section):

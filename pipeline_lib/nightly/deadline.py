@@ -4,8 +4,8 @@ The measure is the previous trained night's (its `timing` in the state's history
 pretrain manifest, the pretrain stage's wall time and the other stages' wall time). Tonight's training gets the time
 left until the deadline, less a safety share, less what the other stages and the trainer's own start (launch, graph
 compile, preflight, checkpoint saves: pretrain's wall time beyond its steps) took last night. A night is never cut
-below `floor` steps (the preflight's steps + 1: fewer would train nothing after the preflight's judgement); when even
-that does not fit it trains the floor and says so.
+below `floor` steps (the preflight's steps + 1: fewer would train nothing after the preflight's judgement; and the
+warm-up's, which may not be longer than the run); when even that does not fit it trains the floor and says so.
 """
 from __future__ import annotations
 
@@ -118,5 +118,6 @@ def size_tonight(cfg, state: dict, now: dt.datetime | None = None) -> StepPlan |
         return None
     now = now or dt.datetime.now(dt.timezone.utc)
     at = deadline_at(deadline, cfg.orchestration.timezone, now)
-    return plan_steps(cfg.training.steps, cfg.training.preflight_steps + 1, (at - now).total_seconds(),
-                      last_timing(state), f"{deadline} {cfg.orchestration.timezone}")
+    floor = max(cfg.training.preflight_steps + 1, cfg.training.warmup_steps)  # a warm-up longer than the run is refused
+    return plan_steps(cfg.training.steps, floor, (at - now).total_seconds(), last_timing(state),
+                      f"{deadline} {cfg.orchestration.timezone}")

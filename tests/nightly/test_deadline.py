@@ -94,5 +94,10 @@ def test_size_tonight_reads_the_config_and_the_state(tmp_path):
     state = {"history": [{"run_id": "nightly-2026-12-02", "timing": TIMING}]}
     plan = size_tonight(cfg, state, now=dt.datetime(2026, 12, 3, 6, 51, 40, tzinfo=UTC))  # 500 s before 07:00
     assert (plan.steps, plan.configured) == (110, 200) and "07:00 UTC" in plan.message
+    # the floor is the preflight's steps + 1, or the warm-up when longer (a warm-up longer than the run is refused)
+    too_late = dt.datetime(2026, 12, 3, 6, 59, 0, tzinfo=UTC)
+    assert size_tonight(cfg, state, now=too_late).steps == 11
+    cfg.training.warmup_steps = 40
+    assert size_tonight(cfg, state, now=too_late).steps == 40
     cfg.nightly.deadline = None
     assert size_tonight(cfg, state) is None
