@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ..storage.store import is_remote
 from .paths import resolve_input, resolve_output
@@ -747,6 +747,18 @@ class RetentionConfig(_Section):
     gc_after_night: bool = Field(
         True, description="Run the retention pass (what `llm-pipeline gc CONFIG` does) after each night's decision; "
         "a failed pass is a warning, never a failed night. Off: disk grows until `llm-pipeline gc` runs.")
+def _time_of_day(value):
+    import re
+
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 24 * 60:
+        value = f"{value // 60:02d}:{value % 60:02d}"  # YAML 1.1 reads an unquoted 7:30 as 450 (minutes)
+    if value is not None and not isinstance(value, str):
+        raise ValueError("not a time of day. Fix: HH:MM on a 24-hour clock in orchestration.timezone, in quotes, "
+                         "e.g. '07:00', or leave it empty for no deadline")
+    if value is not None and not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", value):
+        raise ValueError("not a time of day. Fix: HH:MM on a 24-hour clock in orchestration.timezone, e.g. '07:00', "
+                         "or leave it empty for no deadline")
+    return value or None
 
 
 class NightlyConfig(_Section):
@@ -764,6 +776,12 @@ class NightlyConfig(_Section):
         "docs/nightly.md, The lineage schedule.")
     retention: RetentionConfig = Field(default_factory=RetentionConfig, description="What the run folders of "
                                        "decided nights keep (bounded disk); `llm-pipeline gc CONFIG` applies it.")
+    deadline: Annotated[str | None, BeforeValidator(_time_of_day)] = Field(
+        None, description="HH:MM in orchestration.timezone by which the night must be done (empty: none). The night "
+        "cuts training.steps to what fits, measured by the previous trained night (step time, other stages), never "
+        "below training.preflight_steps + 1 (nor training.warmup_steps), and says so in its message; `llm-pipeline "
+        "deploy` also makes a Prefect automation that notifies when the nightly has not ended by then "
+        "(docs/nightly.md).")
 
 
 class PipelineConfig(_Section):
