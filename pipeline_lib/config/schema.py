@@ -747,6 +747,8 @@ class RetentionConfig(_Section):
     gc_after_night: bool = Field(
         True, description="Run the retention pass (what `llm-pipeline gc CONFIG` does) after each night's decision; "
         "a failed pass is a warning, never a failed night. Off: disk grows until `llm-pipeline gc` runs.")
+
+
 def _time_of_day(value):
     import re
 
