@@ -34,6 +34,8 @@ from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_train
                                   night_tokenizer, nightly_overrides, no_new_documents)
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly.gate import judge
+from pipeline_lib.nightly.screen import screen_night
+from pipeline_lib.nightly.screen_sample import keep_accepted
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -142,7 +144,11 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files)))
+    screened = screen_night(cfg, state, files, run_id, get_run_logger())  # excluded documents, quarantined files
+    if not screened.kept_files:
+        return screened.tell(_no_new_data(cfg, state, files, run_id, screened.nothing_left()))
+    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"),
+                                             screened.overrides(cfg, nightly_overrides(cfg, state, files))))
     get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
                           f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
     stages = [s for s, spec in SPECS.items() if spec.nightly]
@@ -152,7 +158,7 @@ def _night(cfg, run_id: str, dispatch: bool):
         found = no_new_documents(night_cfg, run_id)
         if found is None:
             run.result()  # raises the night's real failure: this flow fails and notifies
-        return _no_new_data(cfg, state, files, run_id, found)
+        return screened.tell(_no_new_data(cfg, state, files, run_id, {**found, "screen": screened.record}))
     summary = run.result()
     verdict = judge(cfg, evaluate_metrics(night_cfg, run_id))
     decision, decided_by = "promoted", None
@@ -162,8 +168,11 @@ def _night(cfg, run_id: str, dispatch: bool):
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
-                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id))
-    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)
+                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
+                 record={"screen": screened.record})
+    if decision == "promoted":
+        keep_accepted(cfg, run_id)  # tomorrow's screen measures against the documents it accepted
+    return screened.tell(_decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by))
 
 
 PAUSE_GRACE_S = 600  # the pause outlives the night's own deadline by this much
