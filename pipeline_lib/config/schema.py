@@ -683,8 +683,8 @@ class ScreenConfig(_Section):
         12.0, gt=0, le=1000, description="How far outside is too far: a document is excluded when its score (nats per "
         "character) is above median + k * spread of the calibration documents (the lineage's accepted held-out "
         "documents scored by the same scorer tonight; spread = 1.4826 * their median absolute deviation, at least "
-        "min_spread). Each scorer has its own threshold; either one excludes. At the tiny default good documents
-        lie within about 8 spreads of the median, garbage beyond 30 (docs/nightly.md).")
+        "min_spread). Each scorer has its own threshold; either one excludes. At the tiny default good documents "
+        "lie within about 8 spreads of the median, garbage beyond 25 (docs/nightly.md).")
     min_spread: float = Field(
         0.1, gt=0, le=10, description="Smallest spread (nats per character) a threshold uses, so a calibration set "
         "of near-identical scores does not put the threshold a hair above them: with k=12 a document must cost at "
