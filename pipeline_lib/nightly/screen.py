@@ -12,13 +12,14 @@ Each scorer's threshold comes from the lineage's own accepted held-out documents
 (screen_stats.robust_threshold: median + k * spread); on the first night with a base model, from tonight's own
 documents (median and MAD ignore a minority of garbage). A document above either threshold is excluded: the data
 stage drops it with reason `lineage_perplexity` (data.exclude_from gets <run>/screen/exclude.json; stats.json counts it
-per file). A file with more than nightly.screen.quarantine_file_share of its documents excluded is quarantined: left
+per file); <run>/screen/excluded.jsonl lists every excluded document with its scores. A file with more than nightly.screen.quarantine_file_share of its documents excluded is quarantined: left
 out of tonight's inputs (consumed all the same) and named in the night's message. Every night a self-test scores
 character-shuffled copies of a few calibration documents: a scorer that lets one through has no power yet, and the
 message says so. Records that do not parse are left to the data stage (it rejects them, as before).
 """
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from .screen_sample import lineage_sample
 from .screen_stats import file_shares, outside, quarantined_files, robust_threshold
 
 SCREEN_REASON = "lineage_perplexity"
+_json = json.JSONEncoder(ensure_ascii=False, default=str).encode
 MIN_CALIBRATION = 20  # calibration documents a threshold wants; train-split ones fill up a short held-out sample
 
 
@@ -63,7 +65,8 @@ class Screened:
                 "rejected": {}, "filtered": {SCREEN_REASON: self.record.get("excluded", 0),
                                              "quarantined_file": self.record.get("screened", 0)
                                              - self.record.get("excluded", 0)},
-                "records": {"quarantine.jsonl": [], "excluded.jsonl": [self.exclude_file] if self.exclude_file else []},
+                "records": {"quarantine.jsonl": [], "excluded.jsonl": [self.record["records"]] if self.record.get("records")
+                            else []},
                 "screen": self.record}
 
     def tell(self, state):
@@ -178,20 +181,25 @@ def _decide(cfg, run_id, files, docs, excluded, scores, scorers, no_power, calib
     shares = file_shares([d[0] for d in docs], excluded)
     quarantined = quarantined_files(shares, sc.quarantine_file_share)
     kept = [f for f in files if f not in quarantined]
-    exclude_file = None
+    folder = join(RunPaths(cfg.run.output_root, run_id, endpoint).run_uri, "screen")
+    store = store_for(folder, endpoint)
+    exclude_file = records = None
+    if excluded.any():  # every excluded document, quarantined files' too, with its scores and a head of its text
+        records = join(folder, "excluded.jsonl")
+        store.put_bytes(records, "".join(_json({
+            "file": docs[i][0], "line": docs[i][1], "id": docs[i][2], "reason": SCREEN_REASON,
+            "quarantined_file": docs[i][0] in quarantined, "scores": {k: round(float(v[i]), 4) for k, v in scores.items()},
+            "text": docs[i][3][:200]}) + "\n" for i in np.flatnonzero(excluded)).encode("utf-8"))
     listed = [i for i, (uri, *_) in enumerate(docs) if excluded[i] and uri not in quarantined]
-    if listed and kept:  # origins as tonight's data stage names them: the labels of the files that go on
-        import json
-
+    if listed and kept:  # what the data stage drops (data.exclude_from), by origin as tonight's data stage names
+        # them: the labels of the files that go on
         labels = dict(list_inputs(sorted(kept), endpoint, follow_symlinks=cfg.data.follow_symlinks))
-        entries = [{"id": docs[i][2], "origin": f"{labels[docs[i][0]]}:{docs[i][1]}",
-                    "scores": {k: round(float(v[i]), 4) for k, v in scores.items()}} for i in listed]
-        exclude_file = join(RunPaths(cfg.run.output_root, run_id, endpoint).run_uri, "screen", "exclude.json")
-        store_for(exclude_file, endpoint).put_bytes(exclude_file, json.dumps(
-            {"reason": SCREEN_REASON, "documents": entries}, ensure_ascii=False, default=str).encode("utf-8"))
+        exclude_file = join(folder, "exclude.json")
+        store.put_bytes(exclude_file, _json({"reason": SCREEN_REASON, "documents": [
+            {"id": docs[i][2], "origin": f"{labels[docs[i][0]]}:{docs[i][1]}"} for i in listed]}).encode("utf-8"))
     record = {"screened": len(docs), "excluded": int(excluded.sum()), "calibrated_on": calibrated_on,
               "scorers": scorers, "files": shares, "quarantined": quarantined, "exclusions": exclude_file,
-              "power": not no_power}
+              "records": records, "power": not no_power}
     caught = ", ".join(f"{k} {v['excluded']}" for k, v in scorers.items() if "excluded" in v)
     summary = (f"Screen: {len(docs)} document(s) scored, {record['excluded']} excluded as {SCREEN_REASON} "
                f"({caught or 'no scorer ran'}; thresholds from {calibrated_on})")
