@@ -96,7 +96,9 @@ def _documents(cfg, files: list[str]) -> list[tuple[str, int, object, str]]:
 def _model(cfg, state: dict) -> tuple[str | None, str | None, bool, str]:
     """(weights, tokenizer, weights are a Hugging Face folder, what they are) of the screen's model."""
     latest = state.get("latest") or {}
-    if latest.get("checkpoint") and latest.get("tokenizer"):
+    if latest.get("checkpoint"):
+        if not latest.get("tokenizer"):
+            return None, None, False, f"the promoted model ({latest['run_id']}) records no tokenizer"
         return latest["checkpoint"], latest["tokenizer"], False, f"the promoted model ({latest['run_id']})"
     from ..model.tokenizer_lineage import base_weights, lineage_tokenizer
 
