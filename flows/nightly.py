@@ -1,4 +1,5 @@
-"""Nightly continued pretraining: new raw data since the last good night -> data (incremental
+"""Nightly continued pretraining: new raw data since the last good night -> the data screen (pipeline_lib/nightly/
+screen.py: documents far outside the lineage excluded, a garbage file quarantined) -> data (incremental
 dedup against everything seen) -> pretrain from last night's checkpoint -> evaluate side by side
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 

@@ -6,6 +6,8 @@ One concern per module:
   state    the state generations: latest, held, history, consumed files
   tonight  tonight's config over the promoted night, and what a finished night left behind
   gate     the promotion gate's statistics
+  screen   the data screen before tonight's data stage (screen_stats, char_ngram, screen_sample, screen_model and
+           its worker screen_worker)
 flows/nightly.py orchestrates these; nothing here imports Prefect.
 """
 from .gate import judge
