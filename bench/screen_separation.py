@@ -10,7 +10,8 @@ screen's threshold comes from), 200 fresh good documents from the corpus's templ
 and 100 each of shuffled characters, word salad (2-3 character fragments), random CJK characters and a scraper's
 boilerplate (the generators of bench/nightly_month.py). Per scorer and kind: the AUC against the good documents, the
 share caught at the threshold that keeps 99% of the good ones, and at the screen's own threshold from the
-calibration set (nightly.screen.k, min_spread) with the share of good documents it excludes.
+calibration set (nightly.screen.k, min_spread) with the share of good documents it excludes, and the lowest score of
+the kind (the margin to the threshold).
 """
 from __future__ import annotations
 
@@ -73,20 +74,22 @@ def main() -> int:
             thr = robust_threshold(s_cal, knobs.k, knobs.min_spread)
             keep99 = np.quantile(s_good, 0.99)
             name = f"{scorer} ({steps} steps)" if scorer == "model" else f"char {knobs.ngram_order}-gram"
-            row = {"scorer": name, "good median": float(np.median(s_good)), "threshold": thr.value,
+            row = {"scorer": name, "good median": float(np.median(s_good)), "good max": float(s_good.max()),
+                   "threshold": thr.value,
                    "good excluded": float(outside(s_good, thr).mean())}
             for kind, v in kinds.items():
                 s_bad = s[at:at + len(v)]
                 at += len(v)
-                row[kind] = (auc(s_good, s_bad), float((s_bad > keep99).mean()), float(outside(s_bad, thr).mean()))
+                row[kind] = (auc(s_good, s_bad), float((s_bad > keep99).mean()), float(outside(s_bad, thr).mean()),
+                             float(s_bad.min()))
             rows.append(row)
             raw[name] = s.tolist()
-    print("| scorer | good median nats/char | threshold | good excluded | " +
-          " | ".join(f"{k}: AUC / caught@99% keep / caught" for k in kinds) + " |")
+    print("| scorer | good median / highest (nats/char) | threshold | good excluded | " +
+          " | ".join(f"{k}: AUC / caught@99% keep / caught / lowest" for k in kinds) + " |")
     print("|---|---|---|---|" + "---|" * len(kinds))
     for r in rows:
-        cells = [f"{r[k][0]:.3f} / {r[k][1]:.0%} / {r[k][2]:.0%}" for k in kinds]
-        print(f"| {r['scorer']} | {r['good median']:.2f} | {r['threshold']:.2f} | {r['good excluded']:.1%} | "
+        cells = [f"{r[k][0]:.3f} / {r[k][1]:.0%} / {r[k][2]:.0%} / {r[k][3]:.2f}" for k in kinds]
+        print(f"| {r['scorer']} | {r['good median']:.2f} / {r['good max']:.2f} | {r['threshold']:.2f} | {r['good excluded']:.1%} | "
               + " | ".join(cells) + " |")
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "scores": raw}, indent=1))
