@@ -85,3 +85,18 @@ def test_per_run_nights_keep_their_own_schedule_and_record_none(tmp_path):
     changes = nightly_overrides(cfg, state, {"/raw/a.jsonl": 1})
     assert "training" not in changes and changes["model"]["base_checkpoint"] == "/c.ckpt"
     assert schedule_record(cfg, "n1") == {} and lineage_note(cfg) == ""
+
+
+def test_a_held_night_promoted_by_hand_hands_on_its_schedule(tmp_path):
+    from pipeline_lib.nightly import promote_held
+
+    cfg = _cfg(tmp_path)
+    _night(cfg, "nightly-1", "promoted")
+    _, _, stable2, decayed2 = _night(cfg, "nightly-2", "held")
+    promote_held(cfg, "nightly-2", "ops", "fine after all")
+    latest = load_state(cfg)["latest"]
+    assert (latest["run_id"], latest["checkpoint"], latest["schedule"]["stable_checkpoint"]) == \
+        ("nightly-2", decayed2, stable2)
+    assert "verdict" not in latest
+    n3, _, _, _ = _night(cfg, "nightly-3", "promoted")
+    assert (n3.training.lineage_steps, n3.training.stable_checkpoint) == (8, stable2)
