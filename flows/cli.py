@@ -11,6 +11,7 @@
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
   llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE]   what changed from run A to run B (markdown)
+  llm-pipeline gc CONFIG [--dry-run] [key=value ...]   remove what nightly.retention does not keep; prints what it frees
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
 needs to be started by hand. Rerun with the same --run-id to resume: finished stages are Cached (not redone).
@@ -29,8 +30,8 @@ from pathlib import Path
 # only adds lock contention there.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from pipeline_lib.cli import (dedup_index_main, diff_main, doctor_main, plan_main, print_warnings,  # noqa: E402
-                              validate_main)
+from pipeline_lib.cli import (dedup_index_main, diff_main, doctor_main, gc_main, plan_main,  # noqa: E402
+                              print_warnings, validate_main)
 from pipeline_lib.checks import refuse_bad_config  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
 from pipeline_lib.config.secrets import public_config  # noqa: E402
@@ -360,6 +361,10 @@ def status_main(argv: list[str]) -> int:
         return 2
     for stage, entry in stage_states(cfg, args.run_id).items():
         print(f"{stage:<9} {entry['state']:<13} {entry['note']}")
+    from pipeline_lib.nightly.retention import removed_lines
+
+    for line in removed_lines(cfg, args.run_id):  # a night the nightly's retention thinned says what went
+        print(line)
     return 0
 
 
@@ -488,7 +493,7 @@ def nightly_main(argv: list[str]) -> int:
 
 COMMANDS = {"validate": validate_main, "plan": plan_main, "run": run_main, "status": status_main,
             "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main, "dedup-index": dedup_index_main,
-            "doctor": doctor_main, "diff": diff_main}
+            "doctor": doctor_main, "diff": diff_main, "gc": gc_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,11 @@
-"""Nightly continued pretraining: new raw data since the last good night -> data (incremental
+"""Nightly continued pretraining: new raw data since the last good night -> the data screen (pipeline_lib/nightly/
+screen.py: documents far outside the lineage excluded, a garbage file quarantined) -> data (incremental
 dedup against everything seen) -> pretrain from last night's checkpoint -> evaluate side by side
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
 After evaluate the night is judged (pipeline_lib/nightly/gate.py, nightly.gate): its candidate against the promoted
-model on the same rows. Within budget: Completed "Promoted" (latest moves). Over budget: with on_regression=hold,
+model on the same rows and items, paired. Promote: Completed "Promoted" (latest moves). Investigate (ambiguous):
+nightly.gate.on_investigate decides, or a person with ask. Hold (a clear regression): with on_regression=hold,
 Completed "Held" (latest stays, the files are consumed, the candidate is listed under `held`, the artifact
 `nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
 with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours. Either way the
@@ -31,11 +33,15 @@ from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
-                                  night_tokenizer, nightly_overrides, no_new_documents)
+                                  night_tokenizer, nightly_overrides, no_new_documents, schedule_record)
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly.deadline import size_tonight
 from pipeline_lib.nightly.gate import judge
+from pipeline_lib.nightly.scores import night_scores
+from pipeline_lib.nightly.retention import after_night
 from pipeline_lib.nightly.tonight import tonight_timing
+from pipeline_lib.nightly.screen import screen_night
+from pipeline_lib.nightly.screen_sample import keep_accepted
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -129,6 +135,7 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
     try:
         with night_lock(cfg, run_id, logger.info):  # taken before listing: two nights never take the same files
             state = _night(cfg, run_id, dispatch)
+            after_night(cfg, run_id, logger)  # nightly.retention: bounded disk (a failure is only a warning)
     except NightBusy as busy:
         logger.warning(str(busy))
         state = Completed(name="Busy", message=str(busy), data={"run_id": None, "new_files": 0, "holder": busy.holder})
@@ -145,7 +152,10 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    night = deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files))
+    screened = screen_night(cfg, state, files, run_id, get_run_logger())  # excluded documents, quarantined files
+    if not screened.kept_files:
+        return screened.tell(_no_new_data(cfg, state, files, run_id, screened.nothing_left()))
+    night = deep_update(cfg.model_dump(mode="json"), screened.overrides(cfg, nightly_overrides(cfg, state, files)))
     plan = size_tonight(config_from_dict(night), state)  # nightly.deadline: steps from the last night's measure
     night_cfg = config_from_dict(deep_update(night, {"training": {"steps": plan.steps}} if plan and plan.cut else {}))
     if plan:
@@ -159,20 +169,22 @@ def _night(cfg, run_id: str, dispatch: bool):
         found = no_new_documents(night_cfg, run_id)
         if found is None:
             run.result()  # raises the night's real failure: this flow fails and notifies
-        return _no_new_data(cfg, state, files, run_id, found)
+        return screened.tell(_no_new_data(cfg, state, files, run_id, {**found, "screen": screened.record}))
     summary = run.result()
-    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id))
-    decision, decided_by = "promoted", None
-    if verdict.regressed:
-        decision, decided_by = (_ask(cfg, run_id, verdict) if cfg.nightly.gate.on_regression == "ask"
-                                else ("held", None))
+    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id), night_scores(night_cfg, run_id))
+    decision, decided_by = verdict.decision(cfg.nightly.gate)  # promoted / held / ask (on_investigate's default)
+    if decision == "ask":
+        decision, decided_by = _ask(cfg, run_id, verdict)
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
                  verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
-                 record={"timing": tonight_timing(night_cfg, run_id, summary)})
-    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
-                    plan.message if plan and plan.worth_saying else None)
+                 record={**schedule_record(night_cfg, run_id), "timing": tonight_timing(night_cfg, run_id, summary),
+                         "screen": screened.record})
+    if decision == "promoted":
+        keep_accepted(cfg, run_id)  # tomorrow's screen measures against the documents it accepted
+    return screened.tell(_decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
+                                  plan.message if plan and plan.worth_saying else None))
 
 
 PAUSE_GRACE_S = 600  # the pause outlives the night's own deadline by this much
