@@ -38,8 +38,6 @@ def _deployment(client, name: str):
 
 
 def _run(client, deployment_id, *states):
-    from prefect.states import State
-
     run = client.create_flow_run_from_deployment(deployment_id)
     for state in states:
         client.set_flow_run_state(run.id, state, force=True)
