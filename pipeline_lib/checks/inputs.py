@@ -310,6 +310,8 @@ def tokenizer(c: InputChecks) -> None:
 def base_weights(c: InputChecks) -> None:
     m = c.cfg.model
     c.exists("model.base_checkpoint", m.base_checkpoint, what="mindformers .ckpt")
+    c.exists("training.stable_checkpoint", c.cfg.training.stable_checkpoint, what="mindformers .ckpt (a wsd lineage's "
+             "stable-phase weights)")
     if c.exists("model.hf_checkpoint", m.hf_checkpoint, folder=True,
                 what="folder with a Hugging Face config.json and model.safetensors"):
         c.hf_folder()
