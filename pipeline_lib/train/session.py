@@ -296,7 +296,7 @@ class TrainingSession:
 
     # ------------------------------------------------------------ preflight
 
-    def _preflight_watch(self, folder: Path, memory_check: bool) -> PreflightWatch | None:
+    def _preflight_watch(self, folder: Path, memory_check: bool, from_trained: bool) -> PreflightWatch | None:
         """The watch over a fresh start's first training.preflight_steps steps (None when they are 0); its verdict
         is written to `<folder>/preflight.json` and logged as soon as it is made."""
         cfg = self.cfg
@@ -321,7 +321,7 @@ class TrainingSession:
 
         return PreflightWatch(self.out / METRICS_FILE, steps, memory_limit_bytes=limit, devices=len(self.ranks),
                               planner_line=self._planner_line if memory_check else None, on_verdict=verdict,
-                              section="sft" if self.stage == "sft" else "training")
+                              section="sft" if self.stage == "sft" else "training", from_trained=from_trained)
 
     def _preflight_end(self, watch: PreflightWatch, folder: Path, *, peak_rss: int = 0, crash: str | None = None,
                        killed: bool = False) -> None:
@@ -370,7 +370,8 @@ class TrainingSession:
         planner's prediction); a resumed run keeps the report its first attempt wrote."""
         steps, out, manager = self.steps, self.out, self.manager
         done = Trained(latest, latest["step"] if latest else None)
-        watch = self._preflight_watch(preflight_dir, memory_check) if latest is None else None
+        from_trained = bool(yaml.load) and self.stage != "sft"  # continued pretraining: flat is not a failure
+        watch = self._preflight_watch(preflight_dir, memory_check, from_trained) if latest is None else None
         if watch is None and (preflight_dir / PREFLIGHT_FILE).exists():
             done.preflight = json.loads((preflight_dir / PREFLIGHT_FILE).read_text(encoding="utf-8"))
         if self.progress:
