@@ -110,3 +110,16 @@ def pretrain_with_checkpoint(run: StageRun) -> StageOutput:
     out.outputs += describe_outputs(str(run.uri), ["checkpoint/rank_0/double_rank_0-1_1.ckpt"])
     out.metrics["latest_checkpoint"] = str(ckpt)
     return out
+
+
+def pretrain_with_tokenizer(run: StageRun) -> StageOutput:
+    """pretrain_with_checkpoint, with the data stage's tokenizer beside the checkpoint and in the manifest, as the
+    real stage leaves it (the next night loads it: one tokenizer per lineage)."""
+    import shutil
+
+    out = pretrain_with_checkpoint(run)
+    tokenizer = Path(run.uri) / "checkpoint" / "tokenizer.model"
+    shutil.copyfile(Path(run.paths.stage_uri("data")) / "tokenizer" / "tokenizer.model", tokenizer)
+    out.outputs += describe_outputs(str(run.uri), ["checkpoint/tokenizer.model"])
+    out.metrics["tokenizer"] = {"uri": str(tokenizer)}
+    return out
