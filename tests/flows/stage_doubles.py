@@ -123,3 +123,16 @@ def pretrain_with_tokenizer(run: StageRun) -> StageOutput:
     out.outputs += describe_outputs(str(run.uri), ["checkpoint/tokenizer.model"])
     out.metrics["tokenizer"] = {"uri": str(tokenizer)}
     return out
+
+
+def pretrain_preflight_fails(run: StageRun) -> StageOutput:
+    """A pretrain whose preflight judged tonight's documents bad (the loss did not fall), as train/preflight.py
+    leaves it: preflight.json in the stage folder, then the stage fails."""
+    from pipeline_lib.train.preflight import PREFLIGHT_FILE
+
+    uri = Path(run.uri)
+    uri.mkdir(parents=True, exist_ok=True)
+    problem = "loss did not fall over 8 steps (first-third mean 7.6000, last-third mean 7.6010): raise training.learning_rate"
+    (uri / PREFLIGHT_FILE).write_text(json.dumps({"ok": False, "crash": None, "problems": [problem],
+                                                  "message": f"preflight failed:\n- {problem}"}))
+    raise RuntimeError(f"pretrain preflight failed:\n- {problem}")

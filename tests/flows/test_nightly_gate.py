@@ -168,3 +168,25 @@ def test_a_file_held_too_often_is_quarantined_and_a_decided_date_runs_under_its_
     assert [h["decision"] for h in state["history"]] == ["promoted", "held", "held"]
     assert [h["run_id"] for h in state["history"]] == ["nightly-2026-12-01", "nightly-2026-12-01-2",
                                                         "nightly-2026-12-02"]
+
+
+def test_a_night_that_fails_on_its_data_quarantines_its_files_and_the_next_night_goes_on(night, tiny_cfg,
+                                                                                         monkeypatch):
+    assert night("2026-12-01", 1.0).name == "Promoted"
+    assert night("2026-12-02", 1.3).name == "Held"  # its file is carried into the failing night
+    monkeypatch.setitem(stages.SPECS, "pretrain", dataclasses.replace(
+        stages.SPECS["pretrain"], runner="stage_doubles:pretrain_preflight_fails"))
+    bad = night("2026-12-03", 1.0)
+    assert bad.is_completed() and bad.name == "Quarantined", bad.message
+    files = [str(night.raw / f"2026-12-0{d}.jsonl") for d in (2, 3)]
+    assert "preflight failed on tonight's documents: loss did not fall" in bad.message
+    assert all(f in bad.message for f in files) and "Fix: " in bad.message
+    state = load_state(tiny_cfg)
+    assert [state["ledger"][f]["status"] for f in files] == ["quarantined", "quarantined"]
+    assert state["latest"]["run_id"] == "nightly-2026-12-01" and state["history"][-1]["decision"] == "quarantined"
+    assert state["attention"][-1]["files"] == files
+    assert night.hook.received[-1]["name"] == "Quarantined"
+    monkeypatch.setitem(stages.SPECS, "pretrain", dataclasses.replace(
+        stages.SPECS["pretrain"], runner="stage_doubles:pretrain_with_checkpoint"))
+    good = night("2026-12-04", 1.0)  # tomorrow trains its own file only
+    assert good.name == "Promoted" and good.result()["files"] == [str(night.raw / "2026-12-04.jsonl")], good.message

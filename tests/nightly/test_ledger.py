@@ -177,3 +177,28 @@ def test_a_decided_date_gets_the_next_id_and_a_failed_night_is_resumed(tmp_path)
     reference = {"reference_heldout": str((tmp_path / "runs" / "n0" / "data" / "mindrecord" / "heldout").resolve())}
     with pytest.raises(NightDecided, match="fixed held-out split"):
         refuse_decided(config_from_dict({"run": {"output_root": str(tmp_path / "runs")}}), reference, "n0")
+
+
+@pytest.mark.parametrize("report, guard, expected", [
+    ({"ok": False, "crash": None, "problems": ["loss rose over 8 steps (...): lower training.learning_rate"]}, False,
+     "preflight failed on tonight's documents: loss rose over 8 steps"),
+    ({"ok": False, "crash": "Killed", "problems": ["the trainer failed within the preflight's steps: Killed"]}, False,
+     None),  # a killed trainer is not the data's
+    ({"ok": False, "crash": None, "problems": ["peak host memory 9.1 GB over the limit"]}, False, None),
+    (None, True, "the loss guard stopped training: loss guard stopped training at step 7"),
+    (None, False, None),  # a failure that left nothing of the kind (a full disk)
+])
+def test_a_failure_is_the_datas_only_when_the_preflight_or_guard_judged_its_loss(tmp_path, report, guard, expected):
+    from pipeline_lib.nightly.documents import data_failure
+
+    cfg = cfg_at(tmp_path)
+    stage = tmp_path / "runs" / "n1" / "pretrain"
+    stage.mkdir(parents=True)
+    if report is not None:
+        (stage / "preflight.json").write_text(json.dumps(report))
+    if guard:
+        (stage / "work" / "guard").mkdir(parents=True)
+        (stage / "work" / "guard" / "rank_0.json").write_text(json.dumps(
+            {"message": "loss guard stopped training at step 7\nbatch documents ..."}))
+    assert (data_failure(cfg, "n1") or "").startswith(expected or "") and (data_failure(cfg, "n1") is None) == (
+        expected is None)
