@@ -189,6 +189,12 @@ def test_nights_new_data_duplicates_held_carried_then_nothing(tiny_cfg, tmp_path
 
         last = nightly(config=config, run_date="2026-12-06", return_state=True)
         assert last.is_completed() and last.name == "Skipped", last.message
+
+        from pipeline_lib.nightly import promote_held
+
+        promote_held(tiny_cfg, "nightly-2026-12-03", who="carol", reason="fine after all")  # by hand: indexed too
+        assert indexed() == ["nightly-2026-12-01", "nightly-2026-12-03", "nightly-2026-12-04"]
+        assert load_state(tiny_cfg)["ledger"][day3]["into"] == "nightly-2026-12-04"  # it reached a model already
     finally:
         server.shutdown()
 
