@@ -15,10 +15,10 @@ MAX_NIGHTS_A_DATE = 99
 
 
 class NightDecided(PicklableError, RuntimeError):
-    def __init__(self, run_id: str, why: str):
-        self.run_id, self.why = run_id, why
-        super().__init__(f"{run_id}: refusing to run a night in this folder: {why}. Fix: run the night under a new "
-                         "id (llm-pipeline nightly picks nightly-<date>-2, -3, ... by itself); the decided night's "
+    def __init__(self, run_id: str, why: str, doing: str = "run a night in this folder"):
+        self.run_id, self.why, self.doing = run_id, why, doing
+        super().__init__(f"{run_id}: refusing to {doing}: {why}. Fix: run under a new id (llm-pipeline nightly picks "
+                         "nightly-<date>-2, -3, ... by itself; llm-pipeline run --run-id NEW); the decided night's "
                          "files stay as they are")
 
 
@@ -61,15 +61,28 @@ def _resolved(uri: str) -> str:
     return uri if "://" in uri or not uri else os.path.realpath(uri)
 
 
-def refuse_decided(cfg: PipelineConfig, state: dict, run_id: str) -> None:
+def refuse_decided(cfg: PipelineConfig, state: dict, run_id: str, doing: str = "run a night in this folder") -> None:
     """Raise NightDecided when night `run_id` ended in a decision, is `latest`, or holds the lineage's
     reference_heldout: running it again would rewrite files a later night reads."""
     latest = (state.get("latest") or {}).get("run_id")
     reference = _resolved(state.get("reference_heldout") or "")
     folder = _resolved(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).run_uri).rstrip("/") + "/"
     if run_id == latest:
-        raise NightDecided(run_id, "it is `latest`, the promoted model every later night continues")
+        raise NightDecided(run_id, "it is `latest`, the promoted model every later night continues", doing)
     if reference.startswith(folder):
-        raise NightDecided(run_id, f"it holds the lineage's fixed held-out split (reference_heldout {reference})")
+        raise NightDecided(run_id, f"it holds the lineage's fixed held-out split (reference_heldout {reference})",
+                           doing)
     if run_id in decided_nights(state):
-        raise NightDecided(run_id, "it ended in a decision (the state's history)")
+        raise NightDecided(run_id, "it ended in a decision (the state's history)", doing)
+
+
+REWRITES_A_NIGHT = ("data", "pretrain")  # a night's held-out split and tokenizer; its checkpoint
+
+
+def refuse_redo_in_decided_night(cfg: PipelineConfig, run_id: str, stage: str) -> None:
+    """Any run (llm-pipeline run --run-id nightly-<date> with another config too): a data or pretrain stage about to
+    do its work in the folder of a decided night of this output root's nightly is refused (NightDecided)."""
+    from .state import load_state
+
+    if stage in REWRITES_A_NIGHT:
+        refuse_decided(cfg, load_state(cfg), run_id, f"redo its {stage} stage (a decided night's folder)")

@@ -152,6 +152,12 @@ def test_a_file_held_too_often_is_quarantined_and_a_decided_date_runs_under_its_
     again = night("2026-12-01", 1.3, nightly_cfg={"max_carries": 1})  # a second run of a decided date: held
     assert again.name == "Held" and again.result()["run_id"] == "nightly-2026-12-01-2", again.message
     assert _folder(runs / "nightly-2026-12-01") == promoted  # untouched: same bytes, never rewritten
+    from flows.pipeline import llm_pipeline
+
+    by_hand = llm_pipeline(config=tiny_cfg.model_dump(mode="json"), run_id="nightly-2026-12-01",
+                           stages=["data", "pretrain"], return_state=True)  # another config, the decided night's id
+    assert by_hand.is_failed() and "refusing to redo its data stage" in by_hand.message, by_hand.message
+    assert _folder(runs / "nightly-2026-12-01") == promoted
     state = load_state(tiny_cfg)
     assert state["latest"]["run_id"] == "nightly-2026-12-01"
     extra = str(night.raw / "extra.jsonl")

@@ -202,3 +202,20 @@ def test_a_failure_is_the_datas_only_when_the_preflight_or_guard_judged_its_loss
             {"message": "loss guard stopped training at step 7\nbatch documents ..."}))
     assert (data_failure(cfg, "n1") or "").startswith(expected or "") and (data_failure(cfg, "n1") is None) == (
         expected is None)
+
+
+def test_no_run_redoes_the_data_or_pretrain_stage_of_a_decided_night(tmp_path):
+    import pickle
+
+    from pipeline_lib.nightly.night_ids import NightDecided, refuse_redo_in_decided_night
+
+    cfg = cfg_at(tmp_path)
+    arrive(tmp_path, "a.jsonl")
+    night(cfg, "nightly-2026-12-01", "promoted")
+    for stage in ("data", "pretrain"):
+        with pytest.raises(NightDecided) as refused:
+            refuse_redo_in_decided_night(cfg, "nightly-2026-12-01", stage)
+        assert f"refusing to redo its {stage} stage" in str(refused.value) and "Fix: " in str(refused.value)
+    assert str(pickle.loads(pickle.dumps(refused.value))) == str(refused.value)  # crosses a process as it is
+    refuse_redo_in_decided_night(cfg, "nightly-2026-12-01", "evaluate")  # scoring it again writes no file it hands on
+    refuse_redo_in_decided_night(cfg, "nightly-2026-12-02", "data")  # not decided: a failed night resumes
