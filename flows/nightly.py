@@ -3,7 +3,8 @@ dedup against everything seen) -> pretrain from last night's checkpoint -> evalu
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
 After evaluate the night is judged (pipeline_lib/nightly/gate.py, nightly.gate): its candidate against the promoted
-model on the same rows. Within budget: Completed "Promoted" (latest moves). Over budget: with on_regression=hold,
+model on the same rows and items, paired. Promote: Completed "Promoted" (latest moves). Investigate (ambiguous):
+nightly.gate.on_investigate decides, or a person with ask. Hold (a clear regression): with on_regression=hold,
 Completed "Held" (latest stays, the files are carried to the next night or dropped: nightly.on_hold, the ledger
 in the state says which; the candidate is listed under `held`, the artifact
 `nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
@@ -35,13 +36,17 @@ from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
-                                  night_tokenizer, nightly_overrides, no_new_documents)
+                                  night_tokenizer, nightly_overrides, no_new_documents, schedule_record)
 from pipeline_lib.storage.names import BadName, check_name
+from pipeline_lib.nightly.deadline import size_tonight
 from pipeline_lib.nightly.gate import judge
 from pipeline_lib.nightly.documents import data_failure, night_documents, publish_night_documents
 from pipeline_lib.nightly.ledger import quarantined_by
 from pipeline_lib.nightly.night_ids import night_run_id, refuse_decided
 from pipeline_lib.nightly.state import quarantine_night
+from pipeline_lib.nightly.scores import night_scores
+from pipeline_lib.nightly.retention import after_night
+from pipeline_lib.nightly.tonight import tonight_timing
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -51,6 +56,7 @@ from flows.form_types import DataConfig
 from flows.night_changes import publish_night_changes
 from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
+from flows.pause_lease import kept_slot_while_paused
 from flows.pipeline import llm_pipeline
 
 def check_run_date(run_date: str) -> str:
@@ -136,6 +142,7 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
             run_id, why = night_run_id(cfg, load_state(cfg), run_id)  # a decided night is never rerun in place
             logger.info(why)
             state = _night(cfg, run_id, dispatch)
+            after_night(cfg, run_id, logger)  # nightly.retention: bounded disk (a failure is only a warning)
     except NightBusy as busy:
         logger.warning(str(busy))
         state = Completed(name="Busy", message=str(busy), data={"run_id": None, "new_files": 0, "holder": busy.holder})
@@ -153,7 +160,11 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files)))
+    night = deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files))
+    plan = size_tonight(config_from_dict(night), state)  # nightly.deadline: steps from the last night's measure
+    night_cfg = config_from_dict(deep_update(night, {"training": {"steps": plan.steps}} if plan and plan.cut else {}))
+    if plan:
+        (get_run_logger().warning if plan.worth_saying else get_run_logger().info)(f"{run_id}: {plan.message}")
     get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
                           f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
     stages = [s for s, spec in SPECS.items() if spec.nightly]
@@ -167,20 +178,22 @@ def _night(cfg, run_id: str, dispatch: bool):
             run.result()  # raises the night's real failure: this flow fails and notifies
         return _no_new_data(cfg, state, files, run_id, found)
     summary = run.result()
-    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id))
-    decision, decided_by = "promoted", None
-    if verdict.regressed:
-        decision, decided_by = (_ask(cfg, run_id, verdict) if cfg.nightly.gate.on_regression == "ask"
-                                else ("held", None))
+    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id), night_scores(night_cfg, run_id))
+    decision, decided_by = verdict.decision(cfg.nightly.gate)  # promoted / held / ask (on_investigate's default)
+    if decision == "ask":
+        decision, decided_by = _ask(cfg, run_id, verdict)
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     if decision == "promoted":  # its documents are "seen before" from now on; a held night's never enter the index
         publish_night_documents(cfg, run_id)
     after = commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
                          verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
+                         record={**schedule_record(night_cfg, run_id),
+                                 "timing": tonight_timing(night_cfg, run_id, summary)},
                          documents=night_documents(cfg, run_id))
     _ask_about_quarantined(cfg, run_id, after)
-    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)
+    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
+                    plan.message if plan and plan.worth_saying else None)
 
 
 PAUSE_GRACE_S = 600  # the pause outlives the night's own deadline by this much
@@ -219,9 +232,10 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     timer.daemon = True
     timer.start()
     try:
-        answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
-            description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
-            timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
+        with kept_slot_while_paused(get_run_logger().info):  # else the deployment's lease crashes it (pause_lease.py)
+            answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
+                description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
+                timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
     except FlowPauseTimeout:
         return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}
     finally:
@@ -233,14 +247,14 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     return ("promoted" if answer.approve else "held"), who
 
 
-def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by):
+def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by, steps_cut=None):
     """The night's end: an artifact with the comparison, the webhook for a held night, Completed Promoted/Held."""
     by = f" (decided by {decided_by['who']}: {decided_by['reason'] or 'no reason given'})" if decided_by else ""
     name = "Promoted" if decision == "promoted" else "Held"
     tail = ("latest moves to it; tomorrow continues from it" if name == "Promoted" else
             f"latest stays; {_held_files(cfg)}; the candidate is kept under `held` in the nightly state "
             f"(promote it by hand: llm-pipeline nightly promote CONFIG --run-id {run_id})")
-    message = f"{verdict.message(run_id)}{by}. {name}: {tail}"
+    message = f"{verdict.message(run_id)}{by}. {name}: {tail}" + (f". Deadline: {steps_cut}" if steps_cut else "")
     get_run_logger().info(message)
     create_markdown_artifact(key="nightly-gate", markdown=verdict.markdown(run_id, name), description=message)
     data = {"run_id": run_id, "new_files": len(files), "files": sorted(files), "checkpoint": checkpoint, "summary": summary,
