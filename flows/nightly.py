@@ -1,4 +1,5 @@
-"""Nightly continued pretraining: new raw data since the last good night -> data (incremental
+"""Nightly continued pretraining: new raw data since the last good night -> the data screen (pipeline_lib/nightly/
+screen.py: documents far outside the lineage excluded, a garbage file quarantined) -> data (incremental
 dedup against everything seen) -> pretrain from last night's checkpoint -> evaluate side by side
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
@@ -47,6 +48,8 @@ from pipeline_lib.nightly.state import quarantine_night
 from pipeline_lib.nightly.scores import night_scores
 from pipeline_lib.nightly.retention import after_night
 from pipeline_lib.nightly.tonight import tonight_timing
+from pipeline_lib.nightly.screen import screen_night
+from pipeline_lib.nightly.screen_sample import keep_accepted
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -160,7 +163,10 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    night = deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files))
+    screened = screen_night(cfg, state, files, run_id, get_run_logger())  # excluded documents, quarantined files
+    if not screened.kept_files:
+        return screened.tell(_no_new_data(cfg, state, files, run_id, screened.nothing_left()))
+    night = deep_update(cfg.model_dump(mode="json"), screened.overrides(cfg, nightly_overrides(cfg, state, files)))
     plan = size_tonight(config_from_dict(night), state)  # nightly.deadline: steps from the last night's measure
     night_cfg = config_from_dict(deep_update(night, {"training": {"steps": plan.steps}} if plan and plan.cut else {}))
     if plan:
@@ -176,7 +182,7 @@ def _night(cfg, run_id: str, dispatch: bool):
             if (why := data_failure(night_cfg, run_id)) is not None:  # the files' fault: not tomorrow's problem
                 return _quarantined(cfg, state, files, run_id, why)
             run.result()  # raises the night's real failure: this flow fails and notifies
-        return _no_new_data(cfg, state, files, run_id, found)
+        return screened.tell(_no_new_data(cfg, state, files, run_id, {**found, "screen": screened.record}))
     summary = run.result()
     verdict = judge(cfg, evaluate_metrics(night_cfg, run_id), night_scores(night_cfg, run_id))
     decision, decided_by = verdict.decision(cfg.nightly.gate)  # promoted / held / ask (on_investigate's default)
@@ -188,12 +194,14 @@ def _night(cfg, run_id: str, dispatch: bool):
         publish_night_documents(cfg, run_id)
     after = commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
                          verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
-                         record={**schedule_record(night_cfg, run_id),
-                                 "timing": tonight_timing(night_cfg, run_id, summary)},
+                         record={**schedule_record(night_cfg, run_id), "timing": tonight_timing(night_cfg, run_id, summary),
+                                 "screen": screened.record},
                          documents=night_documents(cfg, run_id))
+    if decision == "promoted":
+        keep_accepted(cfg, run_id)  # tomorrow's screen measures against the documents it accepted
     _ask_about_quarantined(cfg, run_id, after)
-    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
-                    plan.message if plan and plan.worth_saying else None)
+    return screened.tell(_decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
+                                  plan.message if plan and plan.worth_saying else None))
 
 
 PAUSE_GRACE_S = 600  # the pause outlives the night's own deadline by this much

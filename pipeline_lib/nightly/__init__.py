@@ -13,6 +13,8 @@ One concern per module:
   scores   what the night's evaluate wrote per row and per item (what the gate pairs)
   schedule the lineage's learning-rate schedule across nights (nightly.lr_schedule=lineage)
   retention  bounded disk: what the folders of decided nights keep (nightly.retention, `llm-pipeline gc`)
+  screen   the data screen before tonight's data stage (screen_stats, char_ngram, screen_sample, screen_model and
+           its worker screen_worker)
 flows/nightly.py orchestrates these; nothing here imports Prefect.
 """
 from .gate import judge

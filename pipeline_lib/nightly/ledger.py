@@ -91,6 +91,18 @@ def record_quarantine(state: dict, files: dict[str, int], run_id: str, reason: s
         _set(state, uri, _entry(state, uri, size, run_id, (documents or {}).get(uri)), "quarantined", reason=reason)
 
 
+def record_screened_out(state: dict, files: dict[str, int], run_id: str, screen: dict | None) -> None:
+    """The files tonight's data screen quarantined (most of their documents far outside the lineage: screen.py's
+    record `quarantined`, with per file `excluded` / `screened`): `quarantined`, whatever the night decided."""
+    shares = (screen or {}).get("files") or {}
+    for uri in (screen or {}).get("quarantined") or []:
+        if uri in files:
+            share = shares.get(uri) or {}
+            reason = (f"screen: {share['excluded']} of {share['screened']} documents far outside the lineage"
+                      if "excluded" in share and "screened" in share else "screen: far outside the lineage")
+            record_quarantine(state, {uri: files[uri]}, run_id, reason)
+
+
 def record_promoted_by_hand(state: dict, run_id: str) -> list[str]:
     """A held night promoted by a person: its files that did not reach a promoted model since are trained into it
     (a carried one stops coming back). Returns them."""

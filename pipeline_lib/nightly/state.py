@@ -102,7 +102,8 @@ def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id
 
     def change(state: dict) -> dict:
         quarantined = ledger.record_decision(state, files, run_id, decision, documents or {},
-                                                cfg.nightly.on_hold, cfg.nightly.max_carries)
+                                             cfg.nightly.on_hold, cfg.nightly.max_carries)
+        ledger.record_screened_out(state, files, run_id, record.get("screen"))
         if decision == "promoted":
             state["latest"] = candidate
             if heldout and not state.get("reference_heldout"):
@@ -169,6 +170,7 @@ def consume_without_training(cfg: PipelineConfig, state: dict, files: dict[str, 
     def change(state: dict) -> dict:
         ledger.record_without_training(state, files, run_id,
                                        "unusable" if decision == "no usable data" else "duplicate")
+        ledger.record_screened_out(state, files, run_id, found.get("screen"))
         state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": None,
                                                 "decision": decision, "no_new_data": found})
         return state

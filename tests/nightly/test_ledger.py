@@ -219,3 +219,18 @@ def test_no_run_redoes_the_data_or_pretrain_stage_of_a_decided_night(tmp_path):
     assert str(pickle.loads(pickle.dumps(refused.value))) == str(refused.value)  # crosses a process as it is
     refuse_redo_in_decided_night(cfg, "nightly-2026-12-01", "evaluate")  # scoring it again writes no file it hands on
     refuse_redo_in_decided_night(cfg, "nightly-2026-12-02", "data")  # not decided: a failed night resumes
+
+
+def test_a_file_the_screen_quarantined_is_quarantined_whatever_the_night_decided(tmp_path):
+    cfg = cfg_at(tmp_path)
+    good, junk = arrive(tmp_path, "good.jsonl"), arrive(tmp_path, "junk.jsonl")
+    screen = {"quarantined": [junk], "files": {junk: {"screened": 3, "excluded": 3}}}
+    state = night(cfg, "n1", "held", {good: docs(3)}, record={"screen": screen})
+    assert state["ledger"][good]["status"] == "carried"
+    assert (state["ledger"][junk]["status"], state["ledger"][junk]["reason"]) == (
+        "quarantined", "screen: 3 of 3 documents far outside the lineage")
+    assert list(new_files(cfg, state)) == [good]  # the junk is not read again
+    only_junk = arrive(tmp_path, "junk2.jsonl")
+    consume_without_training(cfg, load_state(cfg), {only_junk: 5}, "n2",
+                             {"kind": "no_usable_documents", "screen": {"quarantined": [only_junk]}})
+    assert load_state(cfg)["ledger"][only_junk]["reason"] == "screen: far outside the lineage"
