@@ -8,6 +8,7 @@
   llm-pipeline deploy [--config PATH] [prefect deploy args]   the deployments, running PATH (default tiny-cpu)
   llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
   llm-pipeline nightly promote CONFIG --run-id ID [--reason R]  a night the gate held becomes latest
+  llm-pipeline nightly status CONFIG                  per raw file what became of it; what asks for a person
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
   llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE]   what changed from run A to run B (markdown)
@@ -455,9 +456,31 @@ def nightly_promote_main(argv: list[str]) -> int:
     return 0
 
 
+def nightly_status_main(argv: list[str]) -> int:
+    """`llm-pipeline nightly status CONFIG`: the ledger (per raw file its status, nights and documents), the share
+    of accepted documents that reached the promoted model, and the attention list."""
+    from pipeline_lib.nightly import load_state
+    from pipeline_lib.nightly.ledger import render_ledger
+
+    ap = argparse.ArgumentParser(prog="llm-pipeline nightly status",
+                                 description="What became of every raw file the nightly read.")
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except (ConfigError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(render_ledger(load_state(cfg)))
+    return 0
+
+
 def nightly_main(argv: list[str]) -> int:
     if argv and argv[0] == "promote":
         return nightly_promote_main(argv[1:])
+    if argv and argv[0] == "status":
+        return nightly_status_main(argv[1:])
     ap = argparse.ArgumentParser(prog="llm-pipeline nightly")
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*")

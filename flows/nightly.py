@@ -6,7 +6,8 @@ with last night. The watermark and `latest` pointer move only when every stage s
 After evaluate the night is judged (pipeline_lib/nightly/gate.py, nightly.gate): its candidate against the promoted
 model on the same rows and items, paired. Promote: Completed "Promoted" (latest moves). Investigate (ambiguous):
 nightly.gate.on_investigate decides, or a person with ask. Hold (a clear regression): with on_regression=hold,
-Completed "Held" (latest stays, the files are consumed, the candidate is listed under `held`, the artifact
+Completed "Held" (latest stays, the files are carried to the next night or dropped: nightly.on_hold, the ledger
+in the state says which; the candidate is listed under `held`, the artifact
 `nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
 with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours. Either way the
 artifact `nightly-changes` (and <run>/changes.md) says what changed against the promoted run (flows/night_changes.py).
@@ -15,8 +16,11 @@ nothing, the message names the holder), Completed "Skipped" (no new file), Compl
 document in them was seen before: they are consumed, nothing is trained, a markdown artifact and
 the webhook say so), Completed "NoUsableData" (every record of the new files rejected or filtered: consumed too, so
 a file of garbage is not retried every night; the message counts the reasons and names the quarantine records;
-a config that reads no text at all, data.text_field, fails instead), or Failed (watermark unchanged, webhook
-notice)."""
+a config that reads no text at all, data.text_field, fails instead), Completed "Quarantined" (the night failed on
+its data, its preflight or loss guard: its files are quarantined, not handed to every later night; the webhook asks
+a person), or Failed (watermark unchanged, webhook notice). A night that ended in one of these decisions is never
+run again in place: a later night of the same date runs as nightly-<date>-2, -3, ... (night_ids.py); a Failed one
+is resumed under its id."""
 from __future__ import annotations
 
 import datetime as dt
@@ -38,6 +42,10 @@ from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_train
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly.deadline import size_tonight
 from pipeline_lib.nightly.gate import judge
+from pipeline_lib.nightly.documents import data_failure, night_documents, publish_night_documents
+from pipeline_lib.nightly.ledger import quarantined_by
+from pipeline_lib.nightly.night_ids import night_run_id, refuse_decided
+from pipeline_lib.nightly.state import quarantine_night
 from pipeline_lib.nightly.scores import night_scores
 from pipeline_lib.nightly.retention import after_night
 from pipeline_lib.nightly.tonight import tonight_timing
@@ -135,6 +143,8 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
     run_id = _night_id(run_date)
     try:
         with night_lock(cfg, run_id, logger.info):  # taken before listing: two nights never take the same files
+            run_id, why = night_run_id(cfg, load_state(cfg), run_id)  # a decided night is never rerun in place
+            logger.info(why)
             state = _night(cfg, run_id, dispatch)
             after_night(cfg, run_id, logger)  # nightly.retention: bounded disk (a failure is only a warning)
     except NightBusy as busy:
@@ -149,6 +159,7 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
 
 def _night(cfg, run_id: str, dispatch: bool):
     state = load_state(cfg)
+    refuse_decided(cfg, state, run_id)
     files = new_files(cfg, state)
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
@@ -170,6 +181,8 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not run.is_completed():
         found = no_new_documents(night_cfg, run_id)
         if found is None:
+            if (why := data_failure(night_cfg, run_id)) is not None:  # the files' fault: not tomorrow's problem
+                return _quarantined(cfg, state, files, run_id, why)
             run.result()  # raises the night's real failure: this flow fails and notifies
         return screened.tell(_no_new_data(cfg, state, files, run_id, {**found, "screen": screened.record}))
     summary = run.result()
@@ -179,12 +192,16 @@ def _night(cfg, run_id: str, dispatch: bool):
         decision, decided_by = _ask(cfg, run_id, verdict)
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
-    commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
-                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
-                 record={**schedule_record(night_cfg, run_id), "timing": tonight_timing(night_cfg, run_id, summary),
-                         "screen": screened.record})
+    if decision == "promoted":  # its documents are "seen before" from now on; a held night's never enter the index
+        publish_night_documents(cfg, run_id)
+    after = commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
+                         verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
+                         record={**schedule_record(night_cfg, run_id), "timing": tonight_timing(night_cfg, run_id, summary),
+                                 "screen": screened.record},
+                         documents=night_documents(cfg, run_id))
     if decision == "promoted":
         keep_accepted(cfg, run_id)  # tomorrow's screen measures against the documents it accepted
+    _ask_about_quarantined(cfg, run_id, after)
     return screened.tell(_decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
                                   plan.message if plan and plan.worth_saying else None))
 
@@ -245,7 +262,7 @@ def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided
     by = f" (decided by {decided_by['who']}: {decided_by['reason'] or 'no reason given'})" if decided_by else ""
     name = "Promoted" if decision == "promoted" else "Held"
     tail = ("latest moves to it; tomorrow continues from it" if name == "Promoted" else
-            "latest stays; the files are consumed; the candidate is kept under `held` in the nightly state "
+            f"latest stays; {_held_files(cfg)}; the candidate is kept under `held` in the nightly state "
             f"(promote it by hand: llm-pipeline nightly promote CONFIG --run-id {run_id})")
     message = f"{verdict.message(run_id)}{by}. {name}: {tail}" + (f". Deadline: {steps_cut}" if steps_cut else "")
     get_run_logger().info(message)
@@ -291,3 +308,39 @@ def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: di
     notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
     return Completed(name=name, message=message, data={"run_id": run_id, "new_files": len(files),
                                                                "files": sorted(files), "no_new_data": found, "notice": payload})
+
+
+def _held_files(cfg) -> str:
+    if cfg.nightly.on_hold == "drop":
+        return "the files are dropped (nightly.on_hold: drop)"
+    return (f"the files are carried: tomorrow trains them again with its new files (at most "
+            f"{cfg.nightly.max_carries} times: nightly.max_carries)")
+
+
+def _ask_about_quarantined(cfg, run_id: str, state: dict) -> None:
+    """Files held more often than nightly.max_carries are quarantined: the webhook asks a person (state: attention)."""
+    files = quarantined_by(state, run_id)
+    if files:
+        message = (f"{run_id}: {len(files)} file(s) held {cfg.nightly.max_carries + 1} nights running, quarantined: "
+                   f"{', '.join(files)}. Look at the held nights' gate artifacts; promote one by hand "
+                   "(llm-pipeline nightly promote CONFIG --run-id ID) or give the files again under new names")
+        get_run_logger().warning(message)
+        notify_night(secret_value(cfg.orchestration.failure_webhook_url), {
+            "flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Quarantined",
+            "message": message, "files": files})
+
+
+def _quarantined(cfg, state: dict, files: dict[str, int], run_id: str, why: str):
+    """A night that failed on its data: its files (new and carried) are quarantined, latest stays, a person is
+    asked; later nights do not fail on the same files."""
+    quarantine_night(cfg, state, files, run_id, why, night_documents(cfg, run_id))
+    message = (f"{run_id}: quarantined {len(files)} file(s): {why}. Files: {', '.join(sorted(files))}. latest stays; "
+               "later nights do not read them again. Fix: look at the files (llm-pipeline doctor CONFIG --run-id "
+               f"{run_id} names the documents of the bad batches when the loss guard tripped); if the data is "
+               "good and a setting was wrong, fix it and give the files again under new names")
+    get_run_logger().warning(message)
+    payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Quarantined",
+               "message": message, "files": sorted(files)}
+    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
+    return Completed(name="Quarantined", message=message, data={"run_id": run_id, "new_files": len(files),
+                                                                 "files": sorted(files), "notice": payload})

@@ -109,6 +109,10 @@ class DedupConfig(_Section):
         "same dataset twice), not data seen before. New files (the nightly's) are deduplicated against "
         "everything earlier. A run left with no new document fails at dedup, naming the counts and the ways out.",
     )
+    defer_publish: bool = Field(
+        False, description="Keep this run's segment of the dedup index in <run>/data/segment/ instead of publishing "
+        "it when the data stage succeeds (its documents are not 'seen before' for later runs until it is published). "
+        "The nightly sets it: a night's documents enter the index only when the night is promoted.")
     lineage: str | None = Field(
         None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="Name of the dedup index this run reads and extends; default run.name. Runs of one lineage "
@@ -827,6 +831,15 @@ class NightlyConfig(_Section):
         "below training.preflight_steps + 1 (nor training.warmup_steps), and says so in its message; `llm-pipeline "
         "deploy` also makes a Prefect automation that notifies when the nightly has not ended by then "
         "(docs/nightly.md).")
+    on_hold: Literal["carry", "drop"] = Field(
+        "carry", description="What becomes of a held night's files. carry: the next night trains them again with "
+        "its own new files, from the promoted model (their documents are not 'seen before': a night's documents "
+        "enter the dedup index only when it is promoted); drop: they are done with, never trained into the promoted "
+        "model. The state's ledger says per file what became of it (`llm-pipeline nightly status CONFIG`).")
+    max_carries: int = Field(
+        2, ge=0, description="How many times a held night's file is carried to the next night; held once more, it is "
+        "quarantined (reason `carried N times, held every time`) and the night asks for a person (the webhook, "
+        "the state's `attention`).")
     screen: ScreenConfig = Field(default_factory=ScreenConfig, description="Tonight's documents scored against the "
                                  "lineage before they train (the data screen).")
 

@@ -22,7 +22,9 @@ the run's entries into each partition as one conditional write (storage.generati
 generation created only if absent; on conflict re-read, merge, retry), so two runs committing at
 once lose nothing. The data stage does it in two steps: `stage_segment` (the partition entries)
 while the tokenizer trains, `publish_segment` (row store, meta.json last) once the whole stage
-succeeded. Readers ignore entries whose run has no segment, so a failed run is never deduplicated
+succeeded; with data.dedup.defer_publish (the nightly) the stage keeps the segment in <run>/data/segment/ and
+the nightly publishes it when the night is promoted (a held night's never is, so its documents are not "seen
+before" when they are carried to the next night; staged entries are copied by repartition like the others). Readers ignore entries whose run has no segment, so a failed run is never deduplicated
 against (its entries stay as dead weight in the partitions until its resume replaces them or the
 index is cleared), and a run never reads its own entries (a resumed run is not deduplicated against itself).
 The rerun rule: a run skips the runs whose input files (uri, size, fingerprint) are all among its

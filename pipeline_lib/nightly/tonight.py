@@ -32,11 +32,12 @@ def nightly_overrides(cfg: PipelineConfig, state: dict, files: dict[str, int]) -
     lineage's warmup-stable-decay from the promoted night's stable-phase weights (schedule.lineage_overrides)."""
     from ..data.dedup_index import lineage
 
-    changes: dict = {"data": {"inputs": sorted(files)}}
+    # the night's segment of the dedup index is published only when the night is promoted (documents.py)
+    changes: dict = {"data": {"inputs": sorted(files), "dedup": {"defer_publish": True}}}
     if cfg.data.replay.fraction > 0:
         changes["data"]["replay"] = {"runs": replay_runs(cfg, state)}
     if not cfg.data.dedup.lineage:
-        changes["data"]["dedup"] = {"lineage": f"{lineage(cfg)}-nightly"}
+        changes["data"]["dedup"]["lineage"] = f"{lineage(cfg)}-nightly"
     if state.get("reference_heldout"):
         changes["evaluate"] = {"reference_heldout": list(dict.fromkeys([*cfg.evaluate.reference_heldout,
                                                                        state["reference_heldout"]]))}

@@ -129,3 +129,29 @@ def pretrain_with_checkpoint(run: StageRun) -> StageOutput:
     out.outputs += describe_outputs(str(run.uri), ["checkpoint/rank_0/double_rank_0-1_1.ckpt"])
     out.metrics["latest_checkpoint"] = str(ckpt)
     return out
+
+
+def pretrain_with_tokenizer(run: StageRun) -> StageOutput:
+    """pretrain_with_checkpoint, with the data stage's tokenizer beside the checkpoint and in the manifest, as the
+    real stage leaves it (the next night loads it: one tokenizer per lineage)."""
+    import shutil
+
+    out = pretrain_with_checkpoint(run)
+    tokenizer = Path(run.uri) / "checkpoint" / "tokenizer.model"
+    shutil.copyfile(Path(run.paths.stage_uri("data")) / "tokenizer" / "tokenizer.model", tokenizer)
+    out.outputs += describe_outputs(str(run.uri), ["checkpoint/tokenizer.model"])
+    out.metrics["tokenizer"] = {"uri": str(tokenizer)}
+    return out
+
+
+def pretrain_preflight_fails(run: StageRun) -> StageOutput:
+    """A pretrain whose preflight judged tonight's documents bad (the loss did not fall), as train/preflight.py
+    leaves it: preflight.json in the stage folder, then the stage fails."""
+    from pipeline_lib.train.preflight import PREFLIGHT_FILE
+
+    uri = Path(run.uri)
+    uri.mkdir(parents=True, exist_ok=True)
+    problem = "loss did not fall over 8 steps (first-third mean 7.6000, last-third mean 7.6010): raise training.learning_rate"
+    (uri / PREFLIGHT_FILE).write_text(json.dumps({"ok": False, "crash": None, "problems": [problem],
+                                                  "message": f"preflight failed:\n- {problem}"}))
+    raise RuntimeError(f"pretrain preflight failed:\n- {problem}")

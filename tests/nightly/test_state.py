@@ -142,9 +142,10 @@ def test_the_nightly_is_its_own_dedup_lineage_unless_one_is_named(tmp_path):
     from pipeline_lib.nightly import nightly_overrides
 
     own = nightly_overrides(config_from_dict({"run": {"name": "tiny-cpu"}}), {}, {"/raw/a.jsonl": 1})
-    assert own["data"]["dedup"] == {"lineage": "tiny-cpu-nightly"}  # a manual run of tiny-cpu is another lineage
+    # a manual run of tiny-cpu is another lineage; the night's segment is published when it is promoted
+    assert own["data"]["dedup"] == {"lineage": "tiny-cpu-nightly", "defer_publish": True}
     named = nightly_overrides(config_from_dict({"data": {"dedup": {"lineage": "shared"}}}), {}, {"/raw/a.jsonl": 1})
-    assert "dedup" not in named["data"]
+    assert named["data"]["dedup"] == {"defer_publish": True}
 
 
 def test_replay_draws_on_the_promoted_nights_whose_data_stage_is_still_there(tmp_path):
