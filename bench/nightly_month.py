@@ -314,7 +314,7 @@ def figures(results: list[dict], st: dict, runs: Path) -> dict:
     for r in results:
         for name in r["files"]:
             entry = ledger.get(name, {})
-            reached = entry.get("status") == "trained" and entry.get("night") in promoted
+            reached = entry.get("status") == "trained" and entry.get("into") in promoted
             docs = entry.get("documents", {}).get("kept", kept.get(name, 0)) if isinstance(entry.get("documents"), dict) \
                 else kept.get(name, 0)
             if r["kind"] == GARBAGE or "shuffled" in name:
