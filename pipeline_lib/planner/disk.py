@@ -188,8 +188,9 @@ class MonthDisk:
     retained: int                # after each night's retention pass, once the horizon has passed
     weights_kept: int            # weights files retention keeps at most
     data_kept: int               # nights whose data retention keeps
-    horizon: int                 # nights after which only the small files grow
-    growth: int                  # bytes a night still adds past the horizon (its small files)
+    horizon: int                 # nights after which only `growth` is added a night
+    growth: int                  # bytes a night still adds past the horizon (its small files; its data when replay
+                                 # reads every promoted night)
 
 
 def month_of_nights(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None = None) -> MonthDisk:
@@ -205,8 +206,10 @@ def month_of_nights(cfg: PipelineConfig, nights: int = 30, night_tokens: int | N
     data_kept = min(nights, (r.replay_nights or nights) + (math.ceil(r.held_days) if replay else 0)) if replay else 0
     retained = (weights_kept * night.weights + min(nights, 1) * night.training + data_kept * (night.data or 0)
                 + (0 if replay else (night.heldout or 0)) + nights * night.small)
-    horizon = max(weights_kept, data_kept, 1)
-    return MonthDisk(nights, night, nights * night.total, retained, weights_kept, data_kept, horizon, night.small)
+    unbounded = replay and not r.replay_nights  # replay reads every promoted night: their data stays
+    horizon = max(weights_kept, 1 if unbounded else data_kept, 1)
+    growth = night.small + ((night.data or 0) if unbounded else 0)
+    return MonthDisk(nights, night, nights * night.total, retained, weights_kept, data_kept, horizon, growth)
 
 
 def month_lines(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None = None) -> list[str]:
@@ -229,7 +232,7 @@ def month_lines(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None 
         f"  with nightly.retention: {size_text(m.retained)} = weights of at most {m.weights_kept} nights "
         f"(keep_promoted {r.keep_promoted} + held_days {r.held_days:g}) + the newest night's training checkpoints + "
         f"{replay} + every night's logs; it stops growing after {m.horizon} nights but for "
-        f"{size_text(m.growth)} of logs a night",
+        f"{size_text(m.growth)} a night" + (" (data and logs)" if m.growth > n.small else " (logs)"),
         f"  while a night trains, add its own training checkpoints: up to {n.kept + 1} x {size_text(n.checkpoint)} = "
         f"{size_text((n.kept + 1) * n.checkpoint)} (keep_checkpoint_max kept + the one being written)",
     ]

@@ -44,7 +44,10 @@ def test_replayed_data_and_a_short_lineage(cfg7b_raw):
     assert month.retained == 5 * night.weights + night.training + 8 * night.data + 30 * night.small
     short = month_of_nights(cfg, 4, night_tokens=1_000_000)  # within the horizon only optimizer state goes
     assert short.without == 4 * night.total and short.retained == short.without - 3 * night.training
-    assert month.horizon == 8
+    assert month.horizon == 8 and month.growth == night.small
+    every = config_from_dict({**cfg7b_raw, "data": {"replay": {"fraction": 0.2}}})  # replay_nights null
+    unbounded = month_of_nights(every, 30, night_tokens=1_000_000)
+    assert unbounded.data_kept == 30 and unbounded.growth == unbounded.night.small + unbounded.night.data
 
 
 def test_plan_prints_the_month(capsys):
