@@ -3,7 +3,8 @@ dedup against everything seen) -> pretrain from last night's checkpoint -> evalu
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
 After evaluate the night is judged (pipeline_lib/nightly/gate.py, nightly.gate): its candidate against the promoted
-model on the same rows. Within budget: Completed "Promoted" (latest moves). Over budget: with on_regression=hold,
+model on the same rows and items, paired. Promote: Completed "Promoted" (latest moves). Investigate (ambiguous):
+nightly.gate.on_investigate decides, or a person with ask. Hold (a clear regression): with on_regression=hold,
 Completed "Held" (latest stays, the files are consumed, the candidate is listed under `held`, the artifact
 `nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
 with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours. Either way the
@@ -31,10 +32,11 @@ from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
-                                  night_tokenizer, nightly_overrides, no_new_documents)
+                                  night_tokenizer, nightly_overrides, no_new_documents, schedule_record)
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly.gate import judge
 from pipeline_lib.nightly.retention import after_night
+from pipeline_lib.nightly.scores import night_scores
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -156,15 +158,15 @@ def _night(cfg, run_id: str, dispatch: bool):
             run.result()  # raises the night's real failure: this flow fails and notifies
         return _no_new_data(cfg, state, files, run_id, found)
     summary = run.result()
-    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id))
-    decision, decided_by = "promoted", None
-    if verdict.regressed:
-        decision, decided_by = (_ask(cfg, run_id, verdict) if cfg.nightly.gate.on_regression == "ask"
-                                else ("held", None))
+    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id), night_scores(night_cfg, run_id))
+    decision, decided_by = verdict.decision(cfg.nightly.gate)  # promoted / held / ask (on_investigate's default)
+    if decision == "ask":
+        decision, decided_by = _ask(cfg, run_id, verdict)
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
-                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id))
+                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
+                 record=schedule_record(night_cfg, run_id))
     return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)
 
 

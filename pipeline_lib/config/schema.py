@@ -449,10 +449,36 @@ class TrainingConfig(_Section):
     steps: int | None = Field(60, ge=1, le=10**9, description="Optimizer steps; if None, `epochs` decides.")
     epochs: int = Field(1, ge=1, le=10**6, description="Epochs over the packed data when steps is None.")
     optimizer: OptimizerConfig = Field(json_schema_extra=identity("pretrain", "sft"), default_factory=OptimizerConfig)
-    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate.")
-    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
-    min_lr: float = Field(1e-5, ge=0, description="Cosine schedule floor.")
-    lr_schedule: Literal["cosine"] = Field("cosine", description="Schedule after warmup.")
+    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate (validate warns when it is far from "
+                                 "what models of this size usually take: docs/training-schedule.md).")
+    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps (from 0 to learning_rate).")
+    min_lr: float = Field(1e-5, ge=0, description="Floor of the decay (cosine: the last step's rate; wsd: where the "
+                          "final decay ends); at most learning_rate.")
+    lr_schedule: Literal["cosine", "wsd"] = Field(
+        "cosine", description="cosine: warm up, then one cosine decay from learning_rate to min_lr over the rest of "
+        "the run. wsd (warmup-stable-decay): warm up, hold learning_rate, and decay to min_lr over the last "
+        "decay_steps (or decay_fraction) of the run; a run can be continued from its stable phase "
+        "(keep_stable_weights), which the nightly's lineage schedule does (nightly.lr_schedule). "
+        "docs/training-schedule.md.")
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, description="wsd: share of the run's steps spent in the final decay (0.2 = the last 20%, "
+        "at least one step); decay_steps, when set, wins.")
+    decay_steps: int | None = Field(
+        None, ge=1, description="wsd: steps of the final decay; null: round(decay_fraction x training.steps).")
+    decay_shape: Literal["linear", "cosine"] = Field(
+        "linear", description="wsd: shape of the final decay to min_lr: linear, or a half cosine.")
+    lineage_steps: int = Field(
+        0, ge=0, description="wsd: optimizer steps the lineage trained at the held (pre-decay) rates before this run: "
+        "the warm-up continues from there instead of from 0. The nightly's lineage schedule sets it from its "
+        "state; 0 for a run of its own.")
+    keep_stable_weights: bool = Field(
+        False, description="wsd: also write the model's weights as they are when the decay starts (checkpoint/merged/"
+        "<name>-stable-weights.ckpt, the manifest's `stable_checkpoint`): what the next run of the lineage continues "
+        "from. Set by the nightly's lineage schedule.")
+    stable_checkpoint: InputPath | None = Field(
+        None, description="Weights the pretrain stage starts from instead of model.base_checkpoint, which stays the "
+        "model evaluated as `base` (the nightly's lineage schedule: the promoted night's stable-phase weights, "
+        "while its decayed weights are the promoted model). null: model.base_checkpoint.")
     precision: Precision = Field(
         "fp32", json_schema_extra=identity("pretrain", "sft"),
         description="Training precision: drives the model dtypes and the loss scale left empty "
@@ -506,12 +532,24 @@ class TrainingConfig(_Section):
 
     @model_validator(mode="after")
     def _warmup_inside_steps(self):
-        if self.steps is not None and self.warmup_steps > self.steps:
+        # the warm-up left to this run: a lineage (wsd) may have done part of it in earlier runs
+        left = max(0, self.warmup_steps - self.lineage_steps)
+        if self.steps is not None and left > self.steps:
+            done = f" (of which training.lineage_steps={self.lineage_steps} are done)" if self.lineage_steps else ""
             raise ValueError(
-                f"training.warmup_steps={self.warmup_steps} exceeds training.steps={self.steps}; "
+                f"training.warmup_steps={self.warmup_steps}{done} exceeds training.steps={self.steps}; "
                 "lower warmup_steps or raise steps"
             )
         return self
+
+
+def wsd_decay_steps(t: "TrainingConfig", steps: int | None = None) -> int:
+    """Steps of a wsd run's final decay: training.decay_steps, else round(decay_fraction x steps), at least 1.
+    `steps`: the run's step budget (default training.steps)."""
+    steps = t.steps if steps is None else steps
+    if t.decay_steps is not None:
+        return t.decay_steps
+    return max(1, round(t.decay_fraction * (steps or 0)))
 
 
 class SFTConfig(_Section):
@@ -546,7 +584,7 @@ class SFTConfig(_Section):
     learning_rate: float = Field(5e-3, gt=0, description="SFT peak learning rate (the default suits the tiny "
                                  "demo; LoRA on a 7B base typically uses 1e-4 to 3e-4).")
     warmup_steps: int = Field(6, ge=0, description="SFT linear warm-up steps; must be < sft.steps.")
-    min_lr: float = Field(1e-5, ge=0, description="SFT cosine schedule floor.")
+    min_lr: float = Field(1e-5, ge=0, description="SFT cosine schedule floor; at most sft.learning_rate.")
     micro_batch_size: int = Field(4, ge=1, description="SFT samples per device per micro step.")
     gradient_accumulation_steps: int | None = Field(
         None, ge=1, description="SFT micro steps per optimizer step; None = 1, or parallel.micro_batch_num under "
@@ -660,14 +698,34 @@ class GateConfig(_Section):
         0.05, ge=0, le=10, description="The budget of a night: its candidate may raise the perplexity of the domain "
         "held-out split, of each evaluate.reference_sets file and of each evaluate.reference_heldout split (the "
         "lineage's fixed held-out rows) by at most this fraction over the promoted model's, measured on the same "
-        "rows in the same evaluate run (0.05 = 5%).")
+        "rows in the same evaluate run (0.05 = 5%). A set regresses only when the ratio's point estimate and the "
+        "lower bound of its paired-bootstrap interval (`confidence`) are both over it; the point alone over it is "
+        "ambiguous (investigate).")
     max_task_drop: float = Field(0.02, ge=0, le=1, description="Largest accepted drop of a task's accuracy "
-                                 "(absolute, per task) against the promoted model; on a small task the noise of its "
-                                 "size decides when larger (twice the standard error of the difference on its items).")
+                                 "(absolute, per task) against the promoted model. A task regresses only when its "
+                                 "drop is over this and a one-sided paired test on the same items (McNemar mid-p on "
+                                 "the items one model got right and the other wrong) puts it beyond noise at "
+                                 "1 - `confidence`; a drop over this that the test does not confirm is ambiguous.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of the gate's intervals (perplexity: the "
+                              "two-sided paired-bootstrap interval of the candidate/promoted ratio; tasks: the "
+                              "one-sided test's alpha = 1 - confidence).")
+    bootstrap_samples: int = Field(2000, ge=100, le=100_000, description="Resamples of the paired bootstrap over "
+                                   "rows (seeded by run.seed and the set's name: the same night judges the same).")
+    uniform_fraction: float = Field(
+        0.8, gt=0, le=10, description="A perplexity set whose promoted-model perplexity is above this fraction of "
+        "the tokenizer's vocabulary size (the perplexity of a uniform guess over its pieces) carries no signal for "
+        "this lineage: it is reported as uninformative and does not decide. At the tiny default (2,000 pieces) "
+        "general_zh sits at ~2,000 (uninformative) while the lineage's fixed held-out split is ~1,200 after one "
+        "night and still shows a night of garbage (+16%).")
     on_regression: Literal["hold", "ask"] = Field(
-        "hold", description="Over budget: hold (latest stays, the candidate is kept under `held` in the nightly "
-        "state, the night ends Completed `Held`) or ask (the night waits for a person in the Prefect UI: approve "
-        "promotes, reject or timeout holds).")
+        "hold", description="A clear regression (or an ambiguous night): hold (latest stays, the candidate is kept "
+        "under `held` in the nightly state, the night ends Completed `Held`; an ambiguous night follows "
+        "`on_investigate`) or ask (the night waits for a person in the Prefect UI: approve promotes, reject or "
+        "timeout holds).")
+    on_investigate: Literal["promote", "hold"] = Field(
+        "promote", description="What an ambiguous night does when nobody is asked (on_regression: hold): a metric "
+        "over budget whose interval or test does not confirm it, or no informative metric at all. Recorded in the "
+        "history as decided by this default, with the reason; the night's message says it was ambiguous.")
     ask_timeout_hours: float = Field(12, gt=0, le=168, description="How long an `ask` night waits before it holds.")
 
 
@@ -693,7 +751,17 @@ class RetentionConfig(_Section):
 
 class NightlyConfig(_Section):
     gate: GateConfig = Field(default_factory=GateConfig, description="What a night must not make worse to become "
-                             "tomorrow's base.")
+                             "tomorrow's base: paired statistics of the candidate and the promoted model on the same "
+                             "rows and items, three outcomes (promote, hold, investigate), uninformative metrics "
+                             "reported but never deciding (docs/nightly.md).")
+    lr_schedule: Literal["per_run", "lineage"] = Field(
+        "per_run", description="per_run: every night trains with training.lr_schedule as a run of its own (warm-up "
+        "and decay from the full rate each night). lineage: one warmup-stable-decay across the nights "
+        "(training.lr_schedule=wsd is set for the night): the lineage warms up once (training.warmup_steps in its "
+        "first night), each night trains at the stable rate from the promoted night's stable-phase weights and ends "
+        "with a short decay (training.decay_steps / decay_fraction); the decayed weights are evaluated, gated and "
+        "handed on, the stable ones are what the next night continues. A plain `llm-pipeline run` ignores it. "
+        "docs/nightly.md, The lineage schedule.")
     retention: RetentionConfig = Field(default_factory=RetentionConfig, description="What the run folders of "
                                        "decided nights keep (bounded disk); `llm-pipeline gc CONFIG` applies it.")
 

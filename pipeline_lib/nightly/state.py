@@ -123,7 +123,7 @@ def promote_held(cfg: PipelineConfig, run_id: str, who: str, reason: str) -> dic
         if found is None:
             raise NotHeld(run_id, [h["run_id"] for h in held])
         state["held"] = [h for h in held if h["run_id"] != run_id]
-        state["latest"] = {k: found[k] for k in ("run_id", "checkpoint", "tokenizer", "finished_at")}
+        state["latest"] = {k: v for k, v in found.items() if k != "verdict"}  # with the night's record (schedule, ...)
         state.setdefault("history", []).append({"run_id": run_id, "decision": "promoted by hand",
                                                 "decided_by": {"who": who, "reason": reason, "at": _now()}})
         return state

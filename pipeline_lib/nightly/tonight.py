@@ -5,6 +5,8 @@ import json
 
 from ..config.schema import PipelineConfig
 from ..storage import join, store_for
+from .schedule import lineage_overrides
+from .state import promoted_nights
 
 def replay_runs(cfg: PipelineConfig, state: dict) -> list[str]:
     """data.replay.runs for tonight: the configured ones, then the promoted nights whose data stage is still there
@@ -27,7 +29,8 @@ def nightly_overrides(cfg: PipelineConfig, state: dict, files: dict[str, int]) -
     lineage's fixed held-out split beside the configured evaluate.reference_heldout, and deduplicate against
     the nights only: the nightly is its own lineage (`<run.name>-nightly` unless data.dedup.lineage is set), so a
     manual run of the same config (make demo) does not make every document of the first night "seen before";
-    with data.replay on, replay from the promoted nights (replay_runs)."""
+    with data.replay on, replay from the promoted nights (replay_runs); under nightly.lr_schedule=lineage, continue the
+    lineage's warmup-stable-decay from the promoted night's stable-phase weights (schedule.lineage_overrides)."""
     from ..data.dedup_index import lineage
 
     changes: dict = {"data": {"inputs": sorted(files)}}
@@ -45,6 +48,8 @@ def nightly_overrides(cfg: PipelineConfig, state: dict, files: dict[str, int]) -
             changes["tokenizer"] = {"path": latest["tokenizer"]}
         # the promoted model is evaluated as `base` (model.base_checkpoint) beside tonight's candidate: the gate
         # compares the two (nightly.gate)
+    for section, values in lineage_overrides(cfg, state).items():  # nightly.lr_schedule=lineage (nightly/schedule.py)
+        changes.setdefault(section, {}).update(values)
     return changes
 
 

@@ -9,8 +9,9 @@ repository with the shipped tiny config and a relative raw-data folder that grow
    perplexity rises past nightly.gate.max_perplexity_increase -> Held: `latest` stays, the file is consumed,
    the message names the metric, both values and the budget;
    a run that would continue the promoted weights with another tokenizer is refused;
-3. other good documents -> Promoted, trained from night 1's checkpoint (not night 2's) with night 1's tokenizer
-   (byte-identical: one tokenizer per lineage);
+3. other good documents -> Promoted, trained from night 1's stable-phase weights (not night 2's; the lineage
+   schedule's warm-up continued at night 1's step count) with night 1's tokenizer (byte-identical: one tokenizer per
+   lineage);
 4. a file holding only documents seen on night 1 -> NoNewData: nothing trained, the file consumed;
 5. a file whose every record is broken -> NoUsableData: consumed (not retried every night), reasons counted;
 6. nothing new -> Skipped.
@@ -130,8 +131,17 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     assert _sha(night3 / "data" / "tokenizer" / "tokenizer.model") == _sha(trained)
     assert json.loads((night3 / "data" / "tokenizer" / "tokenizer_config.json").read_text())["source"] \
         == f"loaded from {beside.resolve()}"
-    assert pretrain_metrics("nightly-2026-11-03")["base"]["base_checkpoint"] == first["latest"]["checkpoint"]
-    assert f"load_checkpoint: {first['latest']['checkpoint']}" in (night3 / "pretrain" / "run.yaml").read_text()
+    # the lineage schedule (nightly.lr_schedule: lineage in the shipped config): night 3 continues night 1's
+    # stable-phase weights (written as its 1-step decay began, after 5 of its 6 steps) at the lineage's step 5, while
+    # night 1's decayed weights are `latest` and the `base` night 3 is judged against
+    stable = first["latest"]["schedule"]
+    assert stable["lineage_steps"] == 5 and stable["stable_step"] == 5 and stable["decay_steps"] == 1
+    assert stable["stable_checkpoint"] == pretrain_metrics("nightly-2026-11-01")["stable_checkpoint"]["path"] \
+        != first["latest"]["checkpoint"]
+    assert pretrain_metrics("nightly-2026-11-03")["base"]["base_checkpoint"] == stable["stable_checkpoint"]
+    night3_yaml = (night3 / "pretrain" / "run.yaml").read_text()
+    assert f"load_checkpoint: {stable['stable_checkpoint']}" in night3_yaml and "lineage_steps: 5" in night3_yaml
+    assert third["latest"]["schedule"]["lineage_steps"] == 10
     assert third["reference_heldout"] == first["reference_heldout"]  # the reference does not move
     changes = (night3 / "changes.md").read_text()  # what changed against the promoted night 1, not the held 2
     assert "nightly-2026-11-01" in changes and "heldout@nightly-2026-11-01" in changes, changes[:2000]

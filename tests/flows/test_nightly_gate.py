@@ -29,10 +29,10 @@ def night(tiny_cfg, tmp_path, monkeypatch):
     raw.mkdir()
     root = Path(tiny_cfg.run.output_root)
 
-    def run(date: str, factor: float, **gate):
+    def run(date: str, factor: float, spread: float = 0.0, **gate):
         (raw / f"{date}.jsonl").write_text(json.dumps({"text": f"news of {date}"}) + "\n")
         root.mkdir(parents=True, exist_ok=True)
-        (root / "gate-plan").write_text(str(factor))
+        (root / "gate-plan").write_text(f"{factor} {spread}")
         cfg = tiny_cfg.model_copy(deep=True)
         cfg.data.inputs = [str(raw / "*.jsonl")]
         cfg.orchestration.failure_webhook_url = hook.url
@@ -50,7 +50,8 @@ def test_within_budget_promotes_over_budget_holds_and_a_held_night_can_be_promot
     assert first.name == "Promoted" and "nothing promoted to compare with" in first.message
     second = night("2026-12-02", 1.3)  # +30% perplexity: over the 5% budget
     assert second.is_completed() and second.name == "Held", second.message
-    for text in ("held-out perplexity 20 -> 26 (+30.0%, budget +5.0%)", "general_zh perplexity 40 -> 52"):
+    for text in ("held-out perplexity 20 -> 26 (+30.0%, budget +5.0%, interval +30.0% .. +30.0%)",
+                 "general_zh perplexity 40 -> 52", "beyond noise"):
         assert text in second.message, second.message
     state = load_state(tiny_cfg)
     assert state["latest"]["run_id"] == "nightly-2026-12-01"  # tomorrow's base stays
@@ -70,6 +71,20 @@ def test_within_budget_promotes_over_budget_holds_and_a_held_night_can_be_promot
     state = load_state(tiny_cfg)
     assert state["latest"]["run_id"] == "nightly-2026-12-02" and state["held"] == []
     assert state["history"][-1]["decided_by"]["who"] == "alice"
+
+
+def test_an_ambiguous_night_follows_on_investigate_and_says_so(night, tiny_cfg):
+    """(on_investigate: hold is the same path with the other decision: tests/nightly/test_gate.py)"""
+    night("2026-12-01", 1.0)
+    unclear = night("2026-12-02", 1.08, 0.09)  # +8%, its rows +/-9% a token: over budget, not beyond noise
+    assert unclear.is_completed() and unclear.name == "Promoted", unclear.message
+    assert "ambiguous" in unclear.message and "lower bound" in unclear.message
+    assert "decided by the default nightly.gate.on_investigate=promote" in unclear.message
+    night_entry = load_state(tiny_cfg)["history"][-1]
+    assert night_entry["decision"] == "promoted" and night.hook.received == []
+    assert night_entry["verdict"]["outcome"] == "investigate" and not night_entry["verdict"]["regressed"]
+    assert night_entry["decided_by"]["default"] == "nightly.gate.on_investigate=promote"
+    assert all(r["interval"] and r["outcome"] == "ambiguous" for r in night_entry["verdict"]["rows"])
 
 
 def _answer_when_paused(approve: bool, reason: str) -> threading.Thread:
