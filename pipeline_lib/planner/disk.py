@@ -141,7 +141,7 @@ LOG_BYTES_PER_STEP_RANK = 1_000     # mindformers' log line per rank per step, a
 class NightDisk:
     """What one trained night leaves in its run folder, in bytes (see month_of_nights)."""
 
-    weights: int           # the weights-only checkpoint
+    weights: int           # the weights-only checkpoints (two under the lineage schedule: decayed and stable-phase)
     checkpoint: int        # one training checkpoint: every rank's file, weights + AdamW moments
     kept: int              # training checkpoints left after the night (keep_checkpoint_max, or fewer saves)
     tokens: int | None     # new tokens a night packs (None: unknown)
@@ -177,7 +177,9 @@ def night_disk(cfg: PipelineConfig, night_tokens: int | None = None) -> NightDis
         data = int(tokens * (per_token + CLEANED_BYTES_PER_TOKEN))
         heldout = int(tokens * cfg.data.heldout_fraction * per_token)
     small = SMALL_BYTES_PER_NIGHT + (t.steps or 0) * (LOG_BYTES_PER_STEP + LOG_BYTES_PER_STEP_RANK * world)
-    return NightDisk(weights_bytes(cfg), checkpoint, kept, tokens, data, heldout, small)
+    # the lineage schedule (nightly.lr_schedule) keeps the stable-phase weights beside the decayed ones
+    copies = 2 if cfg.nightly.lr_schedule == "lineage" else 1
+    return NightDisk(copies * weights_bytes(cfg), checkpoint, kept, tokens, data, heldout, small)
 
 
 @dataclass(frozen=True)

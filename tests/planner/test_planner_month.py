@@ -32,6 +32,13 @@ def test_fewer_saves_than_kept_checkpoints(cfg7b_raw):
         assert night_disk(cfg, 0).kept == kept, steps
 
 
+def test_the_lineage_schedule_keeps_two_weights_files_a_night(cfg7b_raw):
+    from pipeline_lib.config import config_from_dict
+
+    cfg = config_from_dict({**cfg7b_raw, "nightly": {"lr_schedule": "lineage"}})
+    assert night_disk(cfg, 0).weights == 2 * WEIGHTS_7B  # decayed (handed on) + stable-phase (continued)
+
+
 def test_replayed_data_and_a_short_lineage(cfg7b_raw):
     from pipeline_lib.config import config_from_dict
 
