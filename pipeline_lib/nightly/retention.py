@@ -401,15 +401,41 @@ def removed_by_retention(cfg: PipelineConfig, run_id: str) -> dict:
         return {}
 
 
-def _write_tombstone(cfg: PipelineConfig, night: NightPlan, removed: dict[str, int], refused: list[str],
-                     at: str, status: str) -> None:
-    """status "removing": the intent (per kind the files going, so a pass that dies midway leaves the folder saying
-    what was going); "removed": what went (added to what earlier passes removed)."""
+def _settle(body: dict, present: set[str]) -> bool:
+    """A pass cut short earlier left `removing` (file -> bytes) in the tombstone: what of it is no longer in the
+    folder went then, and is added to what was removed. Returns whether the tombstone changed."""
+    changed = False
+    for entry in body["removed"].values():
+        earlier = entry.pop("removing", None) or {}
+        gone = {rel: size for rel, size in earlier.items() if rel not in present}
+        entry["files"] = sorted(set(entry["files"]) | set(gone))
+        entry["bytes"] = entry.get("bytes", 0) + sum(gone.values())
+        changed = changed or bool(earlier)
+    body["removed"] = {k: e for k, e in body["removed"].items() if e["files"]}
+    return changed
+
+
+def _put_tombstone(cfg: PipelineConfig, uri: str, body: dict) -> None:
+    body["note"] = ("Removed by the nightly's retention (nightly.retention, docs/nightly.md 'Disk: retention and gc'); "
+                    "the stage manifests still list these files, and everything else of the night is kept.")
+    store_for(uri, cfg.run.s3_endpoint_url).put_bytes(uri, json.dumps(body, indent=2, sort_keys=True).encode())
+
+
+def _write_tombstone(cfg: PipelineConfig, night: NightPlan, present: set[str], going: dict[str, int],
+                     removed: dict[str, int], refused: list[str], at: str, status: str) -> None:
+    """status "removing": the intent (per kind the files `going` with their bytes, so a pass that dies midway leaves
+    the folder saying what was going; an earlier cut pass is settled first against the files `present`); "removed":
+    what went (added to what earlier passes removed)."""
     uri, body = _tombstone(cfg, night.run_id)
-    for kind, files in night.remove.items():
+    if status == "removing":
+        _settle(body, present)
+    by_kind: dict[str, dict[str, int]] = {}
+    for rel, size in going.items():
+        by_kind.setdefault(kind_of(rel), {})[rel] = size
+    for kind, files in by_kind.items():
         entry = body["removed"].get(kind) or {"files": [], "bytes": 0}
         if status == "removing":
-            entry["removing"] = sorted(files)
+            entry["removing"] = dict(sorted(files.items()))
             entry.setdefault("at", at)
             entry.setdefault("why", night.why.get(kind, ""))
         else:
@@ -425,9 +451,15 @@ def _write_tombstone(cfg: PipelineConfig, night: NightPlan, removed: dict[str, i
             body["removed"].pop(kind, None)
     if refused:
         body["refused"] = refused
-    body["note"] = ("Removed by the nightly's retention (nightly.retention, docs/nightly.md 'Disk: retention and gc'); "
-                    "the stage manifests still list these files, and everything else of the night is kept.")
-    store_for(uri, cfg.run.s3_endpoint_url).put_bytes(uri, json.dumps(body, indent=2, sort_keys=True).encode())
+    _put_tombstone(cfg, uri, body)
+
+
+def _settle_cut_pass(cfg: PipelineConfig, night: NightPlan, present: set[str]) -> None:
+    """A night with nothing to remove this pass whose tombstone still says `removing` (the pass was cut short after
+    its last file): settle it."""
+    uri, body = _tombstone(cfg, night.run_id)
+    if _settle(body, present):
+        _put_tombstone(cfg, uri, body)
 
 
 @dataclass
@@ -472,9 +504,12 @@ def apply_plan(cfg: PipelineConfig, plan: Plan, log=print) -> Applied:
     root = None if store.remote else os.path.realpath(str(store.local_path(cfg.run.output_root)))
     for night in plan.nights:
         files = agreed.get(night.run_id)
+        present = set(plan.folders[night.run_id].files)
         if not files:
+            if TOMBSTONE in present:  # a night thinned before: its tombstone may hold a cut pass's intent
+                _settle_cut_pass(cfg, night, present)
             continue
-        _write_tombstone(cfg, night, {}, [], plan.made_at, "removing")
+        _write_tombstone(cfg, night, present, files, {}, [], plan.made_at, "removing")
         removed: dict[str, int] = {}
         if store.remote:
             prefix = RunPaths(cfg.run.output_root, night.run_id, cfg.run.s3_endpoint_url).run_uri.rstrip("/") + "/"
@@ -498,8 +533,8 @@ def apply_plan(cfg: PipelineConfig, plan: Plan, log=print) -> Applied:
                     out.refused.append(f"{night.run_id}/{why}")
                 except FileNotFoundError:
                     out.refused.append(f"{night.run_id}/{rel}: gone already")
-        _write_tombstone(cfg, night, removed, [r for r in out.refused if r.startswith(night.run_id + "/")],
-                         plan.made_at, "removed")
+        _write_tombstone(cfg, night, present, files, removed,
+                         [r for r in out.refused if r.startswith(night.run_id + "/")], plan.made_at, "removed")
         out.freed[night.run_id] = sum(removed.values())
         log(f"retention: {night.run_id}: freed {size_text(out.freed[night.run_id])}")
 

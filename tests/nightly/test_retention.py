@@ -250,6 +250,41 @@ def test_a_link_inside_a_run_folder_pointing_outside_is_not_followed(tmp_path):
     assert os.path.islink(night / "rank_7") and os.path.islink(rank0)  # links are left as they are
 
 
+@pytest.mark.parametrize("cut", ["before the second file", "after the last file"])
+def test_a_pass_cut_short_says_so_and_the_next_pass_finishes_it(tmp_path, monkeypatch, cut):
+    from pipeline_lib.nightly import retention
+    from pipeline_lib.nightly.retention import removed_lines
+
+    root = tmp_path / "runs"
+    write_root(root, make_state(str(root), {1: "promoted", 2: "promoted"}, 2), [1, 2])
+    cfg = cfg_at(str(root))
+    real, calls = retention._unlink_local, []
+    night1_files = len(plan_for(cfg, now=NOW).night(night_id(1)).files())
+
+    def dies(*args):  # the process is stopped mid-pass
+        calls.append(args)
+        if cut == "before the second file" and len(calls) == 2:
+            raise KeyboardInterrupt
+        real(*args)
+        if cut == "after the last file" and len(calls) == night1_files:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(retention, "_unlink_local", dies)
+    with pytest.raises(KeyboardInterrupt):
+        gc(cfg, log=lambda line: None)
+    said = removed_by_retention(cfg, night_id(1))
+    assert any(e.get("removing") for e in said.values())
+    assert any("was interrupted (the next pass finishes it)" in line for line in removed_lines(cfg, night_id(1)))
+    assert load_state(cfg)["retention"][-1]["status"] == "removing"
+    monkeypatch.setattr(retention, "_unlink_local", real)
+    gc(cfg, log=lambda line: None)
+    said = removed_by_retention(cfg, night_id(1))
+    assert not any(e.get("removing") for e in said.values())
+    assert sum(e["bytes"] for e in said.values()) == BY_KIND[TRAINING] + BY_KIND[DATA]
+    assert not (root / night_id(1) / "pretrain/checkpoint/rank_0").exists()
+    assert [e["status"] for e in load_state(cfg)["retention"]] == ["removing", "done"]
+
+
 def test_a_planned_file_changed_since_the_plan_is_refused(tmp_path):
     root = tmp_path / "runs"
     write_root(root, make_state(str(root), {1: "promoted", 2: "promoted"}, 2), [1, 2])
