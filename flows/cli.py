@@ -410,7 +410,24 @@ def deploy_main(argv: list[str]) -> int:
             for sched in dep.get("schedules") or []:
                 print(f"{dep['name']}: scheduled `{sched['cron']}` in time zone {sched['timezone']} "
                       "(orchestration.nightly_cron, orchestration.timezone)")
+        if code == 0 and (not argv or any("nightly" in a for a in argv)):
+            code = _nightly_automations(doc)
         return code
+
+
+def _nightly_automations(doc: dict) -> int:
+    """The nightly's Prefect automations (deployments/automations.py) from the nightly deployment's config."""
+    from deployments import ROOT
+    from deployments.automations import ensure_nightly_automations
+
+    params = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":nightly"))["parameters"]
+    path = Path(params["config"]) if Path(params["config"]).is_absolute() else ROOT / params["config"]
+    try:
+        ensure_nightly_automations(load_config(str(path), params.get("overrides") or []))
+    except Exception as err:  # the deployments are made; say what is missing
+        print(f"the nightly's automations were not made: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def nightly_promote_main(argv: list[str]) -> int:

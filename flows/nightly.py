@@ -1,4 +1,5 @@
-"""Nightly continued pretraining: new raw data since the last good night -> data (incremental
+"""Nightly continued pretraining: new raw data since the last good night -> the data screen (pipeline_lib/nightly/
+screen.py: documents far outside the lineage excluded, a garbage file quarantined) -> data (incremental
 dedup against everything seen) -> pretrain from last night's checkpoint -> evaluate side by side
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
@@ -32,11 +33,16 @@ from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
-                                  night_tokenizer, nightly_overrides, no_new_documents, schedule_record)
+                                  lineage_note, night_tokenizer, nightly_overrides, no_new_documents,
+                                  schedule_record)
 from pipeline_lib.storage.names import BadName, check_name
+from pipeline_lib.nightly.deadline import size_tonight
 from pipeline_lib.nightly.gate import judge
-from pipeline_lib.nightly.retention import after_night
 from pipeline_lib.nightly.scores import night_scores
+from pipeline_lib.nightly.retention import after_night
+from pipeline_lib.nightly.tonight import tonight_timing
+from pipeline_lib.nightly.screen import screen_night
+from pipeline_lib.nightly.screen_sample import keep_accepted
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -46,6 +52,7 @@ from flows.form_types import DataConfig
 from flows.night_changes import publish_night_changes
 from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
+from flows.pause_lease import kept_slot_while_paused
 from flows.pipeline import llm_pipeline
 
 def check_run_date(run_date: str) -> str:
@@ -146,9 +153,17 @@ def _night(cfg, run_id: str, dispatch: bool):
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files)))
-    get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
-                          f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
+    screened = screen_night(cfg, state, files, run_id, get_run_logger())  # excluded documents, quarantined files
+    if not screened.kept_files:
+        return screened.tell(_no_new_data(cfg, state, files, run_id, screened.nothing_left()))
+    night = deep_update(cfg.model_dump(mode="json"), screened.overrides(cfg, nightly_overrides(cfg, state, files)))
+    plan = size_tonight(config_from_dict(night), state)  # nightly.deadline: steps from the last night's measure
+    night_cfg = config_from_dict(deep_update(night, {"training": {"steps": plan.steps}} if plan and plan.cut else {}))
+    if plan:
+        (get_run_logger().warning if plan.worth_saying else get_run_logger().info)(f"{run_id}: {plan.message}")
+    start = night_cfg.training.stable_checkpoint or (state.get("latest") or {}).get("checkpoint")
+    get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from {start or 'the configured base'}"
+                          f"{lineage_note(night_cfg)}")
     stages = [s for s, spec in SPECS.items() if spec.nightly]
     run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
@@ -156,7 +171,7 @@ def _night(cfg, run_id: str, dispatch: bool):
         found = no_new_documents(night_cfg, run_id)
         if found is None:
             run.result()  # raises the night's real failure: this flow fails and notifies
-        return _no_new_data(cfg, state, files, run_id, found)
+        return screened.tell(_no_new_data(cfg, state, files, run_id, {**found, "screen": screened.record}))
     summary = run.result()
     verdict = judge(cfg, evaluate_metrics(night_cfg, run_id), night_scores(night_cfg, run_id))
     decision, decided_by = verdict.decision(cfg.nightly.gate)  # promoted / held / ask (on_investigate's default)
@@ -166,8 +181,12 @@ def _night(cfg, run_id: str, dispatch: bool):
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
     commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
                  verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
-                 record=schedule_record(night_cfg, run_id))
-    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)
+                 record={**schedule_record(night_cfg, run_id), "timing": tonight_timing(night_cfg, run_id, summary),
+                         "screen": screened.record})
+    if decision == "promoted":
+        keep_accepted(cfg, run_id)  # tomorrow's screen measures against the documents it accepted
+    return screened.tell(_decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
+                                  plan.message if plan and plan.worth_saying else None))
 
 
 PAUSE_GRACE_S = 600  # the pause outlives the night's own deadline by this much
@@ -206,9 +225,10 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     timer.daemon = True
     timer.start()
     try:
-        answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
-            description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
-            timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
+        with kept_slot_while_paused(get_run_logger().info):  # else the deployment's lease crashes it (pause_lease.py)
+            answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
+                description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
+                timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
     except FlowPauseTimeout:
         return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}
     finally:
@@ -220,14 +240,14 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     return ("promoted" if answer.approve else "held"), who
 
 
-def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by):
+def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by, steps_cut=None):
     """The night's end: an artifact with the comparison, the webhook for a held night, Completed Promoted/Held."""
     by = f" (decided by {decided_by['who']}: {decided_by['reason'] or 'no reason given'})" if decided_by else ""
     name = "Promoted" if decision == "promoted" else "Held"
     tail = ("latest moves to it; tomorrow continues from it" if name == "Promoted" else
             "latest stays; the files are consumed; the candidate is kept under `held` in the nightly state "
             f"(promote it by hand: llm-pipeline nightly promote CONFIG --run-id {run_id})")
-    message = f"{verdict.message(run_id)}{by}. {name}: {tail}"
+    message = f"{verdict.message(run_id)}{by}. {name}: {tail}" + (f". Deadline: {steps_cut}" if steps_cut else "")
     get_run_logger().info(message)
     create_markdown_artifact(key="nightly-gate", markdown=verdict.markdown(run_id, name), description=message)
     data = {"run_id": run_id, "new_files": len(files), "files": sorted(files), "checkpoint": checkpoint, "summary": summary,

@@ -12,6 +12,7 @@ import sys
 from .checks import problems
 from .config import ConfigError, load_config
 from .config.validate import warnings
+from .checks.lr_range import lr_range_warnings
 from .config.platform import device_target
 from .config.schema import PipelineConfig, global_batch
 
@@ -61,7 +62,7 @@ def summary_lines(cfg: PipelineConfig) -> list[str]:
         from .planner.disk import disk_lines
 
         lines += disk_lines(cfg)
-    lines += [f"WARNING: {w}" for w in warnings(cfg)]
+    lines += [f"WARNING: {w}" for w in warnings(cfg) + lr_range_warnings(cfg)]
     return lines
 
 

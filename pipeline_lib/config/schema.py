@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ..storage.store import is_remote
 from .paths import resolve_input, resolve_output
@@ -749,6 +749,63 @@ class RetentionConfig(_Section):
         "a failed pass is a warning, never a failed night. Off: disk grows until `llm-pipeline gc` runs.")
 
 
+def _time_of_day(value):
+    import re
+
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 24 * 60:
+        value = f"{value // 60:02d}:{value % 60:02d}"  # YAML 1.1 reads an unquoted 7:30 as 450 (minutes)
+    if value is not None and not isinstance(value, str):
+        raise ValueError("not a time of day. Fix: HH:MM on a 24-hour clock in orchestration.timezone, in quotes, "
+                         "e.g. '07:00', or leave it empty for no deadline")
+    if value is not None and not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", value):
+        raise ValueError("not a time of day. Fix: HH:MM on a 24-hour clock in orchestration.timezone, e.g. '07:00', "
+                         "or leave it empty for no deadline")
+    return value or None
+
+
+class ScreenConfig(_Section):
+    """The data screen (pipeline_lib/nightly/screen.py, docs/nightly.md "The data screen"): before tonight's data
+    stage the promoted model and the lineage's character n-gram model score tonight's new documents in nats per
+    character; a document far above the lineage's own accepted documents (scored the same way tonight) is excluded
+    with reason `lineage_perplexity`."""
+
+    enabled: bool = Field(True, description="Screen tonight's new documents before the data stage (false: every "
+                          "document goes on to cleaning as before).")
+    k: float = Field(
+        12.0, gt=0, le=1000, description="How far outside is too far: a document is excluded when its score (nats per "
+        "character) is above median + k * spread of the calibration documents (the lineage's accepted held-out "
+        "documents scored by the same scorer tonight; spread = 1.4826 * their median absolute deviation, at least "
+        "min_spread). Each scorer has its own threshold; either one excludes. At the tiny default good documents "
+        "lie within about 8 spreads of the median, garbage beyond 25 (docs/nightly.md).")
+    min_spread: float = Field(
+        0.1, gt=0, le=10, description="Smallest spread (nats per character) a threshold uses, so a calibration set "
+        "of near-identical scores does not put the threshold a hair above them: with k=12 a document must cost at "
+        "least 1.2 nats a character more than the lineage's median.")
+    quarantine_file_share: float = Field(
+        0.5, gt=0, le=1, description="A file with more than this share of its screened documents excluded is "
+        "quarantined as a whole: left out of tonight's inputs, consumed, and named in the night's message.")
+    ngram_order: int = Field(
+        5, ge=0, le=8, description="Order of the lineage's character n-gram model (the second scorer: characters in "
+        "their order, which a model a few steps old does not know yet); 0 turns it off.")
+    model: bool = Field(True, description="Score with the promoted model (the lineage's `latest`; on the first "
+                        "night model.base_checkpoint when set). false: the n-gram model alone.")
+    batch_size: int = Field(16, ge=1, le=4096, description="Windows of model.seq_length + 1 tokens per forward "
+                            "of the screen's model.")
+    max_chars_per_document: int = Field(
+        2000, ge=64, description="A document is scored on its first this many characters (bounds the screen's time "
+                                 "on very long documents; the score is per character either way).")
+    sample_per_night: int = Field(
+        300, ge=20, description="Accepted documents of each promoted night kept under <output_root>/_nightly/screen/ "
+        "(chosen by hash): its held-out documents first (the calibration set: never trained on), then train-split "
+        "ones (what the n-gram model is built from).")
+    max_reference_documents: int = Field(
+        3000, ge=20, description="At most this many kept documents are read per night, the newest nights first.")
+    self_test_documents: int = Field(
+        8, ge=0, le=200, description="Calibration documents whose characters are shuffled and scored beside "
+        "tonight's each night: a scorer that lets any of them through has no power yet, and the night's message "
+        "says so (0: no self-test).")
+
+
 class NightlyConfig(_Section):
     gate: GateConfig = Field(default_factory=GateConfig, description="What a night must not make worse to become "
                              "tomorrow's base: paired statistics of the candidate and the promoted model on the same "
@@ -764,6 +821,14 @@ class NightlyConfig(_Section):
         "docs/nightly.md, The lineage schedule.")
     retention: RetentionConfig = Field(default_factory=RetentionConfig, description="What the run folders of "
                                        "decided nights keep (bounded disk); `llm-pipeline gc CONFIG` applies it.")
+    deadline: Annotated[str | None, BeforeValidator(_time_of_day)] = Field(
+        None, description="HH:MM in orchestration.timezone by which the night must be done (empty: none). The night "
+        "cuts training.steps to what fits, measured by the previous trained night (step time, other stages), never "
+        "below training.preflight_steps + 1 (nor training.warmup_steps), and says so in its message; `llm-pipeline "
+        "deploy` also makes a Prefect automation that notifies when the nightly has not ended by then "
+        "(docs/nightly.md).")
+    screen: ScreenConfig = Field(default_factory=ScreenConfig, description="Tonight's documents scored against the "
+                                 "lineage before they train (the data screen).")
 
 
 class PipelineConfig(_Section):

@@ -6,7 +6,6 @@ import json
 from ..config.schema import PipelineConfig
 from ..storage import join, store_for
 from .schedule import lineage_overrides
-from .state import promoted_nights
 
 def replay_runs(cfg: PipelineConfig, state: dict) -> list[str]:
     """data.replay.runs for tonight: the configured ones, then the promoted nights whose data stage is still there
@@ -106,3 +105,16 @@ def deep_update(base: dict, changes: dict) -> dict:
         out[key] = deep_update(out.get(key) or {}, value) if isinstance(value, dict) and key != "compare_checkpoints" \
             else value
     return out
+
+
+def tonight_timing(cfg: PipelineConfig, run_id: str, summary: dict) -> dict | None:
+    """What tonight's training measured for tomorrow's nightly.deadline sizing (deadline.night_timing): the pretrain
+    manifest's steps and median step time, each stage's wall time from the pipeline's summary."""
+    from ..storage import RunPaths, read_manifest
+    from .deadline import night_timing
+
+    m = read_manifest(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("pretrain"),
+                      cfg.run.s3_endpoint_url)
+    metrics = (m.metrics or {}) if m else {}
+    seconds = {stage: entry.get("seconds") or 0.0 for stage, entry in (summary.get("stages") or {}).items()}
+    return night_timing(metrics.get("steps") or cfg.training.steps, metrics.get("step_time_ms"), seconds)

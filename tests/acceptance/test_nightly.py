@@ -5,16 +5,20 @@ repository with the shipped tiny config and a relative raw-data folder that grow
    lineage, so night 1 still trains;
 1. good documents -> Promoted: `latest` points at the night's checkpoint and the tokenizer beside it, and the
    night's held-out split becomes the lineage's fixed reference (`reference_heldout`);
-2. a file of garbage (random characters) -> trained, but its candidate forgets the domain: the fixed held-out
-   perplexity rises past nightly.gate.max_perplexity_increase -> Held: `latest` stays, the file is consumed,
-   the message names the metric, both values and the budget;
+2. a file of garbage (random characters), with the data screen off (nightly.screen.enabled=false: the gate
+   behind it) -> trained, but its candidate forgets the domain: the fixed held-out perplexity rises past
+   nightly.gate.max_perplexity_increase -> Held: `latest` stays, the file is consumed, the message names the
+   metric, both values and the budget;
    a run that would continue the promoted weights with another tokenizer is refused;
 3. other good documents -> Promoted, trained from night 1's stable-phase weights (not night 2's; the lineage
    schedule's warm-up continued at night 1's step count) with night 1's tokenizer (byte-identical: one tokenizer per
    lineage);
 4. a file holding only documents seen on night 1 -> NoNewData: nothing trained, the file consumed;
 5. a file whose every record is broken -> NoUsableData: consumed (not retried every night), reasons counted;
-6. nothing new -> Skipped.
+6. nothing new -> Skipped;
+7. a file of garbage with the data screen on (the default) -> the promoted model and the lineage's n-gram model put
+   every document far outside the lineage: the file is quarantined, nothing trains -> NoUsableData, the message
+   names the file and the screen's counts.
 """
 from __future__ import annotations
 
@@ -67,9 +71,10 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     (raw / "day1.jsonl").write_bytes(b"\n".join(lines[:250]) + b"\n")
     runs = user_repo.path / "runs"
 
-    def night(date: str) -> str:
+    def night(date: str, *more: str) -> str:
         return user_repo.run(["./.venv/bin/llm-pipeline", "nightly", "configs/pipelines/tiny-cpu.yaml",
-                              "--run-date", date, "data.inputs=[incoming/*.jsonl]", *FAST], timeout=900).stdout
+                              "--run-date", date, "data.inputs=[incoming/*.jsonl]", *FAST, *more],
+                             timeout=900).stdout
 
     def state() -> dict:
         return json.loads((runs / "_nightly" / "state.json").read_text())
@@ -94,7 +99,7 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     # night 2: garbage. Its own held-out split is garbage too (the candidate does better there) and the tiny
     # tokenizer covers little general Chinese; the lineage's fixed held-out split is what shows the forgetting
     (raw / "day2.jsonl").write_bytes(b"\n".join(garbage_lines()) + b"\n")
-    out = night("2026-11-02")
+    out = night("2026-11-02", "nightly.screen.enabled=false")
     second = state()
     assert second["latest"] == first["latest"], out[-3000:]
     assert [h["run_id"] for h in second["held"]] == ["nightly-2026-11-02"]
@@ -170,3 +175,13 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     out = night("2026-11-06")
     assert "nightly Skipped" in out, out[-3000:]
     assert state()["consumed"] == fifth["consumed"] and state()["latest"] == third["latest"]
+
+    (raw / "day7.jsonl").write_bytes(b"\n".join(garbage_lines(seed=8)) + b"\n")
+    out = night("2026-11-07")
+    assert "nightly NoUsableData" in out and "200 lineage_perplexity" in out, out[-3000:]
+    assert "quarantined 1 file(s), left out of tonight's data: day7.jsonl (200/200)" in out, out[-3000:]
+    seventh = state()
+    assert seventh["latest"] == third["latest"] and not (runs / "nightly-2026-11-07" / "pretrain").exists()
+    screen = seventh["history"][-1]["no_new_data"]["screen"]
+    assert screen["scorers"]["model"]["what"] == "the promoted model (nightly-2026-11-03)", screen
+    assert screen["power"] and screen["quarantined"][0].endswith("day7.jsonl")

@@ -1,5 +1,5 @@
 """validate's rules on the learning-rate schedules (config/validate.py _schedule, _lineage_schedule,
-lr_range_warnings): each issue names the field, the value and the fix."""
+checks/lr_range.py): each issue names the field, the value and the fix."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,8 @@ import yaml
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.errors import ConfigError
-from pipeline_lib.config.validate import check, usual_peak_lr, warnings
+from pipeline_lib.checks.lr_range import lr_range_warnings, usual_peak_lr
+from pipeline_lib.config.validate import check
 from pipeline_lib.planner.params import count_params
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
@@ -73,7 +74,7 @@ def test_usual_peak_follows_the_published_figures():
 def test_a_peak_far_from_the_usual_one_is_warned_with_the_fix():
     tiny = config_from_dict({"training": {"learning_rate": 0.5}, "sft": {"learning_rate": 1e-7}})
     usual = usual_peak_lr(count_params(tiny.model).total)
-    found = [w for w in warnings(tiny) if "learning_rate" in w]
+    found = [w for w in lr_range_warnings(tiny) if "learning_rate" in w]
     assert len(found) == 2
     above, below = found
     assert above.startswith("training.learning_rate=0.5 is ") and "far above it" in above
@@ -85,4 +86,4 @@ def test_a_peak_far_from_the_usual_one_is_warned_with_the_fix():
 def test_shipped_configs_schedules_are_clean(name):
     cfg = config_from_dict(yaml.safe_load((ROOT / "configs" / "pipelines" / name).read_text()))
     assert not [i for i in check(cfg, for_run=False) if "lr" in i.field or "schedule" in i.field]
-    assert not [w for w in warnings(cfg) if "learning_rate" in w]
+    assert not [w for w in lr_range_warnings(cfg) if "learning_rate" in w]
