@@ -94,6 +94,7 @@ class Plan:
     untouched: dict[str, str]              # run id -> why it is not looked at
     expire_held: list[str]                 # held candidates whose weights go: they leave `held`
     folders: dict[str, Folder] = field(default_factory=dict, repr=False)
+    unsampled: list[str] = field(default_factory=list)  # nights whose cleaned text the data screen has yet to sample
 
     @property
     def total(self) -> int:
@@ -210,10 +211,11 @@ def _paths_in(value) -> list[str]:
 
 def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Folder | None], *, output_root: str,
                    now: dt.datetime, running: str | None = None, replay_on: bool = False,
-                   config_uris: list[str] = (), replay_runs: list[str] = ()) -> Plan:
+                   config_uris: list[str] = (), replay_runs: list[str] = (), unsampled: list[str] = ()) -> Plan:
     """What to remove from the folders of the decided nights (see the module docstring). `folders`: run id -> its
     listing (None: no folder); `running`: the run id holding the nightly lock; `config_uris`: paths the config names
-    (never removed); `replay_runs`: data.replay.runs configured (their data is kept while replay is on)."""
+    (never removed); `replay_runs`: data.replay.runs configured (their data is kept while replay is on);
+    `unsampled`: promoted nights the data screen has not sampled yet (it reads their cleaned text: screen_sample)."""
     promoted = promoted_nights(state)
     latest = (state.get("latest") or {}).get("run_id")
     newest_promoted = promoted[-policy.keep_promoted:]
@@ -251,8 +253,10 @@ def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Fold
             return True, "optimizer state is kept for the newest night only"
         if run_id in replayed:
             return False, "replay reads it (data.replay, nightly.retention.replay_nights)"
-        if run_id in held and replay_on:
-            return False, "held: replayed if promoted by hand"
+        if run_id in held:
+            return False, "held: a promotion by hand reads it (the screen's sample; replay)"
+        if run_id in unsampled:
+            return False, "the data screen has not sampled its accepted documents yet"
         if not replay_on:
             return True, "replay is off, data.replay.fraction 0: nothing reads it"
         return True, "replay does not read it (not among the promoted nights replay reads)"
@@ -285,7 +289,7 @@ def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Fold
             if remove:
                 plan.remove.setdefault(kind, {})[rel] = size
         nights.append(plan)
-    return Plan(str(output_root), now.isoformat(), nights, untouched, sorted(expired), dict(folders))
+    return Plan(str(output_root), now.isoformat(), nights, untouched, sorted(expired), dict(folders), list(unsampled))
 
 
 # ------------------------------------------------------------------ the folders, the lock, the config's references
@@ -343,11 +347,29 @@ def plan_for(cfg: PipelineConfig, state: dict | None = None, now: dt.datetime | 
 
     state = load_state(cfg) if state is None else state
     run_ids = list(dict.fromkeys(n["run_id"] for n in state.get("history") or []))
-    return plan_retention(cfg.nightly.retention, state, {r: read_folder(cfg, r) for r in run_ids},
-                          output_root=cfg.run.output_root, now=now or dt.datetime.now(dt.timezone.utc),
+    folders = {r: read_folder(cfg, r) for r in run_ids}
+    return plan_retention(cfg.nightly.retention, state, folders, output_root=cfg.run.output_root,
+                          now=now or dt.datetime.now(dt.timezone.utc),
                           running=lock_holder(cfg) if running is ... else running,
                           replay_on=cfg.data.replay.fraction > 0, config_uris=config_uris(cfg),
-                          replay_runs=list(cfg.data.replay.runs))
+                          replay_runs=list(cfg.data.replay.runs), unsampled=unsampled(cfg, state, folders))
+
+
+def unsampled(cfg: PipelineConfig, state: dict, folders: dict[str, Folder | None]) -> list[str]:
+    """Promoted nights whose cleaned text is still there but the data screen's sample of it is not (nightly.screen):
+    a night promoted by hand is sampled by the next night's screen, from that text."""
+    if not cfg.nightly.screen.enabled:
+        return []
+    from .screen_sample import sample_uri
+
+    out = []
+    for run_id in promoted_nights(state):
+        folder = folders.get(run_id)
+        if folder and any(rel.startswith("data/cleaned/") for rel in folder.files):
+            uri = sample_uri(cfg, run_id)
+            if not store_for(uri, cfg.run.s3_endpoint_url).exists(uri):
+                out.append(run_id)
+    return out
 
 
 # ------------------------------------------------------------------ applying a plan
@@ -482,7 +504,7 @@ def apply_plan(cfg: PipelineConfig, plan: Plan, log=print) -> Applied:
         fresh = plan_retention(cfg.nightly.retention, state, plan.folders, output_root=plan.output_root,
                                now=dt.datetime.fromisoformat(plan.made_at), running=_running(plan),
                                replay_on=cfg.data.replay.fraction > 0, config_uris=config_uris(cfg),
-                               replay_runs=list(cfg.data.replay.runs))
+                               replay_runs=list(cfg.data.replay.runs), unsampled=plan.unsampled)
         agreed.clear()
         for night in plan.nights:
             again = fresh.night(night.run_id)

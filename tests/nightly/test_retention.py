@@ -75,7 +75,11 @@ def folders(nights) -> dict[str, Folder]:
     return {night_id(i): Folder(dict(LAYOUT)) for i in nights}
 
 
-def write_root(root: Path, state: dict, nights) -> None:
+def write_root(root: Path, state: dict, nights, sampled: bool = True) -> None:
+    """The nights' folders, the state, and (sampled) the data screen's sample of each promoted night, as the nightly
+    leaves them (screen_sample.keep_accepted at the promotion)."""
+    from pipeline_lib.nightly.screen_sample import sample_uri
+
     for i in nights:
         for rel, size in LAYOUT.items():
             path = root / night_id(i) / rel
@@ -83,6 +87,9 @@ def write_root(root: Path, state: dict, nights) -> None:
             path.write_bytes(b"x" * size)
     cfg = cfg_at(str(root))
     update_state(cfg, lambda _: json.loads(json.dumps(state)))
+    for night in state["history"] if sampled else []:
+        if night["decision"] == "promoted":
+            store_for(sample_uri(cfg, night["run_id"])).put_bytes(sample_uri(cfg, night["run_id"]), b"{}\n")
 
 
 def snapshot(root: Path) -> dict[str, int]:
@@ -211,6 +218,21 @@ def test_gc_removes_what_the_plan_says_and_leaves_a_tombstone_and_a_state_entry(
     again = gc(cfg, log=lambda line: None)  # nothing left to remove
     runs = lambda files: {p: s for p, s in files.items() if not p.startswith("_nightly")}  # noqa: E731
     assert again.total == 0 and runs(snapshot(root)) == runs(after)
+
+
+def test_a_promoted_nights_cleaned_text_stays_until_the_data_screen_sampled_it(tmp_path):
+    from pipeline_lib.nightly.screen_sample import sample_uri
+
+    root = tmp_path / "runs"
+    write_root(root, make_state(str(root), {1: "promoted", 2: "promoted"}, 2), [1, 2], sampled=False)
+    cfg = cfg_at(str(root))
+    plan = plan_for(cfg, now=NOW)
+    assert plan.unsampled == [night_id(1), night_id(2)] and plan.total == BY_KIND[TRAINING]
+    assert plan.night(night_id(1)).why[DATA] == "the data screen has not sampled its accepted documents yet"
+    store_for(sample_uri(cfg, night_id(1))).put_bytes(sample_uri(cfg, night_id(1)), b"{}\n")
+    assert plan_for(cfg, now=NOW).night(night_id(1)).bytes(DATA) == BY_KIND[DATA]
+    cfg.nightly.screen.enabled = False  # no screen: nothing waits for a sample
+    assert plan_for(cfg, now=NOW).unsampled == []
 
 
 def test_a_dry_run_removes_nothing_and_writes_nothing(tmp_path):
@@ -423,8 +445,12 @@ def test_gc_on_an_s3_output_root(s3_bucket):
             store.put_bytes(join(root, night_id(i), rel), b"x" * size)
     state = make_state(root, {i: "promoted" for i in nights}, 3)
     update_state(cfg, lambda _: state)
+    from pipeline_lib.nightly.screen_sample import sample_uri
+
+    for i in nights:  # the data screen sampled each promoted night
+        store.put_bytes(sample_uri(cfg, night_id(i)), b"{}\n")
     dry = gc(cfg, dry_run=True)
-    assert dry.total == 0 and len(store.list(root + "/")) == 3 * len(LAYOUT) + 2  # + the state and its copy
+    assert dry.total == 0 and len(store.list(root + "/")) == 3 * len(LAYOUT) + 2 + 3  # + the state, its copy, samples
     applied = gc(cfg, log=lambda line: None)
     assert applied.total == dry.plan.total == (2 * (BY_KIND[WEIGHTS] + BY_KIND[TRAINING]) + 3 * BY_KIND[DATA]
                                                + 2 * 60)
