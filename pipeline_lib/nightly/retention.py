@@ -391,7 +391,8 @@ def _unlink_local(root: str, run_id: str, rel: str, size: int) -> None:
                 fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
             except OSError as err:
                 if err.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise Refused(f"{rel}: {part} on its way is a symbolic link or not a folder: not followed") from None
+                    raise Refused(f"{rel}: {part} on its way is a symbolic link or not a folder: "
+                                  "not followed") from None
                 raise
         st = os.stat(parts[-1], dir_fd=fds[-1], follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):

@@ -132,7 +132,7 @@ def disk_fix(cfg: PipelineConfig, need: CheckpointDisk, *, where: str = "run.out
 # the tiny default's nights (configs/pipelines/tiny-cpu.yaml, 6 steps, 22k tokens).
 MINDRECORD_BYTES_PER_TOKEN = 4      # input_ids int32 (the index files and row maps beside them are not counted)
 CLEANED_BYTES_PER_TOKEN = 1.5       # data/cleaned/*.jsonl.gz: 32 kB of gzip'd jsonl for the tiny corpus's 22k tokens
-SMALL_BYTES_PER_NIGHT = 320_000     # manifests, stats, evaluation outputs, the yaml, the loss curve: 0.32 MB a tiny night
+SMALL_BYTES_PER_NIGHT = 320_000     # manifests, stats, evaluation outputs, the yaml, the loss curve (a tiny night)
 LOG_BYTES_PER_STEP = 360            # a metrics.jsonl row
 LOG_BYTES_PER_STEP_RANK = 1_000     # mindformers' log line per rank per step, and the stage log's
 

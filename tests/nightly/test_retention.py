@@ -68,7 +68,8 @@ def make_state(root: str, decisions: dict[int, str], latest: int, held_days_ago:
                        "tokenizer": join(root, night_id(latest), "pretrain/checkpoint/tokenizer.model")},
             "reference_heldout": join(root, night_id(1), HELDOUT),
             "held": [{"run_id": night_id(i), "checkpoint": weights(i), "tokenizer": None,
-                      "finished_at": (NOW - dt.timedelta(days=days)).isoformat()} for i, days in dict(held_days_ago).items()]}
+                      "finished_at": (NOW - dt.timedelta(days=days)).isoformat()}
+                     for i, days in dict(held_days_ago).items()]}
 
 
 def folders(nights) -> dict[str, Folder]:
@@ -427,7 +428,8 @@ def test_the_gc_command_prints_per_night_and_total_and_its_exit_codes(tmp_path):
     assert (root / night_id(1) / "pretrain/checkpoint/merged/llama-weights.ckpt").exists()
 
     done = run_cli(config, f"run.output_root={root}", "nightly.retention.keep_promoted=2")
-    assert done.returncode == 0 and done.stdout.splitlines()[-1] == f"total: freed {total / 1e3:.1f} kB ({total:,} bytes)"
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[-1] == f"total: freed {total / 1e3:.1f} kB ({total:,} bytes)"
     bad = run_cli(config, f"run.output_root={root}", "nightly.retention.keep_promoted=0")
     assert bad.returncode == 2 and "nightly.retention.keep_promoted" in bad.stderr and bad.stdout == ""
 

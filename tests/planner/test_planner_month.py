@@ -1,5 +1,6 @@
 """planner.disk's month of nights: without retention every night keeps everything; with nightly.retention the
-weights of keep_promoted + held_days nights, one night's training checkpoints, the replayed data and every night's logs."""
+weights of keep_promoted + held_days nights, one night's training checkpoints, the replayed data and every night's
+logs."""
 from pathlib import Path
 
 from pipeline_lib.config import load_config
