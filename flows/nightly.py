@@ -227,7 +227,7 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     try:
         with kept_slot_while_paused(get_run_logger().info):  # else the deployment's lease crashes it (pause_lease.py)
             answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
-                description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
+                description=verdict.markdown(run_id, verdict.question)),
                 timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
     except FlowPauseTimeout:
         return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}
