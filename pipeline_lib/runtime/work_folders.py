@@ -10,10 +10,10 @@ link that fails or redirects the run, or control the folder training clears and 
   `private_folder`.
 - `private_folder(path)`: creates `path` with mode 0700 (`os.mkdir`: never through a link), or accepts it when it
   already is such a folder: `lstat` (the path itself, not what a link points at) says a directory, owned by this
-  process's user, with no group or other permission bit. Anything else (a link, dangling or not; a file; another
-  account's folder; a folder others can read or write into) raises `UnsafeWorkFolder`, naming the folder, what is
-  wrong and the fix, and the folder is never used: not read, not written, not cleared. Paths are returned as built,
-  never resolved through a link.
+  process's user, that no other account can write into (one that others could only read, as an earlier version
+  left it, is made 0700 first). Anything else (a link, dangling or not; a file; another account's folder; a folder
+  others can write into) raises `UnsafeWorkFolder`, naming the folder, what is wrong and the fix, and the folder is
+  never used: not read, not written, not cleared. Paths are returned as built, never resolved through a link.
 """
 from __future__ import annotations
 
@@ -61,9 +61,11 @@ def private_folder(path: str | Path) -> Path:
         raise UnsafeWorkFolder(path, "is not a folder")
     if st.st_uid != os.geteuid():
         raise UnsafeWorkFolder(path, f"belongs to {_owner(st.st_uid)}, not to {_owner(os.geteuid())}")
-    if st.st_mode & 0o077:
-        raise UnsafeWorkFolder(path, f"has mode {stat.S_IMODE(st.st_mode):04o}: other accounts may use it (0700 "
-                               "is safe; `chmod 700` it if what is in it is yours)")
+    if st.st_mode & 0o022:  # others could have put files in it: what is there is not known to be ours
+        raise UnsafeWorkFolder(path, f"has mode {stat.S_IMODE(st.st_mode):04o}: other accounts may write into it "
+                               "(`chmod 700` it if what is in it is yours)")
+    if st.st_mode & 0o077:  # ours, only readable by others (an earlier version's umask): made private, then used
+        os.chmod(path, 0o700, follow_symlinks=False)
     return path
 
 

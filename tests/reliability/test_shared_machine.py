@@ -118,13 +118,18 @@ def test_a_folder_planted_under_a_chosen_shared_work_dir_is_refused(shared_tmp, 
     tally.add(RELIABILITY_ROW, cases=1, refused_clearly=1)
 
 
-def test_an_own_folder_open_to_others_is_refused_with_the_chmod_fix(shared_tmp, tally):
+def test_an_own_folder_others_may_write_is_refused_and_one_they_may_read_is_made_private(shared_tmp, tally):
     root = shared_tmp / f"llm-pipeline-{os.geteuid()}"
     root.mkdir()
-    root.chmod(0o755)  # what an earlier version's umask made
-    with pytest.raises(PermissionError, match="has mode 0755.*chmod 700"):
+    root.chmod(0o777)  # anyone may have put files in it
+    with pytest.raises(PermissionError, match="has mode 0777: other accounts may write into it.*chmod 700"):
         _data_workspace()
-    tally.add(RELIABILITY_ROW, cases=1, refused_clearly=1)
+    root.chmod(0o755)  # what an earlier version's umask made: ours, readable by others
+    ws = _data_workspace()
+    assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700 and ws.root.is_relative_to(root)
+    read = as_other("import os, sys; print(os.listdir(sys.argv[1]))", str(root))
+    assert read.returncode != 0 and "PermissionError" in read.stderr
+    tally.add(RELIABILITY_ROW, cases=2, refused_clearly=1, private=1)
 
 
 def test_fresh_work_folders_are_private_and_a_failed_runs_copy_is_unreadable_to_others(shared_tmp, tally):
