@@ -127,3 +127,24 @@ def test_validate_refuses_a_webhook_port_out_of_range_with_exit_2():
     assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
     assert "orchestration.failure_webhook_url" in res.stderr and "65535" in res.stderr
     assert "T0KEN" not in res.stdout + res.stderr and "Traceback" not in res.stderr
+
+
+def test_the_failure_hook_with_a_bad_port_from_the_environment_neither_posts_nor_raises(capsys, monkeypatch):
+    """An `env:` webhook is resolved only when a run fails: a port above 65535 there raised in the failure hook."""
+    from flows.notify import _post
+
+    for url in ("https://hooks.example.com:99999/T0KEN-abc", "https://[host/T0KEN-abc"):
+        assert _post(url, {"flow": "f"}) is False
+        said = capsys.readouterr().out
+        assert "webhook not posted" in said and "T0KEN" not in said
+
+
+def test_the_s3_endpoint_port_is_checked_at_load():
+    from pipeline_lib.config import config_from_dict as load
+
+    assert load({"run": {"s3_endpoint_url": "http://127.0.0.1:9000"}}).run.s3_endpoint_url == "http://127.0.0.1:9000"
+    for url, said in (("http://127.0.0.1:70000", "port is not a number from 1 to 65535"),
+                      ("127.0.0.1:9000", "not an http(s) URL with a host"), ("http://[::1", "not an http(s) URL")):
+        with pytest.raises(ConfigError) as caught:
+            load({"run": {"s3_endpoint_url": url}})
+        assert f"run.s3_endpoint_url={url!r}" in str(caught.value) and said in str(caught.value)
