@@ -81,3 +81,35 @@ def test_an_index_of_the_plain_line_format_is_refused_then_migrated(tmp_path):
     segment = Path(index_uri(cfg)) / "segments" / "old1"
     assert not (segment / "ids.txt").exists() and json.loads((segment / "meta.json").read_text())["format"] == FORMAT
     assert _kept_origins(cfg, keys, sigs) == [origins, origins]
+
+
+@pytest.mark.slow  # two whole data stage runs (~30 s on 2 cores)
+def test_a_data_stage_run_names_the_right_source_behind_a_file_name_with_a_newline(tmp_path):
+    """The issue's case through the real data stage: night 1 reads a file whose name holds a newline, then another;
+    night 2's copies of both must each name the file and line they copy (52 of 54 named the wrong one)."""
+    from datagen import TINY, write_jsonl
+    from pipeline_lib.stages import run_stage
+    from pipeline_lib.storage import RunPaths
+
+    texts = [json.loads(x)["text"] for x in TINY.read_text(errors="replace").splitlines()
+             if x.endswith('"source": "tiny"}')][:200]
+    odd = write_jsonl(tmp_path / "in" / "day\n1.jsonl", texts[:60])
+    plain = write_jsonl(tmp_path / "in" / "day2.jsonl", texts[60:120])
+    again = write_jsonl(tmp_path / "in" / "night2.jsonl", texts[:200])  # 120 copies, then new documents
+
+    def run(inputs, run_id):
+        cfg = make_cfg(tmp_path, inputs=[str(p) for p in inputs], dedup={"near": False})
+        return cfg, run_stage(cfg, RunPaths(cfg.run.output_root, run_id), "data", workers=1)[0]
+
+    run([odd, plain], "night1")
+    cfg, _ = run([again], "night2")
+    dups = [json.loads(x) for x in (Path(cfg.run.output_root) / "night2" / "data" / "duplicates.jsonl")
+            .read_text().splitlines()]
+    line = lambda origin: int(origin.rsplit(":", 1)[1])  # noqa: E731 (1-based, as origins count lines)
+    first = {}  # a text's first line in night 1: the document night 1 kept of it
+    for i, text in enumerate(texts[:120]):
+        first.setdefault(text, f"day\n1.jsonl:{i + 1}" if i < 60 else f"day2.jsonl:{i - 59}")
+    prior = [d for d in dups if d["kept_run"] == "night1"]
+    assert len(prior) == 120 and sorted(line(d["origin"]) for d in prior) == list(range(1, 121))
+    for d in prior:  # night2.jsonl line n holds texts[n - 1]
+        assert d["kept_origin"] == first[texts[line(d["origin"]) - 1]], d
