@@ -79,9 +79,12 @@ def work_root() -> Path:
     return private_folder(Path(tempfile.gettempdir()) / f"llm-pipeline-{os.geteuid()}")
 
 
-def work_folder(*parts: str) -> Path:
-    """`<work_root()>/<parts...>`, each level a private folder (created 0700 or checked)."""
+def work_folder(*parts: str, create: bool = True) -> Path:
+    """`<work_root()>/<parts...>`, each level a private folder (created 0700 or checked). `create=False`: the last
+    level is only checked when it exists, not created (a caller that only looks, e.g. for a running stage's files)."""
     path = work_root()
-    for part in parts:
-        path = private_folder(path / part)
+    for i, part in enumerate(parts):
+        path = path / part
+        if create or i < len(parts) - 1 or os.path.lexists(path):
+            path = private_folder(path)
     return path

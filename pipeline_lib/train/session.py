@@ -56,15 +56,16 @@ GUARD_DIAGNOSIS_FILE = "guard_diagnosis.json"
 MAX_HANG_RESUMES = 3
 
 
-def work_dir(stage_uri: str, node_rank: int = 0) -> Path:
+def work_dir(stage_uri: str, node_rank: int = 0, *, create: bool = False) -> Path:
     """The folder a stage trains in (see the module docstring). Node ranks > 0 of a multi-node job always train
     in their own local folder and publish their ranks' files: node 0 owns the stage folder (and may empty it when
-    it starts), also when the run store is a file system every node shares."""
+    it starts), also when the run store is a file system every node shares. A local work folder is checked to be
+    private when it exists; `create` (the stage that trains there) creates it 0700 when it does not."""
     store = store_for(stage_uri)
     if not store.remote and node_rank == 0:
         return store.local_path(stage_uri).resolve()
     name = hashlib.sha256(stage_uri.encode()).hexdigest()[:16] + (f"-node{node_rank}" if node_rank else "")
-    return work_folder(name)  # private to this user, never through a link (runtime.work_folders)
+    return work_folder(name, create=create)  # private to this user, never through a link (runtime.work_folders)
 
 
 def write_json(path: Path, obj) -> None:

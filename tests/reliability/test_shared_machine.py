@@ -71,7 +71,7 @@ def _data_workspace() -> Workspace:
 def _opens(*kinds: str):
     """The product's entry points that open a local work folder of an s3:// run."""
     for kind in kinds:
-        yield kind, (_data_workspace if kind == "data" else lambda: work_dir(STAGE_URI))
+        yield kind, (_data_workspace if kind == "data" else lambda: work_dir(STAGE_URI, create=True))
 
 
 PLANTS = {  # what the other account makes at the name the victim will use, first
@@ -108,13 +108,14 @@ def test_a_folder_planted_under_a_chosen_shared_work_dir_is_refused(shared_tmp, 
     """$LLM_PIPELINE_WORK_DIR at a shared folder (a scratch disk all accounts write): every level under it is
     checked, so the other account's folder at the training folder's name is not trained in, cleared or resumed."""
     monkeypatch.setenv("LLM_PIPELINE_WORK_DIR", str(shared_tmp))
-    target = work_dir(STAGE_URI)  # learn the name, then give it away
-    target.rmdir()
+    target = work_dir(STAGE_URI)  # learn the name (not created when only looked up), then give it away
+    assert not target.exists()
     made = as_other("import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777); "
                     "open(os.path.join(sys.argv[1], 'latest_checkpoint.json'), 'w').write('{}')", str(target))
     assert made.returncode == 0, made.stderr
-    with pytest.raises(PermissionError, match=f"{target} belongs to nobody"):
-        work_dir(STAGE_URI)
+    for create in (True, False):  # the stage that trains there, and a look at a running stage's files
+        with pytest.raises(PermissionError, match=f"{target} belongs to nobody"):
+            work_dir(STAGE_URI, create=create)
     tally.add(RELIABILITY_ROW, cases=1, refused_clearly=1)
 
 
@@ -139,13 +140,13 @@ def test_fresh_work_folders_are_private_and_a_failed_runs_copy_is_unreadable_to_
     part.chmod(0o644)
     read = as_other("import sys; print(open(sys.argv[1]).read())", str(part))
     assert read.returncode != 0 and "PermissionError" in read.stderr and "cleaned document" not in read.stdout
-    out = work_dir(STAGE_URI)
+    out = work_dir(STAGE_URI, create=True)
     for leaf in (ws.root, out):  # every level from the shared temp dir down: a folder of ours, 0700, no link
         for folder in [leaf, *leaf.parents][:len(leaf.relative_to(shared_tmp).parts)]:
             st = os.lstat(folder)
             assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o700, \
                 (folder, oct(st.st_mode))
-    assert ws.root == _data_workspace().root and out == work_dir(STAGE_URI)  # stable: a rerun resumes there
+    assert ws.root == _data_workspace().root and out == work_dir(STAGE_URI, create=True)  # stable: a rerun resumes there
     listed = as_other("import os, sys; print(os.listdir(sys.argv[1]))", str(ws.root.parent))
     assert listed.returncode != 0 and "PermissionError" in listed.stderr
     tally.add(RELIABILITY_ROW, cases=2, private=2)
