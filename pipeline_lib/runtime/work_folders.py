@@ -65,7 +65,11 @@ def private_folder(path: str | Path) -> Path:
         raise UnsafeWorkFolder(path, f"has mode {stat.S_IMODE(st.st_mode):04o}: other accounts may write into it "
                                "(`chmod 700` it if what is in it is yours)")
     if st.st_mode & 0o077:  # ours, only readable by others (an earlier version's umask): made private, then used
-        os.chmod(path, 0o700, follow_symlinks=False)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the folder lstat saw, not a link
+        try:
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
     return path
 
 
