@@ -62,7 +62,7 @@ def test_migrate_converts_an_earlier_format_index_in_place(tmp_path):
     listed = cli("list", TINY, f"run.output_root={tmp_path / 'runs'}")
     assert "earlier format: run `dedup-index migrate`" in listed.stdout
     res = cli("migrate", TINY, f"run.output_root={tmp_path / 'runs'}")
-    assert res.returncode == 0 and "migrated 1 run(s) to the partitioned format: old1" in res.stdout, res.stderr
+    assert res.returncode == 0 and f"migrated 1 run(s) to the current format {FORMAT} (partitioned, origins as JSON strings): old1" in res.stdout, res.stderr
     assert "earlier format" not in cli("list", TINY, f"run.output_root={tmp_path / 'runs'}").stdout
     assert list_segments(cfg)[0]["format"] == FORMAT and (Path(index_uri(cfg)) / "parts" / "exact").is_dir()
 
