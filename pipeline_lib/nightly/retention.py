@@ -38,6 +38,7 @@ import stat
 from dataclasses import dataclass, field
 
 from ..config.schema import PipelineConfig, RetentionConfig
+from ..storage.sizes import size_text
 from ..storage import RunPaths, join, store_for
 from .state import promoted_nights, update_state
 
@@ -102,14 +103,6 @@ class Plan:
 
     def night(self, run_id: str) -> NightPlan | None:
         return next((n for n in self.nights if n.run_id == run_id), None)
-
-
-def size_text(n: float) -> str:
-    """Bytes as people read them (decimal units, as disks are sold): 1.4 MB, 80.9 GB, 3.2 TB."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def _age_days(entry: dict, now: dt.datetime) -> float | None:

@@ -216,7 +216,7 @@ def month_of_nights(cfg: PipelineConfig, nights: int = 30, night_tokens: int | N
 
 def month_lines(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None = None) -> list[str]:
     """What `llm-pipeline plan` prints of a month of nights."""
-    from ..nightly.retention import size_text
+    from ..storage.sizes import size_text
 
     m, r = month_of_nights(cfg, nights, night_tokens), cfg.nightly.retention
     n = m.night
