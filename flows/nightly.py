@@ -177,12 +177,12 @@ def _night(cfg, run_id: str, dispatch: bool):
         decision, decided_by = _ask(cfg, run_id, verdict)
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
-    commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
-                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
-                 record={**schedule_record(night_cfg, run_id), "timing": tonight_timing(night_cfg, run_id, summary),
-                         "screen": screened.record})
+    committed = commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
+                             verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
+                             record={**schedule_record(night_cfg, run_id),
+                                     "timing": tonight_timing(night_cfg, run_id, summary), "screen": screened.record})
     if decision == "promoted":
-        keep_accepted(cfg, run_id)  # tomorrow's screen measures against the documents it accepted
+        keep_accepted(cfg, run_id, committed)  # tomorrow's screen measures against the documents it accepted
     return screened.tell(_decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
                                   plan.message if plan and plan.worth_saying else None))
 
