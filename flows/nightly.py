@@ -200,7 +200,7 @@ def _night(cfg, run_id: str, dispatch: bool):
                                  "screen": screened.record},
                          documents=night_documents(cfg, run_id))
     if decision == "promoted":
-        keep_accepted(cfg, run_id)  # tomorrow's screen measures against the documents it accepted
+        keep_accepted(cfg, run_id, after)  # tomorrow's screen measures against the documents it accepted
     _ask_about_quarantined(cfg, run_id, after)
     return screened.tell(_decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
                                   plan.message if plan and plan.worth_saying else None))

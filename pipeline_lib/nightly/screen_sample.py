@@ -49,16 +49,34 @@ def choose_sample(docs: list[dict], n: int) -> list[dict]:
     return (held + train)[:n]
 
 
-def keep_accepted(cfg, run_id: str) -> int:
-    """Keep the promoted night's sample (see the module docstring); returns the documents kept (0: nothing to keep)."""
+def keep_accepted(cfg, run_id: str, state: dict | None = None) -> int:
+    """Keep the promoted night's sample (see the module docstring); returns the documents kept (0: nothing to keep).
+    With `state` (the state the night was committed into), the samples of promoted nights older than the newest
+    max_reference_documents documents are deleted: no night reads them again, and the disk stays bounded."""
     docs = accepted_documents(cfg, run_id)
     if not docs:
         return 0
     sample = choose_sample(docs, cfg.nightly.screen.sample_per_night)
     uri = sample_uri(cfg, run_id)
-    store_for(uri, cfg.run.s3_endpoint_url).put_bytes(uri, "".join(
+    store = store_for(uri, cfg.run.s3_endpoint_url)
+    store.put_bytes(uri, "".join(
         json.dumps({**d, "run_id": run_id}, ensure_ascii=False) + "\n" for d in sample).encode("utf-8"))
+    if state is not None:
+        _prune(cfg, state)
     return len(sample)
+
+
+def _prune(cfg, state: dict) -> None:
+    kept, cap = 0, cfg.nightly.screen.max_reference_documents
+    for night in reversed(promoted_nights(state)):
+        uri = sample_uri(cfg, night)
+        store = store_for(uri, cfg.run.s3_endpoint_url)
+        if not store.exists(uri):
+            continue
+        if kept >= cap:
+            store.delete(uri)
+        else:
+            kept += sum(1 for line in store.get_bytes(uri).splitlines() if line.strip())
 
 
 def lineage_sample(cfg, state: dict) -> list[dict]:

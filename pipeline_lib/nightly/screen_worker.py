@@ -2,7 +2,7 @@
 
 Launched by nightly.screen (runtime.worker.run_worker, as the evaluate stage launches its worker); imports MindSpore.
 Scores documents with one model on the forward path evaluate uses (model.llama build_llama + logits_fn,
-decoding.fixed_batch, perplexity.token_nll): each document is encoded as pretraining encodes it (BOS + its tokens +
+decoding.fixed_batch, perplexity.row_nll): each document is encoded as pretraining encodes it (BOS + its tokens +
 EOS), cut into windows of model.seq_length + 1 tokens that share one token (every target scored once, a document
 longer than a window is scored in full), the windows of all documents batched together. Returned per document: its
 total NLL in nats over its scored targets, the target count and its length in characters; the screen divides by the
@@ -25,7 +25,7 @@ from ..runtime.worker import progress, worker_main
 
 def windows(ids: list[int], seq_length: int, pad_id: int) -> list[np.ndarray]:
     """Rows of seq_length + 1 tokens covering `ids`, consecutive rows sharing one token (the last target of a row is
-    the first input of the next), the last row padded with pad_id (padding is never a target: token_nll skips it)."""
+    the first input of the next), the last row padded with pad_id (padding is never a target: row_nll skips it)."""
     step, out = seq_length, []
     for start in range(0, max(len(ids) - 1, 1), step):
         row = np.full(seq_length + 1, pad_id, dtype=np.int32)
@@ -38,17 +38,15 @@ def windows(ids: list[int], seq_length: int, pad_id: int) -> list[np.ndarray]:
 def score_rows(fn, rows: list[np.ndarray], owner: list[int], n_docs: int, batch_size: int, pad_id: int,
                seq_length: int) -> tuple[np.ndarray, np.ndarray]:
     """(NLL sum, target count) per document from its rows (owner[i]: the document of row i)."""
-    from ..evaluate.perplexity import token_nll
+    from ..evaluate.perplexity import row_nll
 
     nll, count = np.zeros(n_docs), np.zeros(n_docs, dtype=np.int64)
     for start in range(0, len(rows), batch_size):
         chunk = np.stack(rows[start:start + batch_size])
-        logits = np.asarray(fn(chunk[:, :seq_length]))
-        for i in range(len(chunk)):
-            total, k = token_nll(logits[i:i + 1], chunk[i:i + 1, 1:], pad_id)
-            doc = owner[start + i]
-            nll[doc] += total
-            count[doc] += k
+        total, k = row_nll(np.asarray(fn(chunk[:, :seq_length])), chunk[:, 1:], pad_id)
+        docs = np.asarray(owner[start:start + len(chunk)])
+        np.add.at(nll, docs, total)
+        np.add.at(count, docs, k)
         if (start // batch_size) % 50 == 49:
             progress(f"screen: {min(start + batch_size, len(rows))}/{len(rows)} windows scored")
     return nll, count

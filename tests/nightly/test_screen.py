@@ -141,3 +141,22 @@ def test_the_model_path_scores_a_document_the_same_in_any_batch(tmp_path):
     assert np.isfinite(scores).all() and figures["windows"] > 6
     assert scores[0] == pytest.approx(scores[5], rel=1e-5) and scores[2] == pytest.approx(scores[4], rel=1e-5)
     assert len({round(float(s), 4) for s in scores[:4]}) == 4
+
+
+def test_samples_beyond_the_newest_max_reference_documents_are_deleted(tmp_path):
+    from pipeline_lib.nightly.screen_sample import keep_accepted
+
+    cfg = _cfg(tmp_path, sample_per_night=30, max_reference_documents=50)
+    texts = bundled()
+    history = []
+    for i, night in enumerate(["n1", "n2", "n3"]):
+        folder = Path(cfg.run.output_root) / night / "data" / "cleaned"
+        folder.mkdir(parents=True)
+        with gzip.open(folder / "part-00000.jsonl.gz", "wt", encoding="utf-8") as fh:
+            for t in texts[i * 40:(i + 1) * 40]:
+                fh.write(json.dumps({"text": t, "split": "train"}, ensure_ascii=False) + "\n")
+        history.append({"run_id": night, "decision": "promoted", "checkpoint": None})
+        assert keep_accepted(cfg, night, {"history": list(history)}) == 30
+    # n3 (30) and n2 (30 more: 60 >= 50) are read; n1 is not read again: deleted
+    assert [Path(sample_uri(cfg, n)).exists() for n in ("n1", "n2", "n3")] == [False, True, True]
+    assert len(lineage_sample(cfg, {"history": history})) == 50
