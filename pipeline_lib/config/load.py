@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from ..storage.names import NAME_PATTERN
 from .errors import ConfigError, ConfigIssue
 from .schema import PipelineConfig
 from .secrets import SECRET_FIELDS, redacted
@@ -62,7 +63,13 @@ def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
         fix = "remove it or check its spelling against `llm-pipeline validate --explain`" \
             if e["type"] == "extra_forbidden" else "see the field's description in `llm-pipeline validate --explain`"
         value = redacted(e.get("input")) if tuple(map(str, e["loc"][:2])) in SECRET_FIELDS else e.get("input")
-        issues.append(ConfigIssue(field, value, e["msg"], fix))
+        problem = e["msg"]
+        if e["type"] == "string_pattern_mismatch":  # every pattern of the schema is a name's (storage.names)
+            ascii_only = e.get("ctx", {}).get("pattern") == NAME_PATTERN
+            problem = ("not a name (a letter or digit first, then letters, digits, '.', '_', '-'"
+                       + ("" if ascii_only else " of any language") + "): it becomes a path or an identity")
+            fix = "use e.g. " + ("tiny-cpu" if ascii_only else "tiny-cpu or 电力语料") + " (no '/', no leading '.')"
+        issues.append(ConfigIssue(field, value, problem, fix))
     return issues
 
 

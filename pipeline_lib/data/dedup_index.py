@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 
 from .. import killpoints
 from ..storage import generations, join, store_for
+from ..storage.names import name_key
 from .errors import DataStageError
 from .index_partitions import ENTRY, entries, iter_blocks, lookup, merge, prefix_of, run_tag
 from .minhash import EMPTY, SCHEME, SEED, SHINGLE_VERSION, band_keys, lsh_params
@@ -61,8 +61,9 @@ CAP = 64                 # prior candidates per (band, key), as PriorIndex.candi
 
 
 def lineage(cfg) -> str:
-    """data.dedup.lineage, or run.name made safe for a path."""
-    return cfg.data.dedup.lineage or re.sub(r"[^A-Za-z0-9._-]", "_", cfg.run.name) or "default"
+    """data.dedup.lineage, or run.name as a key no other name shares (storage.names.name_key: an ASCII name as it
+    is, so its index is found where it always was; `电力语料` and `医疗语料` both were `____`)."""
+    return cfg.data.dedup.lineage or name_key(cfg.run.name)
 
 
 def index_uri(cfg) -> str:
