@@ -115,7 +115,7 @@ def list_segments_at(store, uri: str) -> list[dict]:
     return [json.loads(store.get_bytes(m)) | {"uri": m.rsplit("/", 1)[0]} for m in metas]
 
 
-INDEX_ENTRIES = ("index.json", "segments", "parts")  # everything an index folder holds at its top
+INDEX_ENTRIES = ("index.json", "segments", "parts", "leases")  # everything an index folder holds at its top
 
 
 def clear_index(cfg, endpoint_url: str | None = None) -> int:
@@ -136,6 +136,9 @@ def clear_index(cfg, endpoint_url: str | None = None) -> int:
         raise DataStageError("data.dedup.index_uri", uri, f"is not a dedup index folder ({shown}); nothing was "
                              "deleted", "point data.dedup.index_uri at the index itself (default "
                              "<output_root>/_dedup_index/<lineage>), or delete the folder by hand if you mean it")
+    from .index_lease import refuse_while_used
+
+    refuse_while_used(uri, lineage(cfg), endpoint_url)  # a run reading it would fail mid-dedup
     store.delete(uri)
     return len(segments)
 
