@@ -14,7 +14,9 @@ key=n)`) plus `tests` / `failed_tests` (a failed test is a crash found, a leak f
   disk_full       runs, failed_clearly, resumed
   concurrent      runs, lost_or_half_merged
   hostile         inputs, stage_runs, input_bytes, written_bytes, worst_input_bytes, worst_written_bytes,
-                  outside_writes   (written: quarantine/exclusion copies naming the file; failed tests = crashes)
+                  outside_writes   (written: quarantine/exclusion copies naming the file; failed tests = crashes);
+                  readers, reader_input_bytes, reader_read_bytes, reader_worst_read_bytes, reader_worst_peak_bytes
+                  (every other reader given a one-line gzip and a sparse file: bytes read, peak Python memory)
 A row no test wrote yet reads "not measured". Exit status: pytest's.
 """
 from __future__ import annotations
@@ -43,6 +45,19 @@ def run_suite(profile: str, results: Path, extra: list[str]) -> int:
 
 def _n(row: dict, key: str) -> int:
     return int(row.get(key, 0))
+
+
+def _readers_result(r: dict) -> str:
+    """The other readers (issue 45 item 3): replay sources, SFT inputs, validate's pre-checks, exclusions,
+    decontamination files, doctor logs, diff inputs, each given a one-line gzip and a sparse file."""
+    if not _n(r, "readers"):
+        return "; other readers not measured"
+    size = max(_n(r, "reader_input_bytes"), 1)
+    return (f"; {_n(r, 'readers')} other readers (replay, SFT, validate, exclusions, decontamination, doctor, diff) "
+            f"on {size:,} B of hostile files: bytes read per input byte max "
+            f"{_n(r, 'reader_worst_read_bytes') / size:.2f}, peak memory max "
+            f"{_n(r, 'reader_worst_peak_bytes') / 2**20:.1f} MiB ({_n(r, 'reader_worst_peak_bytes') / size:.4f} per "
+            "input byte)")
 
 
 def table(data: dict) -> list[str]:
@@ -81,7 +96,7 @@ def table(data: dict) -> list[str]:
                   f"{_n(r, 'worst_written_bytes') / max(_n(r, 'worst_input_bytes'), 1):,.0f} "
                   f"({_n(r, 'worst_input_bytes'):,} B -> {_n(r, 'worst_written_bytes'):,} B, capped per file and "
                   f"reason), overall {_n(r, 'written_bytes') / max(_n(r, 'input_bytes'), 1):.3f}; "
-                  f"{_n(r, 'outside_writes')} written outside the root")
+                  f"{_n(r, 'outside_writes')} written outside the root" + _readers_result(r))
     return lines
 
 

@@ -214,4 +214,4 @@ def test_a_corrupt_run_folder_is_a_clear_error_exit_2(tmp_path, capsys):
     with open(root / "b" / "evaluate" / "metrics.json", "wb") as fh:
         fh.truncate(1 << 30)  # sparse: refused by its size, not read
     code, err = diff()
-    assert code == 2 and "larger than 64 MiB" in err
+    assert code == 2 and "larger than 16 MiB" in err

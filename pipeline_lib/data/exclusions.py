@@ -9,7 +9,7 @@ prep_shard drops them before the filters, writes them to excluded.jsonl (`filter
 them in stats.json under `filtered` with reason `guard`. Files are read through the store (local or s3://), once
 per run (the plan step writes what they list to the stage's work folder, `shards/exclusions.json`; each shard
 worker loads that once per process), with the bounded reader (storage.bounded): a guard_diagnosis.json over
-64 MiB, an id list over 256 MiB or an id line over 64 KiB is refused.
+16 MiB, an id list over 256 MiB or an id line over 64 KiB is refused.
 Raises DataStageError naming the field and the file for a file that is missing, too large or is not what the
 field reads.
 """

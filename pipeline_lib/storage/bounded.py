@@ -23,7 +23,7 @@ from .store import LongLine, iter_lines, store_for
 DEFAULT_MAX_LINE = 64 << 20  # data.max_line_bytes' default: no document is that long
 HEAD = 64 << 10  # what is kept of an over-long line: enough to see what it was
 MAX_LIST_BYTES = 256 << 20  # a list the product holds in memory whole (exclusion ids, evaluation texts)
-MAX_JSON_BYTES = 64 << 20  # one json document read whole (a guard diagnosis, a run's stats and manifest)
+MAX_JSON_BYTES = 16 << 20  # one json document read whole (a guard diagnosis, a run's stats.json / metrics.json)
 READ_BYTES = {"bytes": 0}  # bytes read from files by this module in this process (decompressed)
 
 
@@ -44,8 +44,11 @@ class _Capped:
         self.fh, self.cap, self.on_over, self.total = fh, cap, on_over, 0
 
     def read(self, n: int = -1) -> bytes:
-        if self.cap is not None and (n is None or n < 0):
-            n = self.cap + 1 - self.total  # never a whole unbounded read
+        if n is None or n < 0:  # the rest, 1 MiB at a time: refused at the cap, never one unbounded read
+            parts = []
+            while chunk := self.read(1 << 20):
+                parts.append(chunk)
+            return b"".join(parts)
         data = self.fh.read(n)
         self.total += len(data)
         READ_BYTES["bytes"] += len(data)

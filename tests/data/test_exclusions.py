@@ -48,7 +48,7 @@ def test_exclusion_files_are_bounded_and_refused_naming_the_field(tmp_path):
     sparse = tmp_path / "guard_diagnosis.json"
     with open(sparse, "wb") as fh:
         fh.truncate(1 << 30)
-    with pytest.raises(DataStageError, match=r"data.exclude_from=.*larger than 64 MiB.*Fix:"):
+    with pytest.raises(DataStageError, match=r"data.exclude_from=.*larger than 16 MiB.*Fix:"):
         load_exclusions(_cfg(exclude_from=[str(sparse)]))
     ids = tmp_path / "ids.txt"
     ids.write_bytes(b'"a"\n' + b"x" * (1 << 20) + b"\n")
