@@ -213,6 +213,11 @@ class DataConfig(_Section):
         description="With data.executor=dask: address of an existing Dask scheduler (tcp://host:8786); its "
         "workers need this package installed and run.output_root reachable (s3:// across machines). null: a "
         "local cluster of data.num_workers worker processes, started for the stage and closed after it.")
+    dask_dashboard: bool = Field(
+        False, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="With data.executor=dask and a local cluster: serve Dask's dashboard pages and JSON (on "
+        "127.0.0.1, a free port). Off by default: every local account can reach 127.0.0.1, and the pages show the "
+        "run's tasks and its workers' logs; the scheduler's HTTP server then answers its health check only.")
     filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
     exclude_from: list[InputPath] = Field(
         default_factory=list, json_schema_extra=identity("data", by="contents"),
