@@ -8,9 +8,11 @@
   llm-pipeline deploy [--config PATH] [prefect deploy args]   the deployments, running PATH (default tiny-cpu)
   llm-pipeline nightly CONFIG [--run-date D] [key=value ...]   one nightly continued-pretraining round now
   llm-pipeline nightly promote CONFIG --run-id ID [--reason R]  a night the gate held becomes latest
+  llm-pipeline nightly status CONFIG                  per raw file what became of it; what asks for a person
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
   llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE]   what changed from run A to run B (markdown)
+  llm-pipeline gc CONFIG [--dry-run] [key=value ...]   remove what nightly.retention does not keep; prints what it frees
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
 needs to be started by hand. Rerun with the same --run-id to resume: finished stages are Cached (not redone).
@@ -29,8 +31,8 @@ from pathlib import Path
 # only adds lock contention there.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from pipeline_lib.cli import (dedup_index_main, diff_main, doctor_main, plan_main, print_warnings,  # noqa: E402
-                              validate_main)
+from pipeline_lib.cli import (dedup_index_main, diff_main, doctor_main, gc_main, plan_main,  # noqa: E402
+                              print_warnings, validate_main)
 from pipeline_lib.checks import refuse_bad_config  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
 from pipeline_lib.config.secrets import public_config  # noqa: E402
@@ -360,6 +362,10 @@ def status_main(argv: list[str]) -> int:
         return 2
     for stage, entry in stage_states(cfg, args.run_id).items():
         print(f"{stage:<9} {entry['state']:<13} {entry['note']}")
+    from pipeline_lib.nightly.retention import removed_lines
+
+    for line in removed_lines(cfg, args.run_id):  # a night the nightly's retention thinned says what went
+        print(line)
     return 0
 
 
@@ -405,7 +411,24 @@ def deploy_main(argv: list[str]) -> int:
             for sched in dep.get("schedules") or []:
                 print(f"{dep['name']}: scheduled `{sched['cron']}` in time zone {sched['timezone']} "
                       "(orchestration.nightly_cron, orchestration.timezone)")
+        if code == 0 and (not argv or any("nightly" in a for a in argv)):
+            code = _nightly_automations(doc)
         return code
+
+
+def _nightly_automations(doc: dict) -> int:
+    """The nightly's Prefect automations (deployments/automations.py) from the nightly deployment's config."""
+    from deployments import ROOT
+    from deployments.automations import ensure_nightly_automations
+
+    params = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":nightly"))["parameters"]
+    path = Path(params["config"]) if Path(params["config"]).is_absolute() else ROOT / params["config"]
+    try:
+        ensure_nightly_automations(load_config(str(path), params.get("overrides") or []))
+    except Exception as err:  # the deployments are made; say what is missing
+        print(f"the nightly's automations were not made: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def nightly_promote_main(argv: list[str]) -> int:
@@ -438,9 +461,31 @@ def nightly_promote_main(argv: list[str]) -> int:
     return 0
 
 
+def nightly_status_main(argv: list[str]) -> int:
+    """`llm-pipeline nightly status CONFIG`: the ledger (per raw file its status, nights and documents), the share
+    of accepted documents that reached the promoted model, and the attention list."""
+    from pipeline_lib.nightly import load_state
+    from pipeline_lib.nightly.ledger import render_ledger
+
+    ap = argparse.ArgumentParser(prog="llm-pipeline nightly status",
+                                 description="What became of every raw file the nightly read.")
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except (ConfigError, ValueError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    print(render_ledger(load_state(cfg)))
+    return 0
+
+
 def nightly_main(argv: list[str]) -> int:
     if argv and argv[0] == "promote":
         return nightly_promote_main(argv[1:])
+    if argv and argv[0] == "status":
+        return nightly_status_main(argv[1:])
     ap = argparse.ArgumentParser(prog="llm-pipeline nightly")
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*")
@@ -476,7 +521,7 @@ def nightly_main(argv: list[str]) -> int:
 
 COMMANDS = {"validate": validate_main, "plan": plan_main, "run": run_main, "status": status_main,
             "pools": pools_main, "deploy": deploy_main, "nightly": nightly_main, "dedup-index": dedup_index_main,
-            "doctor": doctor_main, "diff": diff_main}
+            "doctor": doctor_main, "diff": diff_main, "gc": gc_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ decided and where the pipeline run is, on the nightly flow run itself (the stage
 from __future__ import annotations
 
 from pipeline_lib.markdown import md_code, md_text
+from pipeline_lib.nightly.gate import table_lines
 from pipeline_lib.stages import key_figures
 from pipeline_lib.storage import RunPaths, read_manifest
 
@@ -54,6 +55,9 @@ def render(cfg, run_id: str | None, run_date: str, name: str, message: str, data
                                                                  if by else " (the gate)") + " |")
     if run_id and (stages or name == "Failed"):  # a night that ran its pipeline (Skipped and Busy ran none)
         lines.append(f"| pipeline run | {_child_link(run_id)} |")
+    if (data.get("verdict") or {}).get("rows"):  # every metric the gate read: both values, interval, why
+        lines += ["", f"Gate: {_md(data['verdict'].get('outcome', ''))} ({_md(data['verdict'].get('reason', ''))})",
+                  "", *table_lines(data["verdict"])]
     if files:
         lines += ["", "Files read:", "", *[f"- {md_code(f)}" for f in files[:FILES_SHOWN]]]
         if len(files) > FILES_SHOWN:

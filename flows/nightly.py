@@ -1,10 +1,13 @@
-"""Nightly continued pretraining: new raw data since the last good night -> data (incremental
+"""Nightly continued pretraining: new raw data since the last good night -> the data screen (pipeline_lib/nightly/
+screen.py: documents far outside the lineage excluded, a garbage file quarantined) -> data (incremental
 dedup against everything seen) -> pretrain from last night's checkpoint -> evaluate side by side
 with last night. The watermark and `latest` pointer move only when every stage succeeded.
 
 After evaluate the night is judged (pipeline_lib/nightly/gate.py, nightly.gate): its candidate against the promoted
-model on the same rows. Within budget: Completed "Promoted" (latest moves). Over budget: with on_regression=hold,
-Completed "Held" (latest stays, the files are consumed, the candidate is listed under `held`, the artifact
+model on the same rows and items, paired. Promote: Completed "Promoted" (latest moves). Investigate (ambiguous):
+nightly.gate.on_investigate decides, or a person with ask. Hold (a clear regression): with on_regression=hold,
+Completed "Held" (latest stays, the files are carried to the next night or dropped: nightly.on_hold, the ledger
+in the state says which; the candidate is listed under `held`, the artifact
 `nightly-gate` and the webhook give each failed metric with both values and the budget); with ask, the flow pauses
 with a form (approve / reason / who) and holds on reject or after nightly.gate.ask_timeout_hours. Either way the
 artifact `nightly-changes` (and <run>/changes.md) says what changed against the promoted run (flows/night_changes.py).
@@ -13,8 +16,11 @@ nothing, the message names the holder), Completed "Skipped" (no new file), Compl
 document in them was seen before: they are consumed, nothing is trained, a markdown artifact and
 the webhook say so), Completed "NoUsableData" (every record of the new files rejected or filtered: consumed too, so
 a file of garbage is not retried every night; the message counts the reasons and names the quarantine records;
-a config that reads no text at all, data.text_field, fails instead), or Failed (watermark unchanged, webhook
-notice)."""
+a config that reads no text at all, data.text_field, fails instead), Completed "Quarantined" (the night failed on
+its data, its preflight or loss guard: its files are quarantined, not handed to every later night; the webhook asks
+a person), or Failed (watermark unchanged, webhook notice). A night that ended in one of these decisions is never
+run again in place: a later night of the same date runs as nightly-<date>-2, -3, ... (night_ids.py); a Failed one
+is resumed under its id."""
 from __future__ import annotations
 
 import datetime as dt
@@ -31,10 +37,21 @@ from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
-                                  night_tokenizer, nightly_overrides, no_new_documents)
-from pipeline_lib.nightly.approval import decided_by
+                                  lineage_note, night_tokenizer, nightly_overrides, no_new_documents,
+                                  schedule_record)
+from pipeline_lib.nightly.approval import decided_by as approval_record
 from pipeline_lib.storage.names import BadName, check_name
+from pipeline_lib.nightly.deadline import size_tonight
 from pipeline_lib.nightly.gate import judge
+from pipeline_lib.nightly.documents import data_failure, night_documents, publish_night_documents
+from pipeline_lib.nightly.ledger import quarantined_by
+from pipeline_lib.nightly.night_ids import night_run_id, refuse_decided
+from pipeline_lib.nightly.state import quarantine_night
+from pipeline_lib.nightly.scores import night_scores
+from pipeline_lib.nightly.retention import after_night
+from pipeline_lib.nightly.tonight import tonight_timing
+from pipeline_lib.nightly.screen import screen_night
+from pipeline_lib.nightly.screen_sample import keep_accepted
 from pipeline_lib.stages import SPECS
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
@@ -44,6 +61,7 @@ from flows.form_types import DataConfig
 from flows.night_changes import publish_night_changes
 from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
+from flows.pause_lease import kept_slot_while_paused
 from flows.pipeline import llm_pipeline
 
 def check_run_date(run_date: str) -> str:
@@ -126,7 +144,10 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
     run_id = _night_id(run_date)
     try:
         with night_lock(cfg, run_id, logger.info):  # taken before listing: two nights never take the same files
+            run_id, why = night_run_id(cfg, load_state(cfg), run_id)  # a decided night is never rerun in place
+            logger.info(why)
             state = _night(cfg, run_id, dispatch)
+            after_night(cfg, run_id, logger)  # nightly.retention: bounded disk (a failure is only a warning)
     except NightBusy as busy:
         logger.warning(str(busy))
         state = Completed(name="Busy", message=str(busy), data={"run_id": None, "new_files": 0, "holder": busy.holder})
@@ -139,32 +160,51 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
 
 def _night(cfg, run_id: str, dispatch: bool):
     state = load_state(cfg)
+    refuse_decided(cfg, state, run_id)
     files = new_files(cfg, state)
     if not files:
         return Completed(name="Skipped", message="no new raw file since the last successful night",
                          data={"run_id": None, "new_files": 0})
-    night_cfg = config_from_dict(deep_update(cfg.model_dump(mode="json"), nightly_overrides(cfg, state, files)))
-    get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
-                          f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
+    screened = screen_night(cfg, state, files, run_id, get_run_logger())  # excluded documents, quarantined files
+    if not screened.kept_files:
+        return screened.tell(_no_new_data(cfg, state, files, run_id, screened.nothing_left()))
+    night = deep_update(cfg.model_dump(mode="json"), screened.overrides(cfg, nightly_overrides(cfg, state, files)))
+    plan = size_tonight(config_from_dict(night), state)  # nightly.deadline: steps from the last night's measure
+    night_cfg = config_from_dict(deep_update(night, {"training": {"steps": plan.steps}} if plan and plan.cut else {}))
+    if plan:
+        (get_run_logger().warning if plan.worth_saying else get_run_logger().info)(f"{run_id}: {plan.message}")
+    start = night_cfg.training.stable_checkpoint or (state.get("latest") or {}).get("checkpoint")
+    get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from {start or 'the configured base'}"
+                          f"{lineage_note(night_cfg)}")
     stages = [s for s, spec in SPECS.items() if spec.nightly]
     run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
     if not run.is_completed():
         found = no_new_documents(night_cfg, run_id)
         if found is None:
+            if (why := data_failure(night_cfg, run_id)) is not None:  # the files' fault: not tomorrow's problem
+                return _quarantined(cfg, state, files, run_id, why)
             run.result()  # raises the night's real failure: this flow fails and notifies
-        return _no_new_data(cfg, state, files, run_id, found)
+        return screened.tell(_no_new_data(cfg, state, files, run_id, {**found, "screen": screened.record}))
     summary = run.result()
-    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id))
-    decision, decided_by = "promoted", None
-    if verdict.regressed:
-        decision, decided_by = (_ask(cfg, run_id, verdict) if cfg.nightly.gate.on_regression == "ask"
-                                else ("held", None))
+    verdict = judge(cfg, evaluate_metrics(night_cfg, run_id), night_scores(night_cfg, run_id))
+    decision, decided_by = verdict.decision(cfg.nightly.gate)  # promoted / held / ask (on_investigate's default)
+    if decision == "ask":
+        decision, decided_by = _ask(cfg, run_id, verdict)
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
     publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
-    commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
-                 verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id))
-    return _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by)
+    if decision == "promoted":  # its documents are "seen before" from now on; a held night's never enter the index
+        publish_night_documents(cfg, run_id)
+    after = commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
+                         verdict=verdict.to_json(), decided_by=decided_by, heldout=night_heldout(cfg, run_id),
+                         record={**schedule_record(night_cfg, run_id), "timing": tonight_timing(night_cfg, run_id, summary),
+                                 "screen": screened.record},
+                         documents=night_documents(cfg, run_id))
+    if decision == "promoted":
+        keep_accepted(cfg, run_id)  # tomorrow's screen measures against the documents it accepted
+    _ask_about_quarantined(cfg, run_id, after)
+    return screened.tell(_decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by,
+                                  plan.message if plan and plan.worth_saying else None))
 
 
 PAUSE_GRACE_S = 600  # the pause outlives the night's own deadline by this much
@@ -204,9 +244,10 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     timer.daemon = True
     timer.start()
     try:
-        answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
-            description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
-            timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
+        with kept_slot_while_paused(get_run_logger().info):  # else the deployment's lease crashes it (pause_lease.py)
+            answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
+                description=verdict.markdown(run_id, verdict.question)),
+                timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
     except FlowPauseTimeout:
         return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}
     finally:
@@ -214,17 +255,17 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     if not answer.approve and answer.reason == no_answer and not answer.who:
         return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}
     # the self-hosted server names no account for an answer: the typed name is recorded as unverified
-    return ("promoted" if answer.approve else "held"), decided_by(answer.who, answer.reason, asked_at)
+    return ("promoted" if answer.approve else "held"), approval_record(answer.who, answer.reason, asked_at)
 
 
-def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by):
+def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by, steps_cut=None):
     """The night's end: an artifact with the comparison, the webhook for a held night, Completed Promoted/Held."""
     by = f" (decided by {decided_by['who']}: {decided_by['reason'] or 'no reason given'})" if decided_by else ""
     name = "Promoted" if decision == "promoted" else "Held"
     tail = ("latest moves to it; tomorrow continues from it" if name == "Promoted" else
-            "latest stays; the files are consumed; the candidate is kept under `held` in the nightly state "
+            f"latest stays; {_held_files(cfg)}; the candidate is kept under `held` in the nightly state "
             f"(promote it by hand: llm-pipeline nightly promote CONFIG --run-id {run_id})")
-    message = f"{verdict.message(run_id)}{by}. {name}: {tail}"
+    message = f"{verdict.message(run_id)}{by}. {name}: {tail}" + (f". Deadline: {steps_cut}" if steps_cut else "")
     get_run_logger().info(message)
     create_markdown_artifact(key="nightly-gate", markdown=verdict.markdown(run_id, name), description=message)
     data = {"run_id": run_id, "new_files": len(files), "files": sorted(files), "checkpoint": checkpoint, "summary": summary,
@@ -268,3 +309,39 @@ def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: di
     notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
     return Completed(name=name, message=message, data={"run_id": run_id, "new_files": len(files),
                                                                "files": sorted(files), "no_new_data": found, "notice": payload})
+
+
+def _held_files(cfg) -> str:
+    if cfg.nightly.on_hold == "drop":
+        return "the files are dropped (nightly.on_hold: drop)"
+    return (f"the files are carried: tomorrow trains them again with its new files (at most "
+            f"{cfg.nightly.max_carries} times: nightly.max_carries)")
+
+
+def _ask_about_quarantined(cfg, run_id: str, state: dict) -> None:
+    """Files held more often than nightly.max_carries are quarantined: the webhook asks a person (state: attention)."""
+    files = quarantined_by(state, run_id)
+    if files:
+        message = (f"{run_id}: {len(files)} file(s) held {cfg.nightly.max_carries + 1} nights running, quarantined: "
+                   f"{', '.join(files)}. Look at the held nights' gate artifacts; promote one by hand "
+                   "(llm-pipeline nightly promote CONFIG --run-id ID) or give the files again under new names")
+        get_run_logger().warning(message)
+        notify_night(secret_value(cfg.orchestration.failure_webhook_url), {
+            "flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Quarantined",
+            "message": message, "files": files})
+
+
+def _quarantined(cfg, state: dict, files: dict[str, int], run_id: str, why: str):
+    """A night that failed on its data: its files (new and carried) are quarantined, latest stays, a person is
+    asked; later nights do not fail on the same files."""
+    quarantine_night(cfg, state, files, run_id, why, night_documents(cfg, run_id))
+    message = (f"{run_id}: quarantined {len(files)} file(s): {why}. Files: {', '.join(sorted(files))}. latest stays; "
+               "later nights do not read them again. Fix: look at the files (llm-pipeline doctor CONFIG --run-id "
+               f"{run_id} names the documents of the bad batches when the loss guard tripped); if the data is "
+               "good and a setting was wrong, fix it and give the files again under new names")
+    get_run_logger().warning(message)
+    payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Quarantined",
+               "message": message, "files": sorted(files)}
+    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
+    return Completed(name="Quarantined", message=message, data={"run_id": run_id, "new_files": len(files),
+                                                                 "files": sorted(files), "notice": payload})

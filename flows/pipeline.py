@@ -21,6 +21,8 @@ from pipeline_lib.config.schema import (EvaluateConfig, ExportConfig, ModelConfi
                                         ParallelConfig, RunConfig, SFTConfig, TokenizerConfig, TrainingConfig)
 from pipeline_lib.config.form import changed_settings, form_sections
 from pipeline_lib.config.secrets import public_config
+from pipeline_lib.nightly.night_ids import refuse_redo_in_decided_night
+from pipeline_lib.nightly.retention import retention_note
 from pipeline_lib.stages import SPECS, parse_stages, stage_done
 from pipeline_lib.storage import RunPaths, read_manifest
 
@@ -143,6 +145,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
         overview.running(stage)
         logger.info(f"{stage}: started", extra=SHOW)
         try:
+            refuse_redo_in_decided_night(cfg, run_id, stage)  # latest's files, reference_heldout: never rewritten
             if dispatch:
                 result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
             else:
@@ -205,6 +208,7 @@ def stage_states(cfg, run_id: str) -> dict:
     out = {}
     for stage in SPECS:
         done, why = stage_done(cfg, paths, stage)
-        out[stage] = {"state": "complete" if done else "not complete", "note": why,
+        removed = None if done else retention_note(cfg, run_id, stage, why)  # finished, thinned by nightly.retention
+        out[stage] = {"state": "complete" if done or removed else "not complete", "note": removed or why,
                       "stage_uri": paths.stage_uri(stage)}
     return out

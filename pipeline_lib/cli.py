@@ -1,4 +1,4 @@
-"""Commands that need no orchestrator: `validate`, `plan`, `dedup-index`, `diff` and `doctor`.
+"""Commands that need no orchestrator: `validate`, `plan`, `dedup-index`, `diff`, `doctor` and `gc`.
 
 `llm-pipeline` itself lives in flows/cli.py (it also runs flows); it delegates here so that
 pipeline_lib stays free of Prefect.
@@ -13,6 +13,7 @@ from .checks import problems
 from .config import ConfigError, load_config
 from .config.errors import MAX_ISSUES_SHOWN
 from .config.validate import warnings
+from .checks.lr_range import lr_range_warnings
 from .config.platform import device_target
 from .config.schema import PipelineConfig, global_batch
 
@@ -62,7 +63,7 @@ def summary_lines(cfg: PipelineConfig) -> list[str]:
         from .planner.disk import disk_lines
 
         lines += disk_lines(cfg)
-    lines += [f"WARNING: {w}" for w in warnings(cfg)]
+    lines += [f"WARNING: {w}" for w in warnings(cfg) + lr_range_warnings(cfg)]
     return lines
 
 
@@ -132,8 +133,8 @@ def dedup_index_main(argv: list[str]) -> int:
         return 0
     if args.action == "migrate":
         done = migrate_index(cfg, endpoint)
-        print(f"migrated {len(done)} run(s) to the partitioned format" + (f": {', '.join(done)}" if done else
-                                                                          " (nothing to do)"))
+        print(f"migrated {len(done)} run(s) to the current format {FORMAT} (partitioned, origins as JSON strings)"
+              + (f": {', '.join(done)}" if done else " (nothing to do)"))
         return 0
     try:
         n = clear_index(cfg, endpoint)
@@ -227,13 +228,42 @@ def diff_main(argv: list[str]) -> int:
     return 0
 
 
+def gc_main(argv: list[str]) -> int:
+    """`gc CONFIG [--dry-run] [key=value ...]`: apply nightly.retention to the decided nights of run.output_root."""
+    from .nightly.retention import gc, plan_lines
+
+    ap = argparse.ArgumentParser(prog="llm-pipeline gc", description="Remove what nightly.retention does not keep "
+                                 "from the run folders of decided nights (older weights, training checkpoints of all "
+                                 "but the newest night, packed data replay does not read) and print what it frees. "
+                                 "Logs, metrics, manifests, evaluation, tokenizers, latest and the lineage's fixed "
+                                 "held-out split are always kept; a running or failed night is untouched.")
+    ap.add_argument("config")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. nightly.retention.keep_promoted=5")
+    ap.add_argument("--dry-run", action="store_true", help="print what would be freed; remove nothing")
+    ap.add_argument("-v", "--verbose", action="store_true", help="also say why each night keeps what it keeps")
+    args = ap.parse_intermixed_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    try:
+        applied = gc(cfg, dry_run=args.dry_run, log=lambda line: None)
+    except (OSError, ValueError, RuntimeError) as err:  # an unreachable store, a state that cannot be written
+        print(f"gc {cfg.run.output_root}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    print("\n".join(plan_lines(applied, args.dry_run, args.verbose)))
+    return 0
+
+
 def doctor_main(argv: list[str]) -> int:
     from .doctor.cli import doctor_main as _doctor
 
     return _doctor(argv)
 
 
-COMMANDS = {"validate": validate_main, "plan": plan_main, "dedup-index": dedup_index_main, "doctor": doctor_main}
+COMMANDS = {"validate": validate_main, "plan": plan_main, "dedup-index": dedup_index_main, "doctor": doctor_main,
+            "gc": gc_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,7 +81,7 @@ for _spec in (
     StageSpec("evaluate", "pipeline_lib.evaluate.stage:run_evaluate_stage", "ascend", ("data",),
               optional=("pretrain", "sft"), nightly=True,
               checks=(f"{_INPUTS}:prompt_files", f"{_INPUTS}:task_files", f"{_INPUTS}:tokenizer",
-                      f"{_INPUTS}:compare_checkpoints"),
+                      f"{_INPUTS}:compare_checkpoints", f"{_INPUTS}:reference_coverage"),
               figures=f"{_FIGURES}:evaluate_figures", key_files=("report.html", "report.md")),
     StageSpec("export", "pipeline_lib.export.stage:run_export_stage", "ascend", ("data", "sft"),
               optional=("pretrain",), checks=(f"{_INPUTS}:tokenizer",), figures=f"{_FIGURES}:export_figures",

@@ -267,6 +267,7 @@ LONGEST_FIRST = (
     "tests/ui/test_operator_walk.py",  # 147
     "tests/flows/test_two_node_dispatch.py",  # 133
     "tests/deployments/test_deployments.py",  # 79
+    "tests/flows/test_nightly_ask_lease.py",  # 47-102 (one run on a busy machine)
     "tests/flows/test_nightly_gate.py",  # 71
     "tests/ui/test_run_views.py",  # 70
     "tests/reliability/test_storage_faults.py",  # 70

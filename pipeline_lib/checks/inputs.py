@@ -349,9 +349,43 @@ def tokenizer(c: InputChecks) -> None:
 def base_weights(c: InputChecks) -> None:
     m = c.cfg.model
     c.exists("model.base_checkpoint", m.base_checkpoint, what="mindformers .ckpt")
+    c.exists("training.stable_checkpoint", c.cfg.training.stable_checkpoint, what="mindformers .ckpt (a wsd lineage's "
+             "stable-phase weights)")
     if c.exists("model.hf_checkpoint", m.hf_checkpoint, folder=True,
                 what="folder with a Hugging Face config.json and model.safetensors"):
         c.hf_folder()
+
+
+BYTE_FALLBACK_WARN = 0.2  # a reference set with this share of its characters outside the tokenizer's pieces
+
+
+def reference_coverage(c: InputChecks) -> None:
+    """With a known tokenizer (tokenizer.path): a reference set the tokenizer mostly writes as bytes carries no
+    signal for the lineage (its perplexity sits near the uniform one); the nightly gate will call it uninformative."""
+    t = c.cfg.tokenizer
+    if not t.path or not os.path.isfile(t.path):
+        return  # a tokenizer the data stage trains: known only after it (the first night's gate says it then)
+    import sentencepiece as spm
+
+    from ..evaluate.coverage import byte_fallback_share
+    from ..evaluate.reference import load_reference_set
+
+    try:
+        sp = spm.SentencePieceProcessor(model_file=t.path)
+    except (OSError, RuntimeError):
+        return  # the tokenizer check reports it
+    for i, path in enumerate(c.cfg.evaluate.reference_sets):
+        try:
+            share, chars = byte_fallback_share(sp, load_reference_set(path))
+        except (OSError, ValueError):
+            continue  # a missing or bad file is the evaluate stage's own refusal
+        if share >= BYTE_FALLBACK_WARN:
+            c.warnings.append(ConfigIssue(
+                f"evaluate.reference_sets[{i}]", path,
+                f"{share:.0%} of its {chars:,} characters have no piece in tokenizer.path (written as bytes): a model "
+                f"of this tokenizer learns little there, its perplexity sits near the uniform {sp.get_piece_size():,} "
+                "and the nightly gate will report the set as uninformative (it will not decide a night)",
+                "give a reference set in the language the tokenizer covers, or a tokenizer that covers its characters"))
 
 
 def compare_checkpoints(c: InputChecks) -> None:

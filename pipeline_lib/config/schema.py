@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ..storage.names import MAX_NAME, NAME_PATTERN, TEXT_NAME_PATTERN
 from ..storage.store import is_remote
@@ -56,6 +56,28 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, json_schema_extra=_dotted_titles)
 
 
+def _endpoint_url(value: str | None) -> str | None:
+    """An S3 endpoint as boto3 takes it: http(s)://host[:port] with a port from 1 to 65535 (urllib raises only when
+    the port is read: at the first request, deep in a stage)."""
+    import urllib.parse
+
+    from .secrets import url_port_problem
+
+    if not value:
+        return value
+    try:
+        parts = urllib.parse.urlsplit(value)
+        host = parts.hostname
+    except ValueError:
+        host = None  # an unclosed [ of an IPv6 host
+    if host is None or parts.scheme.lower() not in ("http", "https"):
+        raise ValueError("not an http(s) URL with a host; write e.g. http://127.0.0.1:9000")
+    problem = url_port_problem(parts)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 class RunConfig(_Section):
     name: str = Field("tiny-cpu", json_schema_extra=NO_OUTPUT_EFFECT, pattern=TEXT_NAME_PATTERN, max_length=MAX_NAME,
                       description="Pipeline name; used in flow-run names, the TensorBoard folder "
@@ -68,7 +90,7 @@ class RunConfig(_Section):
         description="Where runs are written: a local path (relative to the directory the command runs from) "
         "or s3://bucket/prefix. Each run lands in `<output_root>/<run_id>/<stage>/`.",
     )
-    s3_endpoint_url: str | None = Field(
+    s3_endpoint_url: Annotated[str | None, AfterValidator(_endpoint_url)] = Field(
         None, json_schema_extra=NO_OUTPUT_EFFECT,
         description="Endpoint of an S3-compatible store (MinIO, OBS); None means AWS."
     )
@@ -114,6 +136,10 @@ class DedupConfig(_Section):
         "same dataset twice), not data seen before. New files (the nightly's) are deduplicated against "
         "everything earlier. A run left with no new document fails at dedup, naming the counts and the ways out.",
     )
+    defer_publish: bool = Field(
+        False, description="Keep this run's segment of the dedup index in <run>/data/segment/ instead of publishing "
+        "it when the data stage succeeds (its documents are not 'seen before' for later runs until it is published). "
+        "The nightly sets it: a night's documents enter the index only when the night is promoted.")
     lineage: str | None = Field(
         None, pattern=NAME_PATTERN,
         description="Name of the dedup index this run reads and extends; default run.name. Runs of one lineage "
@@ -459,10 +485,36 @@ class TrainingConfig(_Section):
     steps: int | None = Field(60, ge=1, le=10**9, description="Optimizer steps; if None, `epochs` decides.")
     epochs: int = Field(1, ge=1, le=10**6, description="Epochs over the packed data when steps is None.")
     optimizer: OptimizerConfig = Field(json_schema_extra=identity("pretrain", "sft"), default_factory=OptimizerConfig)
-    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate.")
-    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
-    min_lr: float = Field(1e-5, ge=0, description="Cosine schedule floor.")
-    lr_schedule: Literal["cosine"] = Field("cosine", description="Schedule after warmup.")
+    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate (validate warns when it is far from "
+                                 "what models of this size usually take: docs/training-schedule.md).")
+    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps (from 0 to learning_rate).")
+    min_lr: float = Field(1e-5, ge=0, description="Floor of the decay (cosine: the last step's rate; wsd: where the "
+                          "final decay ends); at most learning_rate.")
+    lr_schedule: Literal["cosine", "wsd"] = Field(
+        "cosine", description="cosine: warm up, then one cosine decay from learning_rate to min_lr over the rest of "
+        "the run. wsd (warmup-stable-decay): warm up, hold learning_rate, and decay to min_lr over the last "
+        "decay_steps (or decay_fraction) of the run; a run can be continued from its stable phase "
+        "(keep_stable_weights), which the nightly's lineage schedule does (nightly.lr_schedule). "
+        "docs/training-schedule.md.")
+    decay_fraction: float = Field(
+        0.2, gt=0, le=1, description="wsd: share of the run's steps spent in the final decay (0.2 = the last 20%, "
+        "at least one step); decay_steps, when set, wins.")
+    decay_steps: int | None = Field(
+        None, ge=1, description="wsd: steps of the final decay; null: round(decay_fraction x training.steps).")
+    decay_shape: Literal["linear", "cosine"] = Field(
+        "linear", description="wsd: shape of the final decay to min_lr: linear, or a half cosine.")
+    lineage_steps: int = Field(
+        0, ge=0, description="wsd: optimizer steps the lineage trained at the held (pre-decay) rates before this run: "
+        "the warm-up continues from there instead of from 0. The nightly's lineage schedule sets it from its "
+        "state; 0 for a run of its own.")
+    keep_stable_weights: bool = Field(
+        False, description="wsd: also write the model's weights as they are when the decay starts (checkpoint/merged/"
+        "<name>-stable-weights.ckpt, the manifest's `stable_checkpoint`): what the next run of the lineage continues "
+        "from. Set by the nightly's lineage schedule.")
+    stable_checkpoint: InputPath | None = Field(
+        None, description="Weights the pretrain stage starts from instead of model.base_checkpoint, which stays the "
+        "model evaluated as `base` (the nightly's lineage schedule: the promoted night's stable-phase weights, "
+        "while its decayed weights are the promoted model). null: model.base_checkpoint.")
     precision: Precision = Field(
         "fp32", json_schema_extra=identity("pretrain", "sft"),
         description="Training precision: drives the model dtypes and the loss scale left empty "
@@ -516,12 +568,24 @@ class TrainingConfig(_Section):
 
     @model_validator(mode="after")
     def _warmup_inside_steps(self):
-        if self.steps is not None and self.warmup_steps > self.steps:
+        # the warm-up left to this run: a lineage (wsd) may have done part of it in earlier runs
+        left = max(0, self.warmup_steps - self.lineage_steps)
+        if self.steps is not None and left > self.steps:
+            done = f" (of which training.lineage_steps={self.lineage_steps} are done)" if self.lineage_steps else ""
             raise ValueError(
-                f"training.warmup_steps={self.warmup_steps} exceeds training.steps={self.steps}; "
+                f"training.warmup_steps={self.warmup_steps}{done} exceeds training.steps={self.steps}; "
                 "lower warmup_steps or raise steps"
             )
         return self
+
+
+def wsd_decay_steps(t: "TrainingConfig", steps: int | None = None) -> int:
+    """Steps of a wsd run's final decay: training.decay_steps, else round(decay_fraction x steps), at least 1.
+    `steps`: the run's step budget (default training.steps)."""
+    steps = t.steps if steps is None else steps
+    if t.decay_steps is not None:
+        return t.decay_steps
+    return max(1, round(t.decay_fraction * (steps or 0)))
 
 
 class SFTConfig(_Section):
@@ -556,7 +620,7 @@ class SFTConfig(_Section):
     learning_rate: float = Field(5e-3, gt=0, description="SFT peak learning rate (the default suits the tiny "
                                  "demo; LoRA on a 7B base typically uses 1e-4 to 3e-4).")
     warmup_steps: int = Field(6, ge=0, description="SFT linear warm-up steps; must be < sft.steps.")
-    min_lr: float = Field(1e-5, ge=0, description="SFT cosine schedule floor.")
+    min_lr: float = Field(1e-5, ge=0, description="SFT cosine schedule floor; at most sft.learning_rate.")
     micro_batch_size: int = Field(4, ge=1, description="SFT samples per device per micro step.")
     gradient_accumulation_steps: int | None = Field(
         None, ge=1, description="SFT micro steps per optimizer step; None = 1, or parallel.micro_batch_num under "
@@ -670,20 +734,146 @@ class GateConfig(_Section):
         0.05, ge=0, le=10, description="The budget of a night: its candidate may raise the perplexity of the domain "
         "held-out split, of each evaluate.reference_sets file and of each evaluate.reference_heldout split (the "
         "lineage's fixed held-out rows) by at most this fraction over the promoted model's, measured on the same "
-        "rows in the same evaluate run (0.05 = 5%).")
+        "rows in the same evaluate run (0.05 = 5%). A set regresses only when the ratio's point estimate and the "
+        "lower bound of its paired-bootstrap interval (`confidence`) are both over it; the point alone over it is "
+        "ambiguous (investigate).")
     max_task_drop: float = Field(0.02, ge=0, le=1, description="Largest accepted drop of a task's accuracy "
-                                 "(absolute, per task) against the promoted model; on a small task the noise of its "
-                                 "size decides when larger (twice the standard error of the difference on its items).")
+                                 "(absolute, per task) against the promoted model. A task regresses only when its "
+                                 "drop is over this and a one-sided paired test on the same items (McNemar mid-p on "
+                                 "the items one model got right and the other wrong) puts it beyond noise at "
+                                 "1 - `confidence`; a drop over this that the test does not confirm is ambiguous.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of the gate's intervals (perplexity: the "
+                              "two-sided paired-bootstrap interval of the candidate/promoted ratio; tasks: the "
+                              "one-sided test's alpha = 1 - confidence).")
+    bootstrap_samples: int = Field(2000, ge=100, le=100_000, description="Resamples of the paired bootstrap over "
+                                   "rows (seeded by run.seed and the set's name: the same night judges the same).")
+    uniform_fraction: float = Field(
+        0.8, gt=0, le=10, description="A perplexity set whose promoted-model perplexity is above this fraction of "
+        "the tokenizer's vocabulary size (the perplexity of a uniform guess over its pieces) carries no signal for "
+        "this lineage: it is reported as uninformative and does not decide. At the tiny default (2,000 pieces) "
+        "general_zh sits at ~2,000 (uninformative) while the lineage's fixed held-out split is ~1,200 after one "
+        "night and still shows a night of garbage (+16%).")
     on_regression: Literal["hold", "ask"] = Field(
-        "hold", description="Over budget: hold (latest stays, the candidate is kept under `held` in the nightly "
-        "state, the night ends Completed `Held`) or ask (the night waits for a person in the Prefect UI: approve "
-        "promotes, reject or timeout holds).")
+        "hold", description="A clear regression (or an ambiguous night): hold (latest stays, the candidate is kept "
+        "under `held` in the nightly state, the night ends Completed `Held`; an ambiguous night follows "
+        "`on_investigate`) or ask (the night waits for a person in the Prefect UI: approve promotes, reject or "
+        "timeout holds).")
+    on_investigate: Literal["promote", "hold"] = Field(
+        "promote", description="What an ambiguous night does when nobody is asked (on_regression: hold): a metric "
+        "over budget whose interval or test does not confirm it, or no informative metric at all. Recorded in the "
+        "history as decided by this default, with the reason; the night's message says it was ambiguous.")
     ask_timeout_hours: float = Field(12, gt=0, le=168, description="How long an `ask` night waits before it holds.")
+
+
+class RetentionConfig(_Section):
+    keep_promoted: int = Field(
+        3, ge=1, le=1000, description="Weights-only checkpoints kept of the newest promoted nights (`latest` "
+        "always among them): the nights a person can go back to. An older promoted night keeps its logs, metrics, "
+        "manifests, evaluation and tokenizer; its weights are removed (docs/nightly.md, 'Disk: retention and gc').")
+    held_days: float = Field(
+        7, ge=0, le=3650, description="Days a held candidate's weights are kept after its night ended, so a person "
+        "can still promote it (`llm-pipeline nightly promote`); then its weights are removed and it leaves `held` "
+        "in the nightly state (it can no longer be promoted).")
+    replay_nights: int | None = Field(
+        None, ge=1, le=10000, description="With data.replay.fraction > 0: the packed rows (MindRecord) and cleaned "
+        "text of the newest N promoted nights are kept and replayed; older nights' are removed and no longer "
+        "replayed. null: every promoted night's (replay reads them all, so data disk grows with the lineage). "
+        "With replay off no night's rows are kept, except the lineage's fixed held-out split "
+        "(`reference_heldout`), which is never removed.")
+    gc_after_night: bool = Field(
+        True, description="Run the retention pass (what `llm-pipeline gc CONFIG` does) after each night's decision; "
+        "a failed pass is a warning, never a failed night. Off: disk grows until `llm-pipeline gc` runs.")
+
+
+def _time_of_day(value):
+    import re
+
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 24 * 60:
+        value = f"{value // 60:02d}:{value % 60:02d}"  # YAML 1.1 reads an unquoted 7:30 as 450 (minutes)
+    if value is not None and not isinstance(value, str):
+        raise ValueError("not a time of day. Fix: HH:MM on a 24-hour clock in orchestration.timezone, in quotes, "
+                         "e.g. '07:00', or leave it empty for no deadline")
+    if value is not None and not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", value):
+        raise ValueError("not a time of day. Fix: HH:MM on a 24-hour clock in orchestration.timezone, e.g. '07:00', "
+                         "or leave it empty for no deadline")
+    return value or None
+
+
+class ScreenConfig(_Section):
+    """The data screen (pipeline_lib/nightly/screen.py, docs/nightly.md "The data screen"): before tonight's data
+    stage the promoted model and the lineage's character n-gram model score tonight's new documents in nats per
+    character; a document far above the lineage's own accepted documents (scored the same way tonight) is excluded
+    with reason `lineage_perplexity`."""
+
+    enabled: bool = Field(True, description="Screen tonight's new documents before the data stage (false: every "
+                          "document goes on to cleaning as before).")
+    k: float = Field(
+        12.0, gt=0, le=1000, description="How far outside is too far: a document is excluded when its score (nats per "
+        "character) is above median + k * spread of the calibration documents (the lineage's accepted held-out "
+        "documents scored by the same scorer tonight; spread = 1.4826 * their median absolute deviation, at least "
+        "min_spread). Each scorer has its own threshold; either one excludes. At the tiny default good documents "
+        "lie within about 8 spreads of the median, garbage beyond 25 (docs/nightly.md).")
+    min_spread: float = Field(
+        0.1, gt=0, le=10, description="Smallest spread (nats per character) a threshold uses, so a calibration set "
+        "of near-identical scores does not put the threshold a hair above them: with k=12 a document must cost at "
+        "least 1.2 nats a character more than the lineage's median.")
+    quarantine_file_share: float = Field(
+        0.5, gt=0, le=1, description="A file with more than this share of its screened documents excluded is "
+        "quarantined as a whole: left out of tonight's inputs, consumed, and named in the night's message.")
+    ngram_order: int = Field(
+        5, ge=0, le=8, description="Order of the lineage's character n-gram model (the second scorer: characters in "
+        "their order, which a model a few steps old does not know yet); 0 turns it off.")
+    model: bool = Field(True, description="Score with the promoted model (the lineage's `latest`; on the first "
+                        "night model.base_checkpoint when set). false: the n-gram model alone.")
+    batch_size: int = Field(16, ge=1, le=4096, description="Windows of model.seq_length + 1 tokens per forward "
+                            "of the screen's model.")
+    max_chars_per_document: int = Field(
+        2000, ge=64, description="A document is scored on its first this many characters (bounds the screen's time "
+                                 "on very long documents; the score is per character either way).")
+    sample_per_night: int = Field(
+        300, ge=20, description="Accepted documents of each promoted night kept under <output_root>/_nightly/screen/ "
+        "(chosen by hash): its held-out documents first (the calibration set: never trained on), then train-split "
+        "ones (what the n-gram model is built from).")
+    max_reference_documents: int = Field(
+        3000, ge=20, description="At most this many kept documents are read per night, the newest nights first.")
+    self_test_documents: int = Field(
+        8, ge=0, le=200, description="Calibration documents whose characters are shuffled and scored beside "
+        "tonight's each night: a scorer that lets any of them through has no power yet, and the night's message "
+        "says so (0: no self-test).")
 
 
 class NightlyConfig(_Section):
     gate: GateConfig = Field(default_factory=GateConfig, description="What a night must not make worse to become "
-                             "tomorrow's base.")
+                             "tomorrow's base: paired statistics of the candidate and the promoted model on the same "
+                             "rows and items, three outcomes (promote, hold, investigate), uninformative metrics "
+                             "reported but never deciding (docs/nightly.md).")
+    lr_schedule: Literal["per_run", "lineage"] = Field(
+        "per_run", description="per_run: every night trains with training.lr_schedule as a run of its own (warm-up "
+        "and decay from the full rate each night). lineage: one warmup-stable-decay across the nights "
+        "(training.lr_schedule=wsd is set for the night): the lineage warms up once (training.warmup_steps in its "
+        "first night), each night trains at the stable rate from the promoted night's stable-phase weights and ends "
+        "with a short decay (training.decay_steps / decay_fraction); the decayed weights are evaluated, gated and "
+        "handed on, the stable ones are what the next night continues. A plain `llm-pipeline run` ignores it. "
+        "docs/nightly.md, The lineage schedule.")
+    retention: RetentionConfig = Field(default_factory=RetentionConfig, description="What the run folders of "
+                                       "decided nights keep (bounded disk); `llm-pipeline gc CONFIG` applies it.")
+    deadline: Annotated[str | None, BeforeValidator(_time_of_day)] = Field(
+        None, description="HH:MM in orchestration.timezone by which the night must be done (empty: none). The night "
+        "cuts training.steps to what fits, measured by the previous trained night (step time, other stages), never "
+        "below training.preflight_steps + 1 (nor training.warmup_steps), and says so in its message; `llm-pipeline "
+        "deploy` also makes a Prefect automation that notifies when the nightly has not ended by then "
+        "(docs/nightly.md).")
+    on_hold: Literal["carry", "drop"] = Field(
+        "carry", description="What becomes of a held night's files. carry: the next night trains them again with "
+        "its own new files, from the promoted model (their documents are not 'seen before': a night's documents "
+        "enter the dedup index only when it is promoted); drop: they are done with, never trained into the promoted "
+        "model. The state's ledger says per file what became of it (`llm-pipeline nightly status CONFIG`).")
+    max_carries: int = Field(
+        2, ge=0, description="How many times a held night's file is carried to the next night; held once more, it is "
+        "quarantined (reason `carried N times, held every time`) and the night asks for a person (the webhook, "
+        "the state's `attention`).")
+    screen: ScreenConfig = Field(default_factory=ScreenConfig, description="Tonight's documents scored against the "
+                                 "lineage before they train (the data screen).")
 
 
 class PipelineConfig(_Section):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..storage.store import is_remote
 from .errors import ConfigError, ConfigIssue
 from .platform import device_target
-from .schema import DTYPE_FIELDS, PipelineConfig, global_batch, precision_dtypes, sft_accumulation
+from .schema import DTYPE_FIELDS, PipelineConfig, global_batch, precision_dtypes, sft_accumulation, wsd_decay_steps
 
 
 def _batch(cfg: PipelineConfig) -> list[ConfigIssue]:
@@ -208,6 +208,62 @@ def _sft(cfg: PipelineConfig) -> list[ConfigIssue]:
                                   "if this is really meant"))
     return issues
 
+def _schedule(cfg: PipelineConfig) -> list[ConfigIssue]:
+    """The learning-rate schedules (training.*, sft.*): a floor above the peak, a wsd whose warm-up and decay do not fit
+    the run, wsd-only settings under cosine, and a lineage schedule the stage cannot keep (docs/training-schedule.md)."""
+    t, issues = cfg.training, []
+    for name, s in (("training", t), ("sft", cfg.sft)):
+        if s.min_lr > s.learning_rate:
+            issues.append(ConfigIssue(f"{name}.min_lr", s.min_lr,
+                                      f"above the peak {name}.learning_rate={s.learning_rate:g}: the decay would "
+                                      "raise the learning rate",
+                                      f"set {name}.min_lr below {name}.learning_rate (about 1/10 to 1/100 of it, "
+                                      f"e.g. {s.learning_rate / 10:g}), or raise {name}.learning_rate"))
+    if t.lr_schedule == "cosine":
+        for field, value, default in (("lineage_steps", t.lineage_steps, 0),
+                                      ("keep_stable_weights", t.keep_stable_weights, False)):
+            if value != default:
+                issues.append(ConfigIssue(f"training.{field}", value, "applies to training.lr_schedule=wsd only: a "
+                                          "cosine run has no stable phase to continue",
+                                          f"set training.lr_schedule=wsd, or remove training.{field}"))
+        return issues
+    if t.steps is None:
+        return issues + [ConfigIssue("training.lr_schedule", "wsd", "training.steps is null (the run lasts "
+                                     "training.epochs): wsd places its decay at the end of a known step budget",
+                                     "set training.steps, or training.lr_schedule=cosine")]
+    decay = wsd_decay_steps(t)
+    warmup_left = max(0, t.warmup_steps - t.lineage_steps)
+    if warmup_left + decay > t.steps:
+        field, value = ("training.decay_steps", t.decay_steps) if t.decay_steps else \
+            ("training.decay_fraction", t.decay_fraction)
+        done = f" (of training.warmup_steps={t.warmup_steps}, training.lineage_steps={t.lineage_steps} done)" \
+            if t.lineage_steps else ""
+        issues.append(ConfigIssue(field, value,
+                                  f"the decay ({decay} steps) and the warm-up left ({warmup_left} steps{done}) do not "
+                                  f"fit in training.steps={t.steps}: the run would decay before it reached the peak",
+                                  f"make warmup_steps + decay steps <= training.steps: e.g. training.decay_steps="
+                                  f"{max(1, t.steps - warmup_left) // 2 or 1}, or a shorter training.warmup_steps, or "
+                                  "more training.steps"))
+    elif t.keep_stable_weights and decay >= t.steps:
+        issues.append(ConfigIssue("training.keep_stable_weights", True,
+                                  f"the decay spans the whole run (training.steps={t.steps}): no stable phase to keep",
+                                  "lower training.decay_steps / decay_fraction"))
+    return issues
+
+
+def _lineage_schedule(cfg: PipelineConfig) -> list[ConfigIssue]:
+    p = cfg.parallel
+    if cfg.nightly.lr_schedule == "lineage" and p.model_parallel * p.pipeline_stage > 1:
+        # the stable-phase weights are written by one rank (train/mf_callbacks.py SaveWeightsAtStep): whole only when
+        # every rank holds the whole model
+        return [ConfigIssue("nightly.lr_schedule", "lineage",
+                            f"the stable-phase weights are written by one rank, which holds the whole model only "
+                            f"without tensor/pipeline parallel (parallel.model_parallel={p.model_parallel}, "
+                            f"pipeline_stage={p.pipeline_stage})",
+                            "set nightly.lr_schedule=per_run for this layout")]
+    return []
+
+
 MIN_PREFLIGHT_STEPS = 3  # the preflight judges the loss trend from thirds of its steps
 
 
@@ -312,7 +368,8 @@ def _replay(cfg: PipelineConfig) -> list[ConfigIssue]:
     return []
 
 
-RULES = (_batch, _replay, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft,
+RULES = (_batch, _replay, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft, _schedule,
+         _lineage_schedule,
          preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues)
 
 

@@ -1,15 +1,17 @@
-"""Documents the user asked the data stage to drop: the ones behind a loss spike, and id lists.
+"""Documents the user asked the data stage to drop: the ones behind a loss spike, the screen's, and id lists.
 
 - `data.exclude_from`: guard_diagnosis.json files the pretrain stage wrote when its loss guard tripped (their
-  `documents`: the source documents packed in the bad batches, `{id, origin, steps}`); a document is dropped when
-  its origin (`<file label>:<line>`, unique in a run) is listed, so documents sharing an id are not dropped with it.
+  `documents`: the source documents packed in the bad batches, `{id, origin, steps}`), or the exclusion file the
+  nightly's data screen writes (the same `documents`, and a top-level `reason`: `lineage_perplexity`,
+  nightly/screen.py); a document is dropped when its origin (`<file label>:<line>`, unique in a run) is listed, so
+  documents sharing an id are not dropped with it.
 - `data.exclude_ids`: text files of source ids, one per line, each a JSON value (`"doc-17"`, `17`) or else taken as
   a string; a document is dropped when its `data.id_field` value is listed (every document with that id).
-prep_shard drops them before the filters, writes them to excluded.jsonl (`filter` and `reason` "guard") and counts
-them in stats.json under `filtered` with reason `guard`. Files are read through the store (local or s3://), once
-per run (the plan step writes what they list to the stage's work folder, `shards/exclusions.json`; each shard
-worker loads that once per process), with the bounded reader (storage.bounded): a guard_diagnosis.json over
-16 MiB, an id list over 256 MiB or an id line over 64 KiB is refused.
+prep_shard drops them before the filters, writes them to excluded.jsonl (`filter` and `reason`: the file's `reason`,
+"guard" when it names none, as for every id list) and counts them in stats.json under `filtered` by that reason.
+Files are read through the store (local or s3://), once per run (the plan step writes what they list to the stage's
+work folder, `shards/exclusions.json`; each shard worker loads that once per process), with the bounded reader
+(storage.bounded): a guard_diagnosis.json over 16 MiB, an id list over 256 MiB or an id line over 64 KiB is refused.
 Raises DataStageError naming the field and the file for a file that is missing, too large or is not what the
 field reads.
 """
@@ -36,14 +38,21 @@ def id_key(value) -> str:
 
 @dataclass(frozen=True)
 class Exclusions:
-    origins: frozenset[str] = field(default_factory=frozenset)
+    origins: dict[str, str] = field(default_factory=dict)  # origin -> reason
     ids: frozenset[str] = field(default_factory=frozenset)  # id_key of each id
 
     def __bool__(self) -> bool:
         return bool(self.origins or self.ids)
 
+    def reason(self, source_id, origin: str) -> str | None:
+        """Why the document is dropped (the reason of the file naming its origin, else `guard` for a listed id),
+        None when it is not."""
+        if origin in self.origins:
+            return self.origins[origin]
+        return GUARD_REASON if self.ids and id_key(source_id) in self.ids else None
+
     def matches(self, source_id, origin: str) -> bool:
-        return origin in self.origins or (bool(self.ids) and id_key(source_id) in self.ids)
+        return self.reason(source_id, origin) is not None
 
 
 MAX_ID_LINE = 64 << 10  # an id is a short JSON value
@@ -77,24 +86,33 @@ def _id_lines(path: str, endpoint: str | None):
 
 
 def guard_documents(data: bytes, path: str) -> list[dict]:
-    """The `documents` of a guard_diagnosis.json's bytes."""
+    """The `documents` of a guard_diagnosis.json's (or a screen exclusion file's) bytes."""
+    return _documents(data, path)[0]
+
+
+def _documents(data: bytes, path: str) -> tuple[list[dict], str]:
+    """(`documents`, `reason`: `guard` when the file names none)."""
     try:
         doc = json.loads(data)
         docs = doc["documents"]
         if not isinstance(docs, list) or not all(isinstance(d, dict) and "origin" in d for d in docs):
             raise TypeError("documents must be a list of {id, origin}")
-    except (ValueError, KeyError, TypeError, RecursionError) as err:
+        reason = doc.get("reason", GUARD_REASON)
+        if not isinstance(reason, str) or not reason:
+            raise TypeError("reason must be a non-empty string")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise DataStageError("data.exclude_from", path, f"not a guard_diagnosis.json ({type(err).__name__}: {err})",
                              "name the guard_diagnosis.json a pretrain stage folder holds after its loss guard "
                              "tripped") from None
-    return docs
+    return docs, reason
 
 
 def load_exclusions(cfg, endpoint: str | None = None) -> Exclusions:
     d = cfg.data
-    origins, ids = set(), set()
+    origins, ids = {}, set()
     for path in d.exclude_from:
-        origins |= {str(doc["origin"]) for doc in guard_documents(_read(path, "data.exclude_from", endpoint), path)}
+        docs, reason = _documents(_read(path, "data.exclude_from", endpoint), path)
+        origins.update((str(doc["origin"]), reason) for doc in docs)
     for path in d.exclude_ids:
         for raw in _id_lines(path, endpoint):
             line = raw.decode("utf-8", "replace").strip()
@@ -104,7 +122,7 @@ def load_exclusions(cfg, endpoint: str | None = None) -> Exclusions:
                 ids.add(id_key(json.loads(line)))
             except (ValueError, RecursionError):
                 ids.add(id_key(line))
-    return Exclusions(frozenset(origins), frozenset(ids))
+    return Exclusions(origins, frozenset(ids))
 
 
 EXCLUSIONS_FILE = "shards/exclusions.json"  # in the data stage's work folder, written by the plan step
@@ -113,7 +131,7 @@ _LOADED: dict = {}
 
 def save_exclusions(ex: Exclusions, path) -> None:
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"origins": sorted(ex.origins), "ids": sorted(ex.ids)}, fh, ensure_ascii=False)
+        json.dump({"origins": ex.origins, "ids": sorted(ex.ids)}, fh, ensure_ascii=False, sort_keys=True)
 
 
 def saved_exclusions(path) -> Exclusions:
@@ -123,5 +141,5 @@ def saved_exclusions(path) -> Exclusions:
         _LOADED.clear()
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-        _LOADED[key] = Exclusions(frozenset(data["origins"]), frozenset(data["ids"]))
+        _LOADED[key] = Exclusions(dict(data["origins"]), frozenset(data["ids"]))
     return _LOADED[key]

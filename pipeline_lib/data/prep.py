@@ -2,7 +2,8 @@
 hash, sign), deduplicate all shards in input order; then (`stage_index_segment`, while the
 tokenizer trains) this run's segment of the persistent dedup index, all but its publication.
 
-`prep_shard` drops the documents data.exclude_from / data.exclude_ids name (exclusions.py) before the filters.
+`prep_shard` drops the documents data.exclude_from / data.exclude_ids name (exclusions.py: the loss guard's, the
+nightly screen's) before the filters.
 
 Each step is idempotent: it returns at once when its completion marker (shards/<name>.done,
 holding the work hash) exists, so a rerun redoes only unfinished shards. `prep_shard` is the
@@ -25,7 +26,7 @@ from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import index_uri, lineage, load_prior, segment_meta, stage_segment, write_segment
 from .errors import DataStageError, NoNewDocuments
 from .decontaminate import FILTER, REASON, EvalNgrams, build_eval_ngrams, overlap_text
-from .exclusions import EXCLUSIONS_FILE, GUARD_REASON, load_exclusions, save_exclusions, saved_exclusions
+from .exclusions import EXCLUSIONS_FILE, load_exclusions, save_exclusions, saved_exclusions
 from .filters import Doc, apply_filters_batch, build_filters
 from .index_lease import take_lease
 from .minhash import shingle_hashes, signatures
@@ -216,8 +217,8 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
                         wrote_q[reason] += 1
                         qf.write(_json({"id": sid, "origin": origin, "file": spec.uri, "line": line,
                                         "reason": reason, **quarantine_copy(raw, copy)}) + "\n")
-                elif exclusions and exclusions.matches(sid, origin):
-                    exclude(origin, line, text, sid, meta, GUARD_REASON, GUARD_REASON)
+                elif exclusions and (why := exclusions.reason(sid, origin)):
+                    exclude(origin, line, text, sid, meta, why, why)
                 else:
                     docs.append(Doc(origin, text))
                     found.append((line, text, sid, meta))

@@ -20,7 +20,8 @@ tasks may run on other machines); run_data_stage passes shared=False (see worksp
 script using the process pool must guard its entry point (if __name__ == "__main__").
 The output does not depend on the number of workers. Finalizing checks conservation
 (stats.json), publishes this run's segment of the persistent dedup index (its entries were merged
-while the tokenizer trained, unseen by readers until then) and removes the work
+while the tokenizer trained, unseen by readers until then; with data.dedup.defer_publish, as the nightly
+runs it, the segment is kept in segment/ instead and published when the night is promoted) and removes the work
 files under shards/; the registry (pipeline_lib.stages.record_stage) then writes manifest.json.
 Raises: DataStageError (config/data problems, naming the field), ConservationError (a bug).
 """
@@ -137,14 +138,18 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
     if not stats["balanced"]:
         raise ConservationError(f"read != rejected + filtered + duplicates + kept; see {ws.uri_of('stats.json')}")
     names = stage_index_segment(cfg, paths, shared=shared)  # staged while the tokenizer trained
+    kept_segment = []
     if names:
         folder = ws.fetch(f"{SEGMENT}/{names[-1]}").parent
         for name in names[:-1]:
             ws.fetch(f"{SEGMENT}/{name}")
-        publish_segment(folder, names, index_uri(cfg), paths.run_id, ws.endpoint)
+        if cfg.data.dedup.defer_publish:  # kept in the stage folder: the nightly publishes it on promotion
+            kept_segment = [keep_segment(ws, folder, name) for name in names]
+        else:
+            publish_segment(folder, names, index_uri(cfg), paths.run_id, ws.endpoint)
     drop_lease(index_uri(cfg), paths.run_id, ws.endpoint)  # taken by the dedup step (index_lease)
     outputs = ["quarantine.jsonl", "excluded.jsonl", "duplicates.jsonl", "stats.json",
-               "tokenizer/tokenizer.model", "tokenizer/tokenizer_config.json"]
+               "tokenizer/tokenizer.model", "tokenizer/tokenizer_config.json", *kept_segment]
     outputs += [f"cleaned/part-{k:05d}.jsonl.gz" for k in range(n)]
     for split in ("train", "heldout"):
         for j in range(mr[split]["files"]):
@@ -164,6 +169,17 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
     ws.remove("shards")
     ws.drop_local_copy()
     return StageOutput(described, metrics)
+
+
+KEPT_SEGMENT = "segment"  # <run>/data/segment/: the run's unpublished dedup index segment (data.dedup.defer_publish)
+
+
+def keep_segment(ws, folder, name: str) -> str:
+    """Copy a staged segment file out of shards/ (removed when the stage ends) into KEPT_SEGMENT; its stage path."""
+    rel = f"{KEPT_SEGMENT}/{name}"
+    shutil.copyfile(folder / name, ws.local(rel))
+    ws.publish(rel)
+    return rel
 
 
 class _Progress:

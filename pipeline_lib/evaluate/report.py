@@ -51,6 +51,7 @@ def summary_rows(summary: dict) -> list[dict]:
                      "reference": {name: r["perplexity"] for name, r in (ck.get("reference") or {}).items()},
                      "tasks": {name: t["accuracy"] for name, t in (ck.get("tasks") or {}).items()},
                      "task_items": {name: t.get("items") for name, t in (ck.get("tasks") or {}).items()},
+                     "task_chance": {name: t.get("chance") for name, t in (ck.get("tasks") or {}).items()},
                      "keyword_hits": _hits(ck), "generated_tokens": ck.get("generated_tokens"),
                      "tokens_per_s": ck.get("tokens_per_second"), "lora_merged": bool(ck.get("lora_merged")),
                      "source": _source(ck["ref"])})

@@ -4,7 +4,8 @@ What `run_evaluate_stage(run, checkpoints=None, tokenizer_path=None, heldout_dir
 (stage contract, pipeline_lib.runtime.contract):
 1. loads and checks the prompt sets (evaluate.prompt_files) in this process;
 2. runs `python -m pipeline_lib.evaluate.worker` (runtime.worker; MindSpore lives only there; launcher
-   timeout = training.timeout_seconds), which writes `<label>/generations.jsonl` per checkpoint and
+   timeout = training.timeout_seconds), which writes `<label>/generations.jsonl`, `<label>/tasks.jsonl` (per task
+   item) and `<label>/perplexity_rows.json` (per perplexity row: NLL and scored tokens) per checkpoint and
    returns perplexity, keyword hits, speed and the accuracy of each task of evaluate.tasks (loglik_tasks.py)
    per checkpoint;
 3. writes `metrics.json` (prompts + per-checkpoint results), `report.md` and `report.html`
@@ -121,6 +122,7 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
                    "decoding": cfg.evaluate.decoding, "max_new_tokens": cfg.evaluate.max_new_tokens,
                    "temperature": cfg.evaluate.temperature, "top_k": cfg.evaluate.top_k, "top_p": cfg.evaluate.top_p,
                    "seed": cfg.run.seed, "heldout_dir": heldout_dir, "tokenizer": tokenizer_path,
+                   "vocab_size": result.get("vocab_size"),
                    "prompts": [p.to_json() for p in prompts], "tasks": [t.to_json() for t in tasks],
                    "task_batch_size": cfg.evaluate.task_batch_size, "checkpoints": result["checkpoints"],
                    "seconds": round(time.time() - started, 2)}
@@ -142,6 +144,8 @@ def run_evaluate_stage(run: StageRun, checkpoints: dict | None = None, tokenizer
     return StageOutput(outputs, {"checkpoints": rep.summary_rows(summary), "device": summary["device"],
                                  "inputs": json.loads(json.dumps(inputs, sort_keys=True, default=str)),
                                  "decode_path": summary["decode_path"], "seconds": summary["seconds"],
+                                 # the uniform perplexity of the tokenizer: the nightly gate's "no signal" line
+                                 "tokenizer_vocab_size": summary["vocab_size"],
                                  "report_md": "report.md", "report_html": "report.html",
                                  # the answers are in the report (stacked per prompt: a table with one column
                                  # per checkpoint was wider than a screen); this table stays narrow

@@ -6,8 +6,10 @@ into it in turn, so the graph compiles once. Per checkpoint it writes `<label>/g
 (one line per prompt: prompt id, checkpoint, text, tokens, time, stop reason, keyword hits),
 computes held-out perplexity and scores the tasks of evaluate.tasks by log-likelihood (loglik_tasks.py; the
 same network called at evaluate.task_batch_size rows: a second compiled graph, the weights shared),
-one record per item in `<label>/tasks.jsonl`. A checkpoint with a LoRA adapter (instruction-tuned) is prompted with
-the SFT chat template, the others with BOS + the raw prompt (request "formats" overrides per label);
+one record per item in `<label>/tasks.jsonl`, and per perplexity row (held-out split, each reference set, each
+reference_heldout split) its NLL sum and scored-token count in `<label>/perplexity_rows.json` (perplexity.ROWS_FILE:
+what a paired comparison of two checkpoints on the same rows needs, the nightly gate's bootstrap). A checkpoint
+with a LoRA adapter (instruction-tuned) is prompted with the SFT chat template, the others with BOS + the raw prompt (request "formats" overrides per label);
 prompts too long for max_new_tokens keep BOS and their tail (decoding.truncate_prompt).
 
 Decoding path: greedy on a device where mindformers `generate` runs (Ascend) uses `generate`
@@ -127,7 +129,7 @@ def run(req: dict) -> dict:
     from ..model.checkpoints import CheckpointRef, resolve_params
     from .decoding import fixed_batch
     from ..model.llama import build_llama, load_into, logits_fn, set_context
-    from .perplexity import perplexity, read_heldout_rows
+    from .perplexity import ROWS_FILE, perplexity, read_heldout_rows
     from .textcodec import TextCodec
 
     set_context(target)
@@ -169,12 +171,17 @@ def run(req: dict) -> dict:
                  "lora_merged": resolved.report.to_json() if resolved.report else None}
         entry.update(_decode_checkpoint(net, fn, req["prompts"], codec, cfg, req, label, fmt,
                                         out_dir / item["dir"] / "generations.jsonl", state))
-        if rows is not None:
-            entry["perplexity"] = perplexity(fn, rows, codec.pad_id, cfg.evaluate.batch_size).to_json()
+        heldout = perplexity(fn, rows, codec.pad_id, cfg.evaluate.batch_size) if rows is not None else None
+        if heldout is not None:
+            entry["perplexity"] = heldout.to_json()
             progress(f"{label}: perplexity {entry['perplexity']['perplexity']:.3f} on "
                      f"{entry['perplexity']['tokens']} tokens")
-        entry["reference"] = {name: perplexity(fn, ref_rows, codec.pad_id, cfg.evaluate.batch_size).to_json()
-                              for name, ref_rows in references.items()}
+        scored = {name: perplexity(fn, ref_rows, codec.pad_id, cfg.evaluate.batch_size)
+                  for name, ref_rows in references.items()}
+        entry["reference"] = {name: result.to_json() for name, result in scored.items()}
+        (out_dir / item["dir"] / ROWS_FILE).write_text(json.dumps({
+            "checkpoint": label, "vocab_size": codec.vocab_size, "heldout": heldout.row_scores() if heldout else None,
+            "reference": {name: result.row_scores() for name, result in scored.items()}}), encoding="utf-8")
         for name, result in entry["reference"].items():
             progress(f"{label}: reference {name} perplexity {result['perplexity']:.3f} on {result['tokens']} tokens")
         if tasks:
@@ -184,6 +191,7 @@ def run(req: dict) -> dict:
         results.append(entry)
         killpoints.reached("evaluate.between_checkpoints")
     return {"device": target, "checkpoints": results, "seconds": round(time.time() - t0, 2),
+            "vocab_size": codec.vocab_size,
             "decode_path": "generate" if state["use_generate"] else "forward",
             "generate_error": state.get("generate_error"), "generate_match": state.get("generate_match")}
 

@@ -1,4 +1,5 @@
-"""What arrived: the raw files of data.inputs, and which of them no decided night has read yet."""
+"""What arrived: the raw files of data.inputs, and which of them no decided night is done with yet (new ones, and
+the ones a held night carried: ledger.py)."""
 from __future__ import annotations
 
 from ..config.schema import PipelineConfig
@@ -16,6 +17,16 @@ def list_raw_files(cfg: PipelineConfig) -> dict[str, int]:
 
 
 def new_files(cfg: PipelineConfig, state: dict) -> dict[str, int]:
-    """Files not trained on yet; a file that grew since (appended) counts as new."""
+    """Tonight's files: the ones no decided night is done with (a file that grew since, appended, counts as new),
+    and the carried ones (a held night's, nightly.on_hold: carry) even when data.inputs no longer lists them, as
+    long as they are still there."""
+    from .ledger import carried_files
+
     consumed = state.get("consumed", {})
-    return {u: s for u, s in list_raw_files(cfg).items() if consumed.get(u) != s}
+    found = {u: s for u, s in list_raw_files(cfg).items() if consumed.get(u) != s}
+    for uri in carried_files(state):
+        if uri not in found:
+            store = store_for(uri, cfg.run.s3_endpoint_url)
+            if store.exists(uri):
+                found[uri] = store.size(uri)
+    return dict(sorted(found.items()))

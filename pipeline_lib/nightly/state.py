@@ -3,7 +3,11 @@
 State lives in the run store under <output_root>/_nightly/state/ as numbered generations
 (storage.generations; <output_root>/_nightly/state.json is a readable copy of the newest one, and
 what earlier versions wrote):
-  consumed: {input URI: size} of every raw file a decided night has read
+  consumed: {input URI: size} of every raw file a decided night has read and is done with (a carried file is not)
+  ledger:   per input file what became of it: trained into a promoted run, carried (n), dropped, quarantined
+            (reason), duplicate, unusable, with its nights and document counts (ledger.py)
+  attention: what a person must look at (files quarantined after max_carries held nights, nights that failed on
+            their data), newest last; `llm-pipeline nightly status CONFIG` shows it
   latest:   {run_id, checkpoint, tokenizer, finished_at} of the promoted night (every stage succeeded and the
             gate passed, or a person promoted it); the next night continues that checkpoint with that
             tokenizer (one tokenizer per lineage)
@@ -23,6 +27,7 @@ import json
 
 from ..config.schema import PipelineConfig
 from .. import killpoints
+from . import ledger
 from ..storage import generations, join, store_for
 from ..storage.errors import PicklableError
 
@@ -79,26 +84,37 @@ def promoted_nights(state: dict) -> list[str]:
 def commit_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
                  checkpoint: str | None, tokenizer: str | None = None, *, decision: str = "promoted",
                  verdict: dict | None = None, decided_by: dict | None = None, heldout: str | None = None,
-                 record: dict | None = None) -> dict:
-    """Advance the watermark and record the night's decision; call only after every stage succeeded.
-    `promoted` moves `latest` (the checkpoint and the lineage's tokenizer); `held` keeps `latest` and lists the
-    candidate under `held` (a person may promote it later: promote_held). `verdict` is the gate's comparison
-    (gate.Verdict.to_json), `decided_by` who decided when a person did. `state` is what the night read
-    at its start; the change is applied to the newest state. `heldout` (the night's held-out split) becomes the
-    lineage's `reference_heldout` when the lineage has none yet: every later night is judged on those rows.
+                 record: dict | None = None, documents: dict[str, dict] | None = None) -> dict:
+    """Record the night's decision and what became of its files; call only after every stage succeeded.
+    `promoted` moves `latest` (the checkpoint and the lineage's tokenizer) and its files are trained; `held` keeps
+    `latest` and lists the candidate under `held` (a person may promote it later: promote_held); its files are
+    carried to the next night (nightly.on_hold: carry; quarantined once held more than nightly.max_carries times,
+    and the state asks for attention) or dropped (on_hold: drop). `documents`: per file the data stage's counts
+    (tonight.night_documents). `verdict` is the gate's comparison (gate.Verdict.to_json), `decided_by` who decided
+    when a person did. `state` is what the night read at its start; the change is applied to the newest state.
+    `heldout` (the night's held-out split) becomes the lineage's `reference_heldout` when the lineage has none yet
+    (a held night's when a person promotes it): every later night is judged on those rows.
     `record`: what the nightly's other parts keep of the night (the screen, the schedule, the deadline: one key each),
-    stored on its history entry and, for a promoted night, on `latest`."""
+    stored on its history entry and, for a promoted night, on `latest`. Returns the state written
+    (ledger.quarantined_by(state, run_id): the files this night quarantined)."""
     record = record or {}
     candidate = {"run_id": run_id, "checkpoint": checkpoint, "tokenizer": tokenizer, "finished_at": _now(), **record}
 
     def change(state: dict) -> dict:
-        state.setdefault("consumed", {}).update(files)
+        quarantined = ledger.record_decision(state, files, run_id, decision, documents or {},
+                                             cfg.nightly.on_hold, cfg.nightly.max_carries)
+        ledger.record_screened_out(state, files, run_id, record.get("screen"))
         if decision == "promoted":
             state["latest"] = candidate
             if heldout and not state.get("reference_heldout"):
                 state["reference_heldout"] = heldout
         else:
-            state.setdefault("held", []).append({**candidate, "verdict": verdict})
+            state.setdefault("held", []).append({**candidate, "verdict": verdict, "heldout": heldout})
+        if quarantined:
+            ledger.ask_attention(state, run_id, f"{len(quarantined)} file(s) held {cfg.nightly.max_carries + 1} "
+                                 "nights running, quarantined: look at the held nights' gate artifacts; promote one "
+                                 "by hand (llm-pipeline nightly promote) or give the files again under new names",
+                                 quarantined)
         state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": checkpoint,
                                                 "decision": decision, "verdict": verdict,
                                                 "decided_by": decided_by, **record})
@@ -116,29 +132,61 @@ class NotHeld(PicklableError, ValueError):
 
 
 def promote_held(cfg: PipelineConfig, run_id: str, who: str, reason: str) -> dict:
-    """A person promotes a held candidate: `latest` moves to it, it leaves `held`, history records who and why."""
+    """A person promotes a held candidate: `latest` moves to it (with the record keys its night kept), it leaves
+    `held`, its files still pending are trained into it, its documents enter the lineage's dedup index, history
+    records who and why."""
     def change(state: dict) -> dict:
         held = state.get("held", [])
         found = next((h for h in held if h["run_id"] == run_id), None)
         if found is None:
             raise NotHeld(run_id, [h["run_id"] for h in held])
         state["held"] = [h for h in held if h["run_id"] != run_id]
-        state["latest"] = {k: found[k] for k in ("run_id", "checkpoint", "tokenizer", "finished_at")}
+        state["latest"] = {k: v for k, v in found.items() if k not in ("verdict", "heldout")}
+        if found.get("heldout") and not state.get("reference_heldout"):
+            state["reference_heldout"] = found["heldout"]
+        ledger.record_promoted_by_hand(state, run_id)
+        record = {k: v for k, v in state["latest"].items() if k not in ("run_id", "checkpoint", "tokenizer",
+                                                                           "finished_at")}
         state.setdefault("history", []).append({"run_id": run_id, "decision": "promoted by hand",
-                                                "decided_by": {"who": who, "reason": reason, "at": _now()}})
+                                                "decided_by": {"who": who, "reason": reason, "at": _now()},
+                                                **record})
         return state
+    held = [h["run_id"] for h in load_state(cfg).get("held", [])]
+    if run_id not in held:  # before anything is published
+        raise NotHeld(run_id, held)
+    from .documents import publish_night_documents
+
+    publish_night_documents(cfg, run_id)  # before the state: a retry after a crash publishes again (idempotent)
     return update_state(cfg, change)
 
 
 def consume_without_training(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str,
                              found: dict) -> dict:
     """Move the watermark past files that held only already-seen documents (`found` kind all_seen: decision
-    "no new data") or only rejected / filtered records (no_usable_documents: "no usable data"); `latest` stays."""
+    "no new data", files `duplicate`) or only rejected / filtered records (no_usable_documents: "no usable data",
+    files `unusable`); `latest` stays."""
     decision = "no usable data" if found.get("kind") == "no_usable_documents" else "no new data"
 
     def change(state: dict) -> dict:
-        state.setdefault("consumed", {}).update(files)
+        ledger.record_without_training(state, files, run_id,
+                                       "unusable" if decision == "no usable data" else "duplicate")
+        ledger.record_screened_out(state, files, run_id, found.get("screen"))
         state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": None,
                                                 "decision": decision, "no_new_data": found})
+        return state
+    return update_state(cfg, change)
+
+
+def quarantine_night(cfg: PipelineConfig, state: dict, files: dict[str, int], run_id: str, reason: str,
+                     documents: dict[str, dict] | None = None) -> dict:
+    """A night that failed on its data (its preflight or loss guard on tonight's documents): its files (new and
+    carried) are quarantined with `reason` instead of failing every later night; `latest` stays; a person is
+    asked (attention)."""
+    def change(state: dict) -> dict:
+        ledger.record_quarantine(state, files, run_id, reason, documents)
+        ledger.ask_attention(state, run_id, f"the night failed on its data ({reason}); its files are quarantined",
+                             list(files))
+        state.setdefault("history", []).append({"run_id": run_id, "files": len(files), "checkpoint": None,
+                                                "decision": "quarantined", "reason": reason})
         return state
     return update_state(cfg, change)

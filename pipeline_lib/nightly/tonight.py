@@ -5,17 +5,20 @@ import json
 
 from ..config.schema import PipelineConfig
 from ..storage import join, store_for
-from .state import promoted_nights
+from .schedule import lineage_overrides
 
 def replay_runs(cfg: PipelineConfig, state: dict) -> list[str]:
     """data.replay.runs for tonight: the configured ones, then the promoted nights whose data stage is still there
-    (their packed rows are what replay samples; data/replay.py)."""
+    (their packed rows are what replay samples; data/replay.py): the newest nightly.retention.replay_nights of them,
+    the ones retention keeps, never one whose rows retention removed."""
     from ..storage import RunPaths
+    from .retention import DATA, removed_by_retention, replay_nights_kept
 
     runs = list(cfg.data.replay.runs)
-    for run_id in promoted_nights(state):
+    for run_id in replay_nights_kept(cfg.nightly.retention, state, replay_on=True):
         manifest = join(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("data"), "manifest.json")
-        if run_id not in runs and store_for(manifest, cfg.run.s3_endpoint_url).exists(manifest):
+        if (run_id not in runs and store_for(manifest, cfg.run.s3_endpoint_url).exists(manifest)
+                and DATA not in removed_by_retention(cfg, run_id)):
             runs.append(run_id)
     return runs
 
@@ -25,14 +28,16 @@ def nightly_overrides(cfg: PipelineConfig, state: dict, files: dict[str, int]) -
     lineage's fixed held-out split beside the configured evaluate.reference_heldout, and deduplicate against
     the nights only: the nightly is its own lineage (`<run.name>-nightly` unless data.dedup.lineage is set), so a
     manual run of the same config (make demo) does not make every document of the first night "seen before";
-    with data.replay on, replay from the promoted nights (replay_runs)."""
+    with data.replay on, replay from the promoted nights (replay_runs); under nightly.lr_schedule=lineage, continue the
+    lineage's warmup-stable-decay from the promoted night's stable-phase weights (schedule.lineage_overrides)."""
     from ..data.dedup_index import lineage
 
-    changes: dict = {"data": {"inputs": sorted(files)}}
+    # the night's segment of the dedup index is published only when the night is promoted (documents.py)
+    changes: dict = {"data": {"inputs": sorted(files), "dedup": {"defer_publish": True}}}
     if cfg.data.replay.fraction > 0:
         changes["data"]["replay"] = {"runs": replay_runs(cfg, state)}
     if not cfg.data.dedup.lineage:
-        changes["data"]["dedup"] = {"lineage": f"{lineage(cfg)}-nightly"}
+        changes["data"]["dedup"]["lineage"] = f"{lineage(cfg)}-nightly"
     if state.get("reference_heldout"):
         changes["evaluate"] = {"reference_heldout": list(dict.fromkeys([*cfg.evaluate.reference_heldout,
                                                                        state["reference_heldout"]]))}
@@ -43,6 +48,8 @@ def nightly_overrides(cfg: PipelineConfig, state: dict, files: dict[str, int]) -
             changes["tokenizer"] = {"path": latest["tokenizer"]}
         # the promoted model is evaluated as `base` (model.base_checkpoint) beside tonight's candidate: the gate
         # compares the two (nightly.gate)
+    for section, values in lineage_overrides(cfg, state).items():  # nightly.lr_schedule=lineage (nightly/schedule.py)
+        changes.setdefault(section, {}).update(values)
     return changes
 
 
@@ -99,3 +106,16 @@ def deep_update(base: dict, changes: dict) -> dict:
         out[key] = deep_update(out.get(key) or {}, value) if isinstance(value, dict) and key != "compare_checkpoints" \
             else value
     return out
+
+
+def tonight_timing(cfg: PipelineConfig, run_id: str, summary: dict) -> dict | None:
+    """What tonight's training measured for tomorrow's nightly.deadline sizing (deadline.night_timing): the pretrain
+    manifest's steps and median step time, each stage's wall time from the pipeline's summary."""
+    from ..storage import RunPaths, read_manifest
+    from .deadline import night_timing
+
+    m = read_manifest(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url).stage_uri("pretrain"),
+                      cfg.run.s3_endpoint_url)
+    metrics = (m.metrics or {}) if m else {}
+    seconds = {stage: entry.get("seconds") or 0.0 for stage, entry in (summary.get("stages") or {}).items()}
+    return night_timing(metrics.get("steps") or cfg.training.steps, metrics.get("step_time_ms"), seconds)

@@ -2,7 +2,7 @@
 
     llm-pipeline plan --model configs/pipelines/llama2-7b-4x64gb.yaml \\
         --devices 4 --devices-per-node 4 --device-memory-gb 64 [--seq-length N] [--global-batch N] \\
-        [--json] [key=value overrides]
+        [--nights 30] [--night-tokens N] [--json] [key=value overrides]
 
 --devices, --devices-per-node and --device-memory-gb default to the config's parallel section.
 Exit codes: 0 a layout fits, 1 none fits (the report says why), 2 invalid config or arguments.
@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--inter-node-gbps", type=_positive(float), default=Hardware.inter_node_gbps,
                     help="GB/s per device across nodes (default %(default)s)")
     ap.add_argument("--top", type=_positive(int), default=10, help="rows of the table")
+    ap.add_argument("--nights", type=_positive(int), default=30,
+                    help="nights of the nightly's disk figure, without and with nightly.retention "
+                    "(default %(default)s)")
+    ap.add_argument("--night-tokens", type=_positive(int), default=None,
+                    help="new tokens a night packs (default: the tokens a night trains, training.steps x tokens "
+                    "per step)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. model.use_flash_attention=false")
     return ap
@@ -99,12 +105,17 @@ def plan_main(argv: list[str]) -> int:
                       headroom_gb=args.headroom_gb if args.headroom_gb is not None else p.device_memory_headroom_gb,
                       hardware=Hardware(args.tflops, args.intra_node_gbps, args.inter_node_gbps))
     result = plan(cfg, req)
-    from .disk import disk_lines
+    from dataclasses import asdict
 
+    from .disk import disk_lines, month_lines, month_of_nights
+
+    month = month_lines(cfg, args.nights, args.night_tokens)
     if args.json:
-        print(json.dumps({**plan_dict(result, top=args.top), "disk": disk_lines(cfg)}, indent=2))
+        print(json.dumps({**plan_dict(result, top=args.top), "disk": disk_lines(cfg) + month,
+                          "month_of_nights": asdict(month_of_nights(cfg, args.nights, args.night_tokens))}, indent=2))
     else:
         print(render(result, top=args.top))
-        # the config's own layout: the training checkpoints of a node and the weights-only file consumers take
-        print("\n" + "\n".join(disk_lines(cfg)))
+        # the config's own layout: the training checkpoints of a node and the weights-only file consumers take; then
+        # what a month of nightly runs leaves on the run store, without and with nightly.retention
+        print("\n" + "\n".join(disk_lines(cfg) + month))
     return 0 if result.best else 1

@@ -126,3 +126,115 @@ def disk_fix(cfg: PipelineConfig, need: CheckpointDisk, *, where: str = "run.out
     if p.data_parallel > 1 and not p.optimizer_shard:
         fix += f", or set parallel.optimizer_shard=true (AdamW moments split over data_parallel={p.data_parallel})"
     return fix
+
+
+# A month of nights (nightly.retention). Per-token and per-step bytes the layout does not give: estimates, measured on
+# the tiny default's nights (configs/pipelines/tiny-cpu.yaml, 6 steps, 22k tokens).
+MINDRECORD_BYTES_PER_TOKEN = 4      # input_ids int32 (the index files and row maps beside them are not counted)
+CLEANED_BYTES_PER_TOKEN = 1.5       # data/cleaned/*.jsonl.gz: 32 kB of gzip'd jsonl for the tiny corpus's 22k tokens
+SMALL_BYTES_PER_NIGHT = 320_000     # manifests, stats, evaluation outputs, the yaml, the loss curve (a tiny night)
+LOG_BYTES_PER_STEP = 360            # a metrics.jsonl row
+LOG_BYTES_PER_STEP_RANK = 1_000     # mindformers' log line per rank per step, and the stage log's
+
+
+@dataclass(frozen=True)
+class NightDisk:
+    """What one trained night leaves in its run folder, in bytes (see month_of_nights)."""
+
+    weights: int           # the weights-only checkpoints (two under the lineage schedule: decayed and stable-phase)
+    checkpoint: int        # one training checkpoint: every rank's file, weights + AdamW moments
+    kept: int              # training checkpoints left after the night (keep_checkpoint_max, or fewer saves)
+    tokens: int | None     # new tokens a night packs (None: unknown)
+    data: int | None       # its cleaned text + MindRecord
+    heldout: int | None    # its held-out split's MindRecord (the lineage keeps its first night's: reference_heldout)
+    small: int             # logs, metrics, manifests, evaluation
+
+    @property
+    def training(self) -> int:
+        return self.checkpoint * self.kept
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.training + (self.data or 0) + self.small
+
+
+def night_disk(cfg: PipelineConfig, night_tokens: int | None = None) -> NightDisk:
+    """One trained night at the config's layout. night_tokens: the new tokens a night packs; default the tokens a
+    night trains (training.steps x tokens per step: one pass over what arrived), unknown for an epochs-based run."""
+    from ..config.schema import global_batch
+
+    t, p = cfg.training, cfg.parallel
+    world = p.data_parallel * p.model_parallel * p.pipeline_stage
+    checkpoint = checkpoint_disk(cfg, list(range(world)), copies=1).per_checkpoint  # every node's shards
+    kept = min(t.keep_checkpoint_max, -(-t.steps // t.save_steps)) if t.steps else t.keep_checkpoint_max
+    tokens = night_tokens if night_tokens is not None else (
+        t.steps * global_batch(cfg) * cfg.model.seq_length if t.steps else None)
+    data = heldout = None
+    if tokens is not None:
+        per_token = MINDRECORD_BYTES_PER_TOKEN
+        if cfg.data.packing.document_mask:  # an attention_mask row of seq_length^2 int32 beside each row
+            per_token += 4 * cfg.model.seq_length ** 2 / (cfg.model.seq_length + 1)
+        data = int(tokens * (per_token + CLEANED_BYTES_PER_TOKEN))
+        heldout = int(tokens * cfg.data.heldout_fraction * per_token)
+    small = SMALL_BYTES_PER_NIGHT + (t.steps or 0) * (LOG_BYTES_PER_STEP + LOG_BYTES_PER_STEP_RANK * world)
+    # the lineage schedule (nightly.lr_schedule) keeps the stable-phase weights beside the decayed ones
+    copies = 2 if cfg.nightly.lr_schedule == "lineage" else 1
+    return NightDisk(copies * weights_bytes(cfg), checkpoint, kept, tokens, data, heldout, small)
+
+
+@dataclass(frozen=True)
+class MonthDisk:
+    nights: int
+    night: NightDisk
+    without: int                 # every night keeps everything
+    retained: int                # after each night's retention pass, once the horizon has passed
+    weights_kept: int            # weights files retention keeps at most
+    data_kept: int               # nights whose data retention keeps
+    horizon: int                 # nights after which only `growth` is added a night
+    growth: int                  # bytes a night still adds past the horizon (its small files; its data when replay
+                                 # reads every promoted night)
+
+
+def month_of_nights(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None = None) -> MonthDisk:
+    """The disk of `nights` trained nights at the config's layout, without and with nightly.retention. With it, at
+    most keep_promoted promoted nights' weights plus one held candidate a day for held_days days (the worst case: a
+    person never promotes them), the newest night's training checkpoints, the data replay reads (with replay off:
+    only the lineage's fixed held-out split) and every night's small files."""
+    import math
+
+    night, r = night_disk(cfg, night_tokens), cfg.nightly.retention
+    weights_kept = min(nights, r.keep_promoted + math.ceil(r.held_days))
+    replay = cfg.data.replay.fraction > 0
+    data_kept = min(nights, (r.replay_nights or nights) + (math.ceil(r.held_days) if replay else 0)) if replay else 0
+    retained = (weights_kept * night.weights + min(nights, 1) * night.training + data_kept * (night.data or 0)
+                + (0 if replay else (night.heldout or 0)) + nights * night.small)
+    unbounded = replay and not r.replay_nights  # replay reads every promoted night: their data stays
+    horizon = max(weights_kept, 1 if unbounded else data_kept, 1)
+    growth = night.small + ((night.data or 0) if unbounded else 0)
+    return MonthDisk(nights, night, nights * night.total, retained, weights_kept, data_kept, horizon, growth)
+
+
+def month_lines(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None = None) -> list[str]:
+    """What `llm-pipeline plan` prints of a month of nights."""
+    from ..storage.sizes import size_text
+
+    m, r = month_of_nights(cfg, nights, night_tokens), cfg.nightly.retention
+    n = m.night
+    tokens = ("data unknown (an epochs-based run: give --night-tokens)" if n.tokens is None else
+              f"data {size_text(n.data)} for {n.tokens:,} new tokens (cleaned text + MindRecord"
+              + (")" if night_tokens is not None else ", one pass: training.steps x tokens per step)"))
+    replay = ("data: only the lineage's fixed held-out split (replay off)" if cfg.data.replay.fraction <= 0 else
+              f"data of the newest {r.replay_nights} promoted nights (replay)" if r.replay_nights else
+              "data of every promoted night (replay reads them all: nightly.retention.replay_nights bounds it)")
+    return [
+        f"disk, a month of nights ({nights} trained nights at this layout; one night leaves weights "
+        f"{size_text(n.weights)}, training checkpoints {n.kept} x {size_text(n.checkpoint)} = "
+        f"{size_text(n.training)}, {tokens}, logs/metrics/evaluation {size_text(n.small)}):",
+        f"  without retention: {nights} x {size_text(n.total)} = {size_text(m.without)}",
+        f"  with nightly.retention: {size_text(m.retained)} = weights of at most {m.weights_kept} nights "
+        f"(keep_promoted {r.keep_promoted} + held_days {r.held_days:g}) + the newest night's training checkpoints + "
+        f"{replay} + every night's logs; it stops growing after {m.horizon} nights but for "
+        f"{size_text(m.growth)} a night" + (" (data and logs)" if m.growth > n.small else " (logs)"),
+        f"  while a night trains, add its own training checkpoints: up to {n.kept + 1} x {size_text(n.checkpoint)} = "
+        f"{size_text((n.kept + 1) * n.checkpoint)} (keep_checkpoint_max kept + the one being written)",
+    ]

@@ -264,6 +264,18 @@ class LocalStore:
                 found.append(p)
         return sorted({os.path.abspath(p) for p in found})
 
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """{path: size} of the regular files under a folder, recursively, temp files included (what a folder
+        holds on disk); symbolic links are neither followed nor listed (nothing outside the folder is seen)."""
+        out, todo = {}, [str(self._path(prefix))]
+        while todo:
+            for entry in _scan(todo.pop()):
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    out[entry.path] = entry.stat(follow_symlinks=False).st_size
+        return dict(sorted(out.items()))
+
     def delete(self, uri: str) -> None:
         path = self._path(uri)
         if path.is_dir():
@@ -556,6 +568,27 @@ class S3Store:
             if err.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise
+
+    @_s3_op("list")
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """{uri: size} of the objects under a prefix (one listing, no HEAD per object), temp objects included."""
+        bucket, key = split_s3(prefix)
+        out = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
+            for obj in page.get("Contents", []):
+                out[f"s3://{bucket}/{obj['Key']}"] = int(obj["Size"])
+        return dict(sorted(out.items()))
+
+    @_s3_op("delete")
+    def delete_objects(self, uris: list[str]) -> None:
+        """Delete exactly these objects (never what lies under them as a prefix, unlike delete)."""
+        by_bucket: dict[str, list[str]] = {}
+        for uri in uris:
+            bucket, key = split_s3(uri)
+            by_bucket.setdefault(bucket, []).append(key)
+        for bucket, keys in by_bucket.items():
+            for i in range(0, len(keys), 1000):
+                self.client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]]})
 
     @_s3_op("delete")
     def delete(self, uri: str) -> None:

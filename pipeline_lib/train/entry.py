@@ -3,7 +3,8 @@
 What: reads a yaml written by `pipeline_lib.train.mindformers_yaml`, points mindformers' and
 MindSpore's logs/dumps into the run's output_dir (before importing them), registers the Python stack dump on
 SIGUSR1 (train.heartbeat: the hang watchdog's stacks), imports the CPU wrapper
-shim and the pipeline's callbacks (StopAtStep, PipelineMetrics, LossGuard), then does what mindformers' run_mindformer.py does:
+shim, the pipeline's callbacks (StopAtStep, SaveWeightsAtStep, PipelineMetrics, LossGuard) and LR schedule
+(LineageWSDLR), then does what mindformers' run_mindformer.py does:
 `MindFormerConfig(yaml)` -> `build_context(cfg)` -> `Trainer(cfg).train()`.
 The LoRA finetune also goes through `train()`: the yaml carries `run_mode: finetune` and
 `load_checkpoint: <base.ckpt>`, which `train()` loads (`finetune()` without an explicit checkpoint
@@ -83,7 +84,8 @@ def run(yaml_path: str) -> None:
 
     import pipeline_lib.train.callbacks  # noqa: F401  (registers PipelineMetrics and LossGuard)
     import pipeline_lib.train.cpu_wrappers  # noqa: F401  (registers CPUTrainOneStepCell)
-    import pipeline_lib.train.mf_callbacks  # noqa: F401  (registers StopAtStep)
+    import pipeline_lib.train.mf_callbacks  # noqa: F401  (registers StopAtStep, SaveWeightsAtStep)
+    import pipeline_lib.train.mf_lr  # noqa: F401  (registers LineageWSDLR)
     from pipeline_lib.killpoints import arm_checkpoint_writes
 
     arm_checkpoint_writes()  # the reliability suite's checkpoint.mid_write point; a no-op otherwise

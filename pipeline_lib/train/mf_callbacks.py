@@ -1,5 +1,6 @@
 """mindformers callbacks the generated yaml names (registered as CALLBACK on import).
 
+`SaveWeightsAtStep(step, path)` writes the model's weights at one step (a wsd run's stable phase).
 `StopAtStep(stop_step)` ends training once the optimizer's `global_step` reaches `stop_step`.
 mindformers counts epochs, and its own `TrainCallBack(stop_step)` compares against
 `cb_params.cur_step_num`, which restarts at 0 in a resumed run (mindformers does not pass the
@@ -58,3 +59,43 @@ class StopAtStep(Callback):
         if step is not None and step >= self.stop_step:
             logger.info("StopAtStep: global_step %d reached the budget %d, stopping", step, self.stop_step)
             run_context.request_stop()
+
+
+@MindFormerRegister.register(MindFormerModuleType.CALLBACK)
+class SaveWeightsAtStep(Callback):
+    """Write the model's weights (model.weights_only: no optimizer or training state) to `path` at the end of the step
+    where the optimizer's global_step reaches `step`: a wsd run's stable-phase weights, taken as its decay starts
+    (train/lr_schedule.py). Only `rank` writes (the weights of a data-parallel run are the same on every rank). A
+    resumed run past `step` finds the file an earlier attempt wrote (it is written under a temporary name and
+    renamed, so a file under `path` is whole); the stage checks it is there."""
+
+    def __init__(self, step: int, path: str, rank: int = 0):
+        if not isinstance(step, int) or step < 1:
+            raise ValueError(f"SaveWeightsAtStep.step={step!r}: must be an int >= 1")
+        self.step, self.path, self.rank = step, path, rank
+        self._param = None
+
+    def on_train_begin(self, run_context):
+        self._param = _global_step_param(run_context.original_args().train_network)
+
+    def on_train_step_end(self, run_context):
+        import os
+
+        import mindspore as ms
+        from mindspore.communication import get_rank
+
+        from pipeline_lib.model.weights_only import is_model_weight
+
+        if self._param is None or int(self._param.asnumpy().reshape(-1)[0]) != self.step:
+            return
+        try:
+            rank = get_rank()
+        except RuntimeError:  # not initialised: a single process
+            rank = 0
+        if rank != self.rank:
+            return
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        tmp = self.path + ".tmp.ckpt"
+        ms.save_checkpoint(run_context.original_args().train_network, tmp, choice_func=is_model_weight)
+        os.replace(tmp, self.path)
+        logger.info("SaveWeightsAtStep: weights at global_step %d written to %s", self.step, self.path)

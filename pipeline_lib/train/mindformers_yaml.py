@@ -21,6 +21,10 @@ Steps: mindformers counts epochs, not steps. With a step budget the yaml gets en
 data plus a `StopAtStep` callback that stops at the budget's optimizer global_step (mindformers'
 `TrainCallBack` counts from 0 again after a resume), and the LR schedule spans exactly that budget;
 this needs the number of rows (`train_rows`, else counted from the MindRecord index files).
+LR schedule (train/lr_schedule.py): training.lr_schedule=cosine is mindformers' CosineWithWarmUpLR; wsd is our
+LineageWSDLR (warm-up continued from training.lineage_steps, a held peak, a final decay of training.decay_steps), and
+with training.keep_stable_weights a SaveWeightsAtStep callback writes the weights as the decay starts
+(`stable_weights_path`). SFT is always cosine.
 The registered names (`CPUTrainOneStepCell`, `StopAtStep`, and the PipelineMetrics / LossGuard callbacks the
 train stages append) need `pipeline_lib.train` importable; the yaml's header says which and how.
 
@@ -63,12 +67,32 @@ from ..config.schema import PipelineConfig, global_batch, sft_accumulation
 from ..config.validate import document_mask_issues, lora_model_name
 from ..model.llama import llama_model_config
 from ..model.token_ids import configured_ids
+from .lr_schedule import WSD_CLASS, lr_schedule_section
 
 Stage = Literal["pretrain", "sft"]
 CPU_WRAPPER = "CPUTrainOneStepCell"
 """Registered by pipeline_lib.train.cpu_wrappers (the entry module imports it on every rank)."""
 STOP_CALLBACK = "StopAtStep"
 """Registered by pipeline_lib.train.mf_callbacks; stops at an optimizer global_step (resume-safe)."""
+STABLE_CALLBACK = "SaveWeightsAtStep"
+"""Registered by pipeline_lib.train.mf_callbacks; writes a wsd run's stable-phase weights."""
+STABLE_WEIGHTS_DIR = "checkpoint/merged"  # beside the weights-only checkpoint (its tokenizer is found from there)
+
+
+def stable_weights_path(cfg: PipelineConfig, output_dir: str | Path) -> Path:
+    """Where a wsd pretrain run with training.keep_stable_weights writes its stable-phase weights. Not in checkpoint/
+    itself: mindformers resumes from that folder and would load every .ckpt lying in it (train/stage.py)."""
+    return Path(output_dir) / STABLE_WEIGHTS_DIR / f"{cfg.model.name}-stable-weights.ckpt"
+
+
+def stable_weights_callback(cfg: PipelineConfig, lr_schedule: dict, output_dir: str | Path) -> dict:
+    """The callback writing the weights as the decay starts (after lr_schedule's total - decay steps)."""
+    step = lr_schedule["total_steps"] - lr_schedule["decay_steps"]
+    if step < 1:
+        raise ValueError(f"training.keep_stable_weights with a decay over the whole run (training.steps="
+                         f"{lr_schedule['total_steps']}, decay {lr_schedule['decay_steps']} steps): there is no "
+                         "stable phase to keep; lower training.decay_steps / decay_fraction")
+    return {"type": STABLE_CALLBACK, "step": step, "path": str(stable_weights_path(cfg, output_dir))}
 
 
 def count_mindrecord_rows(dataset_dir: str) -> int:
@@ -195,7 +219,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     target = target or device_target(cfg)
     on_cpu = target == "CPU"
     sched = stage_schedule(cfg, stage)
-    micro, accum, lr, budget = sched["micro"], sched["accum"], sched["learning_rate"], sched["steps"]
+    micro, accum, budget = sched["micro"], sched["accum"], sched["steps"]
     # CPU: the wrapper splits one dataset batch into `accum` micro batches inside the graph.
     batch = micro * accum if on_cpu else micro
     rows_per_step = global_batch(cfg, stage)
@@ -209,6 +233,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
                              f"needs ({rows_per_step} = micro_batch x accumulation x data_parallel)")
         epochs, stop_step = math.ceil(budget / steps_per_epoch), budget
     warmup = min(sched["warmup_steps"], budget) if budget else sched["warmup_steps"]
+    lr_schedule = lr_schedule_section(cfg, stage, sched, warmup, budget)
 
     parallel, parallel_config = _parallel(cfg, on_cpu, accum)
     columns = ["input_ids", "labels"] if stage == "sft" else ["input_ids"]
@@ -235,6 +260,8 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     callbacks = [{"type": "MFLossMonitor", "per_print_times": 1}, ckpt_cb]
     if stop_step is not None:
         callbacks.append({"type": STOP_CALLBACK, "stop_step": stop_step})
+    if stage == "pretrain" and t.lr_schedule == "wsd" and t.keep_stable_weights:
+        callbacks.append(stable_weights_callback(cfg, lr_schedule, output_dir))
     callbacks += [dict(c) for c in extra_callbacks or ()]
     context = {"mode": 0, "device_target": target, "max_call_depth": 10000, "save_graphs": False,
                "device_id": 0}
@@ -267,8 +294,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         "runner_wrapper": wrapper,
         "optimizer": {"type": "AdamW", "betas": [t.optimizer.beta1, t.optimizer.beta2],
                       "eps": t.optimizer.eps, "weight_decay": t.optimizer.weight_decay},
-        "lr_schedule": {"type": "CosineWithWarmUpLR", "learning_rate": lr, "lr_end": sched["min_lr"],
-                        "warmup_steps": warmup, "total_steps": budget if budget is not None else -1},
+        "lr_schedule": lr_schedule,
         "model": {"model_config": _model_config(cfg, stage, on_cpu, micro, token_ids),
                   "arch": {"type": "LlamaForCausalLM"}},
         # train_dataset.seed is the seed mindformers gives the dataset pipeline (its shuffle), not the global one.
@@ -320,12 +346,13 @@ def _header(cfg: PipelineConfig, run: dict, stage: Stage) -> str:
 
 
 PIPELINE_LIB_TYPES = {CPU_WRAPPER: "pipeline_lib.train.cpu_wrappers", STOP_CALLBACK: "pipeline_lib.train.mf_callbacks",
+                      STABLE_CALLBACK: "pipeline_lib.train.mf_callbacks", WSD_CLASS: "pipeline_lib.train.mf_lr",
                       "PipelineMetrics": "pipeline_lib.train.callbacks", "LossGuard": "pipeline_lib.train.callbacks"}
 """Types the yaml may name that only exist once these modules are imported (they register with mindformers)."""
 
 
 def _needs_pipeline_lib(run: dict) -> str:
-    named = [run["runner_wrapper"]["type"]] + [c["type"] for c in run["callbacks"]]
+    named = [run["runner_wrapper"]["type"], run["lr_schedule"]["type"]] + [c["type"] for c in run["callbacks"]]
     ours = [t for t in dict.fromkeys(named) if t in PIPELINE_LIB_TYPES]
     if not ours:
         return ""

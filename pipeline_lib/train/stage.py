@@ -5,8 +5,8 @@ bottom, as its steps:
 1. inputs (`_check_inputs`, `_data_inputs`): training.preflight_steps and the base weights are checked before anything
    is launched or deleted: `model.base_checkpoint` (a mindformers .ckpt) or `model.hf_checkpoint` (a Hugging Face
    Llama folder, checked against model.* and converted by `model.hf` into `base/hf_import.ckpt`). Continued
-   pretraining loads the base's weights only: optimizer state, step count and LR schedule start afresh (a nightly
-   run is a new run on new data). The data comes from the data manifest (`run.upstream["data"]`: its
+   pretraining loads the base's weights only: optimizer state and step count start afresh; the LR schedule too,
+   unless a wsd lineage continues its warm-up (training.lineage_steps, docs/training-schedule.md). The data comes from the data manifest (`run.upstream["data"]`: its
    `mindrecord/train` shards and row count) and the tokenizer's special ids from its tokenizer_config.json.
 2. resume (session.TrainingSession.resume_or_start): when the stage folder holds `identity.json` of the same run
    (the registry's `run.identity` plus the base) and a verified `latest_checkpoint.json`, training continues from
@@ -40,6 +40,11 @@ bottom, as its steps:
 6b. weights only (`_weights_checkpoint`): the model's parameters only (model.weights_only) under checkpoint/merged/
    (one rank's file cut, or a single-node sharded run's weights-only merge), published and listed as
    `weights_checkpoint` {path, size, sha256}: what SFT, evaluate, export and the next night load.
+   A wsd run with training.keep_stable_weights also publishes the weights as its decay started
+   (`_stable_weights`, checkpoint/merged/<model>-stable-weights.ckpt, written by the trainer's SaveWeightsAtStep) as
+   `stable_checkpoint` {path, size, sha256, step}: what the next night of a lineage schedule continues from
+   (training.stable_checkpoint, which a fresh start loads instead of model.base_checkpoint). `lr_schedule` records the
+   schedule (kind, total/warm-up/decay steps, lineage_steps, stable_step).
 7. summarise (`_metrics`): `latest_checkpoint` (absolute path, or URI on s3://), final loss, steps, tokens/s, a table
    of the last steps, the loss-curve image, `profile` / `planner_check` / `warnings` and their markdown (the Prefect
    artifacts `pretrain-profile`, `pretrain-planner`). The registry writes the manifest from the returned StageOutput.
@@ -110,7 +115,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     started, cfg, log = time.time(), run.cfg, run.log or (lambda line: None)
     # 1. inputs (fast failures first: nothing is launched or deleted before they pass)
     base, base_info = _check_inputs(cfg)
-    out = work_dir(run.uri, run.node_rank)
+    out = work_dir(run.uri, run.node_rank, create=True)
     remote = run.uri if run.remote else None
     out.mkdir(parents=True, exist_ok=True)
     data_dir, rows, token_ids = _data_inputs(run, out, log)
@@ -138,12 +143,18 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     records = loss_history(out, out / LOSS_PNG, title=f"pretraining loss ({cfg.model.name})")
     _measured_reports(cfg, out, records, trained, session)
     weights = _weights_checkpoint(cfg, out, trained.latest, session, log)
-    outputs = _publish(run, out, trained.latest, tokenizer, weights)
+    stable = _stable_weights(cfg, out, session, log)
+    outputs = _publish(run, out, trained.latest, tokenizer, weights + stable)
     metrics = _metrics(run, out, trained, records, steps=steps, rows=rows, base_info=base_info, session=session,
                        started=started)
     if weights:  # {path, size, sha256}: the file every consumer of the weights takes
         metrics["weights_checkpoint"] = next({**o, "path": _ref(run, out, str(out / o["path"]))} for o in outputs
                                              if o["path"] == weights[0].relative_to(out).as_posix())
+    metrics["lr_schedule"] = _schedule_metrics(cfg, steps)
+    if stable:  # the stable-phase weights: what the next run of a wsd lineage continues from
+        metrics["stable_checkpoint"] = next({**o, "path": _ref(run, out, str(out / o["path"])),
+                                             "step": metrics["lr_schedule"]["stable_step"]} for o in outputs
+                                            if o["path"] == stable[0].relative_to(out).as_posix())
     if _scratch(run):  # everything is in the run store now; a 7B run would otherwise leave its checkpoints in /tmp
         shutil.rmtree(out, ignore_errors=True)
     log(f"pretrain: done in {metrics['seconds']} s: {trained.latest.get('global_step')} steps, loss "
@@ -218,12 +229,15 @@ def _base_inputs(cfg) -> tuple[Path | None, dict]:
     m = cfg.model
     for issue in base_weights_issues(cfg):  # the rule `validate` applies
         raise PretrainStageError(str(issue))
-    if m.base_checkpoint:
-        if store_for(m.base_checkpoint, cfg.run.s3_endpoint_url).remote:
-            return None, {"base_checkpoint": m.base_checkpoint, "remote": True}
-        path = Path(m.base_checkpoint).expanduser().resolve()
+    # a wsd lineage continues its stable-phase weights; model.base_checkpoint stays the model evaluated as `base`
+    start, field = ((cfg.training.stable_checkpoint, "training.stable_checkpoint") if cfg.training.stable_checkpoint
+                    else (m.base_checkpoint, "model.base_checkpoint"))
+    if start:
+        if store_for(start, cfg.run.s3_endpoint_url).remote:
+            return None, {"base_checkpoint": start, "remote": True}
+        path = Path(start).expanduser().resolve()
         if not path.is_file():
-            raise PretrainStageError(f"model.base_checkpoint={m.base_checkpoint!r}: no such file (resolved to {path}); "
+            raise PretrainStageError(f"{field}={start!r}: no such file (resolved to {path}); "
                                      "point it at a mindformers .ckpt or set it to null to train from scratch")
         st = path.stat()
         return path, {"base_checkpoint": str(path), "size": st.st_size, "mtime": st.st_mtime}
@@ -362,6 +376,36 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
     log(f"pretrain: weights-only checkpoint {dst.name}: {dst.stat().st_size:,} bytes (training checkpoint "
         f"{src.stat().st_size:,})")
     return [dst]
+
+
+def _stable_weights(cfg, out: Path, session: TrainingSession, log) -> list[Path]:
+    """The stable-phase weights a wsd run with training.keep_stable_weights wrote as its decay started
+    (train/mf_callbacks.py SaveWeightsAtStep, rank 0), [] otherwise and on node ranks > 0."""
+    from .mindformers_yaml import stable_weights_path
+
+    t = cfg.training
+    if session.node_rank or t.lr_schedule != "wsd" or not t.keep_stable_weights:
+        return []
+    path = stable_weights_path(cfg, out)
+    if not path.is_file():
+        raise PretrainStageError(f"training.keep_stable_weights: the stable-phase weights {path} were not written "
+                                 "(the trainer's SaveWeightsAtStep callback writes them as the decay starts); rerun "
+                                 "the stage from scratch")
+    log(f"pretrain: stable-phase weights {path.name}: {path.stat().st_size:,} bytes (at the decay's start)")
+    return [path]
+
+
+def _schedule_metrics(cfg, steps: int) -> dict:
+    """The run's learning-rate schedule as the manifest records it (the nightly's lineage reads stable_step)."""
+    from .lr_schedule import Wsd
+
+    t = cfg.training
+    if t.lr_schedule != "wsd":
+        return {"kind": t.lr_schedule, "total_steps": steps, "warmup_steps": t.warmup_steps}
+    w = Wsd.from_training(t, steps)
+    return {"kind": "wsd", "total_steps": steps, "warmup_steps": t.warmup_steps, "lineage_steps": w.lineage_steps,
+            "decay_steps": w.decay_steps, "stable_step": w.stable_step, "decay_shape": w.shape,
+            "stable_lr": w.held(w.stable_step)}
 
 
 def _publish(run: StageRun, out: Path, latest: dict, tokenizer: Path, weights: list[Path] = ()) -> list[dict]:

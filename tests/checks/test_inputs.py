@@ -227,3 +227,27 @@ def test_validate_connects_to_the_s3_endpoint_only_with_check_remote(tmp_path):
         server.close()
     remote.join(60)
     assert not remote.is_alive() and not plain.is_alive()
+
+
+def test_a_reference_set_the_tokenizer_mostly_writes_as_bytes_warns_that_the_gate_will_ignore_it(tmp_path):
+    from pipeline_lib.config.schema import TokenizerConfig
+
+    texts = []
+    for line in (ROOT / "configs/data/tiny_corpus.jsonl").read_text(errors="replace").splitlines():
+        try:
+            text = json.loads(line).get("text")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(text, str):
+            texts.append(text)
+    tok = train_tokenizer(texts[:300], TokenizerConfig(vocab_size=1200), tmp_path / "tok")
+    domain = tmp_path / "domain_ref.jsonl"
+    domain.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts[300:340]),
+                      encoding="utf-8")
+    cfg = config_from_dict({"tokenizer": {"path": tok.model_file}, "model": {"vocab_size": 1280},
+                            "evaluate": {"reference_sets": ["configs/eval/general_zh.jsonl", str(domain)]}})
+    errors, warnings = check_inputs(cfg, ["evaluate"])
+    found = by_field(warnings)
+    assert errors == [] and set(found) == {"evaluate.reference_sets[0]"}, warnings  # the domain set is covered
+    share = int(found["evaluate.reference_sets[0]"].problem.split("%")[0])
+    assert share >= 20 and "uninformative" in found["evaluate.reference_sets[0]"].problem

@@ -75,3 +75,19 @@ def test_exclusions_are_read_once_a_run_by_the_plan_step(tmp_path):
     ids.unlink()  # every shard works from what the plan step read: the file is not read again
     counts = [prep_shard(cfg, paths, k) for k in range(len(shards))]
     assert sum(c["filtered"].get("guard", 0) for c in counts) > 0
+
+
+def test_a_screen_file_gives_its_reason_and_a_guard_file_guard(tmp_path):
+    screen = tmp_path / "exclude.json"
+    screen.write_text(json.dumps({"reason": "lineage_perplexity", "documents": [{"id": "s-1", "origin": "x.jsonl:3"}]}))
+    diag = tmp_path / "guard_diagnosis.json"
+    diag.write_text(json.dumps({"documents": [{"id": "g-1", "origin": "x.jsonl:5"}]}))
+    ids = tmp_path / "ids.txt"
+    ids.write_text('"by-id"\n')
+    ex = load_exclusions(_cfg(exclude_from=[str(screen), str(diag)], exclude_ids=[str(ids)]))
+    assert ex.reason("s-1", "x.jsonl:3") == "lineage_perplexity"
+    assert ex.reason("g-1", "x.jsonl:5") == "guard" and ex.reason("by-id", "y:1") == "guard"
+    assert ex.reason("s-1", "x.jsonl:4") is None
+    screen.write_text(json.dumps({"reason": "", "documents": []}))
+    with pytest.raises(DataStageError, match="reason must be a non-empty string"):
+        load_exclusions(_cfg(exclude_from=[str(screen)]))

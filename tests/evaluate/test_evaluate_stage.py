@@ -4,6 +4,7 @@ held-out; pretrain; sft), and a rerun skipped because the manifest matches."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -86,10 +87,27 @@ def test_evaluate_stage_side_by_side(tiny, forward_path_run):  # forward_path_ru
     assert acc["sft"] == acc["sft full ckpt"]
     assert {r["checkpoint"]: r["tasks"] for r in manifest.metrics["checkpoints"]}["pretrained"] == {
         n: summary["checkpoints"][0]["tasks"][n]["accuracy"] for n in names}
+    # per row of every perplexity set, per checkpoint: NLL sum and scored tokens, the same rows for every checkpoint
+    assert {f"{d}/perplexity_rows.json" for d in dirs} <= outs
+    for label, d in zip(labels, dirs):
+        rows = json.loads(open(f"{stage}/{d}/perplexity_rows.json", encoding="utf-8").read())
+        ck = summary["checkpoints"][labels.index(label)]
+        for got, agg in [(rows["heldout"], ck["perplexity"])] + [(rows["reference"][n], r)
+                                                               for n, r in ck["reference"].items()]:
+            assert len(got["nll"]) == agg["rows"] and sum(got["tokens"]) == agg["tokens"]
+            assert math.exp(sum(got["nll"]) / sum(got["tokens"])) == pytest.approx(agg["perplexity"], rel=1e-5)
+    assert manifest.metrics["tokenizer_vocab_size"] == rows["vocab_size"] > 1
     from pipeline_lib.nightly.gate import judge
+    from pipeline_lib.nightly.scores import night_scores
 
-    verdict = judge(cfg, manifest.metrics)  # the gate reads the accuracies as they are: base vs pretrained
-    assert {r["metric"] for r in verdict.rows} >= {"domain_choice accuracy", "domain_classify accuracy"}
+    # the gate pairs what evaluate wrote: base vs pretrained on the same rows and items, every metric with an interval
+    verdict = judge(cfg, manifest.metrics, night_scores(cfg, "eval-run"))
+    metrics = {r["metric"]: r for r in verdict.rows}
+    assert set(metrics) >= {"held-out perplexity", "general_zh perplexity", "domain_choice accuracy",
+                            "domain_classify accuracy"}
+    assert all(r["interval"] is not None and r["outcome"] in ("within", "regressed", "ambiguous", "uninformative")
+               for r in verdict.rows)
+    assert metrics["domain_choice accuracy"]["items"] == 20 and verdict.outcome in ("promote", "hold", "investigate")
     md = open(f"{stage}/report.md", encoding="utf-8").read()
     assert "## Task accuracy" in md and "| task | type | items | pretrained | sft | sft full ckpt | base | chance |" in md
     html = open(f"{stage}/report.html", encoding="utf-8").read()

@@ -97,6 +97,19 @@ def test_webhook_is_off_by_default(tiny_cfg):
     assert _Hook.received == []
 
 
+def _texts(lines: list[bytes]) -> list[str]:
+    """The text of every well-formed record (the tiny corpus holds broken ones on purpose)."""
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("text"), str):
+            out.append(record["text"])
+    return out
+
+
 @pytest.fixture
 def real_data_stage(monkeypatch):
     """The real data stage, doubles for the training and evaluation stages (fast, still real files)."""
@@ -106,19 +119,27 @@ def real_data_stage(monkeypatch):
 
     monkeypatch.setitem(stages.SPECS, "data", dataclasses.replace(
         stages.SPECS["data"], runner="pipeline_lib.data.stage:run_data_stage"))  # stage_doubles ran first
+    monkeypatch.setitem(stages.SPECS, "pretrain", dataclasses.replace(  # a checkpoint: the gate compares
+        stages.SPECS["pretrain"], runner="stage_doubles:pretrain_with_tokenizer"))
     yield
 
 
-def test_three_nights_new_data_then_only_duplicates_then_nothing(tiny_cfg, tmp_path, real_data_stage):
+def test_nights_new_data_duplicates_held_carried_then_nothing(tiny_cfg, tmp_path, real_data_stage):
     """Night 1 trains; night 2's new file holds only night 1's documents: NoNewData, the watermark
-    moves past it, nothing is trained, the webhook hears it; night 3 has no new file: Skipped."""
+    moves past it, nothing is trained, the webhook hears it; night 3 is held: its documents stay out of the dedup
+    index, so night 4 trains its file again (not "seen before") with its own and is promoted: then they are in the
+    index; night 5 has no new file: Skipped."""
+    from pipeline_lib.data.dedup_index import list_segments
+    from pipeline_lib.nightly.documents import night_index_cfg
+
     server = HTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Hook.received.clear()
     raw = tmp_path / "raw"
     raw.mkdir()
     corpus = (Path(__file__).resolve().parents[2] / "configs" / "data" / "tiny_corpus.jsonl").read_bytes()
-    (raw / "day1.jsonl").write_bytes(corpus)
+    lines = corpus.splitlines()
+    (raw / "day1.jsonl").write_bytes(b"\n".join(lines[:300]) + b"\n")
     cfg = tiny_cfg.model_copy(deep=True)
     cfg.data.inputs, cfg.data.num_workers = [str(raw / "*.jsonl")], 1
     cfg.orchestration.failure_webhook_url = f"http://127.0.0.1:{server.server_port}/hook"
@@ -140,8 +161,40 @@ def test_three_nights_new_data_then_only_duplicates_then_nothing(tiny_cfg, tmp_p
         assert [n["name"] for n in _Hook.received] == ["NoNewData"]
         assert _Hook.received[0]["counts"]["duplicates_of_earlier_runs"] > 0
 
+        def indexed() -> list[str]:
+            return [m["run_id"] for m in list_segments(night_index_cfg(cfg))]
+
+        (raw / "day3.jsonl").write_bytes(b"\n".join(lines[300:]) + b"\n")
+        (runs / "gate-plan").write_text("1.3")  # the candidate's perplexities +30%: held
         third = nightly(config=config, run_date="2026-12-03", return_state=True)
-        assert third.is_completed() and third.name == "Skipped", third.message
+        assert third.name == "Held", third.message
+        day3 = str(raw / "day3.jsonl")
+        kept = load_state(tiny_cfg)["ledger"][day3]["documents"]["kept"]
+        assert kept > 100 and indexed() == ["nightly-2026-12-01"]  # the held night's segment is not published
+
+        reversed_docs = [json.dumps({"text": text[::-1]}, ensure_ascii=False).encode() for text in _texts(lines[:60])]
+        (raw / "day4.jsonl").write_bytes(b"\n".join(reversed_docs) + b"\n")
+        (runs / "gate-plan").write_text("1.0")
+        fourth = nightly(config=config, run_date="2026-12-04", return_state=True)
+        assert fourth.name == "Promoted", fourth.message
+        state = load_state(tiny_cfg)
+        entry = state["ledger"][day3]
+        assert (entry["status"], entry["into"], entry["documents"]["kept"]) == ("trained", "nightly-2026-12-04", kept)
+        assert indexed() == ["nightly-2026-12-01", "nightly-2026-12-04"]  # in the index once promoted
+
+        (raw / "day5.jsonl").write_bytes((raw / "day3.jsonl").read_bytes())  # night 3's documents again: seen now
+        fifth = nightly(config=config, run_date="2026-12-05", return_state=True)
+        assert fifth.name == "NoNewData", fifth.message
+        assert "nightly-2026-12-04" in fifth.message
+
+        last = nightly(config=config, run_date="2026-12-06", return_state=True)
+        assert last.is_completed() and last.name == "Skipped", last.message
+
+        from pipeline_lib.nightly import promote_held
+
+        promote_held(tiny_cfg, "nightly-2026-12-03", who="carol", reason="fine after all")  # by hand: indexed too
+        assert indexed() == ["nightly-2026-12-01", "nightly-2026-12-03", "nightly-2026-12-04"]
+        assert load_state(tiny_cfg)["ledger"][day3]["into"] == "nightly-2026-12-04"  # it reached a model already
     finally:
         server.shutdown()
 

@@ -1,6 +1,8 @@
 """The nightly's promotion gate on a real Prefect server, with stand-in stages whose evaluate scores are planned:
-within budget -> Promoted; over it -> Held (latest stays, files consumed, the candidate under `held`, the message
-and webhook name each metric with both values and the budget); ask -> a person approves or rejects from the API."""
+within budget -> Promoted; over it -> Held (latest stays, the files carried to the next night, the candidate under
+`held`, the message and webhook name each metric with both values and the budget); ask -> a person approves or
+rejects from the API. A file held more than nightly.max_carries times is quarantined and the webhook asks for a
+person; a second night on a decided date runs under its own id and leaves the decided night's folder alone."""
 from __future__ import annotations
 
 import contextvars
@@ -29,18 +31,20 @@ def night(tiny_cfg, tmp_path, monkeypatch):
     raw.mkdir()
     root = Path(tiny_cfg.run.output_root)
 
-    def run(date: str, factor: float, **gate):
+    def run(date: str, factor: float, spread: float = 0.0, nightly_cfg: dict | None = None, **gate):
         (raw / f"{date}.jsonl").write_text(json.dumps({"text": f"news of {date}"}) + "\n")
         root.mkdir(parents=True, exist_ok=True)
-        (root / "gate-plan").write_text(str(factor))
+        (root / "gate-plan").write_text(f"{factor} {spread}")
         cfg = tiny_cfg.model_copy(deep=True)
         cfg.data.inputs = [str(raw / "*.jsonl")]
         cfg.orchestration.failure_webhook_url = hook.url
         for k, v in gate.items():
             setattr(cfg.nightly.gate, k, v)
+        for k, v in (nightly_cfg or {}).items():
+            setattr(cfg.nightly, k, v)
         return nightly(config=cfg.model_dump(mode="json"), run_date=date, return_state=True)
 
-    run.hook = hook
+    run.hook, run.raw = hook, raw
     yield run
     hook.__exit__()
 
@@ -50,17 +54,25 @@ def test_within_budget_promotes_over_budget_holds_and_a_held_night_can_be_promot
     assert first.name == "Promoted" and "nothing promoted to compare with" in first.message
     second = night("2026-12-02", 1.3)  # +30% perplexity: over the 5% budget
     assert second.is_completed() and second.name == "Held", second.message
-    for text in ("held-out perplexity 20 -> 26 (+30.0%, budget +5.0%)", "general_zh perplexity 40 -> 52"):
+    for text in ("held-out perplexity 20 -> 26 (+30.0%, budget +5.0%, interval +30.0% .. +30.0%)",
+                 "general_zh perplexity 40 -> 52", "beyond noise"):
         assert text in second.message, second.message
     state = load_state(tiny_cfg)
     assert state["latest"]["run_id"] == "nightly-2026-12-01"  # tomorrow's base stays
     assert [h["run_id"] for h in state["held"]] == ["nightly-2026-12-02"]
-    assert any(p.endswith("2026-12-02.jsonl") for p in state["consumed"])  # consumed: not retried forever
+    day2 = str(night.raw / "2026-12-02.jsonl")
+    assert day2 not in state["consumed"] and state["ledger"][day2]["status"] == "carried"  # tomorrow trains it again
+    assert "the files are carried" in second.message
     assert [h["name"] for h in night.hook.received] == ["Held"]
     assert {f["metric"] for f in night.hook.received[0]["failed"]} == {"held-out perplexity", "general_zh perplexity"}
     third = night("2026-12-03", 1.02)  # +2%: within budget, against night 1 (the promoted model)
     assert third.name == "Promoted", third.message
+    assert third.result()["files"] == sorted([day2, str(night.raw / "2026-12-03.jsonl")])  # the carried file too
     state = load_state(tiny_cfg)
+    assert {u.rsplit("/", 1)[-1]: (e["status"], e.get("into"), e["nights"]) for u, e in state["ledger"].items()} == {
+        "2026-12-01.jsonl": ("trained", "nightly-2026-12-01", ["nightly-2026-12-01"]),
+        "2026-12-02.jsonl": ("trained", "nightly-2026-12-03", ["nightly-2026-12-02", "nightly-2026-12-03"]),
+        "2026-12-03.jsonl": ("trained", "nightly-2026-12-03", ["nightly-2026-12-03"])}
     assert state["latest"]["run_id"] == "nightly-2026-12-03"
     decisions = [(h["run_id"], h["decision"]) for h in state["history"]]
     assert decisions == [("nightly-2026-12-01", "promoted"), ("nightly-2026-12-02", "held"),
@@ -70,6 +82,20 @@ def test_within_budget_promotes_over_budget_holds_and_a_held_night_can_be_promot
     state = load_state(tiny_cfg)
     assert state["latest"]["run_id"] == "nightly-2026-12-02" and state["held"] == []
     assert state["history"][-1]["decided_by"]["who"] == "alice"
+
+
+def test_an_ambiguous_night_follows_on_investigate_and_says_so(night, tiny_cfg):
+    """(on_investigate: hold is the same path with the other decision: tests/nightly/test_gate.py)"""
+    night("2026-12-01", 1.0)
+    unclear = night("2026-12-02", 1.08, 0.09)  # +8%, its rows +/-9% a token: over budget, not beyond noise
+    assert unclear.is_completed() and unclear.name == "Promoted", unclear.message
+    assert "ambiguous" in unclear.message and "lower bound" in unclear.message
+    assert "decided by the default nightly.gate.on_investigate=promote" in unclear.message
+    night_entry = load_state(tiny_cfg)["history"][-1]
+    assert night_entry["decision"] == "promoted" and night.hook.received == []
+    assert night_entry["verdict"]["outcome"] == "investigate" and not night_entry["verdict"]["regressed"]
+    assert night_entry["decided_by"]["default"] == "nightly.gate.on_investigate=promote"
+    assert all(r["interval"] and r["outcome"] == "ambiguous" for r in night_entry["verdict"]["rows"])
 
 
 def _answer_when_paused(approve: bool, reason: str) -> threading.Thread:
@@ -123,3 +149,66 @@ def test_ask_holds_when_nobody_answers_in_time(night, tiny_cfg):
     state = load_state(tiny_cfg)
     assert state["latest"]["run_id"] == "nightly-2026-12-01"
     assert state["history"][-1]["decided_by"]["reason"] == "no decision within 0.00111111 h"
+
+
+def _folder(path: Path) -> dict:
+    """Every file of a run folder with its sha256 and modification time: what a rerun in place would change."""
+    import hashlib
+
+    return {str(p.relative_to(path)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_a_file_held_too_often_is_quarantined_and_a_decided_date_runs_under_its_own_id(night, tiny_cfg):
+    runs = Path(tiny_cfg.run.output_root)
+    assert night("2026-12-01", 1.0).name == "Promoted"
+    promoted = _folder(runs / "nightly-2026-12-01")
+    assert any(k.endswith(".ckpt") for k in promoted)
+    (night.raw / "extra.jsonl").write_text(json.dumps({"text": "a daytime file"}) + "\n")
+    again = night("2026-12-01", 1.3, nightly_cfg={"max_carries": 1})  # a second run of a decided date: held
+    assert again.name == "Held" and again.result()["run_id"] == "nightly-2026-12-01-2", again.message
+    assert _folder(runs / "nightly-2026-12-01") == promoted  # untouched: same bytes, never rewritten
+    from flows.pipeline import llm_pipeline
+
+    by_hand = llm_pipeline(config=tiny_cfg.model_dump(mode="json"), run_id="nightly-2026-12-01",
+                           stages=["data", "pretrain"], return_state=True)  # another config, the decided night's id
+    assert by_hand.is_failed() and "refusing to redo its data stage" in by_hand.message, by_hand.message
+    assert _folder(runs / "nightly-2026-12-01") == promoted
+    state = load_state(tiny_cfg)
+    assert state["latest"]["run_id"] == "nightly-2026-12-01"
+    extra = str(night.raw / "extra.jsonl")
+    assert state["ledger"][extra]["status"] == "carried" and state["ledger"][extra]["carries"] == 1
+    third = night("2026-12-02", 1.3, nightly_cfg={"max_carries": 1})  # held again: carried once already
+    assert third.name == "Held", third.message
+    state = load_state(tiny_cfg)
+    entry = state["ledger"][extra]
+    assert (entry["status"], entry["reason"]) == ("quarantined", "carried 1 times, held every time"), entry
+    assert state["ledger"][str(night.raw / "2026-12-02.jsonl")]["status"] == "carried"
+    assert extra in state["consumed"] and state["attention"][-1]["files"] == [extra]
+    asked = [h for h in night.hook.received if h["name"] == "Quarantined"]
+    assert len(asked) == 1 and asked[0]["files"] == [extra] and "held 2 nights running" in asked[0]["message"]
+    assert [h["decision"] for h in state["history"]] == ["promoted", "held", "held"]
+    assert [h["run_id"] for h in state["history"]] == ["nightly-2026-12-01", "nightly-2026-12-01-2",
+                                                        "nightly-2026-12-02"]
+
+
+def test_a_night_that_fails_on_its_data_quarantines_its_files_and_the_next_night_goes_on(night, tiny_cfg,
+                                                                                         monkeypatch):
+    assert night("2026-12-01", 1.0).name == "Promoted"
+    assert night("2026-12-02", 1.3).name == "Held"  # its file is carried into the failing night
+    monkeypatch.setitem(stages.SPECS, "pretrain", dataclasses.replace(
+        stages.SPECS["pretrain"], runner="stage_doubles:pretrain_preflight_fails"))
+    bad = night("2026-12-03", 1.0)
+    assert bad.is_completed() and bad.name == "Quarantined", bad.message
+    files = [str(night.raw / f"2026-12-0{d}.jsonl") for d in (2, 3)]
+    assert "preflight failed on tonight's documents: loss did not fall" in bad.message
+    assert all(f in bad.message for f in files) and "Fix: " in bad.message
+    state = load_state(tiny_cfg)
+    assert [state["ledger"][f]["status"] for f in files] == ["quarantined", "quarantined"]
+    assert state["latest"]["run_id"] == "nightly-2026-12-01" and state["history"][-1]["decision"] == "quarantined"
+    assert state["attention"][-1]["files"] == files
+    assert night.hook.received[-1]["name"] == "Quarantined"
+    monkeypatch.setitem(stages.SPECS, "pretrain", dataclasses.replace(
+        stages.SPECS["pretrain"], runner="stage_doubles:pretrain_with_checkpoint"))
+    good = night("2026-12-04", 1.0)  # tomorrow trains its own file only
+    assert good.name == "Promoted" and good.result()["files"] == [str(night.raw / "2026-12-04.jsonl")], good.message

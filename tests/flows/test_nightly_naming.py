@@ -1,11 +1,13 @@
 """The nightly's name and summary: the date in the schedule's zone, what the night did on its own run."""
 import datetime as dt
+import math
 
 from prefect.utilities.callables import parameter_schema
 
 from flows.night_summary import render
 from flows.nightly import FORM_SECTIONS, night_date, nightly
 from pipeline_lib.config import load_config
+from pipeline_lib.nightly.gate import judge
 
 UTC = dt.timezone.utc
 
@@ -27,6 +29,21 @@ def test_the_summary_says_what_was_read_decided_and_in_which_zone():
     assert "| read | 25 new file(s) |" in md and "| decision | held (the gate) |" in md
     assert "part-19.jsonl" in md and "part-20.jsonl" not in md and "and 5 more" in md
     assert "pipeline run" not in md  # no stage ran in this record: no link to a run that is not there
+
+
+def test_the_summary_shows_every_metric_the_gate_read_with_its_interval_and_why():
+    cfg = load_config("configs/pipelines/tiny-cpu.yaml")
+    metrics = {"tokenizer_vocab_size": 2000, "checkpoints": [
+        {"checkpoint": label, "perplexity": 20.0 * f, "reference": {"general_zh": 1990.0 * f}}
+        for label, f in (("base", 1.0), ("pretrained", 1.3))]}
+    scores = {label: {"perplexity": {"held-out perplexity": {"nll": [10 * math.log(20 * f)] * 8, "tokens": [10] * 8}}}
+              for label, f in (("base", 1.0), ("pretrained", 1.3))}
+    verdict = judge(cfg, metrics, scores)
+    md = render(cfg, "nightly-2026-12-02", "2026-12-02", "Held", verdict.message("nightly-2026-12-02"),
+                {"run_id": "nightly-2026-12-02", "decision": "held", "verdict": verdict.to_json()})
+    assert "Gate: hold (regressed beyond noise: held-out perplexity)" in md
+    assert "| held-out perplexity | 20 | 26 | +30.0% | +30.0% .. +30.0% | +5.0% | yes | regressed |" in md
+    assert "| general_zh perplexity | 1990 | 2587 | +30.0% | – | +5.0% | **no** | uninformative | the promoted" in md
 
 
 def test_the_nightly_form_is_typed():

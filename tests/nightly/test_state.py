@@ -112,6 +112,7 @@ def test_a_live_holder_on_this_host_keeps_the_lock_even_for_the_same_night(tmp_p
     try:
         Path(lock_uri(cfg)).parent.mkdir(parents=True, exist_ok=True)
         Path(lock_uri(cfg)).write_text(json.dumps({"run_id": "n1", "host": socket.gethostname(), "pid": live.pid,
+                                                   "pid_started": __import__("psutil").Process(live.pid).create_time(),
                                                    "started_at": "2026-12-01T02:00:00+00:00"}))
         with pytest.raises(NightBusy):
             with night_lock(cfg, "n1"):
@@ -142,9 +143,10 @@ def test_the_nightly_is_its_own_dedup_lineage_unless_one_is_named(tmp_path):
     from pipeline_lib.nightly import nightly_overrides
 
     own = nightly_overrides(config_from_dict({"run": {"name": "tiny-cpu"}}), {}, {"/raw/a.jsonl": 1})
-    assert own["data"]["dedup"] == {"lineage": "tiny-cpu-nightly"}  # a manual run of tiny-cpu is another lineage
+    # a manual run of tiny-cpu is another lineage; the night's segment is published when it is promoted
+    assert own["data"]["dedup"] == {"lineage": "tiny-cpu-nightly", "defer_publish": True}
     named = nightly_overrides(config_from_dict({"data": {"dedup": {"lineage": "shared"}}}), {}, {"/raw/a.jsonl": 1})
-    assert "dedup" not in named["data"]
+    assert named["data"]["dedup"] == {"defer_publish": True}
 
 
 def test_replay_draws_on_the_promoted_nights_whose_data_stage_is_still_there(tmp_path):

@@ -4,7 +4,9 @@ The stage runs below are independent, so the module starts them together (3 at a
 much of its time importing MindSpore, compiling the graph and verifying checkpoints in subprocesses) and the tests
 then assert on each outcome. Model: seq 64, hidden 64, 2 layers, 4 heads / 2 KV heads, vocab 2048; 4 rows per
 step, 16 steps, a checkpoint every 4 steps, 2 kept. What is asserted:
-- reference: loss falls (7.62 at random init), preflight.json (step time, tokens/s, peak RSS, predicted vs
+- reference (and killed: training.lr_schedule=wsd, the stable-phase weights kept): loss falls (7.62 at random
+  init), the lr column follows the wsd schedule step by step, the stable-phase weights are the step-12 checkpoint's
+  model parameters, preflight.json (step time, tokens/s, peak RSS, predicted vs
   measured memory) judged on the first steps of the one trainer launch, manifest outputs and metrics (latest_checkpoint, final loss, steps, tokens/s, table, image);
 - killed: SIGKILL of the trainer's process group 2 steps after the 2nd checkpoint, then a rerun: the step count continues
   from the last verified checkpoint, metrics.jsonl holds steps 1..16 once each (the killed attempt's steps after
@@ -134,7 +136,7 @@ def _dp2_with_a_stopped_rank(data) -> Outcome:
 
 
 def _killed_then_resumed(data) -> Outcome:
-    cfg, paths = new_run(data, "killed")
+    cfg, paths = new_run(data, "killed", training=WSD)
     first = Outcome(cfg, paths)
     done, record = threading.Event(), {}
     watcher = threading.Thread(target=_kill_after_checkpoints, args=(first.out, 2, done, record), daemon=True)
@@ -196,12 +198,17 @@ def _preflight_fails_twice(data) -> Outcome:
     return first
 
 
+# reference and killed train the same warmup-stable-decay (killed resumes inside its stable phase, before the decay):
+# 2 warm-up steps, the last 4 of 16 decay linearly to min_lr, the weights at step 12 kept as the stable-phase weights
+WSD = {"lr_schedule": "wsd", "decay_steps": 4, "keep_stable_weights": True, "min_lr": 1e-4}
+
+
 def _scenarios(data, s3_endpoint=None) -> dict[str, callable]:
     nan = {"LLM_PIPELINE_INJECT_NAN_STEP": "6"}
     return {
         "s3": lambda: _on_s3(data, s3_endpoint),
         "killed": lambda: _killed_then_resumed(data),
-        "reference": lambda: Outcome(*new_run(data, "reference", training={"preflight_steps": 4})).run(),
+        "reference": lambda: Outcome(*new_run(data, "reference", training={"preflight_steps": 4, **WSD})).run(),
         "rollback": lambda: Outcome(*new_run(data, "rollback", training={
             "steps": 8, "guard": {"on_failure": "rollback", "max_rollbacks": 1}})).run(env=nan),
         "dp2": lambda: _dp2_with_a_stopped_rank(data),
@@ -250,6 +257,14 @@ def test_missing_base_checkpoint_fails_fast(pretrain_data, tmp_path):
         run_stage(cfg, paths, "pretrain", log=lambda line: None)
     assert time.time() - t0 < 5
     assert not Path(paths.stage_uri("pretrain")).exists()  # refused before the stage folder was touched
+
+
+def test_missing_stable_checkpoint_fails_fast_naming_its_field(pretrain_data, tmp_path):
+    cfg, paths = new_run(pretrain_data, "missing-stable", training={
+        "lr_schedule": "wsd", "lineage_steps": 40, "stable_checkpoint": str(tmp_path / "gone.ckpt")})
+    with pytest.raises(PretrainStageError, match=r"training\.stable_checkpoint=.*gone\.ckpt.*no such file"):
+        run_stage(cfg, paths, "pretrain", log=lambda line: None)
+    assert not Path(paths.stage_uri("pretrain")).exists()
 
 
 def test_not_enough_disk_refuses_before_launch(pretrain_data):
@@ -334,6 +349,37 @@ def test_reference_loss_falls_and_manifest(outcomes):
     assert run_stage(o.cfg, o.paths, "pretrain", log=lambda line: None)[1] is True
 
 
+def test_wsd_lr_column_and_stable_phase_weights(outcomes):
+    """training.lr_schedule=wsd in a real run: metrics.jsonl's lr at each step is the schedule's (linear warm-up over
+    2 steps, the peak held, a linear decay over the last 4 to min_lr), and the stable-phase weights written as the
+    decay started are the model's parameters of the step-12 training checkpoint, bit for bit."""
+    import mindspore as ms
+
+    from pipeline_lib.storage import sha256_file
+    from pipeline_lib.train.lr_schedule import Wsd
+
+    o = outcomes["reference"]
+    m = _ok(o).metrics
+    lrs = {s: r["lr"] for s, r in _by_step(o).items()}
+    want = Wsd(3e-3, 1e-4, warmup_steps=2, total_steps=16, decay_steps=4)
+    assert lrs == {s: pytest.approx(want.lr(s - 1), rel=1e-5, abs=1e-12) for s in range(1, 17)}
+    assert lrs[1] == 0 and lrs[3] == lrs[12] == pytest.approx(3e-3) and lrs[16] == pytest.approx(1e-4)
+    assert lrs[13] == pytest.approx(1e-4 + 2.9e-3 * 0.75) and lrs[14] < lrs[13]  # decaying from step 13 on
+    assert m["lr_schedule"] == {"kind": "wsd", "total_steps": 16, "warmup_steps": 2, "lineage_steps": 0,
+                                "decay_steps": 4, "stable_step": 12, "decay_shape": "linear", "stable_lr": 3e-3}
+    stable = m["stable_checkpoint"]
+    assert Path(stable["path"]) == o.out / "checkpoint" / "merged" / "tiny_llama-stable-weights.ckpt"
+    assert stable["step"] == 12 and stable["sha256"] == sha256_file(stable["path"])
+    assert "checkpoint/merged/tiny_llama-stable-weights.ckpt" in {x["path"] for x in o.manifest.outputs}
+    at12 = ms.load_checkpoint(str(o.out / "checkpoint" / "rank_0" / "tiny_llama_rank_0-1_12.ckpt"))
+    only = ms.load_checkpoint(stable["path"])
+    assert set(only) == {n for n in at12 if n.startswith(("model.", "lm_head."))}
+    assert all(only[n].asnumpy().tobytes() == at12[n].asnumpy().tobytes() for n in only)
+    final = ms.load_checkpoint(m["weights_checkpoint"]["path"])  # the decay moved them: the handed-on weights differ
+    assert any(final[n].asnumpy().tobytes() != only[n].asnumpy().tobytes() for n in only)
+    assert "type: LineageWSDLR" in (o.out / "run.yaml").read_text()
+
+
 def test_tensorboard_event_files_hold_the_loss_per_step(outcomes):
     """mindformers' own tensorboard section: event files under <output_root>/_tensorboard/<run.name>/<run id>/pretrain,
     holding the loss of every step as metrics.jsonl has it."""
@@ -375,6 +421,13 @@ def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
     for r in rerun:
         assert r["loss"] == pytest.approx(ref_steps[r["step"]]["loss"], rel=1e-4, abs=1e-4), r["step"]
     a, b = _weights(m["latest_checkpoint"]), _weights(ref.manifest.metrics["latest_checkpoint"])
+    assert sorted(a) == sorted(b) and len(a) == 2 * 9 + 3
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    # the wsd schedule went on from the checkpoint's global step: same lr per step, and the stable-phase weights the
+    # resumed attempt wrote at step 12 are the uninterrupted run's
+    assert [r["lr"] for r in rerun] == pytest.approx([ref_steps[r["step"]]["lr"] for r in rerun], rel=1e-6)
+    a, b = _weights(m["stable_checkpoint"]["path"]), _weights(ref.manifest.metrics["stable_checkpoint"]["path"])
     assert sorted(a) == sorted(b) and len(a) == 2 * 9 + 3
     for name in a:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5, err_msg=name)
