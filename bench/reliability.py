@@ -14,7 +14,9 @@ key=n)`) plus `tests` / `failed_tests` (a failed test is a crash found, a leak f
   disk_full       runs, failed_clearly, resumed
   concurrent      runs, lost_or_half_merged
   hostile         inputs, stage_runs, input_bytes, written_bytes, worst_input_bytes, worst_written_bytes,
-                  outside_writes   (written: quarantine/exclusion copies naming the file; failed tests = crashes)
+                  outside_writes   (written: quarantine/exclusion copies naming the file; failed tests = crashes);
+                  readers, reader_input_bytes, reader_read_bytes, reader_worst_read_bytes, reader_worst_peak_bytes
+                  (every other reader given a one-line gzip and a sparse file: bytes read, peak Python memory)
   shared          cases, refused_clearly, private   (a second local account against the s3:// runs' local work
                   folders; failed tests = a folder used that another account made, or one it can read)
 A row no test wrote yet reads "not measured". Exit status: pytest's.
@@ -45,6 +47,19 @@ def run_suite(profile: str, results: Path, extra: list[str]) -> int:
 
 def _n(row: dict, key: str) -> int:
     return int(row.get(key, 0))
+
+
+def _readers_result(r: dict) -> str:
+    """The other readers (issue 45 item 3): replay sources, SFT inputs, validate's pre-checks, exclusions,
+    decontamination files, doctor logs, diff inputs, each given a one-line gzip and a sparse file."""
+    if not _n(r, "readers"):
+        return "; other readers not measured"
+    size = max(_n(r, "reader_input_bytes"), 1)
+    return (f"; {_n(r, 'readers')} other readers (replay, SFT, validate, exclusions, decontamination, doctor, diff) "
+            f"on {size:,} B of hostile files: bytes read per input byte max "
+            f"{_n(r, 'reader_worst_read_bytes') / size:.2f}, peak memory max "
+            f"{_n(r, 'reader_worst_peak_bytes') / 2**20:.1f} MiB ({_n(r, 'reader_worst_peak_bytes') / size:.4f} per "
+            "input byte)")
 
 
 def table(data: dict) -> list[str]:
@@ -83,7 +98,7 @@ def table(data: dict) -> list[str]:
                   f"{_n(r, 'worst_written_bytes') / max(_n(r, 'worst_input_bytes'), 1):,.0f} "
                   f"({_n(r, 'worst_input_bytes'):,} B -> {_n(r, 'worst_written_bytes'):,} B, capped per file and "
                   f"reason), overall {_n(r, 'written_bytes') / max(_n(r, 'input_bytes'), 1):.3f}; "
-                  f"{_n(r, 'outside_writes')} written outside the root")
+                  f"{_n(r, 'outside_writes')} written outside the root" + _readers_result(r))
     add("shared machine", "shared",
         lambda r: f"{_n(r, 'cases')} cases by a second local account (a folder, a dangling link, a link, a file "
                   "made first at the work folder's name; a shared $LLM_PIPELINE_WORK_DIR; a fresh run's copy)",

@@ -432,10 +432,12 @@ def _nightly_automations(doc: dict) -> int:
 
 
 def nightly_promote_main(argv: list[str]) -> int:
-    """`llm-pipeline nightly promote CONFIG --run-id ID [--who NAME] [--reason TEXT]`: a held night becomes latest."""
+    """`llm-pipeline nightly promote CONFIG --run-id ID [--who NAME] [--reason TEXT]`: a held night becomes latest,
+    once its checkpoint's sha256 matches what its run recorded (nightly.verify)."""
     import getpass
 
-    from pipeline_lib.nightly import NotHeld, promote_held
+    from pipeline_lib.nightly import NotHeld, load_state, promote_held
+    from pipeline_lib.nightly.verify import verify_held_checkpoint
 
     ap = argparse.ArgumentParser(prog="llm-pipeline nightly promote",
                                  description="Promote a night the gate held (it becomes tomorrow's base).")
@@ -448,6 +450,9 @@ def nightly_promote_main(argv: list[str]) -> int:
     try:
         check_name("--run-id", args.run_id)
         cfg = load_config(args.config, args.overrides)
+        held = next((h for h in load_state(cfg).get("held", []) if h["run_id"] == args.run_id), None)
+        if held is not None:  # the checkpoint is still the one the night wrote (a missing night: promote_held says)
+            verify_held_checkpoint(cfg, held)
         promote_held(cfg, args.run_id, who=args.who or getpass.getuser(), reason=args.reason)
     except (ConfigError, NotHeld, ValueError) as err:
         print(err, file=sys.stderr)

@@ -33,7 +33,8 @@ from tasks.stage_log import StageLog
 
 def local_cluster_kwargs(cfg) -> dict:
     """The stage's own Dask cluster (data.dask_address null): data.num_workers processes of one thread (a
-    shard's work is CPU-bound Python, one at a time), on 127.0.0.1 only (its dashboard too, on a free port),
+    shard's work is CPU-bound Python, one at a time), on 127.0.0.1 only (its HTTP server too, on a free port: the
+    dashboard's pages only with data.dask_dashboard, NO_DASHBOARD),
     with temporary TLS credentials (security=True): a Dask scheduler runs whatever code a client sends it,
     so another local account must not be one."""
     return {"n_workers": cfg.data.num_workers, "threads_per_worker": 1, "processes": True, "host": "127.0.0.1",
@@ -57,6 +58,9 @@ LOCAL_CLUSTER_CONFIG = {
     "distributed.worker.multiprocessing-method": "forkserver",
 }
 FORKSERVER_PRELOAD = ["distributed", "pipeline_lib.data._warm"]
+# Off unless data.dask_dashboard: the scheduler's HTTP server (127.0.0.1, which every local account reaches) serves
+# its health check only, not the pages and JSON that show the run's tasks, workers and their logs.
+NO_DASHBOARD = {"distributed.scheduler.http.routes": ["distributed.http.health"]}
 
 
 def start_local_cluster(cfg):
@@ -68,7 +72,7 @@ def start_local_cluster(cfg):
     from distributed import LocalCluster
     from distributed.utils import get_mp_context
 
-    with dask.config.set(LOCAL_CLUSTER_CONFIG):
+    with dask.config.set({**LOCAL_CLUSTER_CONFIG, **({} if cfg.data.dask_dashboard else NO_DASHBOARD)}):
         # distributed names its own preload on its first call (itself and its dependencies): ours after it
         get_mp_context().set_forkserver_preload(FORKSERVER_PRELOAD)
         return LocalCluster(**local_cluster_kwargs(cfg))

@@ -3,6 +3,7 @@ decided and where the pipeline run is, on the nightly flow run itself (the stage
 `llm-pipeline/nightly-<date>` run and its overview)."""
 from __future__ import annotations
 
+from pipeline_lib.markdown import md_code, md_text
 from pipeline_lib.nightly.gate import table_lines
 from pipeline_lib.stages import key_figures
 from pipeline_lib.storage import RunPaths, read_manifest
@@ -13,7 +14,7 @@ FILES_SHOWN = 20  # a night of thousands of files lists the first ones and the c
 
 
 def _md(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return md_text(text)
 
 
 def _child_link(run_id: str) -> str:
@@ -47,7 +48,7 @@ def render(cfg, run_id: str | None, run_date: str, name: str, message: str, data
             figures = key_figures(stage, manifest.metrics if manifest else {})
             lines.append(f"| {stage} | {_md(entry.get('state', ''))}: {_md('; '.join(figures)) or ' '} |")
     if data.get("checkpoint"):
-        lines.append(f"| checkpoint | `{_md(data['checkpoint'])}` |")
+        lines.append(f"| checkpoint | {md_code(data['checkpoint'])} |")
     if data.get("decision"):
         by = data.get("decided_by") or {}
         lines.append(f"| decision | {_md(data['decision'])}" + (f" by {_md(by.get('who'))}: {_md(by.get('reason'))}"
@@ -58,7 +59,7 @@ def render(cfg, run_id: str | None, run_date: str, name: str, message: str, data
         lines += ["", f"Gate: {_md(data['verdict'].get('outcome', ''))} ({_md(data['verdict'].get('reason', ''))})",
                   "", *table_lines(data["verdict"])]
     if files:
-        lines += ["", "Files read:", "", *[f"- `{_md(f)}`" for f in files[:FILES_SHOWN]]]
+        lines += ["", "Files read:", "", *[f"- {md_code(f)}" for f in files[:FILES_SHOWN]]]
         if len(files) > FILES_SHOWN:
             lines.append(f"- ... and {len(files) - FILES_SHOWN} more")
     return "\n".join(lines) + "\n"

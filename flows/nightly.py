@@ -39,6 +39,7 @@ from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_train
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
                                   lineage_note, night_tokenizer, nightly_overrides, no_new_documents,
                                   schedule_record)
+from pipeline_lib.nightly.approval import decided_by as approval_record
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly.deadline import size_tonight
 from pipeline_lib.nightly.gate import judge
@@ -217,7 +218,8 @@ class Decision(RunInput):
 
     approve: bool = Field(False, description="Promote tonight's candidate anyway (it becomes tomorrow's base).")
     reason: str = Field("", description="Why (recorded in the nightly state).")
-    who: str = Field("", description="Your name (recorded in the nightly state).")
+    who: str = Field("", description="Your name (recorded in the nightly state as `unverified: <name>`: the server "
+                     "knows no accounts).")
 
 
 def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
@@ -252,9 +254,8 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
         timer.cancel()
     if not answer.approve and answer.reason == no_answer and not answer.who:
         return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}
-    who = {"who": answer.who or "(not given)", "reason": answer.reason, "asked_at": asked_at,
-           "at": dt.datetime.now(dt.timezone.utc).isoformat()}
-    return ("promoted" if answer.approve else "held"), who
+    # the self-hosted server names no account for an answer: the typed name is recorded as unverified
+    return ("promoted" if answer.approve else "held"), approval_record(answer.who, answer.reason, asked_at)
 
 
 def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided_by, steps_cut=None):

@@ -11,6 +11,7 @@ import sys
 
 from .checks import problems
 from .config import ConfigError, load_config
+from .config.errors import MAX_ISSUES_SHOWN
 from .config.validate import warnings
 from .checks.lr_range import lr_range_warnings
 from .config.platform import device_target
@@ -154,6 +155,9 @@ def validate_main(argv: list[str]) -> int:
                     help="check the layout as a plan (skip the rules and input-file checks that only "
                     "apply to running here)")
     ap.add_argument("--explain", action="store_true", help="print every field, its default and meaning")
+    ap.add_argument("--check-remote", action="store_true",
+                    help="also list s3:// inputs on run.s3_endpoint_url (connects to it; without this flag validate "
+                    "opens no network connection)")
     args = ap.parse_intermixed_args(argv)
     if args.explain:
         print("\n".join(explain_lines()))
@@ -165,11 +169,13 @@ def validate_main(argv: list[str]) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    issues, warnings = problems(cfg, for_run=not args.plan_only)
+    issues, warnings = problems(cfg, for_run=not args.plan_only, check_remote=args.check_remote)
     if issues:
         print(f"{args.config}: {len(issues)} problem(s):", file=sys.stderr)
-        for issue in issues:
+        for issue in issues[:MAX_ISSUES_SHOWN]:
             print(f"  - {issue}", file=sys.stderr)
+        if len(issues) > MAX_ISSUES_SHOWN:
+            print(f"  ... and {len(issues) - MAX_ISSUES_SHOWN} more", file=sys.stderr)
         print_warnings(warnings, file=sys.stderr)
         return 2
     print(f"{args.config}: OK")
@@ -211,7 +217,7 @@ def diff_main(argv: list[str]) -> int:
             check_name("--run-id", run_id)
         cfg = load_config(args.config, args.overrides)
         text = diff_runs(cfg, *args.run_id).markdown()
-    except (ConfigError, BadName, RunNotFound) as err:
+    except (ConfigError, BadName, RunNotFound) as err:  # RunUnreadable is a RunNotFound
         print(err, file=sys.stderr)
         return 2
     if args.out:

@@ -11,7 +11,9 @@
 4. the fixed prompts whose answers changed, per checkpoint label both runs evaluated: the prompt, then A's answer
    and B's answer one under the other (evaluate/<label>/generations.jsonl).
 A run without a data or evaluate stage shows as such in its sections. Raises RunNotFound (a ValueError) naming the
-run id, the folder and the fix when a run folder holds neither. Plain Python: no Prefect, no MindSpore.
+run id, the folder and the fix when a run folder holds neither, RunUnreadable (one too) when a file of it is not
+what the stage writes (not JSON, another shape, over storage.bounded's caps, a checkpoint `dir` that is no name: it
+is joined into a path). Plain Python: no Prefect, no MindSpore.
 """
 from __future__ import annotations
 
@@ -20,13 +22,25 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from .evaluate.report import md_quote, md_table
-from .storage import RunPaths, store_for
+from .storage import LongLine, RunPaths, store_for
+from .storage.bounded import MAX_JSON_BYTES, MAX_LIST_BYTES, InputTooLarge, bounded_lines, read_capped
 
 TOP_REASONS = 3
 
 
 class RunNotFound(ValueError):
     """A run id with no data stats and no evaluation under run.output_root."""
+
+
+class RunUnreadable(RunNotFound):
+    """A file of the run folder that is not what its stage writes."""
+
+    def __init__(self, uri: str, problem: str):
+        super().__init__(f"{uri}: {problem}. Fix: diff runs whose folders the pipeline wrote (rerun the stage, or "
+                         "give another --run-id)")
+
+
+MAX_ANSWER_LINE = 1 << 20  # one generated answer per line: a longer line is no generation the evaluate stage wrote
 
 
 @dataclass
@@ -38,29 +52,76 @@ class RunFacts:
     answers: dict = field(default_factory=dict)  # label -> prompt id -> generation text
 
 
-def _read_json(store, uri: str) -> dict | None:
-    return json.loads(store.get_bytes(uri)) if store.exists(uri) else None
+def _read_json(store, uri: str, endpoint: str | None = None) -> dict | None:
+    if not store.exists(uri):
+        return None
+    try:
+        doc = json.loads(read_capped(uri, endpoint, field="--run-id", max_bytes=MAX_JSON_BYTES))
+    except InputTooLarge as err:
+        raise RunUnreadable(uri, err.problem) from None
+    except (ValueError, RecursionError) as err:
+        raise RunUnreadable(uri, f"not JSON ({type(err).__name__}: {str(err)[:200]})") from None
+    if not isinstance(doc, dict):
+        raise RunUnreadable(uri, f"a JSON {type(doc).__name__}, not the object its stage writes")
+    return doc
+
+
+def _answers(uri: str, endpoint: str | None) -> dict:
+    out = {}
+    try:
+        for n, line in enumerate(bounded_lines(uri, endpoint, field="--run-id", max_line=MAX_ANSWER_LINE,
+                                               max_bytes=MAX_LIST_BYTES), 1):
+            if isinstance(line, LongLine) or not line.strip():
+                continue
+            r = json.loads(line)
+            if not (isinstance(r, dict) and isinstance(r.get("prompt_id"), (str, int)) and isinstance(r.get("text"), str)):
+                raise RunUnreadable(uri, f"line {n} is not a generation ({{prompt_id, text}})")
+            out[r["prompt_id"]] = r["text"]
+    except InputTooLarge as err:
+        raise RunUnreadable(uri, err.problem) from None
+    except (ValueError, RecursionError) as err:
+        if isinstance(err, RunUnreadable):
+            raise
+        raise RunUnreadable(uri, f"not JSON lines ({type(err).__name__})") from None
+    return out
 
 
 def read_run(cfg, run_id: str) -> RunFacts:
-    paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
-    store = store_for(paths.run_uri, cfg.run.s3_endpoint_url)
-    facts = RunFacts(run_id, paths.run_uri, _read_json(store, f"{paths.stage_uri('data')}/stats.json"),
-                     _read_json(store, f"{paths.stage_uri('evaluate')}/metrics.json"))
+    endpoint = cfg.run.s3_endpoint_url
+    paths = RunPaths(cfg.run.output_root, run_id, endpoint)
+    store = store_for(paths.run_uri, endpoint)
+    facts = RunFacts(run_id, paths.run_uri, _read_json(store, f"{paths.stage_uri('data')}/stats.json", endpoint),
+                     _read_json(store, f"{paths.stage_uri('evaluate')}/metrics.json", endpoint))
     if facts.stats is None and facts.evaluation is None:
         raise RunNotFound(f"--run-id {run_id}: {paths.run_uri} holds no data/stats.json and no evaluate/metrics.json; "
                           "give a run id whose data or evaluate stage finished (ls run.output_root, or "
                           "llm-pipeline status CONFIG --run-id ID)")
-    for ck in (facts.evaluation or {}).get("checkpoints", []):
+    metrics = f"{paths.stage_uri('evaluate')}/metrics.json"
+    checkpoints = (facts.evaluation or {}).get("checkpoints", [])
+    if not isinstance(checkpoints, list):
+        raise RunUnreadable(metrics, "its `checkpoints` is not a list")
+    for ck in checkpoints:
+        if not (isinstance(ck, dict) and isinstance(ck.get("label"), str)):
+            raise RunUnreadable(metrics, "a checkpoint entry without a `label`")
+        d = ck.get("dir")  # joined into a path below: one folder name, never `../..` or an absolute path
+        if not (isinstance(d, str) and 0 < len(d) <= 255 and d not in (".", "..") and not set(d) & {"/", "\\", "\0"}):
+            raise RunUnreadable(metrics, f"checkpoint {ck['label']!r} has a `dir` that is not a folder name ({d!r})")
         uri = f"{paths.stage_uri('evaluate')}/{ck['dir']}/generations.jsonl"
         if store.exists(uri):
-            facts.answers[ck["label"]] = {r["prompt_id"]: r["text"] for r in
-                                          map(json.loads, store.get_bytes(uri).decode("utf-8").splitlines()) if r}
+            facts.answers[ck["label"]] = _answers(uri, endpoint)
     return facts
 
 
 def diff_runs(cfg, run_a: str, run_b: str) -> "RunDiff":
-    return RunDiff(read_run(cfg, run_a), read_run(cfg, run_b))
+    """The diff of two runs, its tables tried once: a stats.json or metrics.json of another shape (a number where a
+    table is, a list where a mapping is) is RunUnreadable naming both runs' folders, not a TypeError."""
+    diff = RunDiff(read_run(cfg, run_a), read_run(cfg, run_b))
+    try:
+        diff.markdown()
+    except (TypeError, KeyError, AttributeError, ValueError, IndexError) as err:
+        raise RunUnreadable(f"{diff.a.uri} or {diff.b.uri}", "data/stats.json or evaluate/metrics.json is not of "
+                            f"the shape its stage writes ({type(err).__name__}: {str(err)[:200]})") from None
+    return diff
 
 
 def _fmt(value, digits: int = 4) -> str:

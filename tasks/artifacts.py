@@ -16,6 +16,7 @@ import time
 from prefect.artifacts import (create_link_artifact, create_markdown_artifact, create_progress_artifact,
                                create_table_artifact, update_progress_artifact)
 
+from pipeline_lib.markdown import md_code
 from pipeline_lib.stages import stage_tables
 from pipeline_lib.storage import join
 
@@ -90,7 +91,7 @@ def publish_stage_artifacts(cfg, paths, stage: str, manifest) -> None:
     for name, text in (metrics.get("markdown") or {}).items():
         create_markdown_artifact(text, key=_key(stage, name), description=f"{stage}: {name}")
     lines = ["| output | size |", "|---|---|"]
-    lines += [f"| `{o['path']}` | {o['size']:,} |" for o in manifest.outputs[:200]]
+    lines += [f"| {md_code(o['path'])} | {o['size']:,} |" for o in manifest.outputs[:200]]
     create_markdown_artifact(f"**{stage}** outputs in `{stage_uri}`\n\n" + "\n".join(lines),
                              key=_key(stage, "outputs"), description=f"{stage}: outputs")
     # A link only where a browser can open it (a presigned URL of an S3 store); browsers refuse file://

@@ -14,6 +14,7 @@ import re
 import time
 
 from pipeline_lib.key_figures import fmt
+from pipeline_lib.markdown import md_code, md_text
 from pipeline_lib.nightly.night_ids import resume_hint
 from pipeline_lib.stages import SPECS, key_figures
 
@@ -23,7 +24,7 @@ ERROR_CHARS = 2000
 
 
 def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return md_text(text)
 
 
 def _quote(line: str) -> str:
@@ -33,7 +34,7 @@ def _quote(line: str) -> str:
 
 
 def _code(text: str) -> str:
-    return f"`{str(text).replace('`', '')}`"
+    return md_code(text)
 
 
 class RunOverview:

@@ -98,3 +98,47 @@ def test_clear_removes_only_a_folder_that_is_an_index(tmp_path):
     (Path(index_uri(cfg)) / "thesis.tex").unlink()
     done = cli("clear", TINY, f"run.output_root={tmp_path / 'runs'}")
     assert done.returncode == 0 and "cleared: 1 run(s)" in done.stdout and not Path(index_uri(cfg)).exists()
+
+
+def test_clear_refuses_while_a_run_reads_the_index_and_not_after(tmp_path):
+    """Issue 45 item 10: a clear during a run's dedup step made it fail with a FileNotFoundError traceback."""
+    import os
+    import sys as _sys
+
+    from pipeline_lib.data.index_lease import live_leases
+    from pipeline_lib.data.prep import dedup_stage, plan_data_stage, prep_shard
+    from pipeline_lib.stages import run_stage
+    from pipeline_lib.storage import RunPaths
+
+    sys_path = str(ROOT / "tests" / "data")
+    if sys_path not in _sys.path:
+        _sys.path.insert(0, sys_path)
+    from datagen import make_cfg
+
+    cfg = make_cfg(tmp_path)
+    root = f"run.output_root={cfg.run.output_root}"
+    add_segment(cfg, "earlier", 3, tmp_path)
+    paths = RunPaths(cfg.run.output_root, "tonight")
+    for k in range(len(plan_data_stage(cfg, paths))):
+        prep_shard(cfg, paths, k)
+    dedup_stage(cfg, paths)  # the run now reads the index: its lease names this process
+    assert [(h["run_id"], h["pid"]) for h in live_leases(index_uri(cfg), None)] == [("tonight", os.getpid())]
+    refused = cli("clear", TINY, root)
+    assert refused.returncode == 2 and "data.dedup.lineage='tiny-cpu'" in refused.stderr
+    assert "in use by tonight" in refused.stderr and "nothing was deleted" in refused.stderr and "Fix:" in refused.stderr
+    assert [m["run_id"] for m in list_segments(cfg)] == ["earlier"]
+    run_stage(cfg, paths, "data", workers=1)  # the stage ends: its lease is dropped
+    assert live_leases(index_uri(cfg), None) == []
+    cleared = cli("clear", TINY, root)
+    assert cleared.returncode == 0 and "cleared: 2 run(s)" in cleared.stdout
+
+
+def test_the_lease_of_a_run_that_died_does_not_hold_the_index(tmp_path):
+    import subprocess as sp
+
+    cfg = load_config(TINY, [f"run.output_root={tmp_path / 'runs'}"])
+    add_segment(cfg, "r1", 3, tmp_path)
+    gone = sp.Popen([sys.executable, "-c", "from pipeline_lib.data.index_lease import take_lease; "
+                     f"take_lease({index_uri(cfg)!r}, 'died', None)"], cwd=ROOT)
+    assert gone.wait(60) == 0
+    assert cli("clear", TINY, f"run.output_root={tmp_path / 'runs'}").returncode == 0

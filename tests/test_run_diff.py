@@ -181,3 +181,37 @@ def test_the_night_publishes_what_changed_against_the_promoted_run(two_runs):
     arts = [x for x in asyncio.run(latest()) if x.key == KEY]
     assert arts and arts[0].data == text
     assert "Nothing promoted before this night" in probe(True)
+
+
+def test_a_corrupt_run_folder_is_a_clear_error_exit_2(tmp_path, capsys):
+    """Issue 45 items 3 and 10: JSONDecodeError and TypeError tracebacks; a checkpoint `dir` joined into a path."""
+    from pipeline_lib.cli import diff_main
+
+    root = tmp_path / "runs"
+    good = {"files": {}, "total": {}}
+    for run, stats in (("a", good), ("b", good)):
+        (root / run / "data").mkdir(parents=True)
+        (root / run / "data" / "stats.json").write_text(json.dumps(stats))
+    tiny = str(Path(__file__).resolve().parents[1] / "configs/pipelines/tiny-cpu.yaml")
+
+    def diff() -> tuple[int, str]:
+        code = diff_main([tiny, f"run.output_root={root}", "--run-id", "a", "--run-id", "b"])
+        return code, capsys.readouterr().err
+
+    cases = [("not json {", "data/stats.json: not JSON"),
+             ("[1, 2]", "a JSON list, not the object its stage writes"),
+             ('{"files": {"x": 5}, "total": 3}', "not of the shape its stage writes"),
+             ("[" * 100_000, "not JSON (RecursionError")]
+    for text, said in cases:
+        (root / "b" / "data" / "stats.json").write_text(text)
+        code, err = diff()
+        assert code == 2 and said in err and "Fix:" in err and "Traceback" not in err, (text[:20], err)
+    (root / "b" / "data" / "stats.json").write_text(json.dumps(good))
+    (root / "b" / "evaluate").mkdir()
+    (root / "b" / "evaluate" / "metrics.json").write_text(json.dumps({"checkpoints": [{"label": "x", "dir": "../../.."}]}))
+    code, err = diff()
+    assert code == 2 and "has a `dir` that is not a folder name ('../../..')" in err
+    with open(root / "b" / "evaluate" / "metrics.json", "wb") as fh:
+        fh.truncate(1 << 30)  # sparse: refused by its size, not read
+    code, err = diff()
+    assert code == 2 and "larger than 16 MiB" in err

@@ -19,12 +19,13 @@ from .inputs import check_inputs
 from .token_ids import token_id_issues
 
 
-def problems(cfg: PipelineConfig, stages: Iterable[str] | None = None, *, for_run: bool = True
-             ) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
+def problems(cfg: PipelineConfig, stages: Iterable[str] | None = None, *, for_run: bool = True,
+             check_remote: bool = True) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
+    """check_remote: list s3:// inputs on the endpoint (a run does; `validate` only with --check-remote)."""
     errors = check(cfg, for_run=for_run) + token_id_issues(cfg) + filter_issues(cfg)
     if not for_run:  # a plan is checked for another machine: its files are not here
         return errors, []
-    input_errors, warnings = check_inputs(cfg, stages)
+    input_errors, warnings = check_inputs(cfg, stages, check_remote)
     return errors + input_errors, warnings
 
 

@@ -8,8 +8,10 @@ evaluate.prompt_files[2] ...):
   and task files (evaluate.tasks) are parsed with the evaluate stage's readers, a tokenizer.path is loaded and checked as the data
   stage checks it, an hf_checkpoint folder is checked as the pretrain stage checks it (config.json and
   tensor headers), checkpoints must exist;
-- s3:// entries are listed only when the endpoint answers a TCP connect within S3_CONNECT_TIMEOUT_S;
-  otherwise (or without credentials) they are a warning, and the stage checks them when it runs;
+- s3:// entries are listed only when asked (`check_remote`: `run`, `validate --check-remote`; a plain `validate`
+  opens no connection to whatever run.s3_endpoint_url names) and the endpoint answers a TCP connect within
+  S3_CONNECT_TIMEOUT_S; otherwise (or without credentials) they are a warning, and the stage checks them when it runs;
+- files are read with the stages' bounded reader (storage.bounded: a line over data.max_line_bytes is read past);
 - a tokenizer to train gets a warning when a bounded sample of the local data.inputs already has
   more characters than tokenizer.vocab_size can hold (sentencepiece refuses that: CJK corpora).
 Kept out of config/ (whose rules are pure, so configs built in memory never touch files): these read
@@ -17,7 +19,6 @@ files and call the stages' own readers. Raises nothing for a bad input: every fi
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import socket
@@ -29,7 +30,8 @@ from urllib.parse import urlparse
 from ..config.errors import ConfigIssue
 from ..config.schema import PipelineConfig
 from ..stages import stage_checks
-from ..storage import store_for
+from ..storage import LongLine, store_for
+from ..storage.bounded import DEFAULT_MAX_LINE, bounded_lines
 from ..storage.input_files import NoInputFiles, kind_of, list_inputs
 
 S3_CONNECT_TIMEOUT_S = 2.0
@@ -51,14 +53,19 @@ def _s3_reachable(endpoint_url: str | None) -> tuple[bool, str]:
 class InputChecks:
     """What a stage's input check is given: the config and helpers that record issues by field."""
 
-    def __init__(self, cfg: PipelineConfig):
-        self.cfg, self.endpoint = cfg, cfg.run.s3_endpoint_url
+    def __init__(self, cfg: PipelineConfig, check_remote: bool = True):
+        self.cfg, self.endpoint, self.check_remote = cfg, cfg.run.s3_endpoint_url, check_remote
         self.errors: list[ConfigIssue] = []
         self.warnings: list[ConfigIssue] = []
         self._s3: tuple[bool, str] | None = None
 
     def s3_ok(self, field: str, uri: str) -> bool:
         """True when s3 can be asked; else records a warning for this entry."""
+        if not self.check_remote:
+            self.warnings.append(ConfigIssue(field, uri, "not checked: s3:// entries are checked with `validate "
+                                             "--check-remote` (it connects to the endpoint) and when the stage runs",
+                                             "run `llm-pipeline validate --check-remote CONFIG` to check it now"))
+            return False
         if self._s3 is None:
             self._s3 = _s3_reachable(self.endpoint)
         if not self._s3[0]:
@@ -163,7 +170,7 @@ class InputChecks:
 
     def vocab_vs_characters(self) -> None:
         t = self.cfg.tokenizer
-        texts = sample_texts(self.cfg.data.inputs, self.cfg.data.text_field)
+        texts = sample_texts(self.cfg.data.inputs, self.cfg.data.text_field, self.cfg.data.max_line_bytes)
         if any(f.name == "nfkc" for f in self.cfg.data.filters):  # the tokenizer trains on cleaned text
             texts = [unicodedata.normalize("NFKC", s) for s in texts]
         need = vocab_floor(required_chars(texts, t.character_coverage), t) if texts else 0
@@ -194,7 +201,7 @@ def required_chars(texts: list[str], coverage: float) -> int:
     return len(counts)
 
 
-def sample_texts(entries: list[str], text_field: str) -> list[str]:
+def sample_texts(entries: list[str], text_field: str, max_line: int = DEFAULT_MAX_LINE) -> list[str]:
     """Texts of the first records of the local input files (SAMPLE_BYTES / SAMPLE_RECORDS at most)."""
     texts, size = [], 0
     local = [e for e in entries if not e.startswith("s3://")]
@@ -204,7 +211,7 @@ def sample_texts(entries: list[str], text_field: str) -> list[str]:
         return []
     for uri, _ in files:
         try:
-            for text in _file_texts(uri, kind_of(uri), text_field):
+            for text in _file_texts(uri, kind_of(uri), text_field, max_line):
                 texts.append(text)
                 size += len(text.encode("utf-8"))
                 if size >= SAMPLE_BYTES or len(texts) >= SAMPLE_RECORDS:
@@ -214,22 +221,24 @@ def sample_texts(entries: list[str], text_field: str) -> list[str]:
     return texts
 
 
-def _file_texts(path: str, kind: str | None, text_field: str):
+def _file_texts(path: str, kind: str | None, text_field: str, max_line: int):
     if kind == "parquet":
         import pyarrow.parquet as pq
 
         try:
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=1000, columns=[text_field]):
+            pf = pq.ParquetFile(path)
+            if text_field not in pf.schema_arrow.names:  # named by parquet_text_columns; no column 0 to read
+                return
+            for batch in pf.iter_batches(batch_size=1000, columns=[text_field]):
                 yield from (v for v in batch.column(0).to_pylist() if isinstance(v, str))
-        except (KeyError, ValueError, OSError):
+        except (KeyError, ValueError, OSError, IndexError):
             return
         return
-    opener = gzip.open if kind == "jsonl.gz" else open
-    with opener(path, "rb") as fh:
-        for line in fh:
+    for line in bounded_lines(path, field="data.inputs", max_line=max_line):
+        if not isinstance(line, LongLine):  # a line over data.max_line_bytes: read past, as the stage does
             try:
                 value = json.loads(line).get(text_field)
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 continue
             if isinstance(value, str):
                 yield value
@@ -237,6 +246,36 @@ def _file_texts(path: str, kind: str | None, text_field: str):
 
 def data_inputs(c: InputChecks) -> None:
     c.listed("data.inputs", c.cfg.data.inputs, c.cfg.data.follow_symlinks)  # as the data stage lists them
+    parquet_text_columns(c)
+
+
+def parquet_text_columns(c: InputChecks) -> None:
+    """A local parquet input without a string column data.text_field is an error (the data stage refuses it; the
+    pre-check read column 0 of a batch that had none: an IndexError traceback). Reads footers only."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    field = c.cfg.data.text_field
+    local = [e for e in c.cfg.data.inputs if not e.startswith("s3://")]
+    try:
+        files = list_inputs(local, follow_symlinks=c.cfg.data.follow_symlinks) if local else []
+    except ValueError:  # a missing input is already an error of its own
+        return
+    for uri, _ in files:
+        if kind_of(uri) != "parquet":
+            continue
+        try:
+            schema = pq.ParquetFile(uri).schema_arrow
+        except (OSError, ValueError) as err:
+            c.errors.append(ConfigIssue("data.inputs", uri, f"not a readable parquet file ({type(err).__name__})",
+                                        "re-create the file, or remove it from data.inputs"))
+            continue
+        if field not in schema.names:
+            c.errors.append(ConfigIssue("data.text_field", field, f"parquet file {uri} has no such column (columns: "
+                                        f"{schema.names[:20]})", "set data.text_field to the column holding the text"))
+        elif not (pa.types.is_string(schema.field(field).type) or pa.types.is_large_string(schema.field(field).type)):
+            c.errors.append(ConfigIssue("data.text_field", field, f"column is {schema.field(field).type} in {uri}, "
+                                        "not a string", "point data.text_field at a string column"))
 
 
 def sft_inputs(c: InputChecks) -> None:
@@ -265,7 +304,7 @@ def sft_records(c: InputChecks) -> None:
         return
     read, rejected, first = 0, Counter(), {}
     try:
-        for rec in iter_instruction_records(local, c.endpoint):
+        for rec in iter_instruction_records(local, c.endpoint, max_line=cfg.data.max_line_bytes):
             read += 1
             reason = rec.reason if rec.obj is None else to_turns(rec.obj, system_prompt=cfg.sft.system_prompt)[1]
             if reason:
@@ -354,12 +393,12 @@ def compare_checkpoints(c: InputChecks) -> None:
         c.exists(f"evaluate.compare_checkpoints.{label}", path, what=".ckpt", otherwise="remove that entry")
 
 
-def check_inputs(cfg: PipelineConfig, stages: Iterable[str] | None = None
+def check_inputs(cfg: PipelineConfig, stages: Iterable[str] | None = None, check_remote: bool = True
                  ) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
     """(errors, warnings) about the files the config names (see the module docstring); with `stages`,
     only the files those stages read (`run --stages data` on a CPU host need not see the base weights
     that the Ascend host's pretrain stage reads)."""
-    c = InputChecks(cfg)
+    c = InputChecks(cfg, check_remote)
     for check in stage_checks(stages):
         check(c)
     return c.errors, c.warnings

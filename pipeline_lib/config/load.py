@@ -2,6 +2,10 @@
 
 Precedence, lowest first: the config file, then sections given as values (the run form's typed
 fields, `sections`), then the `key=value` overrides (applied last, so they win over both).
+Bounds (a config is a few KB, four levels deep): a file over MAX_CONFIG_BYTES is refused before it is parsed, a
+value nested deeper than MAX_DEPTH (YAML, an override's dotted path or value, a form's sections) is refused with
+the place it goes deeper (400 levels were a RecursionError traceback), and the error lists at most 50 issues.
+The value of an unknown key is never shown (it may be a secret pasted into the wrong file).
 """
 from __future__ import annotations
 
@@ -14,9 +18,32 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import ConfigError, ConfigIssue
+from ..storage.names import NAME_PATTERN
+from .errors import ConfigError, ConfigIssue, Hidden
 from .schema import PipelineConfig
 from .secrets import SECRET_FIELDS, redacted
+
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_DEPTH = 32  # the schema's deepest field (data.filters[i].params.<name>) is 5 levels down
+
+
+def _too_deep(field: str, value: object) -> ConfigError:
+    return ConfigError([ConfigIssue(field, Hidden(), f"nested deeper than {MAX_DEPTH} levels (no field of the config "
+                                    "is)", "remove the nesting: a config is sections of fields, a few levels deep")])
+
+
+def check_depth(raw: object, field: str = "(config)") -> None:
+    """Refuse mappings and lists nested deeper than MAX_DEPTH (walked without recursion), naming where."""
+    stack = [(raw, field, 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise _too_deep(where, node)
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if isinstance(value, (dict, list)):
+                stack.append((value, f"{where}.{key}" if where != "(config)" else str(key), depth + 1))
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -27,6 +54,8 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not all(part.strip() for part in key.split(".")):  # "", ".", "training..steps": no field to name
         raise ConfigError([ConfigIssue(key.strip() or item, raw, "not a field path (an empty name between dots)",
                                        "write section.field=value, e.g. training.steps=100")])
+    if key.count(".") >= MAX_DEPTH:
+        raise _too_deep(key[:200], None)
     # YAML parsing gives ints, floats, bools, null and lists ([a,b]) the way users expect.
     try:
         value = yaml.load(raw, Loader=_NoAliasLoader) if raw.strip() else ""
@@ -74,7 +103,15 @@ def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
         fix = "remove it or check its spelling against `llm-pipeline validate --explain`" \
             if e["type"] == "extra_forbidden" else "see the field's description in `llm-pipeline validate --explain`"
         value = _shown(e.get("input")) if tuple(map(str, e["loc"][:2])) in SECRET_FIELDS else e.get("input")
-        issues.append(ConfigIssue(field, value, e["msg"], fix))
+        if e["type"] == "extra_forbidden":  # the key is named, its value never shown: it may be a pasted secret
+            value = Hidden()
+        problem = e["msg"]
+        if e["type"] == "string_pattern_mismatch":  # every pattern of the schema is a name's (storage.names)
+            ascii_only = e.get("ctx", {}).get("pattern") == NAME_PATTERN
+            problem = ("not a name (a letter or digit first, then letters, digits, '.', '_', '-'"
+                       + ("" if ascii_only else " of any language") + "): it becomes a path or an identity")
+            fix = "use e.g. " + ("tiny-cpu" if ascii_only else "tiny-cpu or 电力语料") + " (no '/', no leading '.')"
+        issues.append(ConfigIssue(field, value, problem, fix))
     return issues
 
 
@@ -107,11 +144,11 @@ def _unnamed_keys(node: dict, prefix: str = "") -> list[ConfigIssue]:
     issues = []
     for key, value in node.items():
         if not isinstance(key, str):
-            issues.append(ConfigIssue(prefix + _yaml_spelling(key), value, f"the key is {_key_kind(key)}, not a name",
+            issues.append(ConfigIssue(prefix + _yaml_spelling(key)[:200], Hidden(), f"the key is {_key_kind(key)}, not a name",
                                       "write the section or field name before the colon (quoted if it is a number "
                                       "or true/false), or remove the entry"))
         elif not is_utf8_text(key):
-            issues.append(ConfigIssue(prefix + repr(key), key, "the key is not Unicode text (a lone \\udXXX escape)",
+            issues.append(ConfigIssue(prefix + repr(key)[:200], Hidden(), "the key is not Unicode text (a lone \\udXXX escape)",
                                       "remove the escape from the key"))
         elif isinstance(value, dict):
             issues += _unnamed_keys(value, prefix + key + ".")
@@ -119,6 +156,7 @@ def _unnamed_keys(node: dict, prefix: str = "") -> list[ConfigIssue]:
 
 
 def config_from_dict(raw: dict) -> PipelineConfig:
+    check_depth(raw)
     issues = _unnamed_keys(raw) if isinstance(raw, dict) else []
     if issues:
         raise ConfigError(issues)
@@ -128,16 +166,30 @@ def config_from_dict(raw: dict) -> PipelineConfig:
         raise ConfigError(_pydantic_issues(err)) from None
 
 
+class _TooDeepYaml(yaml.YAMLError):
+    pass
+
+
 class _NoAliasLoader(yaml.SafeLoader):
     """A config has no use for YAML anchors and aliases, and a few nested aliases expand a 435-byte file into
-    gigabytes (and the error message with them): refused at the first alias."""
+    gigabytes (and the error message with them): refused at the first alias. Nesting deeper than MAX_DEPTH is
+    refused as it is read (the composer recurses once per level: 400 levels were a RecursionError)."""
+
+    _depth = 0
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.YAMLError(f"YAML alias *{event.anchor} at line {event.start_mark.line + 1}: aliases are not "
                                  "allowed in a pipeline config (write the values out)")
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise _TooDeepYaml(f"nested deeper than {MAX_DEPTH} levels at line {self.peek_event().start_mark.line + 1}"
+                               " (no field of the config is)")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -146,11 +198,19 @@ def read_config_file(path: str | Path) -> dict:
     if not path.exists():
         raise ConfigError([ConfigIssue("CONFIG", str(path), "file not found",
                                        "pass a pipeline yaml such as configs/pipelines/tiny-cpu.yaml")])
+    with open(path, "rb") as fh:  # read at most one byte past the cap: a huge or sparse file costs nothing
+        data = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError([ConfigIssue("CONFIG", str(path), f"larger than {MAX_CONFIG_BYTES >> 20} MiB (a pipeline "
+                                       "config is a few KB)", "pass the pipeline yaml, not a data file")])
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader) or {}
+        raw = yaml.load(data.decode("utf-8"), Loader=_NoAliasLoader) or {}
     except UnicodeDecodeError as err:
         raise ConfigError([ConfigIssue("CONFIG", str(path), f"not UTF-8 text ({err})", "save the file as UTF-8")]) \
             from None
+    except _TooDeepYaml as err:
+        raise ConfigError([ConfigIssue("CONFIG", str(path), str(err), "remove the nesting: a config is sections of "
+                                       "fields, a few levels deep")]) from None
     except yaml.YAMLError as err:
         raise ConfigError([ConfigIssue("CONFIG", str(path), f"not valid YAML ({err})", "fix the YAML syntax")]) \
             from None

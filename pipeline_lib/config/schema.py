@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from ..storage.names import MAX_NAME, NAME_PATTERN, TEXT_NAME_PATTERN
 from ..storage.store import is_remote
 from .paths import resolve_input, resolve_output
 
@@ -78,8 +79,12 @@ def _endpoint_url(value: str | None) -> str | None:
 
 
 class RunConfig(_Section):
-    name: str = Field("tiny-cpu", json_schema_extra=NO_OUTPUT_EFFECT,
-                      description="Pipeline name; used in run ids and flow-run names.")
+    name: str = Field("tiny-cpu", json_schema_extra=NO_OUTPUT_EFFECT, pattern=TEXT_NAME_PATTERN, max_length=MAX_NAME,
+                      description="Pipeline name; used in flow-run names, the TensorBoard folder "
+                      "(<output_root>/_tensorboard/<run.name>) and, unless data.dedup.lineage is set, the dedup "
+                      "lineage. A name in any language (电力语料): a letter or digit first, then letters, digits, "
+                      "'.', '_', '-'; never a path. A name that is not ASCII gets the lineage `<its ASCII part or "
+                      "name>-<12 hex digits of its sha256>`, so two such names never share a dedup index.")
     output_root: OutputPath = Field(
         "runs", json_schema_extra=NO_OUTPUT_EFFECT, validate_default=True,
         description="Where runs are written: a local path (relative to the directory the command runs from) "
@@ -136,7 +141,7 @@ class DedupConfig(_Section):
         "it when the data stage succeeds (its documents are not 'seen before' for later runs until it is published). "
         "The nightly sets it: a night's documents enter the index only when the night is promoted.")
     lineage: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        None, pattern=NAME_PATTERN,
         description="Name of the dedup index this run reads and extends; default run.name. Runs of one lineage "
         "are deduplicated against each other; a fresh name starts from nothing.",
     )
@@ -182,7 +187,7 @@ class ReplayConfig(_Section):
         description="Share of tonight's training tokens (packed train rows) replayed from what the lineage trained "
         "on before, against forgetting: 0.3 = 30% of the train split's rows are replay. 0: off. Replay rows bypass "
         "the dedup index and are never added to it; stats.json `replay` and the manifest's `token_mix` give the mix.")
-    runs: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]] = Field(
+    runs: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
         default_factory=list,
         description="Run ids (under run.output_root) whose packed training rows are replayed, as written (already "
         "tokenized: same tokenizer and model.seq_length required). The nightly sets it to its promoted nights; a "
@@ -234,6 +239,11 @@ class DataConfig(_Section):
         description="With data.executor=dask: address of an existing Dask scheduler (tcp://host:8786); its "
         "workers need this package installed and run.output_root reachable (s3:// across machines). null: a "
         "local cluster of data.num_workers worker processes, started for the stage and closed after it.")
+    dask_dashboard: bool = Field(
+        False, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="With data.executor=dask and a local cluster: serve Dask's dashboard pages and JSON (on "
+        "127.0.0.1, a free port). Off by default: every local account can reach 127.0.0.1, and the pages show the "
+        "run's tasks and its workers' logs; the scheduler's HTTP server then answers its health check only.")
     filters: list[FilterSpec] = Field(default_factory=_default_filters, description="Ordered cleaning filters.")
     exclude_from: list[InputPath] = Field(
         default_factory=list, json_schema_extra=identity("data", by="contents"),
@@ -335,7 +345,7 @@ def precision_loss_scale(precision: str) -> str:
 
 
 class ModelConfig(_Section):
-    name: str = Field("tiny_llama", description="Model config name registered with mindformers; unique per run.")
+    name: str = Field("tiny_llama", pattern=NAME_PATTERN, max_length=MAX_NAME, description="Model config name registered with mindformers; unique per run.")
     seq_length: int = Field(64, json_schema_extra=identity("data", "pretrain", "sft", "evaluate"),
                             ge=8, description="Training sequence length (rows hold seq_length + 1 tokens).")
     vocab_size: int = Field(2048, json_schema_extra=identity("data", "pretrain", "sft"),
@@ -602,7 +612,7 @@ class SFTConfig(_Section):
         default_factory=lambda: ["wq", "wk", "wv", "wo"], json_schema_extra=identity("sft", "export"),
         description="Projections that get adapters."
     )
-    model_name: str | None = Field(None, description="Name of the LoRA model config; None means `<model.name>_lora`.")
+    model_name: str | None = Field(None, pattern=NAME_PATTERN, max_length=MAX_NAME, description="Name of the LoRA model config; None means `<model.name>_lora`.")
     # SFT's own optimizer schedule, batch and guard: a LoRA finetune wants a different learning rate,
     # warm-up and step budget than the pretraining run it starts from (AdamW betas, precision, loss
     # scale, clipping and checkpoint cadence are shared with `training`).

@@ -17,6 +17,8 @@ work folder); each shard worker loads them and checks its documents in the same 
 the evaluation hashes' top bits, and a binary search for the few windows the bitmap lets through.
 Limits: a 64-bit window hash; a false match needs two different 13-token windows with equal hashes, ~m/2^64 per
 window for m evaluation windows.
+Bounds: evaluation files are read with the bounded reader (storage.bounded): a line over data.max_line_bytes, a
+file over 256 MiB or a line nested too deep to parse is refused, naming the field, the file and the line.
 Raises DataStageError naming the field, the file and the line for an evaluation file that cannot be read.
 """
 from __future__ import annotations
@@ -59,36 +61,52 @@ def _entry_path(entry) -> str | None:
     return None
 
 
-def _strings(value, key: str | None = None):
-    if isinstance(value, str):
-        if key not in SKIPPED_KEYS:
-            yield value
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v, key)
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from _strings(v, k)
+def _strings(value, key: str | None = None) -> list[str]:
+    """Every string value of a parsed record, in order, but those under SKIPPED_KEYS (walked without recursion)."""
+    out, stack = [], [(value, key)]
+    while stack:
+        node, name = stack.pop()
+        if isinstance(node, str):
+            if name not in SKIPPED_KEYS:
+                out.append(node)
+        elif isinstance(node, list):
+            stack.extend((v, name) for v in reversed(node))
+        elif isinstance(node, dict):
+            stack.extend((v, k) for k, v in reversed(list(node.items())))
+    return out
 
 
-def eval_texts(field: str, path: str, endpoint: str | None) -> list[str]:
-    """The evaluation texts of one jsonl file (see the module docstring)."""
-    from ..storage import store_for
+def eval_texts(field: str, path: str, endpoint: str | None, max_line: int = 64 << 20) -> list[str]:
+    """The evaluation texts of one jsonl file (see the module docstring): read with the bounded reader (a line
+    over `max_line`, data.max_line_bytes, or a file over storage.bounded.MAX_LIST_BYTES is refused: its texts are
+    held in memory)."""
+    from ..storage import LongLine
+    from ..storage.bounded import MAX_LIST_BYTES, InputTooLarge, bounded_lines
 
+    texts = []
     try:
-        data = store_for(path, endpoint).get_bytes(path)
+        lines = bounded_lines(path, endpoint, field=field, max_line=max_line, max_bytes=MAX_LIST_BYTES,
+                              fix="hold out a smaller evaluation file, or remove it from the list")
+        for n, raw in enumerate(lines, 1):
+            if isinstance(raw, LongLine):
+                raise DataStageError(field, path, f"line {n} is {raw.size:,} bytes, over data.max_line_bytes="
+                                     f"{max_line:,}", "remove that line, or raise data.max_line_bytes")
+            line = raw.decode("utf-8", "replace")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except RecursionError:  # 100k brackets: deeper than Python's parser goes
+                raise DataStageError(field, path, f"line {n} is JSON nested deeper than can be read",
+                                     "each line must be one JSON object of text fields") from None
+            except ValueError:
+                raise DataStageError(field, path, f"line {n} is not JSON", "each line must be one JSON object") from None
+            texts.extend(_strings(record))
+    except InputTooLarge as err:
+        raise DataStageError(err.field, err.value, err.problem, err.fix) from None
     except (OSError, KeyError) as err:
         raise DataStageError(field, path, f"cannot read this evaluation file to hold it out of training ({err})",
                              "fix the path, or remove it from the list") from None
-    texts = []
-    for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            raise DataStageError(field, path, f"line {n} is not JSON", "each line must be one JSON object") from None
-        texts.extend(_strings(record))
     return texts
 
 
@@ -152,7 +170,7 @@ def build_eval_ngrams(cfg, endpoint: str | None) -> tuple[EvalNgrams, list[dict]
     n, hashes, owners, summary = cfg.data.decontamination.ngram, [], [], []
     files = eval_files(cfg) if cfg.data.decontamination.enabled else []
     for i, (field, path) in enumerate(files):
-        texts = eval_texts(field, path, endpoint)
+        texts = eval_texts(field, path, endpoint, cfg.data.max_line_bytes)
         h, _ = ngram_hashes(texts, n)
         h = np.unique(h)
         hashes.append(h)

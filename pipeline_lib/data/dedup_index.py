@@ -48,13 +48,13 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from pathlib import Path
 
 import numpy as np
 
 from .. import killpoints
 from ..storage import generations, join, store_for
+from ..storage.names import name_key
 from .errors import DataStageError
 from .index_partitions import ENTRY, entries, iter_blocks, lookup, merge, prefix_of, run_tag
 from .minhash import EMPTY, SCHEME, SEED, SHINGLE_VERSION, band_keys, lsh_params
@@ -68,8 +68,9 @@ CAP = 64                 # prior candidates per (band, key), as PriorIndex.candi
 
 
 def lineage(cfg) -> str:
-    """data.dedup.lineage, or run.name made safe for a path."""
-    return cfg.data.dedup.lineage or re.sub(r"[^A-Za-z0-9._-]", "_", cfg.run.name) or "default"
+    """data.dedup.lineage, or run.name as a key no other name shares (storage.names.name_key: an ASCII name as it
+    is, so its index is found where it always was; `电力语料` and `医疗语料` both were `____`)."""
+    return cfg.data.dedup.lineage or name_key(cfg.run.name)
 
 
 def index_uri(cfg) -> str:
@@ -121,7 +122,7 @@ def list_segments_at(store, uri: str) -> list[dict]:
     return [json.loads(store.get_bytes(m)) | {"uri": m.rsplit("/", 1)[0]} for m in metas]
 
 
-INDEX_ENTRIES = ("index.json", "segments", "parts")  # everything an index folder holds at its top
+INDEX_ENTRIES = ("index.json", "segments", "parts", "leases")  # everything an index folder holds at its top
 
 
 def clear_index(cfg, endpoint_url: str | None = None) -> int:
@@ -142,6 +143,9 @@ def clear_index(cfg, endpoint_url: str | None = None) -> int:
         raise DataStageError("data.dedup.index_uri", uri, f"is not a dedup index folder ({shown}); nothing was "
                              "deleted", "point data.dedup.index_uri at the index itself (default "
                              "<output_root>/_dedup_index/<lineage>), or delete the folder by hand if you mean it")
+    from .index_lease import refuse_while_used
+
+    refuse_while_used(uri, lineage(cfg), endpoint_url)  # a run reading it would fail mid-dedup
     store.delete(uri)
     return len(segments)
 

@@ -26,8 +26,9 @@ from .dedup import EXACT, NEAR, Deduplicator, collision_flags
 from .dedup_index import index_uri, lineage, load_prior, segment_meta, stage_segment, write_segment
 from .errors import DataStageError, NoNewDocuments
 from .decontaminate import FILTER, REASON, EvalNgrams, build_eval_ngrams, overlap_text
-from .exclusions import load_exclusions
+from .exclusions import EXCLUSIONS_FILE, load_exclusions, save_exclusions, saved_exclusions
 from .filters import Doc, apply_filters_batch, build_filters
+from .index_lease import take_lease
 from .minhash import shingle_hashes, signatures
 from .readers import iter_shard_batches
 from .sources import ShardSpec, list_inputs, plan_shards
@@ -73,7 +74,8 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
             f["fingerprint"] = store_for(f["uri"], ws.endpoint).fingerprint(f["uri"])
     evals, held_out = build_eval_ngrams(cfg, ws.endpoint)  # once per run; every shard worker loads it
     evals.save(ws.local(EVAL_NGRAMS))
-    ws.publish(EVAL_NGRAMS)
+    save_exclusions(load_exclusions(cfg, ws.endpoint), ws.local(EXCLUSIONS_FILE))  # the same: read once a run
+    ws.publish(EVAL_NGRAMS, EXCLUSIONS_FILE)
     ws.write_json("shards/plan.json", {"files": sizes, "shards": shards,
                                        "decontamination": {"ngram": evals.n, "files": held_out}})
     ws.mark("plan")
@@ -93,6 +95,15 @@ def eval_ngrams(ws: Workspace) -> EvalNgrams | None:
         _EVALS[key] = EvalNgrams.load(path)
     evals = _EVALS[key]
     return evals if len(evals.hashes) else None
+
+
+def _run_exclusions(cfg, ws: Workspace):
+    """The exclusions the plan step read (once a run); a plan written before it saved them reads the files."""
+    try:
+        path = ws.fetch(EXCLUSIONS_FILE)
+    except (OSError, KeyError):
+        path = None
+    return saved_exclusions(path) if path is not None and path.exists() else load_exclusions(cfg, ws.endpoint)
 
 
 def _gunzip_chunk(ws: Workspace, n: int):
@@ -174,7 +185,7 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
         return ws.read_json(f"{folder}/counts.json")
     spec = ShardSpec(**ws.read_json("shards/plan.json")["shards"][index])
     filters = build_filters(d.filters)
-    exclusions = load_exclusions(cfg, ws.endpoint)
+    exclusions = _run_exclusions(cfg, ws)
     fields = (d.id_field, *d.keep_fields)
     rejected, filtered, read = Counter(), Counter(), 0
     # copies written per reason: beyond the cap a record is counted only (finalize_data_stage then keeps
@@ -282,6 +293,7 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
         bounds = np.concatenate([[0], np.cumsum([len(p[1]) for p in parts])])
         del parts
     if use_index:  # the index is looked up with this run's keys, partition by partition
+        take_lease(index_uri(cfg), paths.run_id, ws.endpoint)  # `dedup-index clear` refuses until finalize drops it
         dd.prior = load_prior(cfg, paths.run_id, dd.bands, dd.rows, ws.endpoint, inputs=plan["files"],
                               keys=run_keys, band_keys_=run_bands)
     del run_keys

@@ -9,7 +9,8 @@ tonight's own documents, so replay holds f of the train split's tokens. The pool
   - general corpora, `data.replay.sources` (jsonl or jsonl.gz, a `data.text_field` per line): tokenized once with
     the run's tokenizer, joined with EOS and cut into rows, cached under <output_root>/_replay_cache/<key>/ (key:
     the file's fingerprint, the tokenizer's sha256, the row length and the evaluation windows), written rows
-    first, meta.json last. Their documents are not cleaned or deduplicated (a curated corpus), but decontaminated.
+    first, meta.json last. Their documents are not cleaned or deduplicated (a curated corpus), but decontaminated;
+    a line longer than data.max_line_bytes is read past (storage.bounded), counted in meta.json `too_long_lines`.
 Rows are drawn uniformly from the whole pool (so a source weighs by its rows) with numpy's generator seeded by
 `data.replay.seed` (default run.seed), without replacement while the pool suffices, then every pool row again
 (the repeats are counted). Replay rows from earlier runs are decoded and checked against the evaluation windows
@@ -22,21 +23,22 @@ Raises DataStageError naming data.replay.runs[i] / sources[i], the value and the
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
+import zlib
 
 import numpy as np
 
 from ..model.packing import count_rows, join_with_eos
-from ..storage import RunPaths, join, read_manifest, sha256_file, store_for
+from ..storage import LongLine, RunPaths, join, read_manifest, sha256_file, store_for
+from ..storage.bounded import bounded_lines
 from .errors import DataStageError
 from .prep import eval_ngrams, shard_dir
 from .workspace import Workspace, atomic_path
 
 REPLAY = "shards/replay"
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: lines over data.max_line_bytes are read past (1 trained on them)
 _SOURCE_BATCH = 2000  # documents tokenized at a time while a source is cached
 
 
@@ -147,12 +149,25 @@ class _RunPool:
         return (np.stack(rows).astype(np.int32) if rows else np.zeros((0, 0), np.int32)), origins
 
 
-def _source_lines(uri: str, endpoint: str | None):
-    from ..storage import iter_lines
-
-    with store_for(uri, endpoint).open_read(uri) as raw:
-        with (gzip.GzipFile(fileobj=raw) if uri.endswith(".gz") else raw) as fh:
-            yield from iter_lines(fh)
+def source_texts(uri: str, endpoint: str | None, field: str, text_field: str, max_line: int, counts: dict):
+    """The texts of a replay source, read with the bounded reader: a line over `max_line` bytes is read past and
+    counted (counts["too_long_lines"]), a line that is not JSON or has no text counted as skipped_lines."""
+    try:
+        for line in bounded_lines(uri, endpoint, field=field, max_line=max_line):
+            if isinstance(line, LongLine):  # over data.max_line_bytes: read past, never held or trained on
+                counts["too_long_lines"] = counts.get("too_long_lines", 0) + 1
+                continue
+            try:
+                text = json.loads(line).get(text_field) if line.strip() else None
+            except (ValueError, AttributeError, RecursionError):
+                text = None
+            if not isinstance(text, str) or not text.strip():
+                counts["skipped_lines"] = counts.get("skipped_lines", 0) + bool(line.strip())  # not replayed
+                continue
+            yield text
+    except (OSError, EOFError, zlib.error) as err:
+        raise DataStageError(field, uri, f"cannot read this replay source ({err})",
+                             "fix the file (jsonl or jsonl.gz)") from None
 
 
 class _SourcePool:
@@ -169,7 +184,7 @@ class _SourcePool:
         except (OSError, KeyError) as err:
             raise DataStageError(field, uri, f"cannot read this replay source ({err})", "fix the path") from None
         ident = {"v": CACHE_VERSION, "source": fingerprint, "tokenizer": tokenizer_sha, "row_len": row_len,
-                 "text_field": cfg.data.text_field,
+                 "text_field": cfg.data.text_field, "max_line": cfg.data.max_line_bytes,
                  "held_out": hashlib.sha256(evals.hashes.tobytes()).hexdigest() if evals is not None else None}
         key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
         self.cache = join(cfg.run.output_root, "_replay_cache", key)
@@ -186,7 +201,7 @@ class _SourcePool:
 
         tok = Tokenizer(self.ws.fetch("tokenizer/tokenizer.model"))
         local = self.ws.local(f"{REPLAY}/build/{self.cache.rsplit('/', 1)[-1]}/rows.bin")
-        counts = {"documents": 0, "contaminated": 0, "skipped_lines": 0, "tokens": 0}
+        counts = {"documents": 0, "contaminated": 0, "skipped_lines": 0, "too_long_lines": 0, "tokens": 0}
         carry = np.zeros(0, np.int32)
         with open(local, "wb") as out:
             def flush(texts: list[str]) -> None:
@@ -204,22 +219,12 @@ class _SourcePool:
                 carry = stream[whole:]
 
             batch = []
-            try:
-                for n, line in enumerate(_source_lines(self.source, self.ws.endpoint), 1):
-                    try:
-                        text = json.loads(line).get(cfg.data.text_field) if line.strip() else None
-                    except (ValueError, AttributeError):
-                        text = None
-                    if not isinstance(text, str) or not text.strip():
-                        counts["skipped_lines"] += bool(line.strip())  # not JSON, or no text: not replayed
-                        continue
-                    batch.append(text)
-                    if len(batch) >= _SOURCE_BATCH:
-                        flush(batch)
-                        batch = []
-            except (OSError, EOFError) as err:
-                raise DataStageError(field, self.source, f"cannot read this replay source ({err})",
-                                     "fix the file (jsonl or jsonl.gz)") from None
+            for text in source_texts(self.source, self.ws.endpoint, field, cfg.data.text_field,
+                                     cfg.data.max_line_bytes, counts):
+                batch.append(text)
+                if len(batch) >= _SOURCE_BATCH:
+                    flush(batch)
+                    batch = []
             flush(batch)
         rows = os.path.getsize(local) // (4 * row_len)
         if rows == 0:

@@ -41,6 +41,7 @@ from ..lifetime import exit_when_gone
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import sha256_file
 from .dedup_index import index_uri, publish_segment
+from .index_lease import drop_lease
 from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
                      tokenize_shard, write_cleaned_shard, write_mindrecord_files)
 from .errors import ConservationError
@@ -146,6 +147,7 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
             kept_segment = [keep_segment(ws, folder, name) for name in names]
         else:
             publish_segment(folder, names, index_uri(cfg), paths.run_id, ws.endpoint)
+    drop_lease(index_uri(cfg), paths.run_id, ws.endpoint)  # taken by the dedup step (index_lease)
     outputs = ["quarantine.jsonl", "excluded.jsonl", "duplicates.jsonl", "stats.json",
                "tokenizer/tokenizer.model", "tokenizer/tokenizer_config.json", *kept_segment]
     outputs += [f"cleaned/part-{k:05d}.jsonl.gz" for k in range(n)]

@@ -60,9 +60,14 @@ def guard_documents(folder: Path) -> tuple[Path | None, list[dict]]:
     path = folder / GUARD_DIAGNOSIS_FILE
     if not path.is_file():
         return None, []
+    from ..storage.bounded import MAX_JSON_BYTES
+
     try:
-        return path, json.loads(path.read_text(encoding="utf-8")).get("documents") or []
-    except ValueError:
+        if path.stat().st_size > MAX_JSON_BYTES:  # not a diagnosis the guard wrote: not read
+            return path, []
+        docs = json.loads(path.read_text(encoding="utf-8")).get("documents") or []
+        return path, [d for d in docs if isinstance(d, dict)] if isinstance(docs, list) else []
+    except (ValueError, AttributeError, RecursionError):
         return path, []
 
 
@@ -101,6 +106,12 @@ def doctor_main(argv: list[str]) -> int:
             print(err, file=sys.stderr)
             return 2
         files += found
+        from ..storage import RunPaths
+        from .logs import linked_outside
+
+        run_folder = Path(RunPaths(cfg.run.output_root, args.run_id, cfg.run.s3_endpoint_url).run_uri)
+        for link in linked_outside(Path(run_folder) / stage, run_folder) if (run_folder / stage).is_dir() else []:
+            print(f"note: not read: {link} is a link to a file outside the run folder", file=sys.stderr)
         if not found:
             print(f"note: no log files in the {stage} folder of run {args.run_id}", file=sys.stderr)
     missing = [str(f) for f in files if not f.is_file()]

@@ -80,6 +80,7 @@ def table_rows(stage_dir: str | Path) -> list[dict]:
 
 def _md_cell(value) -> str:
     text = "" if value is None else str(value)
+    text = text.replace("<", "\\<").replace(">", "\\>")  # a file name is no HTML tag (issue 45)
     return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>") or " "
 
 

@@ -158,7 +158,17 @@ def read_hf_config(folder: str | Path) -> dict:
     if not path.is_file():
         raise HFImportError(f"model.hf_checkpoint={str(folder)!r}: no {CONFIG_FILE} in it; point model.hf_checkpoint "
                             "at a Hugging Face Llama folder (config.json + model.safetensors)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        if path.stat().st_size > 1 << 20:  # a config.json is a few KB
+            raise ValueError("larger than 1 MiB")
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as err:
+        raise HFImportError(f"model.hf_checkpoint={str(folder)!r}: its {CONFIG_FILE} is not a model config "
+                            f"({type(err).__name__}: {str(err)[:200]}); re-download the checkpoint") from None
+    if not isinstance(hf, dict):
+        raise HFImportError(f"model.hf_checkpoint={str(folder)!r}: its {CONFIG_FILE} is not a JSON object; "
+                            "re-download the checkpoint")
+    return hf
 
 
 def check_hf_config(hf: dict, model_cfg) -> None:
@@ -227,12 +237,37 @@ def _files(folder: Path) -> list[Path]:
     return found
 
 
+MAX_HEADER = 100_000_000  # the safetensors format's own limit on its JSON header
+
+
 def _header(path: Path) -> tuple[dict, int]:
-    """The safetensors JSON header of `path` and the byte offset where tensor data starts."""
+    """The safetensors JSON header of `path` and the byte offset where tensor data starts; HFImportError naming the
+    file for a header that is not one (a length of 2^62 was read whole: MemoryError)."""
+    def bad(problem: str) -> HFImportError:
+        return HFImportError(f"model.hf_checkpoint: {path}: not a safetensors file ({problem}); re-download or "
+                             "re-export the checkpoint")
+
     with open(path, "rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
+        size = fh.seek(0, 2)
+        fh.seek(0)
+        first = fh.read(8)
+        if len(first) < 8:
+            raise bad("shorter than its 8-byte header length")
+        (n,) = struct.unpack("<Q", first)
+        if n > min(MAX_HEADER, size - 8):
+            raise bad(f"its header length {n:,} is beyond the file ({size:,} bytes) or the format's "
+                      f"{MAX_HEADER:,}-byte limit")
+        try:
+            header = json.loads(fh.read(n))
+        except (ValueError, RecursionError) as err:
+            raise bad(f"its header is not JSON: {type(err).__name__}") from None
+    if not isinstance(header, dict):
+        raise bad("its header is not a JSON object")
     header.pop("__metadata__", None)
+    for name, info in header.items():
+        if not (isinstance(info, dict) and isinstance(info.get("shape"), list) and isinstance(info.get("dtype"), str)
+                and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2):
+            raise bad(f"tensor {name[:100]!r} has no shape, dtype and data_offsets")
     return header, 8 + n
 
 

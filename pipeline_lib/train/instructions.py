@@ -18,28 +18,29 @@ Limits: shapes are detected by non-null keys (messages, then instruction/output,
 other keys are ignored. Text holding a special token of the chat template (e.g. "<|user|>") is refused,
 because the tokenizer would read it as a turn boundary; so is text holding a lone surrogate (a `\\udXXX`
 escape without its pair: valid JSON, but no text a tokenizer or a UTF-8 file can take), and JSON nested
-deeper than Python's parser goes (bad_json). `offending_field(obj, reason)` names the field a refused
+deeper than Python's parser goes (bad_json). A jsonl line longer than data.max_line_bytes is read past, never held
+(line_too_long, its first 64 KiB as raw; storage.bounded). `offending_field(obj, reason)` names the field a refused
 record has wrong (e.g. `prompt`, `messages[2].role`), for the quarantine file.
 Raises SftDataError only for an input entry that matches no file; malformed records come back
 with one of `REASONS` for the quarantine file.
 """
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from ..config.load import is_utf8_text
 from ..model.chat_template import Turn
-from ..storage import iter_lines, store_for
+from ..storage import LongLine
+from ..storage.bounded import DEFAULT_MAX_LINE, bounded_lines
 from ..storage.input_files import NoInputFiles, kind_of, list_inputs, open_parquet
 
 ROLES = ("system", "user", "assistant")
 REASONS = ("empty_line", "bad_utf8", "bad_json", "not_an_object", "unknown_shape", "field_not_string",
            "empty_prompt", "empty_response", "messages_not_list", "bad_message", "unknown_role",
            "system_not_first", "roles_out_of_order", "ends_without_response", "special_token_in_text",
-           "lone_surrogate")
+           "lone_surrogate", "line_too_long")
 
 
 class SftDataError(ValueError):
@@ -77,7 +78,7 @@ def _parse_jsonl_line(raw: bytes) -> tuple[dict | None, str | None]:
     return (obj, None) if isinstance(obj, dict) else (None, "not_an_object")
 
 
-def _iter_file(uri: str, label: str, endpoint_url: str | None) -> Iterator[RawRecord]:
+def _iter_file(uri: str, label: str, endpoint_url: str | None, max_line: int) -> Iterator[RawRecord]:
     kind = kind_of(uri)
     if kind == "parquet":
         pf = open_parquet(uri, endpoint_url)
@@ -87,24 +88,26 @@ def _iter_file(uri: str, label: str, endpoint_url: str | None) -> Iterator[RawRe
                 yield RawRecord(f"{label}:{row}", uri, row, obj)
                 row += 1
         return
-    with store_for(uri, endpoint_url).open_read(uri) as fh:
-        stream = gzip.GzipFile(fileobj=fh) if kind == "jsonl.gz" else fh
-        for i, raw in enumerate(iter_lines(stream), start=1):
+    for i, raw in enumerate(bounded_lines(uri, endpoint_url, field="sft.inputs", max_line=max_line), start=1):
+        if isinstance(raw, LongLine):  # read past, never held: its head only (a 2 GB sparse file took 3.2 GB)
+            yield RawRecord(f"{label}:{i}", uri, i, None, "line_too_long",
+                            raw.head.decode("utf-8", errors="backslashreplace") + f"... ({raw.size:,} bytes)")
+        else:
             obj, reason = _parse_jsonl_line(raw)
             text = raw.decode("utf-8", errors="backslashreplace") if reason else None
             yield RawRecord(f"{label}:{i}", uri, i, obj, reason, text)
 
 
 def iter_instruction_records(inputs: list[str], endpoint_url: str | None = None,
-                             field: str = "sft.inputs") -> Iterator[RawRecord]:
+                             field: str = "sft.inputs", max_line: int = DEFAULT_MAX_LINE) -> Iterator[RawRecord]:
     """Every record of every input file, in config order (see the module docstring); a missing
-    input is reported as `field`[i]."""
+    input is reported as `field`[i]; a jsonl line over `max_line` bytes is line_too_long (read past)."""
     try:
         files = list_inputs(inputs, endpoint_url, field=field)
     except NoInputFiles as err:
         raise SftDataError(err.field, err.value, err.problem, err.fix) from None
     for uri, label in files:
-        yield from _iter_file(uri, label, endpoint_url)
+        yield from _iter_file(uri, label, endpoint_url, max_line)
 
 
 def _text(obj: dict, key: str) -> tuple[str | None, str | None]:

@@ -207,7 +207,7 @@ def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpo
     (out / DATA_FILE).parent.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(tokenizer_path)
     template = template_for(cfg.sft.template, tok, cfg.tokenizer.special_tokens)
-    records = iter_instruction_records(list(cfg.sft.inputs), endpoint_url)
+    records = iter_instruction_records(list(cfg.sft.inputs), endpoint_url, max_line=cfg.data.max_line_bytes)
     with open(out / "quarantine.jsonl", "w", encoding="utf-8") as q, open(out / "excluded.jsonl", "w") as x:
         rows, stats = build_sft_rows(records, template, tok, row_len=cfg.model.seq_length + 1,
                                      truncation=cfg.sft.truncation, packing=cfg.sft.packing,

@@ -152,6 +152,83 @@ def test_sft_records_are_parsed_malformed_ones_counted_per_reason(tmp_path):
     assert check_inputs(config_from_dict({"sft": {"inputs": [str(mostly_good)]}}), ["sft"]) == ([], [])
 
 
+# issue 45: validate's pre-checks read with the bounded reader, name a parquet's missing column, and connect to
+# no S3 endpoint unless asked
+
+
+def test_a_sparse_input_costs_the_pre_checks_bounded_memory(tmp_path):
+    import tracemalloc
+
+    from pipeline_lib.checks.inputs import sample_texts
+
+    sparse = tmp_path / "sparse.jsonl"
+    with open(sparse, "wb") as fh:
+        fh.truncate(64 << 20)  # one line of NUL bytes: 2 GB took 4.3 GB (and SFT's 3.2 GB)
+    tracemalloc.start()
+    texts = sample_texts([str(sparse)], "text", max_line=1 << 20)
+    cfg = config_from_dict({"data": {"inputs": [str(sparse)], "max_line_bytes": 1 << 20},
+                            "sft": {"inputs": [str(sparse)]}})
+    errors, _ = check_inputs(cfg, ["sft"])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert texts == [] and peak < 16 << 20
+    assert "line_too_long: 1" in by_field(errors)["sft.inputs"].problem
+
+
+def test_a_parquet_input_without_the_text_column_is_an_error_naming_data_text_field(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["some text of the grid"] * 3}), tmp_path / "notext.parquet")
+    pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "numbers.parquet")
+    cfg = config_from_dict({"data": {"inputs": [str(tmp_path / "notext.parquet")]}})
+    errors, _ = check_inputs(cfg, ["data"])  # was an IndexError traceback (column 0 of no column)
+    issue = by_field(errors)["data.text_field"]
+    assert "no such column" in issue.problem and "body" in issue.problem and "data.text_field" in issue.fix
+    cfg = config_from_dict({"data": {"inputs": [str(tmp_path / "numbers.parquet")]}})
+    assert "not a string" in by_field(check_inputs(cfg, ["data"])[0])["data.text_field"].problem
+
+
+def test_validate_connects_to_the_s3_endpoint_only_with_check_remote(tmp_path):
+    import socket
+
+    from pipeline_lib.cli import validate_main
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.5)
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    args = [str(ROOT / "configs/pipelines/tiny-cpu.yaml"), f"run.s3_endpoint_url={url}",
+            "sft.inputs=[s3://bucket/sft/]", f"run.output_root={tmp_path}"]
+
+    def connected() -> bool:
+        try:
+            server.accept()[0].close()
+            return True
+        except socket.timeout:
+            return False
+
+    import threading
+
+    def validate(*flags) -> threading.Thread:  # a thread: a listing the server never answers must not hang the test
+        thread = threading.Thread(target=validate_main, args=([*flags, *args],), daemon=True)
+        thread.start()
+        return thread
+
+    try:
+        plain = validate()
+        plain.join(60)
+        assert not connected()  # a plain validate opens no connection to whatever the config names
+        # with --check-remote the reachability probe connects (the listing after it is refused: the server closes)
+        remote = validate("--check-remote")
+        assert connected()
+    finally:
+        server.close()
+    remote.join(60)
+    assert not remote.is_alive() and not plain.is_alive()
+
+
 def test_a_reference_set_the_tokenizer_mostly_writes_as_bytes_warns_that_the_gate_will_ignore_it(tmp_path):
     from pipeline_lib.config.schema import TokenizerConfig
 

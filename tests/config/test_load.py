@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib.config import ConfigError, check, config_from_dict, config_hash, load_config
+from pipeline_lib.config.load import apply_overrides, read_config_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "configs" / "pipelines").glob("*.yaml"))
@@ -148,3 +149,61 @@ def test_counts_that_allocate_have_upper_bounds(override):
     with pytest.raises(ConfigError) as caught:
         load_config("configs/pipelines/tiny-cpu.yaml", [override])
     assert override.split("=")[0] in str(caught.value)
+
+
+# issue 45 items 9 and 11: bounds on what a config file can cost, and no value of an unknown key echoed
+
+def _validate(*args):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "flows.cli", "validate", *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_deep_yaml_nesting_is_refused_with_the_fix_and_exit_2(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a:\n" + "".join(" " * (i + 1) + f"k{i}:\n" for i in range(400)) + " " * 401 + "v: 1\n")
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("run: " + "[" * 400 + "]" * 400 + "\n")
+    for path in (deep, flow):
+        done = _validate(path)
+        assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout
+        assert "nested deeper than 32 levels" in done.stdout + done.stderr and "Fix: remove the nesting" in \
+            done.stdout + done.stderr
+
+
+def test_deep_values_from_overrides_and_sections_are_refused():
+    with pytest.raises(ConfigError, match="nested deeper"):
+        apply_overrides({}, ["a" + ".b" * 40 + "=1"])
+    value: list = []
+    for _ in range(400):
+        value = [value]
+    with pytest.raises(ConfigError, match="nested deeper"):
+        config_from_dict({"run": {"name": value}})
+
+
+def test_a_config_file_over_the_size_cap_is_refused_before_it_is_parsed(tmp_path):
+    big = tmp_path / "big.yaml"
+    with open(big, "w") as fh:  # a million keys: 205 s and 1.9 GB before
+        fh.write("run:\n")
+        fh.writelines(f"  k{i}: 1\n" for i in range(1_000_000))
+    with pytest.raises(ConfigError, match="larger than 1 MiB") as err:
+        read_config_file(big)
+    assert err.value.fields() == ["CONFIG"]
+
+
+def test_errors_printed_are_capped_and_counted():
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"run": {f"k{i}": i for i in range(500)}})
+    assert len(err.value.issues) == 500
+    text = str(err.value)
+    assert text.count("\n  - ") == 50 and "... and 450 more issues" in text
+
+
+def test_the_value_of_an_unknown_key_is_never_echoed(tmp_path):
+    token = "eyJhbGciOiJSUzI1NiIsImtpZCI6IkxBQkVMIn0.secret-token-part"
+    cfg = tmp_path / "kube.yaml"
+    cfg.write_text(f"run:\n  name: x\nusers:\n- name: admin\n  user:\n    token: {token}\n")
+    done = _validate(cfg)
+    assert done.returncode == 2 and "users" in done.stdout + done.stderr
+    assert token not in done.stdout + done.stderr and "secret-token" not in done.stdout + done.stderr

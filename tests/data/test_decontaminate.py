@@ -166,3 +166,21 @@ def test_evaluation_files_are_part_of_the_data_identity_and_a_broken_one_is_refu
         build_eval_ngrams(cfg, None)
     cfg.data.decontamination.enabled = False
     assert build_eval_ngrams(cfg, None)[1] == []
+
+
+def test_an_evaluation_line_100k_brackets_deep_or_over_max_line_bytes_is_refused_naming_the_line(tmp_path):
+    """Issue 45 items 3 and 10: a RecursionError traceback; a file read whole however large."""
+    cfg = make_cfg(tmp_path, max_line_bytes=1 << 20)
+    ref = tmp_path / "ref.jsonl"
+    ref.write_text('{"text": "ok"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    cfg.evaluate.reference_sets = [str(ref)]
+    with pytest.raises(DataStageError, match=r"evaluate.reference_sets\[0\].*line 2 is JSON nested deeper"):
+        build_eval_ngrams(cfg, None)
+    ref.write_text('{"text": "ok"}\n{"text": "' + "x" * (2 << 20) + '"}\n')
+    with pytest.raises(DataStageError, match=r"line 2 is 2,097,164 bytes, over data.max_line_bytes=1,048,576"):
+        build_eval_ngrams(cfg, None)
+    deep = {"text": "一二三四五六七八九十甲乙丙丁"}
+    for _ in range(900):  # parsed by json, then walked: 900 levels were past the recursion limit of the walk
+        deep = {"next": deep}
+    ref.write_text(json.dumps(deep) + "\n")
+    assert build_eval_ngrams(cfg, None)[1][0]["texts"] == 1

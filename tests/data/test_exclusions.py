@@ -43,6 +43,40 @@ def test_a_missing_file_is_refused_naming_the_field(tmp_path):
         load_exclusions(_cfg(exclude_ids=[str(tmp_path / "absent.txt")]))
 
 
+def test_exclusion_files_are_bounded_and_refused_naming_the_field(tmp_path):
+    """Issue 45 item 3: exclusion files were read whole (and once per shard)."""
+    sparse = tmp_path / "guard_diagnosis.json"
+    with open(sparse, "wb") as fh:
+        fh.truncate(1 << 30)
+    with pytest.raises(DataStageError, match=r"data.exclude_from=.*larger than 16 MiB.*Fix:"):
+        load_exclusions(_cfg(exclude_from=[str(sparse)]))
+    ids = tmp_path / "ids.txt"
+    ids.write_bytes(b'"a"\n' + b"x" * (1 << 20) + b"\n")
+    with pytest.raises(DataStageError, match=r"data.exclude_ids=.*line 2 is 1,048,576 bytes: not an id"):
+        load_exclusions(_cfg(exclude_ids=[str(ids)]))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    with pytest.raises(DataStageError, match=r"data.exclude_from=.*not a guard_diagnosis.json \(RecursionError"):
+        load_exclusions(_cfg(exclude_from=[str(deep)]))
+
+
+def test_exclusions_are_read_once_a_run_by_the_plan_step(tmp_path):
+    from datagen import make_cfg
+
+    from pipeline_lib.data.prep import plan_data_stage, prep_shard
+    from pipeline_lib.storage import RunPaths
+
+    ids = tmp_path / "ids.txt"
+    ids.write_text("\n".join(json.dumps(f"pm-{i:04d}") for i in range(0, 400, 7)) + "\n")
+    cfg = make_cfg(tmp_path, exclude_ids=[str(ids)], docs_per_shard=100, dedup={"incremental": False})
+    paths = RunPaths(cfg.run.output_root, "once")
+    shards = plan_data_stage(cfg, paths)
+    assert len(shards) > 2
+    ids.unlink()  # every shard works from what the plan step read: the file is not read again
+    counts = [prep_shard(cfg, paths, k) for k in range(len(shards))]
+    assert sum(c["filtered"].get("guard", 0) for c in counts) > 0
+
+
 def test_a_screen_file_gives_its_reason_and_a_guard_file_guard(tmp_path):
     screen = tmp_path / "exclude.json"
     screen.write_text(json.dumps({"reason": "lineage_perplexity", "documents": [{"id": "s-1", "origin": "x.jsonl:3"}]}))

@@ -151,3 +151,25 @@ def test_replay_rows_make_the_fraction_and_repeat_only_when_the_pool_is_short():
     picks, repeats = sample_rows(100, 250, seed=1)
     assert repeats == 150 and set(np.bincount(picks).tolist()) <= {2, 3} and len(picks) == 250
     assert (sample_rows(1000, 300, seed=1)[0] == sample_rows(1000, 300, seed=1)[0]).all()
+
+
+def test_a_replay_source_line_over_max_line_bytes_is_read_past_not_trained_on(tmp_path):
+    """Issue 45 item 3: a 200 KB gzip holding one 200 MB line cost 231 s, 12.8 GB and was trained on."""
+    import gzip
+    import tracemalloc
+
+    from pipeline_lib.data.replay import source_texts
+
+    path = tmp_path / "general.jsonl.gz"
+    with gzip.open(path, "wb", 9) as fh:
+        fh.write(b'{"text": "a first document"}\n{"text": "')
+        for _ in range(24):
+            fh.write(b"b" * (1 << 20))
+        fh.write(b'"}\n{"text": "a last document"}\n')
+    counts: dict = {}
+    tracemalloc.start()
+    texts = list(source_texts(str(path), None, "data.replay.sources[0]", "text", 1 << 20, counts))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert texts == ["a first document", "a last document"] and counts["too_long_lines"] == 1
+    assert peak < 8 << 20

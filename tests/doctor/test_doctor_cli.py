@@ -96,3 +96,46 @@ def test_troubleshooting_guide_covers_every_category():
         if category != "unknown":
             assert retried == ("yes" if category in RETRY_CATEGORIES else "no"), category
     assert "docs/troubleshooting.md" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_doctor_reads_a_bounded_total_of_sparse_logs_quickly(capsys, tmp_path):
+    """Issue 45 item 8: 100 sparse logs (8 KB on disk) took 474 s and 841 MB."""
+    import time
+    import tracemalloc
+
+    from pipeline_lib.doctor.logs import MAX_TOTAL_BYTES, read_logs, stage_log_files
+
+    folder = tmp_path / "r1" / "pretrain" / "log" / "rank_0"
+    folder.mkdir(parents=True)
+    for i in range(100):
+        with open(folder / f"part_{i:03d}.log", "wb") as fh:
+            fh.truncate(1 << 30)  # 1 GB each, nothing on disk
+            fh.seek(-40, 2)
+            fh.write(b"pretrain: still running step 7\n")
+    started = time.time()
+    tracemalloc.start()
+    text = read_logs(stage_log_files(tmp_path / "r1" / "pretrain"))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(text.encode("utf-8", "replace")) < MAX_TOTAL_BYTES + 100 * 200 and peak < 4 * MAX_TOTAL_BYTES
+    assert "still running step 7" in text and time.time() - started < 20
+    assert main(["doctor", "--run-id", "r1", TINY, f"run.output_root={tmp_path}", "--stage", "pretrain", "--json"]) in (0, 1)
+    assert time.time() - started < 60
+
+
+def test_doctor_stage_is_a_stage_and_links_out_of_the_run_are_not_read(capsys, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copy(LOGS / "device_oom_step_ascend.log", outside / "secret.log")
+    run = tmp_path / "runs" / "r1"
+    (run / "pretrain" / "log").mkdir(parents=True)
+    (run / "pretrain" / "log" / "info.log").write_text("pretrain: training 20 steps\n")
+    os.symlink(outside / "secret.log", run / "pretrain" / "log" / "linked.log")
+    os.symlink(outside, run / "pretrain" / "linked_folder")
+    root = f"run.output_root={tmp_path / 'runs'}"
+    assert main(["doctor", "--run-id", "r1", TINY, root, "--stage", "../../elsewhere"]) == 2
+    assert "--stage='../../elsewhere': not a stage. Fix: name one of data, " in capsys.readouterr().err
+    assert main(["doctor", "--run-id", "r1", TINY, root, "--stage", "pretrain", "--json"]) == 1  # nothing matched
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["category"] == "unknown"  # the linked OOM log was not read
+    assert "not read" in captured.err and "linked.log" in captured.err

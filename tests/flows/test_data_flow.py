@@ -138,6 +138,17 @@ def _in_worker() -> dict:
     return {"parent": os.getppid(), "profiler": dask.config.get("distributed.worker.profile.enabled")}
 
 
+def _http_status(port: int, path: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
 def test_the_local_dask_cluster_serves_only_its_own_clients(tiny_cfg):
     """The local cluster's dashboard listened on 0.0.0.0 and its scheduler ran code for anyone local: now
     127.0.0.1 only (dashboard included), and TLS with temporary credentials a stranger's client does not have.
@@ -161,3 +172,6 @@ def test_the_local_dask_cluster_serves_only_its_own_clients(tiny_cfg):
             assert seen["parent"] != os.getpid() and seen["profiler"] is False, seen
         with pytest.raises(Exception):
             Client(cluster.scheduler_address.replace("tls://", "tcp://"), timeout=3)
+        port = next(iter(http._sockets.values())).getsockname()[1]  # issue 45: no dashboard pages unless asked
+        assert _http_status(port, "/health") == 200
+        assert _http_status(port, "/info/main/workers.html") == 404 and _http_status(port, "/json/counts.json") == 404

@@ -135,10 +135,11 @@ def test_ask_waits_for_a_person_and_records_the_decision(night, tiny_cfg, approv
     person.join(5)
     assert person.errors == []
     assert asked.is_completed() and asked.name == name, asked.message
-    assert "decided by bob: checked the samples" in asked.message
+    assert "decided by unverified: bob: checked the samples" in asked.message
     state = load_state(tiny_cfg)
     assert state["latest"]["run_id"] == ("nightly-2026-12-02" if approve else "nightly-2026-12-01")
-    assert state["history"][-1]["decided_by"]["who"] == "bob"
+    by = state["history"][-1]["decided_by"]  # a typed name on a server without accounts (issue 45 item 11)
+    assert by["who"] == "unverified: bob" and by["verified"] is False and by["given_name"] == "bob"
 
 
 def test_ask_holds_when_nobody_answers_in_time(night, tiny_cfg):

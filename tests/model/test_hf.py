@@ -377,3 +377,24 @@ def test_a_two_shard_index_reads_as_the_single_file(tmp_path):
     assert sorted(mf_one) == sorted(mf_two)
     for k in mf_one:
         np.testing.assert_array_equal(mf_two[k], mf_one[k], err_msg=k)
+
+
+def test_a_corrupt_safetensors_header_is_a_clear_error_not_a_memory_error(tmp_path):
+    """Issue 45 item 10: a header length of 2^62 was read whole (MemoryError traceback)."""
+    import struct
+
+    m = model_cfg()
+    folder = write_hf(tmp_path / "bad", m, hf_tensors(m))
+    (weights,) = folder.glob("*.safetensors")
+    body = weights.read_bytes()
+    weights.write_bytes(struct.pack("<Q", 1 << 62) + body[8:])
+    with pytest.raises(HFImportError, match=r"not a safetensors file \(its header length 4,611,686,018,427,387,904 "
+                                            r"is beyond the file"):
+        check_hf_folder(folder, m)
+    n = struct.unpack("<Q", body[:8])[0]
+    weights.write_bytes(body[:8] + b"[" * n + body[8 + n:])  # as long as the real header, not JSON
+    with pytest.raises(HFImportError, match="header is not JSON"):
+        check_hf_folder(folder, m)
+    (folder / "config.json").write_text("[" * 100_000)
+    with pytest.raises(HFImportError, match="config.json is not a model config"):
+        check_hf_folder(folder, m)

@@ -25,6 +25,7 @@ from fuzz_inputs import examples
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.stages import run_stage
 from pipeline_lib.storage import RunPaths
+from pipeline_lib.storage.bounded import MAX_JSON_BYTES
 
 RELIABILITY_ROW = "hostile"
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,3 +110,92 @@ def test_hostile_inputs_finish_with_bounded_writes_and_nothing_outside_the_root(
         tally.add(RELIABILITY_ROW, inputs=len(sizes) - 1, stage_runs=1, input_bytes=sum(sizes.values()),
                   written_bytes=sum(written.values()), worst_input_bytes=sizes[worst],
                   worst_written_bytes=written[worst], outside_writes=0)
+
+
+def _rchar() -> int:
+    """Bytes this process has read through read() so far (/proc/self/io)."""
+    with open("/proc/self/io") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+
+
+def _readers(folder: Path, one_line: Path, sparse: Path) -> dict:  # noqa: C901 (one entry per reader)
+    """Every reader of issue 45 item 3, each given the hostile files as the field it reads: name -> call."""
+    from pipeline_lib.checks.inputs import check_inputs, sample_texts
+    from pipeline_lib.data.decontaminate import build_eval_ngrams
+    from pipeline_lib.data.exclusions import load_exclusions
+    from pipeline_lib.data.replay import source_texts
+    from pipeline_lib.doctor.logs import read_logs, stage_log_files
+    from pipeline_lib.run_diff import read_run
+    from pipeline_lib.train.instructions import iter_instruction_records
+
+    max_line = 4 << 20
+    cfg = config_from_dict({"run": {"output_root": str(folder / "runs")},
+                            "data": {"max_line_bytes": max_line, "inputs": [str(one_line), str(sparse)]},
+                            "sft": {"inputs": [str(one_line), str(sparse)]}})
+    logs = folder / "runs" / "r1" / "pretrain" / "log"
+    logs.mkdir(parents=True)
+    for i, src in enumerate((one_line, sparse)):
+        os.link(src, logs / f"rank_{i}.log")
+    (folder / "runs" / "r1" / "data").mkdir()
+    os.link(sparse, folder / "runs" / "r1" / "data" / "stats.json")
+
+    def refused(fn):
+        try:
+            fn()
+        except ValueError as err:  # the reader's clear error (field, value, fix): what a hostile file should get
+            assert "Fix" in str(err) or "fix" in str(err), err
+
+    def decontaminate(path):
+        c = config_from_dict({"data": {"max_line_bytes": max_line, "decontamination": {"files": [str(path)]}},
+                              "evaluate": {"reference_sets": [], "prompt_files": [], "tasks": []}})  # that file only
+        refused(lambda: build_eval_ngrams(c, None))
+
+    return {
+        "replay sources": lambda: [list(source_texts(str(p), None, "data.replay.sources[0]", "text", max_line, {}))
+                                   for p in (one_line, sparse)],
+        "SFT inputs": lambda: list(iter_instruction_records([str(one_line), str(sparse)], max_line=max_line)),
+        "validate pre-checks": lambda: (sample_texts([str(one_line), str(sparse)], "text", max_line),
+                                        check_inputs(cfg, ["sft"])),
+        "exclusions": lambda: [refused(lambda p=p: load_exclusions(config_from_dict({"data": {k: [str(p)]}})))
+                               for p in (one_line, sparse) for k in ("exclude_ids", "exclude_from")],
+        "decontamination": lambda: [decontaminate(p) for p in (one_line, sparse)],
+        "doctor logs": lambda: read_logs(stage_log_files(logs)),
+        "diff inputs": lambda: refused(lambda: read_run(cfg, "r1")),
+    }
+
+
+def test_every_reader_reads_hostile_files_with_bounded_bytes_and_memory(tally):
+    """Issue 45 item 3: a one-line gzip (200 KB holding 200 MB under the reliability profile) and a sparse file
+    (2 GB there) through every reader of the product besides the data stage's: bytes read (rchar) and peak Python
+    memory (tracemalloc) per input byte (the file's size on disk for the gzip, its length for the sparse file)."""
+    import time
+    import tracemalloc
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        one_line = folder / "oneline.jsonl.gz"
+        with gzip.open(one_line, "wb", 9) as fh:
+            fh.write(b'{"text": "')
+            for _ in range(200 if FULL else 16):
+                fh.write(b"a" * (1 << 20))
+            fh.write(b'"}\n')
+        sparse = folder / "sparse.jsonl"
+        with open(sparse, "wb") as fh:
+            fh.truncate((2 << 30) if FULL else (64 << 20))
+        inputs = one_line.stat().st_size + sparse.stat().st_size
+        worst_peak, worst_read, total_read = 0, 0, 0
+        readers = _readers(folder, one_line, sparse)
+        for name, call in readers.items():
+            started, before = time.time(), _rchar()
+            tracemalloc.start()
+            call()
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            read = _rchar() - before
+            # a few times the larger of data.max_line_bytes and the cap of a json read whole (MAX_JSON_BYTES)
+            assert peak < 4 * max(4 << 20, MAX_JSON_BYTES) + (8 << 20), (name, peak)
+            assert read < 4 * inputs, (name, read)  # validate reads a file for each check that needs it
+            assert time.time() - started < (300 if FULL else 60), name
+            worst_peak, worst_read, total_read = max(worst_peak, peak), max(worst_read, read), total_read + read
+        tally.add(RELIABILITY_ROW, readers=len(readers), reader_input_bytes=inputs, reader_read_bytes=total_read,
+                  reader_worst_read_bytes=worst_read, reader_worst_peak_bytes=worst_peak)
