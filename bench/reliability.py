@@ -15,6 +15,8 @@ key=n)`) plus `tests` / `failed_tests` (a failed test is a crash found, a leak f
   concurrent      runs, lost_or_half_merged
   hostile         inputs, stage_runs, input_bytes, written_bytes, worst_input_bytes, worst_written_bytes,
                   outside_writes   (written: quarantine/exclusion copies naming the file; failed tests = crashes)
+  shared          cases, refused_clearly, private   (a second local account against the s3:// runs' local work
+                  folders; failed tests = a folder used that another account made, or one it can read)
 A row no test wrote yet reads "not measured". Exit status: pytest's.
 """
 from __future__ import annotations
@@ -82,6 +84,11 @@ def table(data: dict) -> list[str]:
                   f"({_n(r, 'worst_input_bytes'):,} B -> {_n(r, 'worst_written_bytes'):,} B, capped per file and "
                   f"reason), overall {_n(r, 'written_bytes') / max(_n(r, 'input_bytes'), 1):.3f}; "
                   f"{_n(r, 'outside_writes')} written outside the root")
+    add("shared machine", "shared",
+        lambda r: f"{_n(r, 'cases')} cases by a second local account (a folder, a dangling link, a link, a file "
+                  "made first at the work folder's name; a shared $LLM_PIPELINE_WORK_DIR; a fresh run's copy)",
+        lambda r: f"{_n(r, 'refused_clearly')} refused clearly, {_n(r, 'private')} private (0700, unreadable to the "
+                  f"other account); {_n(r, 'failed_tests')} failing test(s)")
     return lines
 
 

@@ -127,7 +127,11 @@ def ensure_nightly_automations(cfg, deployment: str = NIGHTLY, tag: str = "", lo
         lines.append(line)
         log(line)
 
-    url = secret_value(cfg.orchestration.failure_webhook_url) if cfg.orchestration.failure_webhook_url else None
+    given = cfg.orchestration.failure_webhook_url
+    url = secret_value(given) if given else None
+    if given and not url:  # an env: reference (a name, not the secret) whose variable this process lacks
+        say(f"orchestration.failure_webhook_url={given}: that variable is not set where `deploy` runs; looking for "
+            f"the team's notification block {NOTIFY_BLOCK!r} instead")
     with get_client(sync_client=True) as client:
         dep = client.read_deployment_by_name(deployment)
         if url:

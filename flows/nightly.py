@@ -37,7 +37,8 @@ from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
-                                  night_tokenizer, nightly_overrides, no_new_documents, schedule_record)
+                                  lineage_note, night_tokenizer, nightly_overrides, no_new_documents,
+                                  schedule_record)
 from pipeline_lib.storage.names import BadName, check_name
 from pipeline_lib.nightly.deadline import size_tonight
 from pipeline_lib.nightly.gate import judge
@@ -171,8 +172,9 @@ def _night(cfg, run_id: str, dispatch: bool):
     night_cfg = config_from_dict(deep_update(night, {"training": {"steps": plan.steps}} if plan and plan.cut else {}))
     if plan:
         (get_run_logger().warning if plan.worth_saying else get_run_logger().info)(f"{run_id}: {plan.message}")
-    get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from "
-                          f"{(state.get('latest') or {}).get('checkpoint') or 'the configured base'}")
+    start = night_cfg.training.stable_checkpoint or (state.get("latest") or {}).get("checkpoint")
+    get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from {start or 'the configured base'}"
+                          f"{lineage_note(night_cfg)}")
     stages = [s for s, spec in SPECS.items() if spec.nightly]
     run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
@@ -242,7 +244,7 @@ def _ask(cfg, run_id: str, verdict) -> tuple[str, dict]:
     try:
         with kept_slot_while_paused(get_run_logger().info):  # else the deployment's lease crashes it (pause_lease.py)
             answer = pause_flow_run(wait_for_input=Decision.with_initial_data(
-                description=verdict.markdown(run_id, "over the regression budget: promote it anyway?")),
+                description=verdict.markdown(run_id, verdict.question)),
                 timeout=int(hours * 3600) + PAUSE_GRACE_S, key=f"gate-{run_id}", poll_interval=PAUSE_POLL_S)
     except FlowPauseTimeout:
         return "held", {"who": None, "reason": no_answer, "asked_at": asked_at}

@@ -132,8 +132,8 @@ def dedup_index_main(argv: list[str]) -> int:
         return 0
     if args.action == "migrate":
         done = migrate_index(cfg, endpoint)
-        print(f"migrated {len(done)} run(s) to the partitioned format" + (f": {', '.join(done)}" if done else
-                                                                          " (nothing to do)"))
+        print(f"migrated {len(done)} run(s) to the current format {FORMAT} (partitioned, origins as JSON strings)"
+              + (f": {', '.join(done)}" if done else " (nothing to do)"))
         return 0
     try:
         n = clear_index(cfg, endpoint)

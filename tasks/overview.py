@@ -14,6 +14,7 @@ import re
 import time
 
 from pipeline_lib.key_figures import fmt
+from pipeline_lib.nightly.night_ids import resume_hint
 from pipeline_lib.stages import SPECS, key_figures
 
 STATE_WORDS = {"completed": "Completed", "cached": "Cached", "failed": "Failed", "missing": "Not run",
@@ -141,8 +142,7 @@ class RunOverview:
             # quoted text, not a code block: the UI does not wrap a code block, so its "Fix:" ran off-screen
             quoted = "\n>\n".join(f"> {_quote(line)}" for line in text.splitlines() if line.strip())
             parts.append(f"## Failed: {stage}\n\n{quoted}\n\n"
-                         f"Resume: `llm-pipeline run <config> --run-id {self.paths.run_id}` "
-                         "(finished stages are Cached), or Retry this flow run.")
+                         f"Resume: {resume_hint(self.paths.run_id)}; or Retry this flow run.")
         return "\n\n".join(parts) + "\n"
 
     def settings_line(self) -> str:

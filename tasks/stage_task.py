@@ -26,6 +26,7 @@ from pipeline_lib.config import PipelineConfig, config_from_dict
 from pipeline_lib.config.schema import global_batch
 from pipeline_lib.config.secrets import public_config
 from pipeline_lib.doctor.retry import attach_diagnosis, should_retry
+from pipeline_lib.nightly.night_ids import resume_hint
 from pipeline_lib.stages import SPECS, TransientError, run_stage, stage_done
 from pipeline_lib.storage import RunPaths
 
@@ -93,8 +94,8 @@ def retry_plan(exc: BaseException, stage: str, run_id: str) -> tuple[bool, str]:
     afresh = getattr(exc, "starts_afresh", False)  # e.g. a failed preflight: no checkpoint was written
     restart = (", training starts afresh and preflights again (no checkpoint was written)" if afresh
                else ", training restarts from the last verified checkpoint")
-    resume = (f"resume with `llm-pipeline run CONFIG --run-id {run_id}` (or Retry in the UI for a deployment run): "
-              "finished stages are not redone" + (restart if SPECS[stage].multi_node else ""))
+    resume = f"{resume_hint(run_id)} (or Retry in the UI for a deployment run)" + (
+        restart if SPECS[stage].multi_node else "")
     if not retry_by_cause_exc(exc):
         diag = getattr(exc, "diagnosis", None)
         category = getattr(diag, "category", "unknown")

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline_lib.config import load_config
-from pipeline_lib.data.dedup_index import commit_segment, index_uri, list_segments, segment_meta, write_segment
+from pipeline_lib.data.dedup_index import FORMAT, commit_segment, index_uri, list_segments, segment_meta, write_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "configs/pipelines/tiny-cpu.yaml"
@@ -62,9 +62,9 @@ def test_migrate_converts_an_earlier_format_index_in_place(tmp_path):
     listed = cli("list", TINY, f"run.output_root={tmp_path / 'runs'}")
     assert "earlier format: run `dedup-index migrate`" in listed.stdout
     res = cli("migrate", TINY, f"run.output_root={tmp_path / 'runs'}")
-    assert res.returncode == 0 and "migrated 1 run(s) to the partitioned format: old1" in res.stdout, res.stderr
+    assert res.returncode == 0 and f"migrated 1 run(s) to the current format {FORMAT} (partitioned, origins as JSON strings): old1" in res.stdout, res.stderr
     assert "earlier format" not in cli("list", TINY, f"run.output_root={tmp_path / 'runs'}").stdout
-    assert list_segments(cfg)[0]["format"] == 2 and (Path(index_uri(cfg)) / "parts" / "exact").is_dir()
+    assert list_segments(cfg)[0]["format"] == FORMAT and (Path(index_uri(cfg)) / "parts" / "exact").is_dir()
 
 
 def test_repartition_grows_the_partition_count_and_refuses_to_shrink(tmp_path):

@@ -31,9 +31,12 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     try:
         value = yaml.load(raw, Loader=_NoAliasLoader) if raw.strip() else ""
     except yaml.YAMLError as err:  # e.g. `training.steps=[` or an unquoted `a: b`: the user's value, named
-        problem = " ".join(str(err).split())[:200]
-        raise ConfigError([ConfigIssue(key.strip(), raw, f"not a YAML value ({problem})",
-                                       f"write a number, true/false, [a, b], or quote text: {key.strip()}=\"'...'\"")])
+        secret = tuple(part.strip() for part in key.split("."))[:2] in SECRET_FIELDS
+        # PyYAML's message quotes the line it failed on: for a secret field that is the secret
+        problem = "the value is a secret: not shown" if secret else " ".join(str(err).split())[:200]
+        raise ConfigError([ConfigIssue(key.strip(), _shown(raw) if secret else raw, f"not a YAML value ({problem})",
+                                       f"write a number, true/false, [a, b], or quote text: {key.strip()}=\"'...'\"")]) \
+            from None
     return [part.strip() for part in key.split(".")], value
 
 
@@ -54,6 +57,15 @@ def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
     return out
 
 
+def _shown(value) -> str:
+    """A secret field's value as an error may show it; never raises (this runs while the validation error, which
+    holds the whole value, is being handled: a raise here would chain it into the log)."""
+    try:
+        return redacted(value)
+    except Exception:  # noqa: BLE001
+        return "(a secret: not shown)"
+
+
 def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
     issues = []
     for e in err.errors():
@@ -61,7 +73,7 @@ def _pydantic_issues(err: ValidationError) -> list[ConfigIssue]:
         field = ".".join(str(p) if str(p).strip() and str(p).isprintable() else repr(p) for p in e["loc"]) or "(config)"
         fix = "remove it or check its spelling against `llm-pipeline validate --explain`" \
             if e["type"] == "extra_forbidden" else "see the field's description in `llm-pipeline validate --explain`"
-        value = redacted(e.get("input")) if tuple(map(str, e["loc"][:2])) in SECRET_FIELDS else e.get("input")
+        value = _shown(e.get("input")) if tuple(map(str, e["loc"][:2])) in SECRET_FIELDS else e.get("input")
         issues.append(ConfigIssue(field, value, e["msg"], fix))
     return issues
 
@@ -137,9 +149,11 @@ def read_config_file(path: str | Path) -> dict:
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader) or {}
     except UnicodeDecodeError as err:
-        raise ConfigError([ConfigIssue("CONFIG", str(path), f"not UTF-8 text ({err})", "save the file as UTF-8")])
+        raise ConfigError([ConfigIssue("CONFIG", str(path), f"not UTF-8 text ({err})", "save the file as UTF-8")]) \
+            from None
     except yaml.YAMLError as err:
-        raise ConfigError([ConfigIssue("CONFIG", str(path), f"not valid YAML ({err})", "fix the YAML syntax")])
+        raise ConfigError([ConfigIssue("CONFIG", str(path), f"not valid YAML ({err})", "fix the YAML syntax")]) \
+            from None
     if not isinstance(raw, dict):
         raise ConfigError([ConfigIssue("CONFIG", str(path), "top level must be a mapping of sections",
                                        "start the file with sections such as run:, data:, model:")])

@@ -55,6 +55,28 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, json_schema_extra=_dotted_titles)
 
 
+def _endpoint_url(value: str | None) -> str | None:
+    """An S3 endpoint as boto3 takes it: http(s)://host[:port] with a port from 1 to 65535 (urllib raises only when
+    the port is read: at the first request, deep in a stage)."""
+    import urllib.parse
+
+    from .secrets import url_port_problem
+
+    if not value:
+        return value
+    try:
+        parts = urllib.parse.urlsplit(value)
+        host = parts.hostname
+    except ValueError:
+        host = None  # an unclosed [ of an IPv6 host
+    if host is None or parts.scheme.lower() not in ("http", "https"):
+        raise ValueError("not an http(s) URL with a host; write e.g. http://127.0.0.1:9000")
+    problem = url_port_problem(parts)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 class RunConfig(_Section):
     name: str = Field("tiny-cpu", json_schema_extra=NO_OUTPUT_EFFECT,
                       description="Pipeline name; used in run ids and flow-run names.")
@@ -63,7 +85,7 @@ class RunConfig(_Section):
         description="Where runs are written: a local path (relative to the directory the command runs from) "
         "or s3://bucket/prefix. Each run lands in `<output_root>/<run_id>/<stage>/`.",
     )
-    s3_endpoint_url: str | None = Field(
+    s3_endpoint_url: Annotated[str | None, AfterValidator(_endpoint_url)] = Field(
         None, json_schema_extra=NO_OUTPUT_EFFECT,
         description="Endpoint of an S3-compatible store (MinIO, OBS); None means AWS."
     )

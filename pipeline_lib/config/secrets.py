@@ -32,9 +32,29 @@ def webhook_problem(value: str) -> str | None:
             return (f"an env: reference must name a variable starting with {ENV_PREFIX} (e.g. "
                     f"env:{ENV_PREFIX}WEBHOOK); other variables of the worker are never read")
         return None
-    parts = urllib.parse.urlsplit(value)
-    if parts.scheme.lower() not in WEBHOOK_SCHEMES or not parts.hostname:
+    try:  # urllib raises on an unclosed IPv6 bracket; its message would be the least of it, the value is a secret
+        parts = urllib.parse.urlsplit(value)
+        host = parts.hostname
+    except ValueError:
+        return "not a URL (an unclosed [ of an IPv6 host?) (the value is a secret: not shown)"
+    if parts.scheme.lower() not in WEBHOOK_SCHEMES or not host:
         return "not an http(s) URL with a host (the value is a secret: not shown)"
+    if not _HOST.fullmatch(host):
+        return "its host is not a DNS name or an IP address (the value is a secret: not shown)"
+    port = url_port_problem(parts)
+    if port:
+        return f"{port} (the value is a secret: not shown)"
+    return None
+
+
+def url_port_problem(parts: urllib.parse.SplitResult) -> str | None:
+    """Why the port of a split URL is unusable (urllib raises only when `.port` is read: at post time), else None."""
+    try:
+        port = parts.port
+    except ValueError:
+        return "its port is not a number from 1 to 65535: fix the port after the host's ':'"
+    if port == 0:
+        return "its port is 0: fix the port after the host's ':' (1 to 65535)"
     return None
 
 
@@ -88,9 +108,24 @@ def redacted(value) -> str:
 
 
 def redact_url(url: str | None) -> str:
-    """scheme://host[:port]/... : a URL as a message may show it, without its path, query or user info."""
+    """scheme://host[:port]/... : a URL as a message may show it, without its path, query or user info.
+    Never raises (it runs inside error paths: an exception there would chain the error that quotes the URL): what
+    does not parse, or parses into a host or scheme that is not one, is shown as `?`."""
     if not url:
         return str(url)
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or "?"
-    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}/..."
+    try:
+        parts = urllib.parse.urlsplit(str(url))
+        scheme, host = parts.scheme, parts.hostname or ""
+    except (ValueError, TypeError):
+        return "?://?/... (not a URL)"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    scheme = scheme if _SCHEME.fullmatch(scheme) else "?"
+    host = host if _HOST.fullmatch(host) else "?"
+    return f"{scheme}://{host}{f':{port}' if port else ''}/..."
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}")
+_HOST = re.compile(r"[A-Za-z0-9._:%-]{1,253}")  # a DNS name or an IP address (IPv6 without its brackets)

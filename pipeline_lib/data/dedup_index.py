@@ -7,8 +7,10 @@ data.dedup.lineage or run.name):
                                = 2^prefix_bits), num_perm, ngram, threshold and its LSH bands x rows
   segments/<run_id>/           one run's row store: keys.npy (uint64 exact keys of the kept documents),
                                sigs.npy (uint32 (n, num_perm) MinHash signatures; absent when near
-                               dedup was off), ids.txt (origins `<file>:<line>`), source_ids.jsonl
-                               (data.id_field values), *.idx (byte offset of each line), and
+                               dedup was off), ids.jsonl (origins `<file>:<line>`, one JSON string
+                               a line: a file name may hold any character, a newline too),
+                               source_ids.jsonl (data.id_field values), *.idx (byte offset of each
+                               line; lines end at "\n" only), and
                                meta.json, written last (a run without it is ignored everywhere):
                                the run's input files (uri, size, content fingerprint)
   parts/exact/b<bits>/p<prefix>/g<generation>.bin         exact-key entries, sorted (index_partitions)
@@ -57,7 +59,10 @@ from .errors import DataStageError
 from .index_partitions import ENTRY, entries, iter_blocks, lookup, merge, prefix_of, run_tag
 from .minhash import EMPTY, SCHEME, SEED, SHINGLE_VERSION, band_keys, lsh_params
 
-FORMAT = 2               # 1: segments only, loaded whole (earlier versions); 2: + partitions
+# 1: segments only, loaded whole; 2: + partitions, origins as plain lines in ids.txt (a newline in a file name split
+# one origin in two and shifted every later row); 3: origins as JSON strings in ids.jsonl (any file name survives)
+FORMAT = 3
+IDS_FILE = "ids.jsonl"
 DEFAULT_PREFIX_BITS = 4  # 16 exact + 16 band partitions; index.json keeps the value of each index
 CAP = 64                 # prior candidates per (band, key), as PriorIndex.candidates
 
@@ -141,9 +146,25 @@ def clear_index(cfg, endpoint_url: str | None = None) -> int:
     return len(segments)
 
 
+def _lines(text: str) -> list[str]:
+    """The lines of a text whose every line ends with "\n" (str.splitlines would also cut at \x85, \u2028, ...:
+    characters a JSON text written with ensure_ascii=False may hold)."""
+    return text.split("\n")[:-1] if text else []
+
+
+def encode_origin(origin: str) -> str:
+    """One origin as its line of ids.jsonl: a JSON string, ASCII only, so a name with a newline, a line separator
+    or a byte that is not UTF-8 (a lone surrogate escape of the file system's name) comes back as it was."""
+    return json.dumps(origin, ensure_ascii=True)
+
+
+def decode_origin(line: str) -> str:
+    return json.loads(line)
+
+
 def _line_offsets(lines_text: str) -> np.ndarray:
     """Byte offsets (n + 1, uint64) of the lines of a text: row r is bytes [off[r], off[r+1])."""
-    lengths = [len(x.encode("utf-8")) + 1 for x in lines_text.splitlines()]
+    lengths = [len(x.encode("utf-8")) + 1 for x in _lines(lines_text)]
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.uint64)]).astype("<u8")
 
 
@@ -156,13 +177,13 @@ def write_segment(folder: Path, meta: dict, ids: list[str], keys: np.ndarray, si
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "keys.npy", np.asarray(keys, dtype=np.uint64))
     names = ["keys.npy"]
-    texts = {"ids": "".join(i + "\n" for i in ids)}
+    texts = {"ids": "".join(encode_origin(i) + "\n" for i in ids)}
     if source_ids is not None:
         source_json = [json.dumps(s, ensure_ascii=False, default=str) for s in source_ids]
     if source_json is not None:
         texts["source_ids"] = "".join(s + "\n" for s in source_json)
     for stem, text in texts.items():
-        ext = ".txt" if stem == "ids" else ".jsonl"
+        ext = ".jsonl"
         (folder / f"{stem}{ext}").write_text(text, encoding="utf-8")
         (folder / f"{stem}.idx").write_bytes(_line_offsets(text).tobytes())
         names += [f"{stem}{ext}", f"{stem}.idx"]
@@ -208,8 +229,10 @@ def _layout_error(uri: str, params: dict, threshold: float, bands: int, rows: in
 
 
 def _old_format_error(uri: str, meta: dict) -> DataStageError:
+    what = ("origins as plain lines: a file name with a newline shifts them" if meta.get("format") == 2 else
+            "whole segments loaded into memory, no partitions")
     return DataStageError("data.dedup.index_uri", uri, f"the index holds run {meta['run_id']} in the format of "
-                          "an earlier llm-pipeline version (whole segments loaded into memory, no partitions)",
+                          f"an earlier llm-pipeline version ({what})",
                           "convert it in place, keeping every document: llm-pipeline dedup-index migrate CONFIG "
                           "(or start over: llm-pipeline dedup-index clear CONFIG)")
 
@@ -383,17 +406,19 @@ def load_prior_in_memory(cfg, exclude_run: str, bands: int, rows: int, endpoint_
     keys, sigs, runs, sources = [], [], [], []
     prior_metas, reruns = _prior_segments(list_segments(cfg, endpoint_url), exclude_run, inputs)
     for meta in prior_metas:
+        if meta.get("format") != FORMAT:
+            raise _old_format_error(uri, meta)
         _check_params(meta, uri, d)
         base = meta["uri"]
         keys.append(np.load(io.BytesIO(store.get_bytes(join(base, "keys.npy")))))
         n = len(keys[-1])
         sigs.append(np.load(io.BytesIO(store.get_bytes(join(base, "sigs.npy")))) if meta["has_sigs"]
                     else np.full((n, d.num_perm), 0xFFFFFFFF, dtype=np.uint32))
-        run_ids = store.get_bytes(join(base, "ids.txt")).decode("utf-8").splitlines()
+        run_ids = [decode_origin(x) for x in _lines(store.get_bytes(join(base, IDS_FILE)).decode("utf-8"))]
         ids += [f"{meta['run_id']}/{i}" for i in run_ids]
         if store.exists(join(base, "source_ids.jsonl")):
             text = store.get_bytes(join(base, "source_ids.jsonl")).decode("utf-8")
-            sources += [json.loads(x) for x in text.splitlines()]
+            sources += [json.loads(x) for x in _lines(text)]
         else:  # a segment from before source ids were kept
             sources += run_ids
         runs.append(meta["run_id"])
@@ -537,7 +562,7 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
         if not len(rows_):
             continue
         base, meta = metas[run]["uri"], metas[run]
-        origins = _line_rows(store, join(base, "ids.txt"), join(base, "ids.idx"), rows_)
+        origins = [decode_origin(x) for x in _line_rows(store, join(base, IDS_FILE), join(base, "ids.idx"), rows_)]
         ids += [f"{run}/{o}" for o in origins]
         if store.exists(join(base, "source_ids.idx")):
             sources += [json.loads(x) for x in _line_rows(store, join(base, "source_ids.jsonl"),
@@ -556,9 +581,12 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
 
 
 def migrate_index(cfg, endpoint_url: str | None = None) -> list[str]:
-    """Convert an index written by an earlier version (segments only) in place: every old segment
-    gets its line offsets and its keys merged into the partitions, then its meta.json says format 2.
-    Returns the run ids converted. Idempotent (a migration that stopped halfway can be run again)."""
+    """Convert an index written by an earlier version in place: every old segment (format 1: segments
+    only; 2: origins as plain lines) gets its origins as JSON strings (ids.jsonl), its line offsets and
+    its keys merged into the partitions (again, for format 2: a commit replaces its own entries), then
+    its meta.json says FORMAT; its ids.txt is removed. Returns the run ids converted. Idempotent (a
+    migration that stopped halfway can be run again). An origin an earlier version already split at a
+    newline of its file name stays split: the plain lines cannot tell."""
     import tempfile
 
     uri = index_uri(cfg)
@@ -570,15 +598,17 @@ def migrate_index(cfg, endpoint_url: str | None = None) -> list[str]:
         with tempfile.TemporaryDirectory(prefix="migrate-") as tmp:
             folder, base = Path(tmp), meta.pop("uri")
             has_sources = store.exists(join(base, "source_ids.jsonl"))
-            ids = store.get_bytes(join(base, "ids.txt")).decode("utf-8").splitlines()
-            sources = [json.loads(x) for x in store.get_bytes(join(base, "source_ids.jsonl")).decode("utf-8")
-                       .splitlines()] if has_sources else None
+            ids = _lines(store.get_bytes(join(base, "ids.txt")).decode("utf-8"))
+            sources = [json.loads(x) for x in _lines(store.get_bytes(join(base, "source_ids.jsonl")).decode("utf-8"))
+                       ] if has_sources else None
             keys = np.load(io.BytesIO(store.get_bytes(join(base, "keys.npy"))))
             sigs = np.load(io.BytesIO(store.get_bytes(join(base, "sigs.npy")))) if meta["has_sigs"] else None
             d = cfg.data.dedup
             bands, rows = lsh_params(d.threshold, d.num_perm)
             meta |= {"format": FORMAT, "threshold": d.threshold, "bands": bands, "rows": rows}
             names = write_segment(folder, meta, ids, keys, sigs, sources)
-            commit_segment(folder, names, uri, meta["run_id"], endpoint_url, migrating=True)
+            target = commit_segment(folder, names, uri, meta["run_id"], endpoint_url, migrating=True)
+            if store.exists(join(target, "ids.txt")):
+                store.delete(join(target, "ids.txt"))
         done.append(meta["run_id"])
     return done

@@ -10,8 +10,10 @@ Layout of <output_root>/<run_id>/data/:
 Every step writes into the local copy and `publish`es: a no-op for a local stage folder, an
 atomic upload (storage.put_file) for S3. A marker holds the hash of the config fields the work
 depends on (`work_hash`), so a marker left by a run with another config does not count.
-With an S3 stage folder, `shared=False` keeps the work files and markers in the local copy
-(a temp folder named after the stage URI and work hash) and uploads only the deliverables:
+With an S3 stage folder, the local copy is `<work root>/data/<hash of the stage URI and work hash>`
+(runtime.work_folders: $LLM_PIPELINE_WORK_DIR or `<temp dir>/llm-pipeline-<uid>`, every level created 0700 or
+checked to be this user's own, never through a link: another account's folder there is refused with the fix).
+`shared=False` keeps the work files and markers in the local copy and uploads only the deliverables:
 what one machine running every step wants; a resume on the same machine still skips finished
 work. `shared=True` (the default of the step functions) puts them on S3 too, so steps can run on
 different machines.
@@ -22,11 +24,13 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from ..config.identity import stage_hash
+from ..runtime.work_folders import work_folder
 from ..storage import join, store_for
+
+DATA_FOLDER = "data"  # under the work root: the local copies of s3:// data stages
 
 
 def work_hash(cfg) -> str:
@@ -47,10 +51,10 @@ class Workspace:
         self.hash = work_hash(cfg)
         if self.remote:
             key = hashlib.sha256(f"{self.uri}|{self.hash}".encode()).hexdigest()[:16]
-            self.root = Path(tempfile.gettempdir()) / "llm-pipeline-data" / key
+            self.root = work_folder(DATA_FOLDER, key)  # private to this user: a failed run's copy stays unreadable
         else:
             self.root = Path(self.uri)
-        self.root.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(parents=True, exist_ok=True)
 
     def uri_of(self, rel: str) -> str:
         return join(self.uri, rel)

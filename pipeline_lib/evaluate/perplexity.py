@@ -87,6 +87,12 @@ def row_nll(logits: np.ndarray, targets: np.ndarray, pad_id: int) -> tuple[np.nd
     return ((logz - picked) * mask).sum(axis=-1), mask.sum(axis=-1)
 
 
+def token_nll(logits: np.ndarray, targets: np.ndarray, pad_id: int) -> tuple[float, int]:
+    """Sum of -log p(target) over non-pad targets, and their count (the nightly screen scores documents with it)."""
+    nll, count = row_nll(logits, targets, pad_id)
+    return float(nll.sum()), int(count.sum())
+
+
 def perplexity(logits_fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, pad_id: int,
                batch_size: int) -> PerplexityResult:
     """Perplexity of the model behind `logits_fn` (which takes exactly batch_size rows) on `rows`."""

@@ -56,6 +56,12 @@ class Verdict:
         """The metrics that argue against promotion (regressed or ambiguous)."""
         return [r for r in self.rows if not r["ok"]]
 
+    @property
+    def question(self) -> str:
+        """What the `ask` form asks a person."""
+        return ("ambiguous (over budget, not beyond noise): promote it?" if self.outcome == INVESTIGATE else
+                "over the regression budget: promote it anyway?")
+
     def decision(self, gate) -> tuple[str, dict | None]:
         """("promoted" | "held" | "ask", who decided when a default did) under nightly.gate's policy."""
         if self.outcome == PROMOTE:

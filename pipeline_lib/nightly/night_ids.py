@@ -6,12 +6,26 @@ Allocated under the nightly lock (lock.py), from the state's history and the run
 tokenizer, the lineage's reference_heldout)."""
 from __future__ import annotations
 
+import re
+
 from ..config.schema import PipelineConfig
 from ..storage import RunPaths
 from ..storage.errors import PicklableError
 from ..storage.names import check_name
 
 MAX_NIGHTS_A_DATE = 99
+NIGHT_ID = re.compile(r"nightly-(\d{4}-\d{2}-\d{2})(?:-\d+)?")
+
+
+def resume_hint(run_id: str) -> str:
+    """How a person resumes a failed run: a night is rerun by its date (the nightly finds its failed run id and
+    resumes it with the night's inputs, base and lineage), never by `llm-pipeline run`, which would run the whole chain
+    without them and leave the nightly state as it was."""
+    night = NIGHT_ID.fullmatch(run_id)
+    if night:
+        return (f"rerun the night with `llm-pipeline nightly CONFIG --run-date {night.group(1)}` (it resumes "
+                f"{run_id}: finished stages are not redone), or let the next night retry its files")
+    return f"resume with `llm-pipeline run CONFIG --run-id {run_id}`: finished stages are not redone"
 
 
 class NightDecided(PicklableError, RuntimeError):

@@ -38,6 +38,7 @@ import stat
 from dataclasses import dataclass, field
 
 from ..config.schema import PipelineConfig, RetentionConfig
+from ..storage.sizes import size_text
 from ..storage import RunPaths, join, store_for
 from .state import promoted_nights, update_state
 
@@ -94,6 +95,7 @@ class Plan:
     untouched: dict[str, str]              # run id -> why it is not looked at
     expire_held: list[str]                 # held candidates whose weights go: they leave `held`
     folders: dict[str, Folder] = field(default_factory=dict, repr=False)
+    unsampled: list[str] = field(default_factory=list)  # nights whose cleaned text the data screen has yet to sample
 
     @property
     def total(self) -> int:
@@ -101,14 +103,6 @@ class Plan:
 
     def night(self, run_id: str) -> NightPlan | None:
         return next((n for n in self.nights if n.run_id == run_id), None)
-
-
-def size_text(n: float) -> str:
-    """Bytes as people read them (decimal units, as disks are sold): 1.4 MB, 80.9 GB, 3.2 TB."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def _age_days(entry: dict, now: dt.datetime) -> float | None:
@@ -210,10 +204,11 @@ def _paths_in(value) -> list[str]:
 
 def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Folder | None], *, output_root: str,
                    now: dt.datetime, running: str | None = None, replay_on: bool = False,
-                   config_uris: list[str] = (), replay_runs: list[str] = ()) -> Plan:
+                   config_uris: list[str] = (), replay_runs: list[str] = (), unsampled: list[str] = ()) -> Plan:
     """What to remove from the folders of the decided nights (see the module docstring). `folders`: run id -> its
     listing (None: no folder); `running`: the run id holding the nightly lock; `config_uris`: paths the config names
-    (never removed); `replay_runs`: data.replay.runs configured (their data is kept while replay is on)."""
+    (never removed); `replay_runs`: data.replay.runs configured (their data is kept while replay is on);
+    `unsampled`: promoted nights the data screen has not sampled yet (it reads their cleaned text: screen_sample)."""
     promoted = promoted_nights(state)
     latest = (state.get("latest") or {}).get("run_id")
     newest_promoted = promoted[-policy.keep_promoted:]
@@ -251,8 +246,10 @@ def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Fold
             return True, "optimizer state is kept for the newest night only"
         if run_id in replayed:
             return False, "replay reads it (data.replay, nightly.retention.replay_nights)"
-        if run_id in held and replay_on:
-            return False, "held: replayed if promoted by hand"
+        if run_id in held:
+            return False, "held: a promotion by hand reads it (the screen's sample; replay)"
+        if run_id in unsampled:
+            return False, "the data screen has not sampled its accepted documents yet"
         if not replay_on:
             return True, "replay is off, data.replay.fraction 0: nothing reads it"
         return True, "replay does not read it (not among the promoted nights replay reads)"
@@ -285,7 +282,7 @@ def plan_retention(policy: RetentionConfig, state: dict, folders: dict[str, Fold
             if remove:
                 plan.remove.setdefault(kind, {})[rel] = size
         nights.append(plan)
-    return Plan(str(output_root), now.isoformat(), nights, untouched, sorted(expired), dict(folders))
+    return Plan(str(output_root), now.isoformat(), nights, untouched, sorted(expired), dict(folders), list(unsampled))
 
 
 # ------------------------------------------------------------------ the folders, the lock, the config's references
@@ -343,11 +340,29 @@ def plan_for(cfg: PipelineConfig, state: dict | None = None, now: dt.datetime | 
 
     state = load_state(cfg) if state is None else state
     run_ids = list(dict.fromkeys(n["run_id"] for n in state.get("history") or []))
-    return plan_retention(cfg.nightly.retention, state, {r: read_folder(cfg, r) for r in run_ids},
-                          output_root=cfg.run.output_root, now=now or dt.datetime.now(dt.timezone.utc),
+    folders = {r: read_folder(cfg, r) for r in run_ids}
+    return plan_retention(cfg.nightly.retention, state, folders, output_root=cfg.run.output_root,
+                          now=now or dt.datetime.now(dt.timezone.utc),
                           running=lock_holder(cfg) if running is ... else running,
                           replay_on=cfg.data.replay.fraction > 0, config_uris=config_uris(cfg),
-                          replay_runs=list(cfg.data.replay.runs))
+                          replay_runs=list(cfg.data.replay.runs), unsampled=unsampled(cfg, state, folders))
+
+
+def unsampled(cfg: PipelineConfig, state: dict, folders: dict[str, Folder | None]) -> list[str]:
+    """Promoted nights whose cleaned text is still there but the data screen's sample of it is not (nightly.screen):
+    a night promoted by hand is sampled by the next night's screen, from that text."""
+    if not cfg.nightly.screen.enabled:
+        return []
+    from .screen_sample import sample_uri
+
+    out = []
+    for run_id in promoted_nights(state):
+        folder = folders.get(run_id)
+        if folder and any(rel.startswith("data/cleaned/") for rel in folder.files):
+            uri = sample_uri(cfg, run_id)
+            if not store_for(uri, cfg.run.s3_endpoint_url).exists(uri):
+                out.append(run_id)
+    return out
 
 
 # ------------------------------------------------------------------ applying a plan
@@ -369,7 +384,8 @@ def _unlink_local(root: str, run_id: str, rel: str, size: int) -> None:
                 fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
             except OSError as err:
                 if err.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise Refused(f"{rel}: {part} on its way is a symbolic link or not a folder: not followed") from None
+                    raise Refused(f"{rel}: {part} on its way is a symbolic link or not a folder: "
+                                  "not followed") from None
                 raise
         st = os.stat(parts[-1], dir_fd=fds[-1], follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
@@ -401,15 +417,41 @@ def removed_by_retention(cfg: PipelineConfig, run_id: str) -> dict:
         return {}
 
 
-def _write_tombstone(cfg: PipelineConfig, night: NightPlan, removed: dict[str, int], refused: list[str],
-                     at: str, status: str) -> None:
-    """status "removing": the intent (per kind the files going, so a pass that dies midway leaves the folder saying
-    what was going); "removed": what went (added to what earlier passes removed)."""
+def _settle(body: dict, present: set[str]) -> bool:
+    """A pass cut short earlier left `removing` (file -> bytes) in the tombstone: what of it is no longer in the
+    folder went then, and is added to what was removed. Returns whether the tombstone changed."""
+    changed = False
+    for entry in body["removed"].values():
+        earlier = entry.pop("removing", None) or {}
+        gone = {rel: size for rel, size in earlier.items() if rel not in present}
+        entry["files"] = sorted(set(entry["files"]) | set(gone))
+        entry["bytes"] = entry.get("bytes", 0) + sum(gone.values())
+        changed = changed or bool(earlier)
+    body["removed"] = {k: e for k, e in body["removed"].items() if e["files"]}
+    return changed
+
+
+def _put_tombstone(cfg: PipelineConfig, uri: str, body: dict) -> None:
+    body["note"] = ("Removed by the nightly's retention (nightly.retention, docs/nightly.md 'Disk: retention and gc'); "
+                    "the stage manifests still list these files, and everything else of the night is kept.")
+    store_for(uri, cfg.run.s3_endpoint_url).put_bytes(uri, json.dumps(body, indent=2, sort_keys=True).encode())
+
+
+def _write_tombstone(cfg: PipelineConfig, night: NightPlan, present: set[str], going: dict[str, int],
+                     removed: dict[str, int], refused: list[str], at: str, status: str) -> None:
+    """status "removing": the intent (per kind the files `going` with their bytes, so a pass that dies midway leaves
+    the folder saying what was going; an earlier cut pass is settled first against the files `present`); "removed":
+    what went (added to what earlier passes removed)."""
     uri, body = _tombstone(cfg, night.run_id)
-    for kind, files in night.remove.items():
+    if status == "removing":
+        _settle(body, present)
+    by_kind: dict[str, dict[str, int]] = {}
+    for rel, size in going.items():
+        by_kind.setdefault(kind_of(rel), {})[rel] = size
+    for kind, files in by_kind.items():
         entry = body["removed"].get(kind) or {"files": [], "bytes": 0}
         if status == "removing":
-            entry["removing"] = sorted(files)
+            entry["removing"] = dict(sorted(files.items()))
             entry.setdefault("at", at)
             entry.setdefault("why", night.why.get(kind, ""))
         else:
@@ -425,9 +467,15 @@ def _write_tombstone(cfg: PipelineConfig, night: NightPlan, removed: dict[str, i
             body["removed"].pop(kind, None)
     if refused:
         body["refused"] = refused
-    body["note"] = ("Removed by the nightly's retention (nightly.retention, docs/nightly.md 'Disk: retention and gc'); "
-                    "the stage manifests still list these files, and everything else of the night is kept.")
-    store_for(uri, cfg.run.s3_endpoint_url).put_bytes(uri, json.dumps(body, indent=2, sort_keys=True).encode())
+    _put_tombstone(cfg, uri, body)
+
+
+def _settle_cut_pass(cfg: PipelineConfig, night: NightPlan, present: set[str]) -> None:
+    """A night with nothing to remove this pass whose tombstone still says `removing` (the pass was cut short after
+    its last file): settle it."""
+    uri, body = _tombstone(cfg, night.run_id)
+    if _settle(body, present):
+        _put_tombstone(cfg, uri, body)
 
 
 @dataclass
@@ -450,7 +498,7 @@ def apply_plan(cfg: PipelineConfig, plan: Plan, log=print) -> Applied:
         fresh = plan_retention(cfg.nightly.retention, state, plan.folders, output_root=plan.output_root,
                                now=dt.datetime.fromisoformat(plan.made_at), running=_running(plan),
                                replay_on=cfg.data.replay.fraction > 0, config_uris=config_uris(cfg),
-                               replay_runs=list(cfg.data.replay.runs))
+                               replay_runs=list(cfg.data.replay.runs), unsampled=plan.unsampled)
         agreed.clear()
         for night in plan.nights:
             again = fresh.night(night.run_id)
@@ -472,9 +520,12 @@ def apply_plan(cfg: PipelineConfig, plan: Plan, log=print) -> Applied:
     root = None if store.remote else os.path.realpath(str(store.local_path(cfg.run.output_root)))
     for night in plan.nights:
         files = agreed.get(night.run_id)
+        present = set(plan.folders[night.run_id].files)
         if not files:
+            if TOMBSTONE in present:  # a night thinned before: its tombstone may hold a cut pass's intent
+                _settle_cut_pass(cfg, night, present)
             continue
-        _write_tombstone(cfg, night, {}, [], plan.made_at, "removing")
+        _write_tombstone(cfg, night, present, files, {}, [], plan.made_at, "removing")
         removed: dict[str, int] = {}
         if store.remote:
             prefix = RunPaths(cfg.run.output_root, night.run_id, cfg.run.s3_endpoint_url).run_uri.rstrip("/") + "/"
@@ -498,8 +549,8 @@ def apply_plan(cfg: PipelineConfig, plan: Plan, log=print) -> Applied:
                     out.refused.append(f"{night.run_id}/{why}")
                 except FileNotFoundError:
                     out.refused.append(f"{night.run_id}/{rel}: gone already")
-        _write_tombstone(cfg, night, removed, [r for r in out.refused if r.startswith(night.run_id + "/")],
-                         plan.made_at, "removed")
+        _write_tombstone(cfg, night, present, files, removed,
+                         [r for r in out.refused if r.startswith(night.run_id + "/")], plan.made_at, "removed")
         out.freed[night.run_id] = sum(removed.values())
         log(f"retention: {night.run_id}: freed {size_text(out.freed[night.run_id])}")
 

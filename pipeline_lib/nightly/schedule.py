@@ -52,3 +52,14 @@ def schedule_record(night_cfg: PipelineConfig, run_id: str) -> dict:
     if sched.get("kind") != "wsd":
         return {}
     return {"schedule": lineage_record(sched, stable.get("path"))}
+
+
+def lineage_note(night_cfg: PipelineConfig) -> str:
+    """What the night's log says of its schedule ("" under per_run): where the lineage's warm-up stands and the decay."""
+    from ..config.schema import wsd_decay_steps
+
+    t = night_cfg.training
+    if night_cfg.nightly.lr_schedule != "lineage":
+        return ""
+    return (f"; lineage schedule: wsd from the lineage's step {t.lineage_steps} (warm-up {t.warmup_steps}), the last "
+            f"{wsd_decay_steps(t)} of {t.steps} steps decay to {t.min_lr:g}")

@@ -78,9 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="GB/s per device across nodes (default %(default)s)")
     ap.add_argument("--top", type=_positive(int), default=10, help="rows of the table")
     ap.add_argument("--nights", type=_positive(int), default=30,
-                    help="nights of the nightly's disk figure, without and with nightly.retention (default %(default)s)")
+                    help="nights of the nightly's disk figure, without and with nightly.retention "
+                    "(default %(default)s)")
     ap.add_argument("--night-tokens", type=_positive(int), default=None,
-                    help="new tokens a night packs (default: the tokens a night trains, training.steps x tokens per step)")
+                    help="new tokens a night packs (default: the tokens a night trains, training.steps x tokens "
+                    "per step)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. model.use_flash_attention=false")
     return ap

@@ -132,7 +132,7 @@ def disk_fix(cfg: PipelineConfig, need: CheckpointDisk, *, where: str = "run.out
 # the tiny default's nights (configs/pipelines/tiny-cpu.yaml, 6 steps, 22k tokens).
 MINDRECORD_BYTES_PER_TOKEN = 4      # input_ids int32 (the index files and row maps beside them are not counted)
 CLEANED_BYTES_PER_TOKEN = 1.5       # data/cleaned/*.jsonl.gz: 32 kB of gzip'd jsonl for the tiny corpus's 22k tokens
-SMALL_BYTES_PER_NIGHT = 320_000     # manifests, stats, evaluation outputs, the yaml, the loss curve: 0.32 MB a tiny night
+SMALL_BYTES_PER_NIGHT = 320_000     # manifests, stats, evaluation outputs, the yaml, the loss curve (a tiny night)
 LOG_BYTES_PER_STEP = 360            # a metrics.jsonl row
 LOG_BYTES_PER_STEP_RANK = 1_000     # mindformers' log line per rank per step, and the stage log's
 
@@ -141,7 +141,7 @@ LOG_BYTES_PER_STEP_RANK = 1_000     # mindformers' log line per rank per step, a
 class NightDisk:
     """What one trained night leaves in its run folder, in bytes (see month_of_nights)."""
 
-    weights: int           # the weights-only checkpoint
+    weights: int           # the weights-only checkpoints (two under the lineage schedule: decayed and stable-phase)
     checkpoint: int        # one training checkpoint: every rank's file, weights + AdamW moments
     kept: int              # training checkpoints left after the night (keep_checkpoint_max, or fewer saves)
     tokens: int | None     # new tokens a night packs (None: unknown)
@@ -177,7 +177,9 @@ def night_disk(cfg: PipelineConfig, night_tokens: int | None = None) -> NightDis
         data = int(tokens * (per_token + CLEANED_BYTES_PER_TOKEN))
         heldout = int(tokens * cfg.data.heldout_fraction * per_token)
     small = SMALL_BYTES_PER_NIGHT + (t.steps or 0) * (LOG_BYTES_PER_STEP + LOG_BYTES_PER_STEP_RANK * world)
-    return NightDisk(weights_bytes(cfg), checkpoint, kept, tokens, data, heldout, small)
+    # the lineage schedule (nightly.lr_schedule) keeps the stable-phase weights beside the decayed ones
+    copies = 2 if cfg.nightly.lr_schedule == "lineage" else 1
+    return NightDisk(copies * weights_bytes(cfg), checkpoint, kept, tokens, data, heldout, small)
 
 
 @dataclass(frozen=True)
@@ -188,8 +190,9 @@ class MonthDisk:
     retained: int                # after each night's retention pass, once the horizon has passed
     weights_kept: int            # weights files retention keeps at most
     data_kept: int               # nights whose data retention keeps
-    horizon: int                 # nights after which only the small files grow
-    growth: int                  # bytes a night still adds past the horizon (its small files)
+    horizon: int                 # nights after which only `growth` is added a night
+    growth: int                  # bytes a night still adds past the horizon (its small files; its data when replay
+                                 # reads every promoted night)
 
 
 def month_of_nights(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None = None) -> MonthDisk:
@@ -205,13 +208,15 @@ def month_of_nights(cfg: PipelineConfig, nights: int = 30, night_tokens: int | N
     data_kept = min(nights, (r.replay_nights or nights) + (math.ceil(r.held_days) if replay else 0)) if replay else 0
     retained = (weights_kept * night.weights + min(nights, 1) * night.training + data_kept * (night.data or 0)
                 + (0 if replay else (night.heldout or 0)) + nights * night.small)
-    horizon = max(weights_kept, data_kept, 1)
-    return MonthDisk(nights, night, nights * night.total, retained, weights_kept, data_kept, horizon, night.small)
+    unbounded = replay and not r.replay_nights  # replay reads every promoted night: their data stays
+    horizon = max(weights_kept, 1 if unbounded else data_kept, 1)
+    growth = night.small + ((night.data or 0) if unbounded else 0)
+    return MonthDisk(nights, night, nights * night.total, retained, weights_kept, data_kept, horizon, growth)
 
 
 def month_lines(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None = None) -> list[str]:
     """What `llm-pipeline plan` prints of a month of nights."""
-    from ..nightly.retention import size_text
+    from ..storage.sizes import size_text
 
     m, r = month_of_nights(cfg, nights, night_tokens), cfg.nightly.retention
     n = m.night
@@ -229,7 +234,7 @@ def month_lines(cfg: PipelineConfig, nights: int = 30, night_tokens: int | None 
         f"  with nightly.retention: {size_text(m.retained)} = weights of at most {m.weights_kept} nights "
         f"(keep_promoted {r.keep_promoted} + held_days {r.held_days:g}) + the newest night's training checkpoints + "
         f"{replay} + every night's logs; it stops growing after {m.horizon} nights but for "
-        f"{size_text(m.growth)} of logs a night",
+        f"{size_text(m.growth)} a night" + (" (data and logs)" if m.growth > n.small else " (logs)"),
         f"  while a night trains, add its own training checkpoints: up to {n.kept + 1} x {size_text(n.checkpoint)} = "
         f"{size_text((n.kept + 1) * n.checkpoint)} (keep_checkpoint_max kept + the one being written)",
     ]

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import math
 import os
+import re
 import signal
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -83,16 +86,93 @@ class Heartbeat:
         self._store.put_bytes(str(self.path), json.dumps(record).encode())
 
 
-def read_heartbeats(output_dir: str | Path, since: float | None = None) -> dict[int, dict]:
-    """{rank: heartbeat} of the files written at or after `since` (Unix time; an earlier launch's are left out)."""
+MAX_HEARTBEAT_BYTES = 64 * 1024  # a real one is ~250 bytes; anything larger is not one, and is not read whole
+_RANK_FILE = re.compile(r"rank_(\d{1,6})\.json")
+
+
+def _count(value, name: str, *, none: bool = True) -> int | None:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 62:
+        raise ValueError(f"{name}={value!r} is not a count")
+    return value
+
+
+def _seconds(value, name: str, *, none: bool = True) -> float | None:
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} is not a Unix time")
+    return float(value)
+
+
+def parse_heartbeat(record, rank: int, output_dir: str | Path) -> dict:
+    """A heartbeat file's record as the watchdog may use it: every field of the module docstring checked and typed,
+    ValueError naming the first that is not. Its `stack_file` is never taken from the file: it is where this run's
+    trainer process `pid` writes its stacks (stack_path), so a heartbeat cannot make the watchdog read another
+    path."""
+    if not isinstance(record, dict):
+        raise ValueError(f"not a JSON object but {type(record).__name__}")
+    if _count(record.get("rank"), "rank", none=False) != rank:
+        raise ValueError(f"rank={record.get('rank')!r} is not the rank of its file name ({rank})")
+    pid = _count(record.get("pid"), "pid")
+    host = record.get("host")
+    if host is not None and (not isinstance(host, str) or len(host) > 255):
+        raise ValueError("host is not a host name")
+    ended = record.get("ended", False)
+    if not isinstance(ended, bool):
+        raise ValueError(f"ended={ended!r} is not true/false")
+    return {"rank": rank, "pid": pid, "host": host, "step": _count(record.get("step"), "step") or 0,
+            "step_end": _seconds(record.get("step_end"), "step_end"), "running": _count(record.get("running"), "running"),
+            "ended": ended, "time": _seconds(record.get("time"), "time", none=False),
+            "stack_file": str(stack_path(output_dir, pid)) if pid else None}
+
+
+def _read_small(path: Path) -> bytes:
+    """The bytes of a regular file of at most MAX_HEARTBEAT_BYTES, never through a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = os.read(fd, MAX_HEARTBEAT_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_HEARTBEAT_BYTES:
+        raise ValueError(f"larger than {MAX_HEARTBEAT_BYTES} bytes")
+    return data
+
+
+def read_heartbeats(output_dir: str | Path, since: float | None = None,
+                    problems: list[str] | None = None) -> dict[int, dict]:
+    """{rank: heartbeat} of the files written at or after `since` (Unix time; an earlier launch's are left out),
+    each checked by parse_heartbeat. A file that is not a heartbeat (malformed, a link, too large) is left out and
+    why is appended to `problems`: a bad file never stops the reader, so it never stops training."""
+    folder = Path(output_dir) / HEARTBEAT_DIR
     out = {}
-    for path in sorted((Path(output_dir) / HEARTBEAT_DIR).glob("rank_*.json")):
+    if folder.is_symlink():
+        if problems is not None:
+            problems.append(f"{folder} is a link: its heartbeats are not read")
+        return out
+    for path in sorted(folder.glob("rank_*.json")):
+        name = _RANK_FILE.fullmatch(path.name)
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            if name is None:
+                raise ValueError("not named rank_<N>.json")
+            raw = _read_small(path)
+        except FileNotFoundError:
             continue  # replaced while read: the next poll reads it
-        if isinstance(record, dict) and (since is None or record.get("time", 0) >= since):
-            out[int(record["rank"])] = record
+        except (OSError, ValueError) as err:
+            if problems is not None:
+                problems.append(f"{path}: {'a link, not followed' if path.is_symlink() else err}")
+            continue
+        try:
+            record = parse_heartbeat(json.loads(raw), int(name.group(1)), output_dir)
+        except (ValueError, RecursionError) as err:  # json's errors are ValueErrors (the writes are atomic)
+            if problems is not None:
+                problems.append(f"{path}: not a heartbeat ({str(err)[:200]})")
+            continue
+        if since is None or record["time"] >= since:
+            out[record["rank"]] = record
     return out
 
 

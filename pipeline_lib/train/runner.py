@@ -80,12 +80,17 @@ def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None
     watch)."""
     command = build_command(cfg.parallel, yaml_path, node_rank=rank, log_dir=out / "msrun", entry_module=entry_module)
     env = {"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om"), **(env or {})}
-    watchdog = HangWatchdog(out, local_ranks(cfg, rank), cfg.training.hang_timeout_s, attempt=attempt)
+    watchdog = HangWatchdog(out, local_ranks(cfg, rank), cfg.training.hang_timeout_s, attempt=attempt, log=log)
+
+    def bind(sampler) -> None:  # the trainer's tree: what the watchdog may signal, what the preflight measures
+        watchdog.bind(sampler)
+        if preflight is not None:
+            preflight.bind(sampler)
+
     try:
         return launch(command, log=log, cwd=out / "cwd", timeout_s=cfg.training.timeout_seconds,
                       log_dir=out / "msrun", env=env, on_tick=on_tick, guard_dir=out,
-                      watchdog=watchdog if preflight is None else _Watchers(watchdog, preflight),
-                      on_start=None if preflight is None else preflight.bind)
+                      watchdog=watchdog if preflight is None else _Watchers(watchdog, preflight), on_start=bind)
     except (GuardTripped, TrainingHang):
         raise
     except TrainingLaunchError as err:

@@ -3,8 +3,9 @@
 A `TrainingSession` runs one stage's training in one mindformers output_dir `out` (checkpoint/, metrics.jsonl,
 latest_checkpoint.json, identity.json); `remote` is the run-store folder that mirrors it on an s3:// run store.
 - `work_dir(stage_uri, node_rank)`: the stage folder itself, or for an s3:// stage (and for node ranks > 0 of a
-  multi-node job) a fixed local folder per URI (and node) under $LLM_PIPELINE_WORK_DIR (else the temp dir), so a
-  rerun on the same machine resumes there.
+  multi-node job) a fixed local folder per URI (and node) under $LLM_PIPELINE_WORK_DIR (else
+  `<temp dir>/llm-pipeline-<uid>`), so a rerun on the same machine resumes there; created 0700 or checked to be this
+  user's own private folder (runtime.work_folders: a folder another account made first is refused, never used).
 - `session.resume_or_start(identity)`: the verified latest checkpoint of the same run (same `identity.json`),
   else an emptied `out`; with training.upload_checkpoints on an s3:// store, a rerun on another machine downloads
   the uploaded latest checkpoint of the same run first: every rank of this node gets its own file back into
@@ -31,7 +32,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from ..config.schema import GuardConfig, global_batch
 from .. import killpoints
 from ..storage import join, store_for
 from ..runtime.nodes import node_rank
+from ..runtime.work_folders import WORK_DIR_ENV, work_folder  # noqa: F401 (WORK_DIR_ENV: its name, for callers)
 from .checkpoints import CheckpointManager, check_disk
 from .launch import GuardTripped, TrainingHang, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
@@ -49,23 +50,22 @@ from .preflight import GB, PREFLIGHT_FILE, PreflightWatch
 from .runner import (CheckpointTicker, TrainerKilled, describe_guard, launch_trainer, local_ranks, resume_fields,
                      rollback_checkpoint)
 
-WORK_DIR_ENV = "LLM_PIPELINE_WORK_DIR"
 IDENTITY_FILE = "identity.json"
 HANG_FILE = "hang.json"
 GUARD_DIAGNOSIS_FILE = "guard_diagnosis.json"
 MAX_HANG_RESUMES = 3
 
 
-def work_dir(stage_uri: str, node_rank: int = 0) -> Path:
+def work_dir(stage_uri: str, node_rank: int = 0, *, create: bool = False) -> Path:
     """The folder a stage trains in (see the module docstring). Node ranks > 0 of a multi-node job always train
     in their own local folder and publish their ranks' files: node 0 owns the stage folder (and may empty it when
-    it starts), also when the run store is a file system every node shares."""
+    it starts), also when the run store is a file system every node shares. A local work folder is checked to be
+    private when it exists; `create` (the stage that trains there) creates it 0700 when it does not."""
     store = store_for(stage_uri)
     if not store.remote and node_rank == 0:
         return store.local_path(stage_uri).resolve()
-    root = Path(os.environ.get(WORK_DIR_ENV) or Path(tempfile.gettempdir()) / "llm-pipeline-work")
     name = hashlib.sha256(stage_uri.encode()).hexdigest()[:16] + (f"-node{node_rank}" if node_rank else "")
-    return (root / name).resolve()
+    return work_folder(name, create=create)  # private to this user, never through a link (runtime.work_folders)
 
 
 def write_json(path: Path, obj) -> None:
@@ -296,7 +296,7 @@ class TrainingSession:
 
     # ------------------------------------------------------------ preflight
 
-    def _preflight_watch(self, folder: Path, memory_check: bool) -> PreflightWatch | None:
+    def _preflight_watch(self, folder: Path, memory_check: bool, from_trained: bool) -> PreflightWatch | None:
         """The watch over a fresh start's first training.preflight_steps steps (None when they are 0); its verdict
         is written to `<folder>/preflight.json` and logged as soon as it is made."""
         cfg = self.cfg
@@ -321,7 +321,7 @@ class TrainingSession:
 
         return PreflightWatch(self.out / METRICS_FILE, steps, memory_limit_bytes=limit, devices=len(self.ranks),
                               planner_line=self._planner_line if memory_check else None, on_verdict=verdict,
-                              section="sft" if self.stage == "sft" else "training")
+                              section="sft" if self.stage == "sft" else "training", from_trained=from_trained)
 
     def _preflight_end(self, watch: PreflightWatch, folder: Path, *, peak_rss: int = 0, crash: str | None = None,
                        killed: bool = False) -> None:
@@ -370,7 +370,8 @@ class TrainingSession:
         planner's prediction); a resumed run keeps the report its first attempt wrote."""
         steps, out, manager = self.steps, self.out, self.manager
         done = Trained(latest, latest["step"] if latest else None)
-        watch = self._preflight_watch(preflight_dir, memory_check) if latest is None else None
+        from_trained = bool(yaml.load) and self.stage != "sft"  # continued pretraining: flat is not a failure
+        watch = self._preflight_watch(preflight_dir, memory_check, from_trained) if latest is None else None
         if watch is None and (preflight_dir / PREFLIGHT_FILE).exists():
             done.preflight = json.loads((preflight_dir / PREFLIGHT_FILE).read_text(encoding="utf-8"))
         if self.progress:

@@ -64,7 +64,7 @@ def run_sft_stage(run: StageRun, *, base_checkpoint: str | None = None) -> Stage
     for issue in preflight_steps_issues(cfg):  # the rule `validate` applies
         raise SFTStageError(str(issue))
     base_ref, tok_ref = _resolve_inputs(run, base_checkpoint)
-    out = work_dir(run.uri, run.node_rank)  # the stage folder, or a fixed local folder (reruns resume there)
+    out = work_dir(run.uri, run.node_rank, create=True)  # the stage folder, or a fixed local folder (reruns resume there)
     for stale in ("adapter", "_inputs", LOSS_PNG):  # train/ stays: a rerun resumes from it
         shutil.rmtree(out / stale) if (out / stale).is_dir() else (out / stale).unlink(missing_ok=True)
     base, tok, base_sha = _fetch_inputs(run, base_ref, tok_ref, out / "_inputs")

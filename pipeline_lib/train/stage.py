@@ -115,7 +115,7 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
     started, cfg, log = time.time(), run.cfg, run.log or (lambda line: None)
     # 1. inputs (fast failures first: nothing is launched or deleted before they pass)
     base, base_info = _check_inputs(cfg)
-    out = work_dir(run.uri, run.node_rank)
+    out = work_dir(run.uri, run.node_rank, create=True)
     remote = run.uri if run.remote else None
     out.mkdir(parents=True, exist_ok=True)
     data_dir, rows, token_ids = _data_inputs(run, out, log)

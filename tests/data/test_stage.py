@@ -505,7 +505,7 @@ def test_a_staged_index_segment_is_seen_only_once_published(tmp_path):
     assert prior("other").runs == ["r1"] and [m["run_id"] for m in list_segments(cfg)] == ["r1"]
     segment = Path(index_uri(cfg)) / "segments" / "r1"
     kept = cleaned_docs(stage_dir(cfg))
-    assert (segment / "ids.txt").read_text().splitlines() == [d["origin"] for d in kept]
+    assert [json.loads(x) for x in (segment / "ids.jsonl").read_text().splitlines()] == [d["origin"] for d in kept]
     assert [json.loads(x) for x in (segment / "source_ids.jsonl").read_text().splitlines()] == [d["id"] for d in kept]
     assert len(np.load(segment / "keys.npy")) == len(np.load(segment / "sigs.npy")) == out.metrics["kept"]
 

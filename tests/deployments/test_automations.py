@@ -38,8 +38,6 @@ def _deployment(client, name: str):
 
 
 def _run(client, deployment_id, *states):
-    from prefect.states import State
-
     run = client.create_flow_run_from_deployment(deployment_id)
     for state in states:
         client.set_flow_run_state(run.id, state, force=True)
@@ -49,14 +47,15 @@ def _run(client, deployment_id, *states):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_the_late_trigger_fires_for_a_night_not_ended_in_time_only_and_crashed_fires(prefect_server):
+def test_the_late_trigger_fires_for_a_night_not_ended_in_time_only_and_crashed_failed_held_fire(prefect_server):
     from prefect import get_client
-    from prefect.states import Completed, Crashed, Running
+    from prefect.states import Completed, Crashed, Failed, Running
 
     with WebhookReceiver() as hook, get_client(sync_client=True) as client:
         dep_id = _deployment(client, "automation-test")
         block_id = webhook_block(hook.url, "nightly-automation-test")
-        made = nightly_automations(dep_id, block_id, "07:00", dt.timedelta(seconds=12), own_block=False,
+        # the team's own block: Failed and Held are notified too (with the webhook block the night posts them itself)
+        made = nightly_automations(dep_id, block_id, "07:00", dt.timedelta(seconds=12), own_block=True,
                                    tag=" (test)")
         for _, automation in made:
             _upsert(client, automation)
@@ -64,10 +63,12 @@ def test_the_late_trigger_fires_for_a_night_not_ended_in_time_only_and_crashed_f
             late = _run(client, dep_id, Running())
             in_time = _run(client, dep_id, Running(), Completed(name="Promoted"))
             crashed = _run(client, dep_id, Running(), Crashed(message="the worker's node lost power"))
+            failed = _run(client, dep_id, Running(), Failed(message="pretrain: out of memory"))
+            held = _run(client, dep_id, Running(), Completed(name="Held", message="general_zh perplexity +12%"))
             deadline = time.time() + 60
             while time.time() < deadline and not (
                     any(str(late.id) in b["message"] for b in hook.received if b["name"] == "NotDoneByDeadline")
-                    and any(b["name"] == "Crashed" for b in hook.received)):
+                    and {"Crashed", "Failed", "Held"} <= {b["name"] for b in hook.received}):
                 time.sleep(1)
             time.sleep(3)  # anything else the triggers would send arrives by now
         finally:
@@ -79,9 +80,10 @@ def test_the_late_trigger_fires_for_a_night_not_ended_in_time_only_and_crashed_f
     assert [str(late.id) in b["message"] for b in late_notes] == [True], hook.received
     assert "deadline 07:00 has passed" in late_notes[0]["message"] and late_notes[0]["flow"] == "nightly-pretrain"
     assert not any(str(in_time.id) in b["message"] for b in hook.received)  # ended in time: nothing
-    crash_notes = [b for b in hook.received if b["name"] == "Crashed"]
-    assert len(crash_notes) == 1 and str(crashed.id) in crash_notes[0]["message"], hook.received
-    assert "the worker's node lost power" in crash_notes[0]["message"]
+    for name, run, said in (("Crashed", crashed, "the worker's node lost power"), ("Failed", failed, "out of memory"),
+                            ("Held", held, "general_zh perplexity +12%")):
+        notes = [b for b in hook.received if b["name"] == name]
+        assert len(notes) == 1 and str(run.id) in notes[0]["message"] and said in notes[0]["message"], hook.received
 
 
 @pytest.mark.e2e

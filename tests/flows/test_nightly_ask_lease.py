@@ -88,7 +88,7 @@ def test_unanswered_ask_outlives_its_lease_holds_the_slot_and_ends_held(worker, 
     run = run_deployment(DEPLOYMENT, parameters={"config": cfg.model_dump(mode="json"), "run_date": "2026-12-02"},
                          timeout=0)
     paused_at, slots_while_paused = None, []
-    while time.time() - started < 150:
+    while time.time() - started < 240:
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(run.id).state
         if state.is_paused():

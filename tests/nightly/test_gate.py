@@ -231,3 +231,8 @@ def test_a_wide_interval_wholly_over_the_budget_still_holds():
     row = _ppl_night({"domain": (prom, prom + (math.log(1.6) + swing) * tok, tok)}).rows[0]
     low, high = row["interval"]
     assert (high - low) / 2 > 0.05 and low > 0.05 and row["outcome"] == "regressed", row
+
+
+def test_the_ask_form_says_whether_the_night_regressed_or_is_ambiguous():
+    assert "ambiguous" in _task_night(20, 12, 1, 0).question
+    assert "over the regression budget" in _task_night(20, 12, 6, 0).question

@@ -68,14 +68,19 @@ def make_state(root: str, decisions: dict[int, str], latest: int, held_days_ago:
                        "tokenizer": join(root, night_id(latest), "pretrain/checkpoint/tokenizer.model")},
             "reference_heldout": join(root, night_id(1), HELDOUT),
             "held": [{"run_id": night_id(i), "checkpoint": weights(i), "tokenizer": None,
-                      "finished_at": (NOW - dt.timedelta(days=days)).isoformat()} for i, days in dict(held_days_ago).items()]}
+                      "finished_at": (NOW - dt.timedelta(days=days)).isoformat()}
+                     for i, days in dict(held_days_ago).items()]}
 
 
 def folders(nights) -> dict[str, Folder]:
     return {night_id(i): Folder(dict(LAYOUT)) for i in nights}
 
 
-def write_root(root: Path, state: dict, nights) -> None:
+def write_root(root: Path, state: dict, nights, sampled: bool = True) -> None:
+    """The nights' folders, the state, and (sampled) the data screen's sample of each promoted night, as the nightly
+    leaves them (screen_sample.keep_accepted at the promotion)."""
+    from pipeline_lib.nightly.screen_sample import sample_uri
+
     for i in nights:
         for rel, size in LAYOUT.items():
             path = root / night_id(i) / rel
@@ -83,6 +88,9 @@ def write_root(root: Path, state: dict, nights) -> None:
             path.write_bytes(b"x" * size)
     cfg = cfg_at(str(root))
     update_state(cfg, lambda _: json.loads(json.dumps(state)))
+    for night in state["history"] if sampled else []:
+        if night["decision"] == "promoted":
+            store_for(sample_uri(cfg, night["run_id"])).put_bytes(sample_uri(cfg, night["run_id"]), b"{}\n")
 
 
 def snapshot(root: Path) -> dict[str, int]:
@@ -213,6 +221,21 @@ def test_gc_removes_what_the_plan_says_and_leaves_a_tombstone_and_a_state_entry(
     assert again.total == 0 and runs(snapshot(root)) == runs(after)
 
 
+def test_a_promoted_nights_cleaned_text_stays_until_the_data_screen_sampled_it(tmp_path):
+    from pipeline_lib.nightly.screen_sample import sample_uri
+
+    root = tmp_path / "runs"
+    write_root(root, make_state(str(root), {1: "promoted", 2: "promoted"}, 2), [1, 2], sampled=False)
+    cfg = cfg_at(str(root))
+    plan = plan_for(cfg, now=NOW)
+    assert plan.unsampled == [night_id(1), night_id(2)] and plan.total == BY_KIND[TRAINING]
+    assert plan.night(night_id(1)).why[DATA] == "the data screen has not sampled its accepted documents yet"
+    store_for(sample_uri(cfg, night_id(1))).put_bytes(sample_uri(cfg, night_id(1)), b"{}\n")
+    assert plan_for(cfg, now=NOW).night(night_id(1)).bytes(DATA) == BY_KIND[DATA]
+    cfg.nightly.screen.enabled = False  # no screen: nothing waits for a sample
+    assert plan_for(cfg, now=NOW).unsampled == []
+
+
 def test_a_dry_run_removes_nothing_and_writes_nothing(tmp_path):
     root = tmp_path / "runs"
     write_root(root, make_state(str(root), {1: "promoted", 2: "promoted"}, 2), [1, 2])
@@ -248,6 +271,41 @@ def test_a_link_inside_a_run_folder_pointing_outside_is_not_followed(tmp_path):
     assert any("rank_0 on its way is a symbolic link" in r for r in applied.refused), applied.refused
     assert (moved / "llama_rank_0-1_6.ckpt").exists()  # the real one was not reached through the link either
     assert os.path.islink(night / "rank_7") and os.path.islink(rank0)  # links are left as they are
+
+
+@pytest.mark.parametrize("cut", ["before the second file", "after the last file"])
+def test_a_pass_cut_short_says_so_and_the_next_pass_finishes_it(tmp_path, monkeypatch, cut):
+    from pipeline_lib.nightly import retention
+    from pipeline_lib.nightly.retention import removed_lines
+
+    root = tmp_path / "runs"
+    write_root(root, make_state(str(root), {1: "promoted", 2: "promoted"}, 2), [1, 2])
+    cfg = cfg_at(str(root))
+    real, calls = retention._unlink_local, []
+    night1_files = len(plan_for(cfg, now=NOW).night(night_id(1)).files())
+
+    def dies(*args):  # the process is stopped mid-pass
+        calls.append(args)
+        if cut == "before the second file" and len(calls) == 2:
+            raise KeyboardInterrupt
+        real(*args)
+        if cut == "after the last file" and len(calls) == night1_files:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(retention, "_unlink_local", dies)
+    with pytest.raises(KeyboardInterrupt):
+        gc(cfg, log=lambda line: None)
+    said = removed_by_retention(cfg, night_id(1))
+    assert any(e.get("removing") for e in said.values())
+    assert any("was interrupted (the next pass finishes it)" in line for line in removed_lines(cfg, night_id(1)))
+    assert load_state(cfg)["retention"][-1]["status"] == "removing"
+    monkeypatch.setattr(retention, "_unlink_local", real)
+    gc(cfg, log=lambda line: None)
+    said = removed_by_retention(cfg, night_id(1))
+    assert not any(e.get("removing") for e in said.values())
+    assert sum(e["bytes"] for e in said.values()) == BY_KIND[TRAINING] + BY_KIND[DATA]
+    assert not (root / night_id(1) / "pretrain/checkpoint/rank_0").exists()
+    assert [e["status"] for e in load_state(cfg)["retention"]] == ["removing", "done"]
 
 
 def test_a_planned_file_changed_since_the_plan_is_refused(tmp_path):
@@ -370,7 +428,8 @@ def test_the_gc_command_prints_per_night_and_total_and_its_exit_codes(tmp_path):
     assert (root / night_id(1) / "pretrain/checkpoint/merged/llama-weights.ckpt").exists()
 
     done = run_cli(config, f"run.output_root={root}", "nightly.retention.keep_promoted=2")
-    assert done.returncode == 0 and done.stdout.splitlines()[-1] == f"total: freed {total / 1e3:.1f} kB ({total:,} bytes)"
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[-1] == f"total: freed {total / 1e3:.1f} kB ({total:,} bytes)"
     bad = run_cli(config, f"run.output_root={root}", "nightly.retention.keep_promoted=0")
     assert bad.returncode == 2 and "nightly.retention.keep_promoted" in bad.stderr and bad.stdout == ""
 
@@ -388,8 +447,12 @@ def test_gc_on_an_s3_output_root(s3_bucket):
             store.put_bytes(join(root, night_id(i), rel), b"x" * size)
     state = make_state(root, {i: "promoted" for i in nights}, 3)
     update_state(cfg, lambda _: state)
+    from pipeline_lib.nightly.screen_sample import sample_uri
+
+    for i in nights:  # the data screen sampled each promoted night
+        store.put_bytes(sample_uri(cfg, night_id(i)), b"{}\n")
     dry = gc(cfg, dry_run=True)
-    assert dry.total == 0 and len(store.list(root + "/")) == 3 * len(LAYOUT) + 2  # + the state and its copy
+    assert dry.total == 0 and len(store.list(root + "/")) == 3 * len(LAYOUT) + 2 + 3  # + the state, its copy, samples
     applied = gc(cfg, log=lambda line: None)
     assert applied.total == dry.plan.total == (2 * (BY_KIND[WEIGHTS] + BY_KIND[TRAINING]) + 3 * BY_KIND[DATA]
                                                + 2 * 60)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline_lib.config import config_from_dict
-from pipeline_lib.nightly import commit_night, deep_update, load_state, nightly_overrides, schedule_record
+from pipeline_lib.nightly import (commit_night, deep_update, load_state, lineage_note, nightly_overrides,
+                                  schedule_record)
 from pipeline_lib.storage import RunPaths
 from pipeline_lib.storage.manifest import Manifest, write_manifest
 from pipeline_lib.train.lr_schedule import Wsd
@@ -73,6 +74,8 @@ def test_three_nights_warm_up_once_continue_the_promoted_stable_weights_and_skip
     assert (n4.training.lineage_steps, n4.training.stable_checkpoint, n4.model.base_checkpoint) == \
         (8, stable3, decayed3)
     assert [w4.lr(s) for s in range(6)] == [PEAK] * 4 + [FLOOR + (PEAK - FLOOR) / 2, FLOOR]
+    assert lineage_note(n4) == "; lineage schedule: wsd from the lineage's step 8 (warm-up 3), the last 2 of 6 steps " \
+        "decay to 0.0001"
 
 
 def test_per_run_nights_keep_their_own_schedule_and_record_none(tmp_path):
@@ -81,4 +84,19 @@ def test_per_run_nights_keep_their_own_schedule_and_record_none(tmp_path):
                                         "schedule": {"lineage_steps": 40, "stable_checkpoint": "/s.ckpt"}}}
     changes = nightly_overrides(cfg, state, {"/raw/a.jsonl": 1})
     assert "training" not in changes and changes["model"]["base_checkpoint"] == "/c.ckpt"
-    assert schedule_record(cfg, "n1") == {}
+    assert schedule_record(cfg, "n1") == {} and lineage_note(cfg) == ""
+
+
+def test_a_held_night_promoted_by_hand_hands_on_its_schedule(tmp_path):
+    from pipeline_lib.nightly import promote_held
+
+    cfg = _cfg(tmp_path)
+    _night(cfg, "nightly-1", "promoted")
+    _, _, stable2, decayed2 = _night(cfg, "nightly-2", "held")
+    promote_held(cfg, "nightly-2", "ops", "fine after all")
+    latest = load_state(cfg)["latest"]
+    assert (latest["run_id"], latest["checkpoint"], latest["schedule"]["stable_checkpoint"]) == \
+        ("nightly-2", decayed2, stable2)
+    assert "verdict" not in latest
+    n3, _, _, _ = _night(cfg, "nightly-3", "promoted")
+    assert (n3.training.lineage_steps, n3.training.stable_checkpoint) == (8, stable2)

@@ -112,6 +112,7 @@ def test_a_live_holder_on_this_host_keeps_the_lock_even_for_the_same_night(tmp_p
     try:
         Path(lock_uri(cfg)).parent.mkdir(parents=True, exist_ok=True)
         Path(lock_uri(cfg)).write_text(json.dumps({"run_id": "n1", "host": socket.gethostname(), "pid": live.pid,
+                                                   "pid_started": __import__("psutil").Process(live.pid).create_time(),
                                                    "started_at": "2026-12-01T02:00:00+00:00"}))
         with pytest.raises(NightBusy):
             with night_lock(cfg, "n1"):

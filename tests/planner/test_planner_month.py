@@ -1,5 +1,6 @@
 """planner.disk's month of nights: without retention every night keeps everything; with nightly.retention the
-weights of keep_promoted + held_days nights, one night's training checkpoints, the replayed data and every night's logs."""
+weights of keep_promoted + held_days nights, one night's training checkpoints, the replayed data and every night's
+logs."""
 from pathlib import Path
 
 from pipeline_lib.config import load_config
@@ -32,6 +33,13 @@ def test_fewer_saves_than_kept_checkpoints(cfg7b_raw):
         assert night_disk(cfg, 0).kept == kept, steps
 
 
+def test_the_lineage_schedule_keeps_two_weights_files_a_night(cfg7b_raw):
+    from pipeline_lib.config import config_from_dict
+
+    cfg = config_from_dict({**cfg7b_raw, "nightly": {"lr_schedule": "lineage"}})
+    assert night_disk(cfg, 0).weights == 2 * WEIGHTS_7B  # decayed (handed on) + stable-phase (continued)
+
+
 def test_replayed_data_and_a_short_lineage(cfg7b_raw):
     from pipeline_lib.config import config_from_dict
 
@@ -44,7 +52,10 @@ def test_replayed_data_and_a_short_lineage(cfg7b_raw):
     assert month.retained == 5 * night.weights + night.training + 8 * night.data + 30 * night.small
     short = month_of_nights(cfg, 4, night_tokens=1_000_000)  # within the horizon only optimizer state goes
     assert short.without == 4 * night.total and short.retained == short.without - 3 * night.training
-    assert month.horizon == 8
+    assert month.horizon == 8 and month.growth == night.small
+    every = config_from_dict({**cfg7b_raw, "data": {"replay": {"fraction": 0.2}}})  # replay_nights null
+    unbounded = month_of_nights(every, 30, night_tokens=1_000_000)
+    assert unbounded.data_kept == 30 and unbounded.growth == unbounded.night.small + unbounded.night.data
 
 
 def test_plan_prints_the_month(capsys):

@@ -16,7 +16,6 @@ import io
 import json
 import os
 import re
-import tempfile
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -147,7 +146,9 @@ def test_no_secret_is_written_anywhere(s3_endpoint, tmp_path, monkeypatch, tally
     hook = f"http://127.0.0.1:{server.server_port}/hook/{HOOK_TOKEN}?token={urllib.parse.quote(QUERY_TOKEN)}"
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"body": 1}\n[1]\n\xff\n')
-    work_before = set((Path(tempfile.gettempdir()) / "llm-pipeline-data").glob("*"))
+    from pipeline_lib.runtime.work_folders import work_folder
+
+    work_before = set(work_folder("data").glob("*"))  # the s3:// data stages' local copies
     common = ["configs/pipelines/tiny-cpu.yaml", "--stages", "data", f"run.output_root=s3://{bucket}/runs",
               f"run.s3_endpoint_url={s3_endpoint}", f"orchestration.failure_webhook_url={hook}",
               "orchestration.retry_delay_seconds=0.1", "data.executor=local"]
@@ -169,7 +170,7 @@ def test_no_secret_is_written_anywhere(s3_endpoint, tmp_path, monkeypatch, tally
             keys.append(obj["Key"])
     assert any("/logs/" in k for k in keys) and any(k.endswith("stats.json") for k in keys)  # logs and outputs
     assert objects > 10
-    for folder in set((Path(tempfile.gettempdir()) / "llm-pipeline-data").glob("*")) - work_before:
+    for folder in set(work_folder("data").glob("*")) - work_before:
         scan.scan_tree(folder, f"work folder {folder}")
     scan.scan("CLI output", (out_ok + out_bad).encode())
     for path, body in _Hook.received:

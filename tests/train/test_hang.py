@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -50,7 +51,7 @@ def test_a_stopped_rank_is_named_its_peer_stack_dumped_and_the_tree_killed(tmp_p
     seen = []
     try:
         result = launch([sys.executable, str(RANKS), str(out), "2"], cwd=tmp_path, timeout_s=60, watchdog=dog,
-                        watch_s=0.2, grace_s=1, env={"PYTHONPATH": str(ROOT)}, on_line=seen.append)
+                        watch_s=0.2, grace_s=1, env={"PYTHONPATH": str(ROOT)}, on_line=seen.append, on_start=dog.bind)
     finally:
         done.set()
     assert record, "rank 1 was never stopped"
@@ -117,3 +118,81 @@ def test_a_rank_whose_training_ended_is_not_a_hang(tmp_path):
     time.sleep(0.4)
     said = dog()
     assert said[0].startswith("[watchdog] hang: no training step finished for") and "state gone" in said[1]
+
+
+# A trainer stand-in that registers the SIGUSR1 stack dump as train.entry does, then sleeps (no heartbeat of its own)
+DUMPING_CHILD = ("import sys, time; from pipeline_lib.train.heartbeat import register_stack_dump; "
+                 "register_stack_dump(sys.argv[1]); print('ready', flush=True); time.sleep(30)")
+
+
+def _forge(out: Path, rank: int, **fields) -> None:
+    """A heartbeat as anyone who can write the run folder can write one: a step finished 10 s ago (a hang)."""
+    path = out / "heartbeat" / f"rank_{rank}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rank": rank, "pid": None, "host": "h", "step": 3, "step_end": time.time() - 10,
+                                "running": None, "ended": False, "time": time.time(), **fields}))
+
+
+def test_the_watchdog_signals_only_its_own_tree_and_reads_stacks_only_from_the_run_folder(tmp_path):
+    """A heartbeat naming another process made the watchdog send it SIGUSR1 (whose default action kills: a test
+    victim died); its stack_file made the watchdog copy any readable file into the stacks report."""
+    out = tmp_path / "out"
+    secret = tmp_path / "elsewhere.txt"
+    secret.write_text("SECRET-CONTENT\n")
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # SIGUSR1 kills it
+    dog, warned = HangWatchdog(out, [0, 1], timeout_s=0.5, log=None), []
+    dog.log = warned.append
+
+    def said(line: str) -> None:  # once the child's handler is registered: the hang is seen at the next poll
+        if line == "ready":
+            _forge(out, 0, pid=dog.sampler.pid, stack_file=str(secret))  # the trainer's pid, a stack file outside
+            _forge(out, 1, pid=victim.pid, stack_file=str(secret))  # a process the launcher did not start
+
+    try:
+        result = launch([sys.executable, "-c", DUMPING_CHILD, str(out)], cwd=tmp_path, timeout_s=60, watchdog=dog,
+                        watch_s=0.5, grace_s=1, env={"PYTHONPATH": str(ROOT)}, on_line=said, on_start=dog.bind)
+        assert result.stopped and victim.poll() is None, "the victim was signalled"
+        stacks = Path(dog.report["stacks"]).read_text()
+        assert "SECRET-CONTENT" not in stacks
+        assert "in <module>" in stacks.split("=== rank 1")[0]  # rank 0: its own stack file, in the run folder
+        assert f"pid {victim.pid} is not in the trainer's process tree (never signalled nor read)" in stacks
+        assert dog.report["ranks"]["1"]["state"] == "not in the trainer's process tree"
+        assert any(f"names pid {victim.pid}, which is not a process of the trainer's tree" in w for w in warned)
+    finally:
+        victim.kill()
+        victim.wait()
+    # a stack file that is a link is not followed, whatever it points at
+    from pipeline_lib.train.hang import _grew
+
+    link = out / "stacks" / "pid_4242.txt"
+    link.symlink_to(secret)
+    assert _grew(out, {"pid": 4242}, 0) is None
+    unbound = HangWatchdog(out, [0], timeout_s=0.5)  # not bound to a launch: it signals nothing
+    assert unbound._tree_process(os.getpid()) is None
+
+
+def test_a_malformed_heartbeat_is_ignored_with_a_warning_and_never_stops_training(tmp_path):
+    """`"time": "soon"` made read_heartbeats raise TypeError inside the launcher's poll, which killed the trainer."""
+    out = tmp_path / "out"
+    beats = out / "heartbeat"
+    dog, warned = HangWatchdog(out, [0, 1, 2, 3, 4, 5], timeout_s=0.5, log=None), []
+    dog.log = warned.append
+    beats.mkdir(parents=True)
+    (beats / "rank_0.json").write_text(json.dumps({"rank": 0, "pid": 1, "time": "soon", "step": "x"}))
+    (beats / "rank_1.json").write_text("[1, 2]")
+    (beats / "rank_2.json").write_text("not json {")
+    (beats / "rank_3.json").write_text(json.dumps({"rank": 7, "time": time.time(), "step": 1, "step_end": 1.0}))
+    (beats / "rank_4.json").symlink_to("/etc/hostname")
+    (beats / "rank_5.json").write_text(json.dumps({"rank": 5, "pid": 1, "time": time.time(), "step": 2 ** 80,
+                                                   "step_end": float("nan")}).replace("NaN", "1e999"))
+    (beats / "rank_x.json").write_text("{}")
+    result = launch([sys.executable, "-c", "import time; time.sleep(2.5)"], cwd=tmp_path, timeout_s=60,
+                    watchdog=dog, watch_s=0.2, grace_s=1, on_start=dog.bind)
+    assert result.ok and result.stopped is None and dog.report is None
+    assert len(warned) == len(set(warned)) == 7, warned  # once each, though polled a dozen times
+    said = "\n".join(warned)
+    for what in ("rank_0.json: not a heartbeat (step='x' is not a count)", "rank_1.json: not a heartbeat (not a "
+                 "JSON object but list)", "rank_2.json: not a heartbeat", "rank_3.json: not a heartbeat (rank=7 is "
+                 "not the rank of its file name (3))", "rank_4.json: a link, not followed",
+                 "rank_5.json: not a heartbeat (step=", "rank_x.json: not named rank_<N>.json"):
+        assert f"[watchdog] WARNING: heartbeat ignored: {beats}/{what}" in said, (what, said)

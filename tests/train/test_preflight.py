@@ -63,6 +63,17 @@ def test_flat_loss_fails_and_says_what_to_change():
     assert "loss did not fall over 6 steps" in result.message and "training.learning_rate" in result.message
 
 
+def test_a_flat_loss_from_trained_weights_passes_a_rising_one_does_not():
+    """Continued pretraining starts near its floor: the preflight of a good night of a month of tiny nights (6 steps,
+    preflight 3, from the promoted night's stable weights) read a first-third mean of 4.9606 and a last-third mean of
+    5.0140 and failed as "did not fall"; from trained weights flat is expected, a climb is still a problem."""
+    flat = [4.95, 4.96, 4.97, 5.01, 5.02, 5.01]
+    assert not evaluate_preflight(_steps(flat)).ok
+    assert evaluate_preflight(_steps(flat), from_trained=True).ok
+    rose = evaluate_preflight(_steps([4.9, 5.0, 5.6, 6.2, 6.9, 7.5]), from_trained=True)
+    assert not rose.ok and "loss rose over 6 steps" in rose.message
+
+
 def test_a_rising_loss_says_lower_the_learning_rate_and_a_flat_one_says_raise_it():
     """The fix for a loss that climbs is the opposite of a flat one's. The rising losses are the first five of the
     tiny default at training.learning_rate=5 (tests/doctor/logs/preflight_loss_rose_tiny_cpu.log)."""
