@@ -286,10 +286,14 @@ def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: di
         name, title = "NoUsableData", "no usable data"
         from pipeline_lib.data.prep import unusable_reasons
 
-        reasons = unusable_reasons(found)
-        message = (f"{run_id}: no usable data: {len(files)} new file(s), {found['read']} records read, all rejected "
-                   f"or filtered ({reasons}); {tail}. The records and their reasons are in "
-                   f"{', '.join(found['records']['quarantine.jsonl'] + found['records']['excluded.jsonl'])}")
+        records = found['records']['quarantine.jsonl'] + found['records']['excluded.jsonl']
+        if not found["read"]:  # empty files (0 bytes, or blank lines only): no record to reject or name
+            message = (f"{run_id}: no usable data: {len(files)} new file(s) of {sum(files.values()):,} bytes in all "
+                       f"hold no record; {tail}")
+        else:
+            message = (f"{run_id}: no usable data: {len(files)} new file(s), {found['read']} records read, all "
+                       f"rejected or filtered ({unusable_reasons(found)}); {tail}"
+                       + (f". The records and their reasons are in {', '.join(records)}" if records else ""))
         footer = ("If a setting dropped good data (data.text_field, data.filters), fix it and give the files again "
                   "under new names.")
     else:

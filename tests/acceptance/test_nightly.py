@@ -199,11 +199,16 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     assert screen["scorers"]["model"]["what"] == "the promoted model (nightly-2026-11-03)", screen
     assert screen["power"] and screen["quarantined"][0].endswith("day7.jsonl")
 
+    (raw / "day8.jsonl").write_bytes(b"")  # an empty file says so, not "all rejected or filtered ()"
+    out = night("2026-11-08")
+    assert "nightly NoUsableData" in out and "1 new file(s) of 0 bytes in all hold no record" in out, out[-3000:]
+    assert "()" not in out.split("nightly NoUsableData")[-1], out[-3000:]
+
     ledger = {u.rsplit("/", 1)[-1]: e for u, e in state()["ledger"].items()}
     assert {f: (e["status"], e.get("into")) for f, e in ledger.items()} == {
         "day1.jsonl": ("trained", "nightly-2026-11-01"), "day2.jsonl": ("dropped", None),
         "day3.jsonl": ("trained", "nightly-2026-11-03"), "day4.jsonl": ("duplicate", None),
-        "day5.jsonl": ("unusable", None), "day7.jsonl": ("quarantined", None)}
+        "day5.jsonl": ("unusable", None), "day7.jsonl": ("quarantined", None), "day8.jsonl": ("unusable", None)}
     assert ledger["day7.jsonl"]["reason"] == "screen: 200 of 200 documents far outside the lineage"
     kept = {f: e["documents"]["kept"] for f, e in ledger.items() if "documents" in e}
     status = user_repo.run(["./.venv/bin/llm-pipeline", "nightly", "status", "configs/pipelines/tiny-cpu.yaml"])
