@@ -192,20 +192,22 @@ def du(path: Path) -> int:
     return total
 
 
-def _kill_trainer_when_training(proc: subprocess.Popen, deadline_s: float = 600) -> str:
-    """SIGKILL the trainer process (pipeline_lib.train.entry) of the night once it has run a few seconds."""
+def _kill_trainer_when_training(proc: subprocess.Popen, runs: Path, date: str, deadline_s: float = 900) -> str:
+    """SIGKILL the night's trainer process (pipeline_lib.train.entry) once it has written two steps."""
     import psutil
 
     started = time.time()
     while proc.poll() is None and time.time() - started < deadline_s:
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            try:
-                if "pipeline_lib.train.entry" in " ".join(child.cmdline()) and time.time() - child.create_time() > 12:
-                    child.send_signal(signal.SIGKILL)
-                    return f"killed trainer pid {child.pid}"
-            except psutil.Error:
-                continue
-        time.sleep(0.5)
+        steps = sum(len(p.read_bytes().splitlines()) for p in runs.glob(f"nightly-{date}*/pretrain/metrics.jsonl"))
+        if steps >= 2:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if "pipeline_lib.train.entry" in " ".join(child.cmdline()):
+                        child.send_signal(signal.SIGKILL)
+                        return f"killed the trainer (pid {child.pid}) after {steps} steps"
+                except psutil.Error:
+                    continue
+        time.sleep(0.2)
     return "no trainer seen to kill"
 
 
@@ -214,7 +216,7 @@ def run_night(work: Path, date: str, overrides: list[str], kill: bool = False) -
     t0 = time.time()
     log = (work / "logs" / f"{date}-{int(t0)}.log").open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    note = _kill_trainer_when_training(proc) if kill else ""
+    note = _kill_trainer_when_training(proc, work / "runs", date) if kill else ""
     rc = proc.wait()
     log.close()
     out = Path(log.name).read_text(errors="replace")
@@ -253,7 +255,7 @@ def main() -> int:
     corpus = Corpus()
     month = plan_month(corpus, args.nights)
     base = [f"data.inputs=[{work}/incoming/*.jsonl]", f"run.output_root={runs}", f"training.steps={args.steps}",
-            "training.save_steps=3", "training.preflight_steps=3", "training.warmup_steps=1"]
+            "training.save_steps=3", "training.warmup_steps=1"]
     results = []
     for night in month:
         for name, body in night["files"].items():
