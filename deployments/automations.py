@@ -24,8 +24,8 @@ NIGHTLY = "nightly-pretrain/nightly"
 LATE, CRASHED = "llm-pipeline nightly late", "llm-pipeline nightly crashed"
 # Every final state a nightly ends in, as the event Prefect emits for it (prefect.flow-run.<state name>): the
 # nightly's Completed states carry their own names (flows/nightly.py), so `Completed` alone would never match one.
-NIGHT_ENDS = ("Promoted", "Held", "Skipped", "Busy", "NoNewData", "NoUsableData", "Completed", "Failed", "Crashed",
-              "Cancelled")
+NIGHT_ENDS = ("Promoted", "Held", "Quarantined", "Skipped", "Busy", "NoNewData", "NoUsableData", "Completed", "Failed",
+              "Crashed", "Cancelled")
 
 
 def nightly_window(cron: str, timezone: str, deadline: str, now: dt.datetime | None = None) -> dt.timedelta:

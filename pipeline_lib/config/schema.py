@@ -81,7 +81,7 @@ def _endpoint_url(value: str | None) -> str | None:
 class RunConfig(_Section):
     name: str = Field("tiny-cpu", json_schema_extra=NO_OUTPUT_EFFECT, pattern=TEXT_NAME_PATTERN, max_length=MAX_NAME,
                       description="Pipeline name; used in flow-run names, the TensorBoard folder "
-                      "(<output_root>/_tensorboard/<run.name>) and, unless data.dedup.lineage is set, the dedup "
+                      "(`<output_root>/_tensorboard/<run.name>`) and, unless data.dedup.lineage is set, the dedup "
                       "lineage. A name in any language (电力语料): a letter or digit first, then letters, digits, "
                       "'.', '_', '-'; never a path. A name that is not ASCII gets the lineage `<its ASCII part or "
                       "name>-<12 hex digits of its sha256>`, so two such names never share a dedup index.")
@@ -508,8 +508,8 @@ class TrainingConfig(_Section):
         "the warm-up continues from there instead of from 0. The nightly's lineage schedule sets it from its "
         "state; 0 for a run of its own.")
     keep_stable_weights: bool = Field(
-        False, description="wsd: also write the model's weights as they are when the decay starts (checkpoint/merged/"
-        "<name>-stable-weights.ckpt, the manifest's `stable_checkpoint`): what the next run of the lineage continues "
+        False, description="wsd: also write the model's weights as they are when the decay starts (`checkpoint/merged/"
+        "<name>-stable-weights.ckpt`, the manifest's `stable_checkpoint`): what the next run of the lineage continues "
         "from. Set by the nightly's lineage schedule.")
     stable_checkpoint: InputPath | None = Field(
         None, description="Weights the pretrain stage starts from instead of model.base_checkpoint, which stays the "

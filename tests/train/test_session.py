@@ -229,7 +229,7 @@ def test_the_preflight_is_judged_on_the_node_that_records_the_loss(tmp_path, mon
             folder, lines = tmp_path / name / str(node), []
             folder.mkdir(parents=True)
             (folder / "preflight.json").write_text("{}")  # an earlier run's
-            watch = _session(cfg, folder, lines)._preflight_watch(folder, memory_check=False)
+            watch = _session(cfg, folder, lines)._preflight_watch(folder, memory_check=False, from_trained=False)
             judged[name, node] = watch is not None
             assert (watch is None) == any("judged on the node running rank" in ln for ln in lines)
             assert (folder / "preflight.json").exists() == (watch is None)
