@@ -287,6 +287,9 @@ def main() -> int:
     st = state_of(runs)
     report = {"results": results, "state": st, "tmpfs": tmpfs}
     report["figures"] = figures(results, st, runs)
+    # what the output root holds at the end, by top-level folder (the tmpfs is unmounted below)
+    report["figures"]["disk_mib_by_folder"] = {p.name: round(du(p) / 2**20, 2) for p in sorted(runs.iterdir())
+                                               if p.is_dir()}
     (work / "month.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
     print(table(results))
     print(json.dumps(report["figures"], indent=1))
