@@ -20,3 +20,15 @@ def tiny_cfg(tmp_path):
     return load_config("configs/pipelines/tiny-cpu.yaml",
                        [f"run.output_root={tmp_path / 'runs'}", "orchestration.retry_delay_seconds=0.1",
                        "data.executor=local"])
+
+
+@pytest.fixture
+def night_on_raw(tiny_cfg, tmp_path, monkeypatch):
+    """(config reading <tmp>/raw/*.jsonl, the raw folder) for nights whose pretrain double writes a checkpoint."""
+    monkeypatch.setitem(stages.SPECS, "pretrain", dataclasses.replace(stages.SPECS["pretrain"],
+                                                                      runner="stage_doubles:pretrain_with_checkpoint"))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.data.inputs = [str(raw / "*.jsonl")]
+    return cfg, raw

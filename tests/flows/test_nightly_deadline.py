@@ -2,7 +2,6 @@
 measured; the next night, too close to its deadline for its configured steps, trains fewer and says so."""
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -10,19 +9,13 @@ from pathlib import Path
 import pytest
 
 from flows.nightly import nightly
-from pipeline_lib import stages
 from pipeline_lib.nightly import load_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server", "stage_doubles")]
 
 
-def test_a_night_near_its_deadline_cuts_its_steps_from_last_nights_measure(tiny_cfg, tmp_path, monkeypatch):
-    monkeypatch.setitem(stages.SPECS, "pretrain", dataclasses.replace(stages.SPECS["pretrain"],
-                                                                      runner="stage_doubles:pretrain_with_checkpoint"))
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    cfg = tiny_cfg.model_copy(deep=True)
-    cfg.data.inputs = [str(raw / "*.jsonl")]
+def test_a_night_near_its_deadline_cuts_its_steps_from_last_nights_measure(night_on_raw):
+    cfg, raw = night_on_raw
     cfg.orchestration.timezone = "UTC"
     cfg.nightly.deadline = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=3)).strftime("%H:%M")
 

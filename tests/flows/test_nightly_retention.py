@@ -3,26 +3,19 @@ nights with keep_promoted 1 leave the first night without its checkpoint (its to
 tonight's, untouched by its own pass, stays."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from flows.nightly import nightly
-from pipeline_lib import stages
 from pipeline_lib.nightly import load_state
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.usefixtures("prefect_server", "stage_doubles")]
 
 
-def test_the_second_night_thins_the_first_after_its_decision(tiny_cfg, tmp_path, monkeypatch):
-    monkeypatch.setitem(stages.SPECS, "pretrain", dataclasses.replace(stages.SPECS["pretrain"],
-                                                                      runner="stage_doubles:pretrain_with_checkpoint"))
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    cfg = tiny_cfg.model_copy(deep=True)
-    cfg.data.inputs = [str(raw / "*.jsonl")]
+def test_the_second_night_thins_the_first_after_its_decision(night_on_raw):
+    cfg, raw = night_on_raw
     cfg.nightly.retention.keep_promoted = 1
     root = Path(cfg.run.output_root)
     ckpt = lambda date: root / f"nightly-{date}" / "pretrain/checkpoint/rank_0/double_rank_0-1_1.ckpt"  # noqa: E731
