@@ -37,7 +37,8 @@ from pipeline_lib.checks import refuse_bad_config  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
 from pipeline_lib.config.secrets import public_config  # noqa: E402
 from pipeline_lib.doctor.retry import parse_headline  # noqa: E402
-from pipeline_lib.stages import SPECS, parse_stages  # noqa: E402
+from pipeline_lib.stages import SPECS, parse_stages, unmet_upstream  # noqa: E402
+from pipeline_lib.storage import RunPaths  # noqa: E402
 from pipeline_lib.storage.names import check_name  # noqa: E402
 
 from flows.common import new_run_id  # noqa: E402
@@ -262,6 +263,10 @@ def run_main(argv: list[str]) -> int:
         cfg = load_config(args.config, args.overrides)
         stages = parse_stages(args.stages)
         print_warnings(refuse_bad_config(cfg, stages), file=sys.stderr)
+        run_id = args.run_id or new_run_id()
+        unmet = unmet_upstream(RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url), stages)
+        if unmet:
+            raise ValueError(unmet)
     except (ConfigError, ValueError) as err:
         api.stop()
         gc.enable()
@@ -276,7 +281,6 @@ def run_main(argv: list[str]) -> int:
     finally:
         _imports_done()
 
-    run_id = args.run_id or new_run_id()
     if args.submit:
         from flows.submit import SubmitError, submit_run
 

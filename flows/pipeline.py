@@ -23,7 +23,7 @@ from pipeline_lib.config.form import changed_settings, form_sections
 from pipeline_lib.config.secrets import public_config
 from pipeline_lib.nightly.night_ids import refuse_redo_in_decided_night
 from pipeline_lib.nightly.retention import retention_note
-from pipeline_lib.stages import SPECS, parse_stages, stage_done
+from pipeline_lib.stages import SPECS, UpstreamMissing, parse_stages, stage_done, unmet_upstream
 from pipeline_lib.storage import RunPaths, read_manifest
 
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections
@@ -41,16 +41,6 @@ class StageFailed(RuntimeError):
     """Names the failed stage first, so the UI, the CLI summary and the webhook can all say which."""
 
     log_without_traceback = True  # our one-line message: the engine's traceback of this frame says nothing more
-
-
-def _upstream_missing(stage: str, states: dict, paths: RunPaths) -> list[str]:
-    missing = []
-    for up in SPECS[stage].upstream:
-        if states.get(up, {}).get("state") in ("completed", "cached"):
-            continue
-        if read_manifest(paths.stage_uri(up), paths.endpoint_url) is None:
-            missing.append(up)
-    return missing
 
 
 # validate_parameters=False: the sections arrive as the form sent them (only the fields given) and are
@@ -120,14 +110,11 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     if overview.settings is not None:
         logger.info(overview.settings_line())
     _refuse_bad_sft_inputs(cfg, wanted, run_id, overview)
+    unmet = unmet_upstream(paths, list(wanted))
+    if unmet:
+        raise UpstreamMissing(unmet)
     for stage in wanted:
         entry = summary["stages"].setdefault(stage, {"stage_uri": paths.stage_uri(stage)})
-        missing = _upstream_missing(stage, summary["stages"], paths)
-        if missing:
-            entry.update(state="missing", note=f"needs {missing} first")
-            logger.warning(f"{stage}: not run, needs {missing}")
-            overview.not_run(stage, entry["note"])
-            continue
         started = time.time()
         if stage_done(cfg, paths, stage)[0]:
             # Finished in an earlier attempt (a UI Retry, a resume): not redone, and shown so. Not through the stage's

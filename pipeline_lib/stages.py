@@ -169,6 +169,32 @@ def upstream_manifests(paths: RunPaths, stage: str) -> dict[str, Manifest]:
     return {up: m for up, m in found.items() if m is not None}
 
 
+def unmet_upstream(paths: RunPaths, stages: list[str]) -> str | None:
+    """Why `stages`, run in this order on this run, cannot all run: a stage whose required upstream is neither
+    earlier in `stages` nor finished in the run (its manifest). None when every stage can run. Checked before
+    anything runs, so that `--stages pretrain` on a run without data ends as an error, not as "done"."""
+    earlier: list[str] = []
+    for stage in stages:
+        for up in SPECS[stage].upstream:
+            if up in earlier or read_manifest(paths.stage_uri(up), paths.endpoint_url) is not None:
+                continue
+            return (f"--stages {','.join(stages)}: stage '{stage}' reads the '{up}' stage's output, and run "
+                    f"{paths.run_id} has no finished '{up}' stage (no manifest in {paths.stage_uri(up)}). "
+                    f"Fix: run it too (--stages {','.join(_with_upstream(stages))}), or give --run-id of a run "
+                    f"whose '{up}' stage finished")
+        earlier.append(stage)
+    return None
+
+
+def _with_upstream(stages: list[str]) -> list[str]:
+    """`stages` and every stage they need, in the table's order."""
+    need = set(stages)
+    for name in reversed(list(SPECS)):
+        if name in need:
+            need.update(SPECS[name].upstream)
+    return [name for name in SPECS if name in need]
+
+
 def run_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, *, log=print, progress=None,
               force: bool = False, work: Callable[[StageRun], StageOutput] | None = None,
               **options) -> tuple[Manifest, bool]:

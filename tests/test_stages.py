@@ -57,3 +57,17 @@ def test_a_row_naming_a_function_that_does_not_exist_fails_naming_the_entry(monk
     monkeypatch.setitem(stages.SPECS, "data", bad)
     with pytest.raises(AttributeError, match=r"'pipeline_lib.key_figures:no_such_figures'.*Fix: name an existing"):
         stages.key_figures("data", {"tokens": 1})
+
+
+def test_unmet_upstream_names_the_stage_the_run_lacks_and_the_fix(tmp_path):
+    from pipeline_lib.storage import Manifest, RunPaths, write_manifest
+
+    paths = RunPaths(str(tmp_path), "r1")
+    assert stages.unmet_upstream(paths, ["data", "pretrain", "evaluate"]) is None  # data runs first
+    why = stages.unmet_upstream(paths, ["pretrain"])
+    assert "stage 'pretrain' reads the 'data' stage's output" in why and "run r1 has no finished 'data'" in why
+    assert "--stages data,pretrain" in why
+    assert "--stages data,pretrain,sft,export" in stages.unmet_upstream(paths, ["export"])
+    write_manifest(paths.stage_uri("data"), Manifest("data", "r1", "h"))
+    assert stages.unmet_upstream(paths, ["pretrain", "evaluate"]) is None  # data finished earlier in the run
+    assert "'sft' stage" in stages.unmet_upstream(paths, ["export"])

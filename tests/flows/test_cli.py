@@ -134,3 +134,15 @@ def test_run_turns_the_collector_back_on_however_it_ends(tmp_path, monkeypatch):
     assert gc.isenabled()
     assert cli.main(["run", str(tmp_path / "missing.yaml")]) == 2
     assert gc.isenabled()
+
+
+def test_run_of_a_stage_whose_upstream_the_run_lacks_exits_2_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """`run CONFIG --run-id NEW --stages pretrain` once said "done" with pretrain "missing" and exit 0."""
+    from flows.cli import run_main
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # never reached: refused before the flow
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "pipelines", "tiny-cpu.yaml")
+    assert run_main([config, f"run.output_root={tmp_path}", "--run-id", "fresh", "--stages", "pretrain"]) == 2
+    err = capsys.readouterr().err
+    assert "run fresh has no finished 'data' stage" in err and "--stages data,pretrain" in err
+    assert not (tmp_path / "fresh").exists()
