@@ -15,6 +15,7 @@ from ..config.errors import ConfigError, ConfigIssue
 from ..config.schema import PipelineConfig
 from ..config.validate import check
 from .filters import filter_issues
+from .hang_limit import hang_limit_issues
 from .inputs import check_inputs
 from .token_ids import token_id_issues
 
@@ -23,10 +24,13 @@ def problems(cfg: PipelineConfig, stages: Iterable[str] | None = None, *, for_ru
              check_remote: bool = True) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
     """check_remote: list s3:// inputs on the endpoint (a run does; `validate` only with --check-remote)."""
     errors = check(cfg, for_run=for_run) + token_id_issues(cfg) + filter_issues(cfg)
+    trains = stages is None or bool({"pretrain", "sft"} & set(stages))
+    hang_errors, hang_warnings = hang_limit_issues(cfg) if trains else ([], [])
+    errors += hang_errors
     if not for_run:  # a plan is checked for another machine: its files are not here
-        return errors, []
+        return errors, hang_warnings
     input_errors, warnings = check_inputs(cfg, stages, check_remote)
-    return errors + input_errors, warnings
+    return errors + input_errors, hang_warnings + warnings
 
 
 def refuse_bad_config(cfg: PipelineConfig, stages: Iterable[str] | None = None) -> list[ConfigIssue]:

@@ -411,6 +411,7 @@ class TrainingSession:
                 tick.upload_metrics()
                 self._after_hang(err, done)
                 latest = manager.latest()
+                self._say_hang_resume(err.report, latest, done)
                 continue
             except GuardTripped as err:
                 latest = self._after_guard(err, done, rollback, steps_per_epoch)
@@ -451,6 +452,18 @@ class TrainingSession:
                     docs[doc["origin"]]["steps"].append(trip["step"])
         write_json(path, {"stage": self.stage, "trips": trips, "documents": list(docs.values())})
 
+    def _say_hang_resume(self, report: dict, latest: dict | None, done: Trained) -> None:
+        """The terminal's line that a hang was declared and training goes on, and the step it resumes from (the
+        manifest's resumed_from_step: the first resume of this stage run, when it did not already resume)."""
+        at = latest["step"] if latest else None
+        if done.resumed_from_step is None and at is not None:
+            done.resumed_from_step = at
+        self.log(f"{self.stage}: WARNING training hung after step {report.get('step')} (ranks "
+                 f"{report.get('first_ranks')} stopped first; no step finished for {report.get('idle_s')} s, limit "
+                 f"{report.get('limit_s')} s: {report.get('limit_why')}); the trainer tree was killed and training resumes " +
+                 (f"from the checkpoint of step {at}" if at is not None else "from the start (no verified checkpoint)")
+                 + f". Stacks of every rank: {report.get('stacks')}")
+
     def _after_hang(self, err: TrainingHang, done: Trained) -> None:
         """Record the hang in hang.json; raise it (not retryable) when it repeats a step or there were too many."""
         path = self.out / HANG_FILE
@@ -468,8 +481,6 @@ class TrainingSession:
             err.args = (f"{self.stage}: training hung and is not resumed: {why}; see {path} and the stacks in "
                         f"{report.get('stacks')}\n{err}",)
             raise err
-        self.log(f"{self.stage}: training hung after step {step} (ranks {report.get('first_ranks')} stopped first); "
-                 f"stacks in {report.get('stacks')}; resuming from the last verified checkpoint")
 
     def _after_guard(self, err: GuardTripped, done: Trained, rollback: GuardConfig | None,
                      steps_per_epoch: int) -> dict:

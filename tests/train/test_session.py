@@ -200,8 +200,11 @@ def test_a_hang_is_resumed_once_per_step_and_a_second_at_the_same_step_is_not_re
         return TrainingHang(line, result, {"step": step, "first_ranks": [1], "stacks": "s.txt"})
 
     done.attempts = 1
-    session._after_hang(hang(3), done)  # resumed: logged, nothing raised
-    assert "pretrain: training hung after step 3 (ranks [1] stopped first)" in lines[-1]
+    session._after_hang(hang(3), done)  # resumed: nothing raised, said on the terminal (a warning)
+    session._say_hang_resume(hang(3).report, {"step": 2}, done)
+    assert lines[-1].startswith("pretrain: WARNING training hung after step 3 (ranks [1] stopped first")
+    assert "resumes from the checkpoint of step 2. Stacks of every rank: s.txt" in lines[-1]
+    assert done.resumed_from_step == 2  # the manifest's resumed_from_step
     done.attempts = 2
     session._after_hang(hang(5), done)  # another step: resumed again
     # a later stage run (the Prefect retry) of the same run reads hang.json: step 5 again is not resumed
