@@ -174,7 +174,14 @@ class DecontaminationConfig(_Section):
         13, ge=5, le=1000,
         description="Window length in tokens: one token per CJK character, one per word or number of other text "
         "(punctuation and spaces are not tokens; both sides NFKC-folded and lowercased). 13 = 13 CJK characters or "
-        "13 English words. Shorter shared spans are kept; an evaluation text shorter than this cannot be matched.")
+        "13 English words. Shorter spans shared with a longer evaluation text are kept; a record's strings are also "
+        "joined (a question and its choices) and matched as one text.")
+    min_tokens: int = Field(
+        8, ge=1, le=1000,
+        description="An evaluation text shorter than `ngram` tokens but at least this long (a short question or "
+        "answer) is matched whole: a document holding its tokens in a row is contaminated (a record's joined strings or its "
+        "only string, not one choice of several). Shorter texts (a one-word "
+        "answer) are not matched: they occur in ordinary text. At least `ngram`: no text is matched whole.")
     files: list[InputPath] = Field(
         default_factory=list, validate_default=True, json_schema_extra=identity("data", by="contents"),
         description="More evaluation files to hold out (jsonl; every string value of a record but `id` is "

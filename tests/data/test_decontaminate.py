@@ -184,3 +184,38 @@ def test_an_evaluation_line_100k_brackets_deep_or_over_max_line_bytes_is_refused
         deep = {"next": deep}
     ref.write_text(json.dumps(deep) + "\n")
     assert build_eval_ngrams(cfg, None)[1][0]["texts"] == 1
+
+
+def test_short_items_are_held_out_joined_or_whole_and_a_lone_choice_or_short_answer_is_not(tmp_path):
+    """Evaluation texts under the 13-token window were never protected. Known answers on one multiple-choice item
+    (a 10-character question, three choices of 4-9 characters) and a 9-token English prompt:
+    - question then choices, as a benchmark page prints them: contaminated (the joined record's windows);
+    - the 9-token prompt alone, inside a document: contaminated (matched whole, >= min_tokens=8);
+    - 7 of its 9 tokens, one choice alone (a domain phrase), a 2-token answer: kept."""
+    task = write_jsonl(tmp_path / "task.jsonl", [])
+    task.write_text(json.dumps({"id": "q1", "lang": "zh", "question": "接头过热最好用什么检测？",
+                                "choices": ["红外测温仪器", "清扫积尘", "设备已停电并挂接地线"], "answer": 0},
+                               ensure_ascii=False) + "\n", encoding="utf-8")
+    prompt = tmp_path / "prompts.jsonl"
+    prompt.write_text(json.dumps({"prompt": "how often should the relay protection settings be checked"}) + "\n")
+    cfg = make_cfg(tmp_path)
+    cfg.evaluate.reference_sets, cfg.evaluate.prompt_files = [], [str(prompt)]
+    cfg.data.decontamination.files = [str(task)]
+    evals, summary = build_eval_ngrams(cfg, None)
+    assert sorted(evals.short) == [9] and summary[-1]["short_texts"] == 0  # the prompt (9 tokens) is matched whole
+    rng = random.Random(5)
+    docs = {
+        "page": _inside(rng, "接头过热最好用什么检测？红外测温仪器、清扫积尘、设备已停电并挂接地线"),
+        "prompt": random_doc(rng, zh=False) + " How often should the relay-protection settings be checked? ",
+        "seven": random_doc(rng, zh=False) + " the relay protection settings be checked often ",
+        "choice": _inside(rng, "检修前确认设备已停电并挂接地线"),
+        "answer": _inside(rng, "红外测温"),
+    }
+    path = tmp_path / "ngrams.npz"
+    evals.save(path)
+    for table in (evals, EvalNgrams.load(path)):  # what every shard worker loads
+        found, _ = table.find(token_arrays([dedup_form(d) for d in docs.values()]), len(docs))
+        got = {name: table.files[f] if f >= 0 else None for name, f in zip(docs, found)}
+        assert got == {"page": str(task), "prompt": str(prompt), "seven": None, "choice": None, "answer": None}
+    cfg.data.decontamination.min_tokens = 13  # at least ngram: nothing matched whole
+    assert build_eval_ngrams(cfg, None)[0].short == {}
