@@ -32,7 +32,7 @@ from ..config.schema import PipelineConfig
 from ..stages import stage_checks
 from ..storage import LongLine, store_for
 from ..storage.bounded import DEFAULT_MAX_LINE, bounded_lines
-from ..storage.input_files import NoInputFiles, kind_of, list_inputs
+from ..storage.input_files import NoInputFiles, kind_of, list_inputs, open_arrow
 
 S3_CONNECT_TIMEOUT_S = 2.0
 SAMPLE_BYTES = 2 << 20      # characters are counted on about this much text ...
@@ -234,6 +234,16 @@ def _file_texts(path: str, kind: str | None, text_field: str, max_line: int):
         except (KeyError, ValueError, OSError, IndexError):
             return
         return
+    if kind == "arrow":
+        try:
+            schema, batches = open_arrow(path)
+            if text_field not in schema.names:  # named by parquet_text_columns
+                return
+            for batch in batches:
+                yield from (v for v in batch.column(text_field).to_pylist() if isinstance(v, str))
+        except (KeyError, ValueError, OSError, IndexError):
+            return
+        return
     for line in bounded_lines(path, field="data.inputs", max_line=max_line):
         if not isinstance(line, LongLine):  # a line over data.max_line_bytes: read past, as the stage does
             try:
@@ -262,16 +272,17 @@ def parquet_text_columns(c: InputChecks) -> None:
     except ValueError:  # a missing input is already an error of its own
         return
     for uri, _ in files:
-        if kind_of(uri) != "parquet":
+        kind = kind_of(uri)
+        if kind not in ("parquet", "arrow"):
             continue
         try:
-            schema = pq.ParquetFile(uri).schema_arrow
+            schema = pq.ParquetFile(uri).schema_arrow if kind == "parquet" else open_arrow(uri)[0]
         except (OSError, ValueError) as err:
-            c.errors.append(ConfigIssue("data.inputs", uri, f"not a readable parquet file ({type(err).__name__})",
+            c.errors.append(ConfigIssue("data.inputs", uri, f"not a readable {kind} file ({type(err).__name__})",
                                         "re-create the file, or remove it from data.inputs"))
             continue
         if field not in schema.names:
-            c.errors.append(ConfigIssue("data.text_field", field, f"parquet file {uri} has no such column (columns: "
+            c.errors.append(ConfigIssue("data.text_field", field, f"{kind} file {uri} has no such column (columns: "
                                         f"{schema.names[:20]})", "set data.text_field to the column holding the text"))
         elif not (pa.types.is_string(schema.field(field).type) or pa.types.is_large_string(schema.field(field).type)):
             c.errors.append(ConfigIssue("data.text_field", field, f"column is {schema.field(field).type} in {uri}, "

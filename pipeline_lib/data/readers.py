@@ -1,4 +1,4 @@
-"""Stream the records of one shard: jsonl (plain or gzip) and parquet, local or s3://.
+"""Stream the records of one shard: jsonl (plain or gzip), parquet and Arrow IPC (.arrow), local or s3://.
 
 Nothing is downloaded whole: plain jsonl shards are byte ranges (a local seek, or an S3 ranged
 GET streamed line by line) of the input file or, for a split gzip file, of one of its decompressed
@@ -27,7 +27,7 @@ import zlib
 from typing import Iterator
 
 from ..storage import LongLine, iter_lines, store_for
-from ..storage.input_files import open_parquet
+from ..storage.input_files import open_arrow, open_parquet
 from .errors import DataStageError
 
 Record = tuple  # (line_or_row, text | None, reason | None, raw bytes | str | None, fields dict)
@@ -138,25 +138,47 @@ def _plain(value):
     return value
 
 
-def _parquet_records(spec, text_field: str, batch_size: int, endpoint_url,
-                     fields: tuple[str, ...]) -> Iterator[Record]:
+def _text_column(schema, spec, text_field: str, fields: tuple[str, ...], what: str) -> list[str]:
+    """The carried columns present in a columnar file, after checking its text column (named errors)."""
     import pyarrow as pa
 
-    pf = open_parquet(spec.uri, endpoint_url)
-    names = pf.schema_arrow.names
+    names = schema.names
     if text_field not in names:
-        raise DataStageError("data.text_field", text_field, f"parquet file {spec.uri} has no such column "
+        raise DataStageError("data.text_field", text_field, f"{what} file {spec.uri} has no such column "
                              f"(columns: {names})", "set data.text_field to the column holding the text")
-    kind = pf.schema_arrow.field(text_field).type
+    kind = schema.field(text_field).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise DataStageError("data.text_field", text_field, f"column is {kind} in {spec.uri}, not a string",
                              "point data.text_field at a string column")
-    row = spec.first
+    return [f for f in dict.fromkeys(fields) if f in names and f != text_field]  # columns present only
+
+
+def _parquet_records(spec, text_field: str, batch_size: int, endpoint_url,
+                     fields: tuple[str, ...]) -> Iterator[Record]:
+    pf = open_parquet(spec.uri, endpoint_url)
+    extra = _text_column(pf.schema_arrow, spec, text_field, fields, "parquet")
     groups = list(range(spec.start, spec.end))
     if not groups:
         return
-    extra = [f for f in dict.fromkeys(fields) if f in names and f != text_field]  # columns present only
-    for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=[text_field, *extra]):
+    batches = pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=[text_field, *extra])
+    yield from _column_records(batches, spec.first, text_field, extra)
+
+
+def _arrow_records(spec, text_field: str, endpoint_url, fields: tuple[str, ...]) -> Iterator[Record]:
+    import pyarrow as pa
+
+    try:
+        schema, batches = open_arrow(spec.uri, endpoint_url)
+    except pa.ArrowInvalid as err:
+        raise DataStageError("data.inputs", spec.uri, f"not a readable Arrow IPC file ({err})",
+                             "re-create it (Hugging Face: Dataset.save_to_disk) or remove it from data.inputs") from None
+    extra = _text_column(schema, spec, text_field, fields, "arrow")
+    yield from _column_records(batches, spec.first, text_field, extra)
+
+
+def _column_records(batches, first: int, text_field: str, extra: list[str]) -> Iterator[Record]:
+    row = first
+    for batch in batches:
         values = {f: batch.column(f).to_pylist() for f in extra}
         for i, text in enumerate(batch.column(text_field).to_pylist()):
             found = {f: _plain(v[i]) for f, v in values.items() if v[i] is not None}
@@ -179,6 +201,7 @@ def iter_shard_batches(spec, text_field: str, batch_size: int, endpoint_url: str
     its first `head` bytes as raw (see the module docstring)."""
     fields = tuple(fields)
     records = (_parquet_records(spec, text_field, batch_size, endpoint_url, fields) if spec.kind == "parquet"
+               else _arrow_records(spec, text_field, endpoint_url, fields) if spec.kind == "arrow"
                else _jsonl_records(spec, text_field, endpoint_url, fields, max_line, head))
     batch = []
     for rec in records:

@@ -186,6 +186,8 @@ def plan_shards(files: list[tuple[str, str]], docs_per_shard: int | None, endpoi
                         add(uri, label, "jsonl", 0, size, first, source)
             else:
                 add(uri, label, kind, 0, None, 1)
+        elif kind == "arrow":  # batches are not addressable without reading the ones before: a file is a shard
+            add(uri, label, kind, 0, None, 0)
         else:
             meta = open_parquet(uri, endpoint_url).metadata
             group, rows, size, first = 0, 0, 0, 0

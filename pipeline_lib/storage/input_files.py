@@ -3,7 +3,9 @@
 - `list_inputs(entries, field=...)`: files, folders, s3:// prefixes (read as folders) and globs, local
   or s3:// (`*`, `?`, `[...]` within one path segment, `**` any depth), all listed by
   store.list_matching; kept are files ending .jsonl, .json (one JSON object per line), .jsonl.gz,
-  .json.gz or .parquet (`kind_of`), in config order and sorted within each entry, without repeats.
+  .json.gz, .parquet or .arrow (`kind_of`; Arrow IPC, what Hugging Face `save_to_disk` writes: its folder's
+  metadata, state.json / dataset_info.json / dataset_dict.json beside the .arrow files, is not input), in config
+  order and sorted within each entry, without repeats.
   Symbolic links met inside folders and globs are skipped unless `follow_symlinks` (data.follow_symlinks;
   LocalStore.glob), and a link loop is listed once.
   Relative local paths start at the working directory (the config resolves its paths to absolute
@@ -31,7 +33,9 @@ class NoInputFiles(PicklableError, ValueError):
 
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl.gz", ".json.gz": "jsonl.gz",
-            ".parquet": "parquet"}
+            ".parquet": "parquet", ".arrow": "arrow"}
+# what a Hugging Face `save_to_disk` folder holds beside its .arrow files (Dataset and DatasetDict): not records
+HF_METADATA = frozenset({"state.json", "dataset_info.json", "dataset_dict.json"})
 
 
 def kind_of(uri: str) -> str | None:
@@ -43,7 +47,9 @@ def kind_of(uri: str) -> str | None:
 
 
 def _expand(entry: str, endpoint_url: str | None, follow_symlinks: bool) -> list[str]:
-    return [u for u in list_matching(entry, endpoint_url, follow_symlinks) if kind_of(u)]
+    found = [u for u in list_matching(entry, endpoint_url, follow_symlinks) if kind_of(u)]
+    arrow_dirs = {u.rsplit("/", 1)[0] for u in found if kind_of(u) == "arrow"}
+    return [u for u in found if not (u.rsplit("/", 1)[-1] in HF_METADATA and u.rsplit("/", 1)[0] in arrow_dirs)]
 
 
 def find_inputs(inputs: list[str], endpoint_url: str | None = None, follow_symlinks: bool = False) -> list[list[str]]:
@@ -70,7 +76,7 @@ def list_inputs(inputs: list[str], endpoint_url: str | None = None,
     uris: list[str] = []
     for i, (entry, found) in enumerate(zip(inputs, find_inputs(inputs, endpoint_url, follow_symlinks))):
         if not found:
-            raise NoInputFiles(f"{field}[{i}]", entry, "matches no .jsonl, .jsonl.gz or .parquet file",
+            raise NoInputFiles(f"{field}[{i}]", entry, "matches no .jsonl, .jsonl.gz, .parquet or .arrow file",
                                "check the path or glob (relative paths start at the working directory) "
                                "or the s3:// prefix or glob (s3://bucket/prefix/, s3://bucket/prefix/*.jsonl.gz)")
         uris += [u for u in found if u not in uris]
@@ -82,3 +88,19 @@ def open_parquet(uri: str, endpoint_url: str | None = None):
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(store_for(uri, endpoint_url).open_seekable(uri))
+
+
+def open_arrow(uri: str, endpoint_url: str | None = None):
+    """A pyarrow reader of an Arrow IPC file's record batches: the stream format (Hugging Face `save_to_disk`,
+    read as it streams) or the file format (Feather v2, `ARROW1` magic: read through ranged reads)."""
+    import pyarrow as pa
+
+    store = store_for(uri, endpoint_url)
+    fh = store.open_seekable(uri)
+    if fh.read(6) == b"ARROW1":
+        fh.seek(0)
+        reader = pa.ipc.open_file(fh)
+        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+    fh.seek(0)
+    reader = pa.ipc.open_stream(fh)
+    return reader.schema, iter(reader)

@@ -34,7 +34,7 @@ from ..config.load import is_utf8_text
 from ..model.chat_template import Turn
 from ..storage import LongLine
 from ..storage.bounded import DEFAULT_MAX_LINE, bounded_lines
-from ..storage.input_files import NoInputFiles, kind_of, list_inputs, open_parquet
+from ..storage.input_files import NoInputFiles, kind_of, list_inputs, open_arrow, open_parquet
 
 ROLES = ("system", "user", "assistant")
 REASONS = ("empty_line", "bad_utf8", "bad_json", "not_an_object", "unknown_shape", "field_not_string",
@@ -80,10 +80,11 @@ def _parse_jsonl_line(raw: bytes) -> tuple[dict | None, str | None]:
 
 def _iter_file(uri: str, label: str, endpoint_url: str | None, max_line: int) -> Iterator[RawRecord]:
     kind = kind_of(uri)
-    if kind == "parquet":
-        pf = open_parquet(uri, endpoint_url)
+    if kind in ("parquet", "arrow"):
+        batches = open_parquet(uri, endpoint_url).iter_batches(batch_size=1000) if kind == "parquet" else \
+            open_arrow(uri, endpoint_url)[1]
         row = 0
-        for batch in pf.iter_batches(batch_size=1000):
+        for batch in batches:
             for obj in batch.to_pylist():  # list<struct> columns come back as lists of dicts
                 yield RawRecord(f"{label}:{row}", uri, row, obj)
                 row += 1

@@ -575,3 +575,25 @@ def test_outputs_do_not_depend_on_shard_size_and_a_split_gzip_input_equals_its_p
     assert _outputs(tiny) == want
     assert _outputs(split, rename=("tiny_corpus.jsonl.gz", "tiny_corpus.jsonl")) == want
     assert not (stage_dir(split) / "shards").exists()  # the decompressed chunks went with the work files
+
+
+def test_a_hugging_face_save_to_disk_folder_is_read_as_input_and_its_metadata_is_not(tmp_path):
+    """`Dataset.save_to_disk` (the datasets library itself: Arrow IPC stream shards beside state.json and
+    dataset_info.json) given as a folder: every row is a record, carried columns kept, the metadata files are not
+    read as jsonl input (they were not found at all: .arrow was no input kind)."""
+    datasets = pytest.importorskip("datasets")
+    zh = [json.loads(x)["text"] for x in TINY.read_text(encoding="utf-8", errors="replace").splitlines()
+          if x.endswith('"source": "tiny"}') and '"lang": "zh"' in x][:120]
+    folder = tmp_path / "hf"
+    datasets.Dataset.from_dict({"text": zh, "doc_id": [f"H{i}" for i in range(len(zh))],
+                                "lang": ["zh"] * len(zh)}).save_to_disk(str(folder), num_shards=2)
+    assert sorted(p.name for p in folder.iterdir()) == ["data-00000-of-00002.arrow", "data-00001-of-00002.arrow",
+                                                        "dataset_info.json", "state.json"]
+    cfg = make_cfg(tmp_path, inputs=[str(folder)], id_field="doc_id", keep_fields=["lang"])
+    manifest = run(cfg, workers=1)
+    docs = {d["origin"]: d for d in cleaned_docs(stage_dir(cfg))}
+    stats = json.loads((stage_dir(cfg) / "stats.json").read_text())
+    assert stats["total"]["read"] == len(zh) and stats["shards"] == 2 and manifest.metrics["kept"] == len(docs) > 100
+    first = docs["data-00000-of-00002.arrow:0"]
+    assert first["id"] == "H0" and first["text"] == zh[0] and first["meta"] == {"lang": "zh"}
+    assert docs["data-00001-of-00002.arrow:0"]["id"] == "H60"  # the second shard's rows, numbered from 0
