@@ -25,4 +25,4 @@ def test_an_entry_matching_nothing_names_the_field_the_user_set(tmp_path):
     with pytest.raises(NoInputFiles) as err:
         list_inputs([str(tmp_path / "notes.txt"), str(tmp_path)], field="sft.inputs")
     assert err.value.field == "sft.inputs[0]" and isinstance(err.value, ValueError)
-    assert "matches no .jsonl, .jsonl.gz or .parquet file. Fix: check the path" in str(err.value)
+    assert "matches no .jsonl, .jsonl.gz, .parquet or .arrow file. Fix: check the path" in str(err.value)
