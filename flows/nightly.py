@@ -274,7 +274,7 @@ def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided
         notify_night(secret_value(cfg.orchestration.failure_webhook_url), {
             "flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Held", "message": message,
             "failed": [{k: r[k] for k in ("metric", "promoted", "candidate", "change", "budget")}
-                       for r in verdict.failed]})
+                       for r in verdict.failed]}, cfg.orchestration.webhook_format)
     return Completed(name=name, message=message, data=data)
 
 
@@ -310,7 +310,7 @@ def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: di
                             *[f"| {u} | {s} |" for u, s in sorted(files.items())], "", footer]))
     payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": name,
                "message": message, "new_files": len(files), "counts": found}
-    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
+    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload, cfg.orchestration.webhook_format)
     return Completed(name=name, message=message, data={"run_id": run_id, "new_files": len(files),
                                                                "files": sorted(files), "no_new_data": found, "notice": payload})
 
@@ -332,7 +332,7 @@ def _ask_about_quarantined(cfg, run_id: str, state: dict) -> None:
         get_run_logger().warning(message)
         notify_night(secret_value(cfg.orchestration.failure_webhook_url), {
             "flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Quarantined",
-            "message": message, "files": files})
+            "message": message, "files": files}, cfg.orchestration.webhook_format)
 
 
 def _quarantined(cfg, state: dict, files: dict[str, int], run_id: str, why: str):
@@ -346,6 +346,6 @@ def _quarantined(cfg, state: dict, files: dict[str, int], run_id: str, why: str)
     get_run_logger().warning(message)
     payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Quarantined",
                "message": message, "files": sorted(files)}
-    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
+    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload, cfg.orchestration.webhook_format)
     return Completed(name="Quarantined", message=message, data={"run_id": run_id, "new_files": len(files),
                                                                  "files": sorted(files), "notice": payload})
