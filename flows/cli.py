@@ -417,7 +417,23 @@ def deploy_main(argv: list[str]) -> int:
                       "(orchestration.nightly_cron, orchestration.timezone)")
         if code == 0 and (not argv or any("nightly" in a for a in argv)):
             code = _nightly_automations(doc)
+        if code == 0:
+            _after_deploy(doc)
         return code
+
+
+def _after_deploy(doc: dict) -> None:
+    """Upcoming nights named nightly/<date> (flows/night_names.py); pools no worker polls named (Not Ready)."""
+    from deployments import pools_without_workers
+    from flows.night_names import name_deployed_nights
+
+    night = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":nightly"))
+    try:
+        for sched in night.get("schedules") or []:
+            name_deployed_nights(f"nightly-pretrain/{night['name']}", sched["timezone"])
+        pools_without_workers(doc)
+    except Exception as err:  # noqa: BLE001 (the deployments are made: names and notes are extras)
+        print(f"after deploy: {type(err).__name__}: {err}", file=sys.stderr)
 
 
 def _nightly_automations(doc: dict) -> int:

@@ -59,6 +59,7 @@ from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, Train
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections
 from flows.form_types import DataConfig
 from flows.night_changes import publish_night_changes
+from flows.night_names import name_upcoming_nights, rename_this_night
 from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
 from flows.pause_lease import kept_slot_while_paused
@@ -142,10 +143,12 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
     run_date = run_date.isoformat() if isinstance(run_date, dt.date) else run_date
     run_date = run_date or night_date(cfg.orchestration.timezone)
     run_id = _night_id(run_date)
+    name_upcoming_nights(cfg.orchestration.timezone, logger.warning)  # the one the scheduler added: nightly/<date>
     try:
         with night_lock(cfg, run_id, logger.info):  # taken before listing: two nights never take the same files
             run_id, why = night_run_id(cfg, load_state(cfg), run_id)  # a decided night is never rerun in place
             logger.info(why)
+            rename_this_night(run_id, logger.warning)  # nightly/<date>-2: runs of one date told apart
             state = _night(cfg, run_id, dispatch)
             after_night(cfg, run_id, logger)  # nightly.retention: bounded disk (a failure is only a warning)
     except NightBusy as busy:
