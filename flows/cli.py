@@ -11,7 +11,7 @@
   llm-pipeline nightly status CONFIG                  per raw file what became of it; what asks for a person
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
-  llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE]   what changed from run A to run B (markdown)
+  llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE] [--markdown]   what changed from run A to run B
   llm-pipeline gc CONFIG [--dry-run] [key=value ...]   remove what nightly.retention does not keep; prints what it frees
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
