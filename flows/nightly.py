@@ -182,7 +182,7 @@ def _night(cfg, run_id: str, dispatch: bool):
     stages = [s for s, spec in SPECS.items() if spec.nightly]
     run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
-    if not run.is_completed():
+    if not run.is_completed() or run.name in ("NoNewData", "NoUsableData"):  # the chain ends so on a night's data
         found = no_new_documents(night_cfg, run_id)
         if found is None:
             if (why := data_failure(night_cfg, run_id)) is not None:  # the files' fault: not tomorrow's problem
@@ -195,7 +195,7 @@ def _night(cfg, run_id: str, dispatch: bool):
     if decision == "ask":
         decision, decided_by = _ask(cfg, run_id, verdict)
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
-    publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
+    publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id, verdict.to_json())
     if decision == "promoted":  # its documents are "seen before" from now on; a held night's never enter the index
         publish_night_documents(cfg, run_id)
     after = commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
