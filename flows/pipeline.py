@@ -33,7 +33,7 @@ from flows.form_types import DataConfig
 from flows.notify import notify_failure
 from flows.run_history import earlier_flow_runs, finished_in, flow_run_name, task_run_link, ui_link
 from flows.stage_flows import stage_flow
-from tasks.overview import RunOverview
+from tasks.overview import RunOverview, tensorboard_command
 from tasks.stage_task import cached_stage
 from tasks.terminal import SHOW
 
@@ -107,6 +107,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     earlier_runs = earlier_flow_runs(run_id, flow_run.id)
     earlier = [(r.name, r.state_name or "", ui_link(r.id)) for r in earlier_runs]
     overview = RunOverview(paths, list(wanted), earlier=earlier)
+    overview.tensorboard = tensorboard_command(cfg, list(wanted))  # the loss curves, linked from the overview
     overview.settings = _changed_from_deployment(resolved, deployed)
     if overview.settings is not None:
         logger.info(overview.settings_line())
