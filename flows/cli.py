@@ -415,21 +415,22 @@ def deploy_main(argv: list[str]) -> int:
             for sched in dep.get("schedules") or []:
                 print(f"{dep['name']}: scheduled `{sched['cron']}` in time zone {sched['timezone']} "
                       "(orchestration.nightly_cron, orchestration.timezone)")
-        if code == 0 and (not argv or any("nightly" in a for a in argv)):
+        nightly = not argv or any("nightly" in a for a in argv)
+        if code == 0 and nightly:
             code = _nightly_automations(doc)
         if code == 0:
-            _after_deploy(doc)
+            _after_deploy(doc, nightly)
         return code
 
 
-def _after_deploy(doc: dict) -> None:
+def _after_deploy(doc: dict, nightly: bool) -> None:
     """Upcoming nights named nightly/<date> (flows/night_names.py); pools no worker polls named (Not Ready)."""
     from deployments import pools_without_workers
     from flows.night_names import name_deployed_nights
 
     night = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":nightly"))
     try:
-        for sched in night.get("schedules") or []:
+        for sched in (night.get("schedules") or []) if nightly else []:
             name_deployed_nights(f"nightly-pretrain/{night['name']}", sched["timezone"])
         pools_without_workers(doc)
     except Exception as err:  # noqa: BLE001 (the deployments are made: names and notes are extras)
