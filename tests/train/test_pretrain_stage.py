@@ -38,6 +38,7 @@ import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -51,6 +52,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pretrain_fixtures import free_port, new_run  # noqa: E402
 
+from pipeline_lib.runtime.env import subprocess_env  # noqa: E402
 from pipeline_lib.storage import read_manifest  # noqa: E402
 from pipeline_lib.train.checkpoints import InsufficientDiskError  # noqa: E402
 from pipeline_lib.train.launch import GuardTripped  # noqa: E402
@@ -406,7 +408,9 @@ def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
     assert any(f"resuming at data step {resumed} (optimizer step {resumed}) of 16" in ln for ln in o.lines)
     resume_yaml = (o.out / "run_resume.yaml").read_text()
     name = Path(o.extra["latest_before"]["path"]).name
-    assert f"resume_training: {name}" in resume_yaml and f"load_checkpoint: {o.out / 'checkpoint'}" in resume_yaml
+    # resumed from the weights + optimizer files joined into one (train.checkpoint_split), removed once trained
+    assert f"resume_training: {name}" in resume_yaml and f"load_checkpoint: {o.out / 'checkpoint_resume'}\n" in resume_yaml
+    assert not (o.out / "checkpoint_resume").exists()
     # the rerun's own metric records continue the step count after the checkpoint
     rerun = [r for r in read_metrics(o.out / "metrics.jsonl") if r["time"] >= o.extra["rerun_started"]]
     assert [r["step"] for r in rerun] == list(range(resumed + 1, 17))
@@ -431,6 +435,29 @@ def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
     assert sorted(a) == sorted(b) and len(a) == 2 * 9 + 3
     for name in a:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_a_checkpoint_is_a_weights_file_and_an_optimizer_file_that_mindspore_reads(outcomes):
+    """What mindspore.load_checkpoint reads from each part of the final checkpoint of a real run: the weights file has
+    the model's parameters and nothing of the optimizer, the optimizer file the AdamW moments of every one of them
+    and the step counters; the weights-only hand-off is the weights file itself (linked, not rewritten)."""
+    from pipeline_lib.train.checkpoint_split import optimizer_file
+
+    o = outcomes["reference"]
+    m = _ok(o).metrics
+    latest = Path(m["latest_checkpoint"])
+    code = ("import json, sys, mindspore as ms\n"
+            "print('NAMES ' + json.dumps([{k: v.asnumpy().reshape(-1)[:1].tolist() for k, v in "
+            "ms.load_checkpoint(p).items()} for p in sys.argv[1:]]))")
+    out = subprocess.run([sys.executable, "-c", code, str(latest), str(optimizer_file(latest))], capture_output=True,
+                         text=True, env=subprocess_env(), timeout=300)
+    weights, state = json.loads(next(ln for ln in out.stdout.splitlines() if ln.startswith("NAMES "))[6:])
+    assert len(weights) == 2 * 9 + 3 and all(k.startswith(("model.", "lm_head.")) for k in weights)
+    assert {f"adam_{x}.{k}" for x in "mv" for k in weights} <= set(state) and not set(weights) & set(state)
+    assert state["global_step"] == [16] and state["step_num"] == [16] and "scale_sense" in state
+    handed = o.out / m["weights_checkpoint"]["path"] if not Path(m["weights_checkpoint"]["path"]).is_absolute() \
+        else Path(m["weights_checkpoint"]["path"])
+    assert handed.stat().st_ino == latest.stat().st_ino
 
 
 def test_nan_at_step_k_stops_at_k_with_diagnosis(outcomes):
