@@ -13,7 +13,10 @@ LoRA SFT (`sft_checkpoint_disk`) runs the same layout and mindformers writes the
 weights included, but AdamW keeps moments only for what it trains: the LoRA factors (rank x (in + out) per target
 projection per layer, counted as if every rank held all of its stage's factors: an upper bound, they are small).
 The split keeps only those factors and their moments (the frozen weights are the base's), so a kept SFT checkpoint
-is megabytes; the whole file mindformers writes lives only until it is split (`splitting`).
+is megabytes; the whole file mindformers writes lives only until it is split (`splitting`). Not under tensor
+parallel (`lora_only_checkpoints`): a rank's frozen weights are then slices, which neither the byte comparison with
+the full base nor a resume (which loads a rank file after compile, unsliced) can take from the base; those SFT
+checkpoints keep the frozen shards (weights + optimizer state in two files, as pretraining's).
 `weights_bytes`: one full file of the model's parameters only (no optimizer state), what a consumer of the trained
 weights needs. `disk_lines` are the figures `llm-pipeline validate` prints.
 Limits: the strategy files and logs (megabytes) are not counted.
@@ -97,13 +100,20 @@ def _rank_lora(cfg: PipelineConfig, rank: int) -> int:
 
 def sft_rank_checkpoint_bytes(cfg: PipelineConfig, rank: int) -> int:
     """Bytes of one kept LoRA SFT checkpoint of `rank`: its stage's LoRA factors and their AdamW moments (the
-    adapter file + its optimizer-state file; see the module docstring)."""
-    return int(_rank_lora(cfg, rank) * (_weight_bytes(cfg) + MOMENT_BYTES))
+    adapter file + its optimizer-state file), plus its frozen weight shard under tensor parallel (see the module
+    docstring)."""
+    lora = int(_rank_lora(cfg, rank) * (_weight_bytes(cfg) + MOMENT_BYTES))
+    return lora if lora_only_checkpoints(cfg) else _rank_weights(cfg, rank) * _weight_bytes(cfg) + lora
+
+
+def lora_only_checkpoints(cfg: PipelineConfig) -> bool:
+    """Whether SFT checkpoints keep only the LoRA factors + their optimizer state (see the module docstring)."""
+    return cfg.parallel.model_parallel == 1
 
 
 def sft_rank_written_bytes(cfg: PipelineConfig, rank: int) -> int:
     """Bytes of the whole file mindformers writes for `rank` before it is split: the frozen weight shard too."""
-    return _rank_weights(cfg, rank) * _weight_bytes(cfg) + sft_rank_checkpoint_bytes(cfg, rank)
+    return _rank_weights(cfg, rank) * _weight_bytes(cfg) + int(_rank_lora(cfg, rank) * (_weight_bytes(cfg) + MOMENT_BYTES))
 
 
 def checkpoint_disk(cfg: PipelineConfig, ranks: list[int], *, copies: int | None = None) -> CheckpointDisk:
@@ -141,9 +151,10 @@ def disk_lines(cfg: PipelineConfig) -> list[str]:
             f"({len(ranks)} rank shard(s), weights {_size(pre.per_checkpoint - opt)} + AdamW moments {_size(opt)} "
             f"in two files) + {_size(pre.splitting)} while the newest is split = {_size(pre.total)}",
             f"disk, weights only (model parameters, no optimizer state): {_size(weights_bytes(cfg))}",
-            f"disk, SFT checkpoints on node 0: {sft.copies} x {_size(sft.per_checkpoint)} (LoRA factors + their "
-            f"moments; the frozen weights are the base's) + {_size(sft.splitting)} while the newest whole file is "
-            f"split = {_size(sft.total)}"]
+            f"disk, SFT checkpoints on node 0: {sft.copies} x {_size(sft.per_checkpoint)} ("
+            + ("LoRA factors + their moments; the frozen weights are the base's" if lora_only_checkpoints(cfg) else
+               "frozen weight shards + LoRA factors and their moments: under tensor parallel the frozen shards stay")
+            + f") + {_size(sft.splitting)} while the newest whole file is split = {_size(sft.total)}"]
 
 
 def disk_fix(cfg: PipelineConfig, need: CheckpointDisk, *, where: str = "run.output_root") -> str:

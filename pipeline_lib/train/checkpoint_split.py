@@ -63,7 +63,7 @@ class Split:
     optimizer: Path
     weight_names: int      # tensors kept in the weights file
     optimizer_names: int   # tensors moved to the optimizer file
-    dropped: int           # frozen weights left to the base (found there byte for byte)
+    dropped: list[str]     # frozen weights left to the base (found there byte for byte)
 
 
 def _write(dst: Path, sources: list[tuple[Path, list[str], Scan]]) -> None:
@@ -130,11 +130,13 @@ def split_checkpoint(path: str | Path, optimizer_dst: str | Path, *, keep: Calla
         path.chmod(mode & 0o777)
     else:
         _write(path, [(path, weights, found)])
-    return Split(path, optimizer_dst, len(weights), len(state), len(frozen))
+    return Split(path, optimizer_dst, len(weights), len(state), frozen)
 
 
-def join_checkpoint(parts: Iterable[str | Path], dst: str | Path, *, base: str | Path | None = None) -> Path:
-    """`dst`: every tensor of `parts` plus the model weights of `base` the parts lack; a name in two parts is refused."""
+def join_checkpoint(parts: Iterable[str | Path], dst: str | Path, *, base: str | Path | None = None,
+                    base_names: Iterable[str] | None = None) -> Path:
+    """`dst`: every tensor of `parts` plus the model weights of `base` the parts lack (only `base_names` when given:
+    the frozen weights a split left to the base, e.g. one pipeline stage's); a name in two parts is refused."""
     dst, sources, names = Path(dst), [], set()
     for part in map(Path, parts):
         found = _scanned(part, "a checkpoint part")
@@ -145,7 +147,13 @@ def join_checkpoint(parts: Iterable[str | Path], dst: str | Path, *, base: str |
         sources.append((part, list(found.tensors), found))
     if base is not None:
         bs = _scanned(Path(base), "the base checkpoint")
-        sources.append((Path(base), [k for k in bs.tensors if is_model_weight(k) and k not in names], bs))
+        wanted = set(base_names) if base_names is not None else None
+        missing = sorted(wanted - set(bs.tensors)) if wanted is not None else []
+        if missing:
+            raise CheckpointSplitError(f"the base {base} lacks {len(missing)} frozen weights the checkpoint left to it, "
+                                       f"e.g. {missing[:2]}: restore the base it was trained on")
+        sources.append((Path(base), [k for k in bs.tensors if is_model_weight(k) and k not in names
+                                     and (wanted is None or k in wanted)], bs))
     _write(dst, sources)
     return dst
 
@@ -169,7 +177,7 @@ def resume_record(latest: dict, dest_dir: str | Path) -> dict:
         if base is not None:
             check_base(base, what=str(path))
         dst = Path(dest_dir) / f"rank_{rank}" / path.name
-        join_checkpoint([path, opt], dst, base=base["path"] if base else None)
+        join_checkpoint([path, opt], dst, base=base["path"] if base else None, base_names=split.get("frozen_names"))
         ranks[rank] = {**info, "path": str(dst)}
     first = ranks[min(ranks, key=int)]
     return {**latest, "ranks": ranks, "path": first["path"]}

@@ -278,10 +278,10 @@ class CheckpointManager:
             kw = {"keep": self.keep_weight} if self.keep_weight else {}
             done = split_checkpoint(ckpt.path, opt, base=self.base["path"] if self.base else None,
                                     base_scan=self._base_scan, **kw)
-            dropped = done.dropped
+            dropped = done.dropped if self.base is not None else None
             res.sha256, res.size = sha256_file(ckpt.path), ckpt.path.stat().st_size
         return {"optimizer": {"file": opt.name, "size": opt.stat().st_size, "sha256": sha256_file(opt)},
-                "frozen_in_base": dropped, "base": self.base}
+                "frozen_in_base": None if dropped is None else len(dropped), "frozen_names": dropped, "base": self.base}
 
     def _upload_missing(self) -> None:
         store = store_for(self.upload_uri, self.endpoint_url)

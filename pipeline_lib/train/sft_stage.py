@@ -43,7 +43,7 @@ from ..storage import join, sha256_file, store_for
 from .adapter import (ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, is_lora_param,
                       write_adapter_config)
 from .checkpoint_split import optimizer_file
-from ..planner.disk import sft_checkpoint_disk
+from ..planner.disk import lora_only_checkpoints, sft_checkpoint_disk
 from .mindformers_yaml import sft_base_path_issue
 from .session import Batch, StageYaml, TrainingSession, loss_history, tensorboard_dir, work_dir
 
@@ -162,10 +162,11 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
     session = TrainingSession(cfg, stage=STAGE, out=train_dir, remote=remote, endpoint=run.endpoint, steps=cfg.sft.steps,
                               log=run.log, progress=run.progress, error=SFTStageError, preflight_error=SFTPreflightFailed)
     # run.identity already holds every training.* field the schema marks as shaping SFT's outputs
-    # its checkpoints keep what LoRA trains and its optimizer state; the frozen weights are the base's (found there
-    # byte for byte at each save: train.checkpoint_split), named with its sha256 and size for resume and hand-off
-    session.manager.keep_weight = is_lora_param
-    session.manager.base = {"path": str(base), "sha256": base_sha, "size": base.stat().st_size}
+    if lora_only_checkpoints(cfg):
+        # its checkpoints keep what LoRA trains and its optimizer state; the frozen weights are the base's (found
+        # there byte for byte at each save: train.checkpoint_split), named with its sha256 and size for resume
+        session.manager.keep_weight = is_lora_param
+        session.manager.base = {"path": str(base), "sha256": base_sha, "size": base.stat().st_size}
     latest = session.resume_or_start(config_hash({"run": run.identity, "base": base_sha, "rows": stats["rows_sha256"]}))
     # sized from the layout as pretrain's (planner.disk: the ranks' shards of the frozen weights + the LoRA factors
     # and their moments, x keep_checkpoint_max + 1), not from the base file, whose size may count optimizer state

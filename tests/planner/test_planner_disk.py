@@ -40,21 +40,27 @@ def test_sharded_moments_and_half_weights_shrink_a_rank_file():
 
 
 def test_7b_sft_disk_is_the_frozen_weights_and_lora_times_kept_copies(cfg7b_raw):
-    """LoRA SFT at the same layout keeps only the LoRA part (factors + moments) per checkpoint: the frozen weights
-    are on disk once, in the whole file mindformers writes until it is split (before the split: 4 x 27.4 =
-    109.4 GB; before the planner: `base file x 1.2 x 2 copies x 4 ranks` of the 81 GB training checkpoint, ~776 GB)."""
+    """LoRA SFT without tensor parallel keeps only the LoRA part (factors + moments) per checkpoint: the frozen
+    weights are on disk once, in the whole file mindformers writes until it is split. At the shipped mp2 x pp2 layout
+    the frozen shards stay (a rank's slices cannot be taken from the full base): 4 x 27.4 GB, as before the split;
+    before the planner: `base file x 1.2 x 2 copies x 4 ranks` of the 81 GB training checkpoint, ~776 GB."""
     from pipeline_lib.planner.disk import sft_checkpoint_disk, weights_bytes
 
     cfg = config_from_dict(cfg7b_raw)
     weights = weights_bytes(cfg)
     assert weights == 6_738_415_616 * 4  # Llama-2 7B's published count, fp32: 27.0 GB
-    need = sft_checkpoint_disk(cfg, [0, 1, 2, 3])
     # the LoRA part: r 8 x (in + out) for wq wk wv wo (4 x 2 x 4096) x 16 layers per stage, weight + 2 moments
     lora_rank_bytes = 8 * 4 * (2 * 4096) * 16 * 12
-    assert need.copies == 4 and need.rank_bytes == {r: lora_rank_bytes for r in range(4)}
-    # while the newest is split: its frozen shards (the weights once per node) + its LoRA moments written beside it
-    assert need.splitting == 2 * STAGE0 * 4 + 2 * STAGE1 * 4 + 4 * 8 * 4 * (2 * 4096) * 16 * 8
-    assert weights < need.total < weights * 1.1
+    lora_moments = 4 * 8 * 4 * (2 * 4096) * 16 * 8
+    sharded = sft_checkpoint_disk(cfg, [0, 1, 2, 3])  # mp2 x pp2: frozen shards kept, split in two files
+    assert sharded.copies == 4 and sharded.rank_bytes[0] == STAGE0 * 4 + lora_rank_bytes
+    assert sharded.splitting == lora_moments and weights * 4 < sharded.total < weights * 4 * 1.1
+    raw = {**cfg7b_raw, "parallel": {**cfg7b_raw["parallel"], "model_parallel": 1, "data_parallel": 2}}
+    lora_only = sft_checkpoint_disk(config_from_dict(raw), [0, 1, 2, 3])  # dp2 x pp2: LoRA + moments only
+    assert lora_only.rank_bytes == {r: lora_rank_bytes for r in range(4)}
+    # while the newest is split: its frozen weights (2 x the model at dp2) + its LoRA moments written beside it
+    assert lora_only.splitting == 2 * weights + lora_moments
+    assert 2 * weights < lora_only.total < 2 * weights * 1.1
 
 
 def test_validate_prints_both_checkpoint_sizes_and_the_sft_need():
@@ -69,5 +75,5 @@ def test_validate_prints_both_checkpoint_sizes_and_the_sft_need():
     assert "disk, pretrain checkpoints on node 0: 4 x 80.9 GB (4 rank shard(s), weights 27.0 GB + AdamW moments " \
            "53.9 GB in two files) + 53.9 GB while the newest is split = 377.4 GB" in lines
     assert "disk, weights only (model parameters, no optimizer state): 27.0 GB" in lines
-    assert any(line.startswith("disk, SFT checkpoints on node 0: 4 x 0.4 GB") and line.endswith("= 28.8 GB")
+    assert any(line.startswith("disk, SFT checkpoints on node 0: 4 x 27.4 GB") and line.endswith("= 109.7 GB")
                for line in lines)
