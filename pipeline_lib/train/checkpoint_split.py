@@ -46,6 +46,10 @@ class CheckpointSplitError(ValueError):
     """A checkpoint cannot be split or joined as asked (the message names the file, the tensor and the fix)."""
 
 
+class Unreadable(CheckpointSplitError):
+    """A file the in-place reader does not understand (encrypted, map tensors): it stays whole."""
+
+
 def is_optimizer_state(name: str) -> bool:
     """Everything of a training checkpoint that is not a model weight: moments, counters, loss scale."""
     return not is_model_weight(name)
@@ -88,7 +92,7 @@ def _record_bytes(path: Path, found: Scan, name: str) -> bytes:
 def _scanned(path: Path, what: str) -> Scan:
     found = scan(path)
     if found is None:
-        raise CheckpointSplitError(f"{path}: {what} is not a MindSpore .ckpt file this reader understands (encrypted, "
+        raise Unreadable(f"{path}: {what} is not a MindSpore .ckpt file this reader understands (encrypted, "
                                    "map tensors or damaged); keep the file whole")
     return found
 

@@ -11,7 +11,9 @@ MindSpore writes `<name>.tmp` and renames it: a `.ckpt` name means the write fin
   with `mindspore.load_checkpoint` in one subprocess (the orchestrator never holds MindSpore state), whose verdict
   and reason stand.
 - `CheckpointManager.sync()`: verifies new files and writes `<ckpt>.verified.json` (sha256, size, step) next to
-  good ones; moves bad ones to `<output_dir>/checkpoint_rejected/rank_N/` with a `.reason.json`; keeps the
+  good ones, after splitting each good one into its weights (in place) and its optimizer state
+  (`checkpoint_optimizer/rank_N/`, train.checkpoint_split; a LoRA run's keeps only what it trains: `keep_weight`,
+  `base`); the sidecar's `split` names the parts; moves bad ones to `<output_dir>/checkpoint_rejected/rank_N/` with a `.reason.json`; keeps the
   newest `keep` verified steps; uploads what `upload_uri` lacks; then rewrites `<output_dir>/latest_checkpoint.json`
   (remote copy first) to the newest step that every rank in `ranks` has verified. Call it from
   `launch(on_tick=...)` and once after training; resume from `latest()["path"]`, not from meta.json.
@@ -38,7 +40,7 @@ from ..model.ckpt_scan import scan
 from ..runtime.launcher import launch_module
 from .. import killpoints
 from ..storage import join, sha256_file, store_for
-from .checkpoint_split import OPTIMIZER_DIR, optimizer_file
+from .checkpoint_split import OPTIMIZER_DIR, Unreadable, optimizer_file
 
 CKPT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 LATEST_FILE = "latest_checkpoint.json"
@@ -242,7 +244,11 @@ class CheckpointManager:
             if not res.ok:
                 self._reject(ckpt, res)
                 continue
-            split = self._split(ckpt, res) if self.split else None
+            try:
+                split = self._split(ckpt, res) if self.split else None
+            except Unreadable as err:  # resume and hand-off read a whole file as before
+                self.log(f"[checkpoints] {ckpt.path.name} kept whole: {err}")
+                split = None
             # step: mindformers' step_num (consistent across ranks and resumes); plain MindSpore files
             # without it fall back to the optimizer step, then to the step in the file name.
             step = next(v for v in (res.step_num, res.global_step, ckpt.step_in_epoch) if v is not None)
