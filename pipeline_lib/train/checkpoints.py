@@ -13,7 +13,8 @@ MindSpore writes `<name>.tmp` and renames it: a `.ckpt` name means the write fin
 - `CheckpointManager.sync()`: verifies new files and writes `<ckpt>.verified.json` (sha256, size, step) next to
   good ones, after splitting each good one into its weights (in place) and its optimizer state
   (`checkpoint_optimizer/rank_N/`, train.checkpoint_split; a LoRA run's keeps only what it trains: `keep_weight`,
-  `base`); the sidecar's `split` names the parts; moves bad ones to `<output_dir>/checkpoint_rejected/rank_N/` with a `.reason.json`; keeps the
+  `base`); the sidecar's `split` names the parts; moves bad ones to `<output_dir>/checkpoint_rejected/rank_N/` with
+  a `.reason.json`; keeps the
   newest `keep` verified steps; uploads what `upload_uri` lacks; then rewrites `<output_dir>/latest_checkpoint.json`
   (remote copy first) to the newest step that every rank in `ranks` has verified. Call it from
   `launch(on_tick=...)` and once after training; resume from `latest()["path"]`, not from meta.json.

@@ -11,7 +11,9 @@
    and `train/latest_checkpoint.json` names a verified checkpoint; a preflight of training.preflight_steps on a
    fresh start (`preflight.json`; a bad verdict raises SFTPreflightFailed); `train/sft.yaml` is the mindformers LoRA
    finetune (pet_config, run_mode finetune, load_checkpoint = the base) plus the PipelineMetrics / LossGuard
-   callbacks, its fresh start also written as `sft.yaml`; checkpoints verified on ticks within a CPU budget. The loss guard (sft.guard)
+   callbacks, its fresh start also written as `sft.yaml`; checkpoints verified on ticks within a CPU budget, each
+   then cut to the LoRA factors + their optimizer state (train.checkpoint_split; the frozen weights found byte for byte
+   in the base, whose path, sha256 and size the sidecar names; not under tensor parallel) and resumed joined. The loss guard (sft.guard)
    stops the stage with the diagnosis naming sft.* knobs (its on_failure=rollback is not applied to SFT).
 4. adapter (train/adapter.py): `adapter/adapter.ckpt` holds the LoRA factors only, `adapter/adapter_config.json`
    rank, alpha, targets and the base's sha256; extraction checks that only LoRA was trained and every frozen
@@ -168,8 +170,8 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
         session.manager.keep_weight = is_lora_param
         session.manager.base = {"path": str(base), "sha256": base_sha, "size": base.stat().st_size}
     latest = session.resume_or_start(config_hash({"run": run.identity, "base": base_sha, "rows": stats["rows_sha256"]}))
-    # sized from the layout as pretrain's (planner.disk: the ranks' shards of the frozen weights + the LoRA factors
-    # and their moments, x keep_checkpoint_max + 1), not from the base file, whose size may count optimizer state
+    # sized from the layout as pretrain's (planner.disk: the LoRA factors and their moments x keep_checkpoint_max + 1,
+    # + the whole file until it is split), not from the base file, whose size may count optimizer state
     session.check_disk(sft_checkpoint_disk(cfg, session.ranks))
     # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
     yaml = StageYaml(cfg, STAGE, Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard), out / "data",
