@@ -181,7 +181,8 @@ def estimate_checkpoint_bytes(param_count: int, weight_bytes: int = 4, optimizer
 def expected_checkpoint_bytes(output_dir: str | Path, param_count: int | None = None, **estimate) -> int:
     """Size of the largest checkpoint already under output_dir (a resumed run), else the estimate from
     `param_count`. Raises ValueError when there is neither."""
-    sizes = [c.path.stat().st_size for c in list_checkpoints(output_dir)]
+    opt = lambda c: optimizer_file(c.path).stat().st_size if optimizer_file(c.path).exists() else 0  # noqa: E731
+    sizes = [c.path.stat().st_size + opt(c) for c in list_checkpoints(output_dir)]  # both parts of a split one
     if sizes:
         return max(sizes)
     if param_count is None:
