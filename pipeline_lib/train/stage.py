@@ -349,6 +349,7 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
 
     from ..model.checkpoint_cache import MERGED_DIR, full_checkpoint
     from ..model.weights_only import copy_weights
+    from .checkpoint_split import hand_off_weights
     from ..model.checkpoints import CheckpointRef
     from ..runtime.launcher import launch_module
 
@@ -363,8 +364,8 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
         return [merged, merged.with_suffix(".json")]
     src = Path(ref.ckpt)
     dst = out / TOKENIZER_DIR / MERGED_DIR / f"{src.stem}-weights.ckpt"
-    try:
-        copied = copy_weights(src, dst)
+    try:  # a split checkpoint's weights file is the hand-off itself (train.checkpoint_split): linked, not rewritten
+        copied = hand_off_weights(src, dst) or copy_weights(src, dst)
     except ValueError as err:
         raise PretrainStageError(f"writing the weights-only checkpoint {dst} failed: {err}") from None
     if copied is None:  # a file ckpt_scan does not read: MindSpore rewrites it
