@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..config.platform import achieved_tflops, device_target
 from ..config.schema import PipelineConfig, global_batch
-from .cost import Hardware, step_cost
+from .cost import Hardware, cost_options, step_cost
 from .memory import GB, estimate
 from .params import ModelShape
 
@@ -32,7 +32,7 @@ def predicted_step_ms(cfg: PipelineConfig) -> tuple[float, float, str]:
                      model_parallel=p.model_parallel, pipeline_stage=p.pipeline_stage,
                      micro_batch_num=p.micro_batch_num, recompute=m.recompute, flash_attention=m.use_flash_attention,
                      gradient_bytes=mem.gradients, devices_per_node=p.devices_per_node,
-                     hw=Hardware(tflops=tflops))
+                     hw=Hardware(tflops=tflops), weight_bytes=mem.weights, **cost_options(cfg))
     return cost.step_s * 1000, tflops, source
 
 
