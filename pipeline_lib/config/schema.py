@@ -598,6 +598,11 @@ class TrainingConfig(_Section):
         None, json_schema_extra=NO_OUTPUT_EFFECT, gt=0,
         description="Achieved TFLOP/s per device behind the planner's absolute step-time prediction; None = the "
         "platform's figure (Ascend: the planner's 150, CPU: calibrated on the tiny run, config/platform.py).")
+    peak_tflops: float | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT, gt=0,
+        description="Dense 16-bit peak TFLOP/s of one device, the denominator of MFU in planner_check.json; None = "
+        "planner.readings.PEAK_TFLOPS by the device name npu-smi reports (Huawei-published figures only; no MFU "
+        "for a card not listed). Give the vendor's figure for your exact SKU.")
     save_steps: int = Field(20, json_schema_extra=identity("pretrain", "sft"),
                             ge=1, description="Checkpoint every N steps.")
     keep_checkpoint_max: int = Field(3, json_schema_extra=identity("pretrain", "sft"),
