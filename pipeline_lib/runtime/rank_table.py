@@ -132,6 +132,14 @@ def rank_table_issues(cfg, table: RankTable) -> list[ConfigIssue]:
                                   f"the rank table's servers hold {sorted(sizes)} devices each",
                                   f"set parallel.devices_per_node={max(sizes)} (every server must hold the same "
                                   "number of devices)"))
+    for i, srv in enumerate(table.servers):
+        want = list(range(i * p.devices_per_node, (i + 1) * p.devices_per_node))
+        if sorted(d.rank_id for d in srv.devices) != want and len(srv.devices) == p.devices_per_node:
+            issues.append(ConfigIssue(field, p.rank_table_file, f"server_list[{i}] ({srv.server_id}) holds ranks "
+                                      f"{sorted(d.rank_id for d in srv.devices)}, not {want}: node {i} of this "
+                                      "pipeline (its hang watchdog, checkpoint merge and node reports) runs those",
+                                      "number each server's devices with consecutive rank_id, server by server"))
+            break
     if table.rank_size == p.devices:
         where = table.where()
         for group in tp_groups(p.devices, p.model_parallel):

@@ -64,9 +64,10 @@ def test_a_tp_group_across_servers_is_refused_with_the_fix():
     c = cfg(devices=4, data_parallel=2, model_parallel=2, pipeline_stage=1, micro_batch_num=1, devices_per_node=2)
     assert rank_table_issues(c, parse_rank_table(table([[0, 1], [0, 1]]))) == []
     found = rank_table_issues(c, parse_rank_table(table([[0, 1], [0, 1]], ranks=[[0, 2], [1, 3]])))
-    assert [i.field for i in found] == ["parallel.model_parallel"]
-    assert "rank 0 -> node 0 device 0, rank 1 -> node 1 device 0" in found[0].problem
-    assert "consecutive ranks on one node" in found[0].fix
+    assert [i.field for i in found] == ["parallel.rank_table_file", "parallel.model_parallel"]
+    assert "holds ranks [0, 2], not [0, 1]" in found[0].problem
+    assert "rank 0 -> node 0 device 0, rank 1 -> node 1 device 0" in found[1].problem
+    assert "consecutive ranks on one node" in found[1].fix
 
 
 def test_table_size_rank_ids_and_server_sizes_are_checked():
