@@ -9,8 +9,10 @@ ours: a tensor-parallel group must not straddle two nodes. Survivors that fit in
 ranked: those that leave 10% of memory free first, then by relative step time (cost.py), then
 the larger micro batch, then less memory. A family (dp, mp, pp, sharding) with no
 survivor gets one Rejection that says why, e.g. "needs 112.5 GB > 64 GB".
-Limits: micro batch sizes above `max_micro_batch_size` are not tried; interleaved pipelines,
-sequence parallel and ZeRO stages 2/3 are not layout knobs here.
+Limits: micro batch sizes above `max_micro_batch_size` are not tried; interleave, sequence parallel,
+per-layer recompute lists and communication recompute are taken from the config as they are (not
+enumerated; `plan` compares the recompute granularities for the config's own layout, planner.oom);
+ZeRO stages 2/3 are not layout knobs here.
 """
 from __future__ import annotations
 
