@@ -304,6 +304,7 @@ def _measured_reports(cfg, out: Path, records: list[dict], trained, session: Tra
     against the planner's prediction; each figure off by more than training.planner_alert_factor is logged as a
     warning). Both are advice: they never fail the stage."""
     from ..planner.check import planner_check
+    from ..planner.readings import local_npu_name
     from .profile import ProfileWindow, profile_summary
 
     step_ms = summarize_steps(records).step_time_ms if records else None  # median, compile step left out
@@ -319,8 +320,11 @@ def _measured_reports(cfg, out: Path, records: list[dict], trained, session: Tra
         step_ms = summary["unprofiled_compute_ms"] or step_ms
     else:
         (out / PROFILE_FILE).unlink(missing_ok=True)  # an earlier attempt's, when profiling was on then
+    device = max((r.get("device_max_reserved_bytes") or 0 for r in records), default=0) or None
     check = planner_check(cfg, step_time_ms=step_ms, peak_rss_bytes=trained.peak_rss_bytes or None,
-                          ranks=len(session.ranks))
+                          ranks=len(session.ranks), device_peak_bytes=device,
+                          device_source="MindSpore memory_stats max_reserved_memory (metrics.jsonl)",
+                          device_name=local_npu_name())
     write_json(out / PLANNER_CHECK_FILE, check)
     for warning in check["warnings"]:
         session.log(f"pretrain: WARNING {warning}")
