@@ -35,9 +35,10 @@ from pipeline_lib.cli import (dedup_index_main, diff_main, doctor_main, gc_main,
                               print_warnings, validate_main)
 from pipeline_lib.checks import refuse_bad_config  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
+from pipeline_lib.config.validate import ignored_issues  # noqa: E402
 from pipeline_lib.config.secrets import public_config  # noqa: E402
 from pipeline_lib.doctor.retry import parse_headline  # noqa: E402
-from pipeline_lib.stages import SPECS, parse_stages, unmet_upstream  # noqa: E402
+from pipeline_lib.stages import SPECS, nightly_stages, parse_stages, unmet_upstream  # noqa: E402
 from pipeline_lib.storage import RunPaths  # noqa: E402
 from pipeline_lib.storage.names import check_name  # noqa: E402
 
@@ -502,10 +503,11 @@ def nightly_main(argv: list[str]) -> int:
     try:  # refused before anything starts: field, value and fix, exit 2 (as run and validate)
         if args.run_date:
             check_run_date(args.run_date)
-        cfg = validate(load_config(args.config, args.overrides))
+        cfg = validate(load_config(args.config, args.overrides), stages=nightly_stages())
     except (ConfigError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2
+    print_warnings(ignored_issues(cfg, nightly_stages()), file=sys.stderr)  # a night runs no sft: said, not refused
     api = embedded_api().launch()
     from flows.nightly import nightly
     from tasks import terminal
