@@ -365,8 +365,16 @@ def status_main(argv: list[str]) -> int:
     except (ConfigError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2
+    from pipeline_lib.known_runs import unknown_run
+
+    unknown = unknown_run(cfg, args.run_id)  # a typo is not a run whose every stage is "not complete"
+    if unknown:
+        print(unknown, file=sys.stderr)
+        return 2
+    print(f"{'stage':<9} {'state':<13} detail")
     for stage, entry in stage_states(cfg, args.run_id).items():
-        print(f"{stage:<9} {entry['state']:<13} {entry['note']}")
+        detail = entry["stage_uri"] if entry["note"] == "complete" else entry["note"]  # not "complete" twice
+        print(f"{stage:<9} {entry['state']:<13} {detail}")
     from pipeline_lib.nightly.retention import removed_lines
 
     for line in removed_lines(cfg, args.run_id):  # a night the nightly's retention thinned says what went
