@@ -27,9 +27,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The embedded (ephemeral) API writes to the same SQLite file as the UI; its telemetry heartbeat
-# only adds lock contention there.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Nothing the CLI starts calls out (flows/offline.py): set before Prefect is imported, inherited by the embedded API
+# server and every subprocess.
+from flows.offline import telemetry_off  # noqa: E402
+
+telemetry_off()
 
 from pipeline_lib.cli import (dedup_index_main, diff_main, doctor_main, gc_main, plan_main,  # noqa: E402
                               print_warnings, validate_main)
