@@ -1,6 +1,6 @@
 """No outbound connections: loaded by every Python process started with this folder on PYTHONPATH.
 
-An audit hook fails any connect (and any name lookup) to an address that is not loopback, and records the attempt
+An audit hook fails any connect to an address that is not loopback (and any name lookup but this machine's own), and records the attempt
 in `$LLM_PIPELINE_OUTBOUND_LOG` (one line per attempt, with the process and the address): an attempt the code under
 test catches and logs (a telemetry sender does) is still seen by the test that reads the file.
 """
@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import sys
 
 _LOG = os.environ.get("LLM_PIPELINE_OUTBOUND_LOG")
-_LOCAL_NAMES = {"", "localhost", "localhost.localdomain", "ip6-localhost"}
+# this machine's own name is local too: mindformers' trainer looks it up (gethostbyname(gethostname())) to name its
+# node, an answer /etc/hosts gives; a lookup is refused only for other names
+_LOCAL_NAMES = {"", "localhost", "localhost.localdomain", "ip6-localhost", socket.gethostname().lower()}
 
 
 def _is_local(host) -> bool:
