@@ -114,6 +114,7 @@ def test_the_readme_walk_from_a_fresh_copy_with_no_outbound_connection(user_repo
     assert f"{'stage':<9} {'state':<13} detail" in said["status"] and "not complete" not in said["status"]
     assert f"run {first_id}: nothing is wrong" in said["doctor"]
     assert "2 run(s), 420 documents (840 entries" in said["dedup-index"], said["dedup-index"]
+    assert "llama2-7b-4x64gb.yaml: OK" in said["validate"] and "not checked" in said["validate"]  # its s3:// inputs
     quiet_terminal(first_out)
     runs = user_repo.path / "runs"
     log_file = next((runs / first_id / "logs").glob("pretrain-*.log"))
