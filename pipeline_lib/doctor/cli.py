@@ -104,7 +104,8 @@ def doctor_main(argv: list[str]) -> int:
         try:
             stage, found = run_logs(cfg, args.run_id, args.stage)
         except NothingFailed as answer:  # a good run: exit 0, as a diagnosis found
-            print(json.dumps({"category": None, "message": str(answer)}) if args.json else answer)
+            print(json.dumps({"category": None, "stage": None, "evidence": [], "remedies": [], "message": str(answer)})
+                  if args.json else answer)
             return 0
         except ValueError as err:
             print(err, file=sys.stderr)

@@ -55,3 +55,5 @@ def test_the_logs_of_a_healthy_run_are_not_a_failure(pretrain_data, capsys, tmp_
     assert main(["doctor", "--run-id", "doctor-ok", str(config)]) == 0
     out = capsys.readouterr().out
     assert "run doctor-ok: nothing is wrong: every stage it ran has a complete manifest" in out and "--stage" in out
+    assert main(["doctor", "--run-id", "doctor-ok", str(config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["category"] is None
