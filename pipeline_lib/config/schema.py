@@ -732,6 +732,11 @@ class OrchestrationConfig(_Section):
     failure_webhook_url: Annotated[str | None, AfterValidator(_webhook_url)] = Field(
         None, json_schema_extra=SECRET, description="POSTed on a failed run (off when None): an http(s) URL, or "
         "env:LLM_PIPELINE_SECRET_NAME naming the variable that holds it (a URL carries its token: a secret).")
+    webhook_format: Literal["auto", "json", "feishu", "dingtalk", "wecom"] = Field(
+        "auto", description="The body failure_webhook_url gets (and the Prefect notification block `llm-pipeline "
+        "deploy` makes from it): feishu, dingtalk or wecom a text message their group robots accept, json the "
+        "pipeline's own object (flow, run_id, state, name, message); auto tells the three by the URL's host, else "
+        "json (docs/nightly.md, Alerts).")
     task_retries: int = Field(2, ge=0, description="Retries of a task on transient errors.")
     retry_delay_seconds: float = Field(2.0, ge=0, description="Base of the exponential backoff.")
 

@@ -223,6 +223,10 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("missing_kernel", r"Operator\[\w+\].* is not support\. This error means the current input type is not supported",
        "MindSpore kernel_select_cpu.cc / GPU kernel select: 'Operator[AddN] input(kNumberTypeBool,...) output(...) "
        "is not support. This error means the current input type is not supported' (MindSpore FAQ)"),
+    _p("missing_kernel", r"(?:cpu_session|gpu_session)\.cc:\d+\] BuildKernel\] Operator\[\w+\] is not support\b",
+       "MindSpore 0.x device/cpu/cpu_session.cc BuildKernel ('[ERROR] ME(...) [mindspore/ccsrc/device/cpu/"
+       "cpu_session.cc:115] BuildKernel] Operator[SoftmaxCrossEntropyWithLogits] is not support.', "
+       "mindspore-ai/mindarmour#2)"),
     _p("nan_or_overflow", r"There is (?:nan|inf) in \S+ with value",
        "mindformers 1.9 core/callback/callback.py (TrainingStateMonitor): 'There is nan in {indicator} with value "
        "..., terminate training.'"),

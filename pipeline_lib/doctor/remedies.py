@@ -143,9 +143,26 @@ def _host_oom(diag, cfg) -> list[dict]:
     return decided + out
 
 
+# the shell's own report of a child ended by SIGKILL, alone on its line: all a user's log keeps of an OOM kill
+_BARE_KILLED = re.compile(r"^\s*(?:\[\d+\][+-]?\s+|.*line \d+:\s+\d+\s+)?(?:Killed|已杀死)\b")
+CONFIRM_OOM = ("confirm it in the kernel log: `dmesg -T | grep -iE 'out of memory|oom-kill|killed process'` (or "
+               "`journalctl -k`; a line 'Killed process <pid> (python)' at that time is the OOM killer), and for a "
+               "container or a job's cgroup `cat /sys/fs/cgroup/<its group>/memory.events` (a nonzero oom_kill; "
+               "cgroup v1: memory.oom_control)")
+
+
 def _killed(diag, cfg) -> list[dict]:
-    why = next((ln for ln in diag.evidence if ln.startswith("no memory pressure") or "no memory evidence" in ln),
-               "no evidence of memory pressure")
+    measured = next((ln for ln in diag.evidence if ln.startswith("no memory pressure") or "no memory evidence" in ln
+                     and not ln.startswith("exit code")), None)
+    if measured is None and any(_BARE_KILLED.match(ln) for ln in diag.evidence):
+        # a pasted log: the shell's bare 'Killed' and nothing else. The Linux OOM killer writes its own lines to the
+        # kernel log only, so this is its usual trace in the process's log; a lost node or kill -9 leaves the same.
+        return ([_r("a bare 'Killed' with no other evidence: most often the Linux OOM killer (host RAM ran out: the "
+                    "trainer, its dataset workers and a checkpoint load or transform share it); " + CONFIRM_OOM)]
+                + _host_oom(diag, cfg)[-1:]
+                + [_r("if the kernel log shows no OOM kill: a lost node, a preempted job or an operator's kill -9; a "
+                      "rerun with the same --run-id resumes from the last verified checkpoint")])
+    why = measured or "no evidence of memory pressure"
     return [_r(f"killed by SIGKILL without an OOM kill ({why}): a lost node, a preempted job or an operator's kill "
                "-9. Nothing in the config needs to change: a retry or a rerun with the same --run-id resumes from the "
                "last verified checkpoint; if it keeps happening, look at the node (dmesg, the scheduler's events)")]

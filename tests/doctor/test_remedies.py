@@ -112,3 +112,18 @@ def test_preflight_remedies_follow_the_problem_with_the_stages_own_keys_and_the_
 def test_preflight_remedies_without_a_config_name_the_knobs():
     d = diagnose(log_text("preflight_loss_rose_tiny_cpu.log"))
     assert "lower training.learning_rate" in d.remedies[0]["why"] and d.remedies[0]["overrides"] == []
+
+
+def test_a_bare_killed_in_a_users_log_says_host_memory_is_likely_and_how_to_confirm_it():
+    """Users' logs (ArjunaCluster/ArjunaUsers#52: epoch lines then 'Killed'; dreamerv3#203 in a zh_CN locale) keep
+    only the shell's 'Killed' of an OOM kill: the kernel's line is in dmesg. Our launcher's kill (msrun's 'Error code:
+    -9' with its memory evidence) is not guessed at."""
+    for name in ("killed_bare_after_epoch_lines.log", "killed_bare_zh_locale.log"):
+        d = diagnose(log_text(name), load_config(TINY, []))
+        assert d.category == "killed"
+        first = d.remedies[0]["why"]
+        assert "most often the Linux OOM killer" in first and "dmesg -T" in first and "memory.events" in first
+        assert any("training.dataset_workers=1" in r["overrides"] for r in d.remedies)  # the host-memory remedy
+        assert "lost node" in d.remedies[-1]["why"]
+    d = diagnose(log_text("msrun_worker_sigkill.log"))
+    assert "OOM killer" not in d.remedies[0]["why"] and "without an OOM kill" in d.remedies[0]["why"]
