@@ -52,7 +52,7 @@ from pipeline_lib.nightly.retention import after_night
 from pipeline_lib.nightly.tonight import tonight_timing
 from pipeline_lib.nightly.screen import screen_night
 from pipeline_lib.nightly.screen_sample import keep_accepted
-from pipeline_lib.stages import SPECS
+from pipeline_lib.stages import nightly_stages
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
 
@@ -91,7 +91,7 @@ def _zone(config, overrides, sections: dict | None = None) -> str:
     """The night's orchestration.timezone; the schema's default when the config does not resolve (the run then
     fails with the config's own errors, under a name that still carries a date)."""
     try:
-        return resolve_config(config, overrides, sections).orchestration.timezone
+        return resolve_config(config, overrides, sections, stages=nightly_stages()).orchestration.timezone
     except Exception:
         return OrchestrationConfig().timezone
 
@@ -139,7 +139,7 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
     sent = any(v is not None for v in given.values())
     inherited = untouched_form_sections(config, given, deployment_parameters()) if sent else []
     given.update(dict.fromkeys(inherited))
-    cfg = resolve_config(config, overrides, given)
+    cfg = resolve_config(config, overrides, given, stages=nightly_stages())
     run_date = run_date.isoformat() if isinstance(run_date, dt.date) else run_date
     run_date = run_date or night_date(cfg.orchestration.timezone)
     run_id = _night_id(run_date)
@@ -179,7 +179,7 @@ def _night(cfg, run_id: str, dispatch: bool):
     start = night_cfg.training.stable_checkpoint or (state.get("latest") or {}).get("checkpoint")
     get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from {start or 'the configured base'}"
                           f"{lineage_note(night_cfg)}")
-    stages = [s for s, spec in SPECS.items() if spec.nightly]
+    stages = nightly_stages()
     run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
     if not run.is_completed() or run.name in ("NoNewData", "NoUsableData"):  # the chain ends so on a night's data

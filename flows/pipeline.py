@@ -96,10 +96,10 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
         logger.info(f"config {config} is not the deployment's: its unchanged form sections {inherited} are not "
                     "applied (they describe the deployment's config file)")
         given.update(dict.fromkeys(inherited))
-    cfg = resolve_config(config, overrides, given)
+    wanted = stages or parse_stages(None)
+    cfg = resolve_config(config, overrides, given, stages=wanted)
     resolved = public_config(cfg)  # what child flows and dispatched runs get as parameters: no secret
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
-    wanted = stages or parse_stages(None)
     summary = {"run_id": run_id, "run_uri": paths.run_uri, "stages": {}}
     # the parent run's artifact, updated as each stage ends; a resume links the run's earlier flow runs
     from prefect.runtime import flow_run

@@ -113,11 +113,15 @@ def dedup_index_main(argv: list[str]) -> int:
     segments = list_segments(cfg, endpoint)
     print(f"lineage {lineage(cfg)}: index {index_uri(cfg)}")
     if args.action == "list":
+        from .data.dedup_listing import reread_by, summary_line
+
+        again = reread_by(segments)
         for m in segments:
             files = ", ".join(f["uri"] for f in m.get("inputs", [])) or "(inputs not recorded)"
             old = "" if m.get("format") == FORMAT else "  [earlier format: run `dedup-index migrate`]"
-            print(f"  {m['run_id']:<32} {m['docs']:>9} docs  {files}{old}")
-        print(f"{len(segments)} run(s), {sum(m['docs'] for m in segments)} documents")
+            reread = f"  (reread by {again[m['run_id']]})" if m["run_id"] in again else ""
+            print(f"  {m['run_id']:<32} {m['docs']:>9} docs  {files}{old}{reread}")
+        print(summary_line(segments))
         return 0
     if args.action == "repartition":
         if args.bits is None:

@@ -129,6 +129,11 @@ def parse_stages(text: str | None) -> list[str]:
     return [s for s in SPECS if s in wanted]
 
 
+def nightly_stages() -> list[str]:
+    """The stages a night runs (the table's `nightly` column), in pipeline order."""
+    return [s for s, spec in SPECS.items() if spec.nightly]
+
+
 def _function(ref: str) -> Callable:
     """The function a table entry names as "module:function". Raises AttributeError naming the entry when the
     module has no such function (a missing module raises ModuleNotFoundError as an import does)."""

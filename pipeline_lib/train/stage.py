@@ -328,6 +328,8 @@ def _measured_reports(cfg, out: Path, records: list[dict], trained, session: Tra
     write_json(out / PLANNER_CHECK_FILE, check)
     for warning in check["warnings"]:
         session.log(f"pretrain: WARNING {warning}")
+    for note in check.get("notes", []):  # an INFO line: in the stage's log, not on the terminal
+        session.log(f"pretrain: {note}")
 
 
 # ---------------------------------------------------------------- 6. publish
