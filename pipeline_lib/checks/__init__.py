@@ -33,13 +33,9 @@ def problems(cfg: PipelineConfig, stages: Iterable[str] | None = None, *, for_ru
     if not for_run:  # a plan is checked for another machine: its files are not here
         return errors, notes + hang_warnings
     input_errors, warnings = check_inputs(cfg, stages, check_remote)
-<<<<<<< HEAD
     if trains and cfg.parallel.rank_table_file:
         errors += _rank_table_issues(cfg)
-    return errors + input_errors, hang_warnings + warnings
-=======
     return errors + input_errors, notes + hang_warnings + warnings
->>>>>>> firsthour
 
 
 def _rank_table_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
