@@ -526,62 +526,91 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
     (None: no near lookups). The new keys are grouped by partition and each partition file is
     streamed and released; the prior documents they hit (per key the earliest, per band key the
     first CAP, in commit-name order) are fetched by ranged reads into a small PriorIndex. Its
-    decisions equal load_prior_in_memory's; len() is the number of documents in the index."""
-    uri, d = index_uri(cfg), cfg.data.dedup
-    store = store_for(uri, endpoint_url)
-    segments = list_segments_at(store, uri)
-    for meta in segments:
-        if meta.get("format") != FORMAT:  # refused here, not at the commit after the whole stage ran
-            raise _old_format_error(uri, meta)
-    prior_metas, reruns = _prior_segments(segments, exclude_run, inputs)
-    for meta in prior_metas:
-        _check_params(meta, uri, d)
-    runs, metas = [m["run_id"] for m in prior_metas], {m["run_id"]: m for m in prior_metas}
-    params = _read_index_json(store, uri) if runs else None
-    if runs and params is None:
-        raise DataStageError("data.dedup.index_uri", uri, "the index has runs but no index.json (its metadata was "
-                             "deleted or not copied)", "copy the whole index folder, or clear it "
-                             "(llm-pipeline dedup-index clear CONFIG)")
-    hits = []
-    if params and keys is not None and len(keys):
-        hits.append((1, _lookup_partitions(store, uri, "exact", np.asarray(keys, np.uint64),
-                                           np.zeros(len(keys), np.uint8), params["prefix_bits"],
-                                           np.array([run_tag(r) for r in runs], np.uint64))))
-    if params and band_keys_ is not None and len(band_keys_):
-        if (params["bands"], params["rows"]) != (bands, rows):
-            raise _layout_error(uri, params, d.threshold, bands, rows)
-        near = _lookup_partitions(store, uri, f"near-{bands}x{rows}", np.asarray(band_keys_, np.uint64).ravel(),
-                                  np.tile(np.arange(bands, dtype=np.uint8), len(band_keys_)), params["prefix_bits"],
-                                  np.array([run_tag(r) for r in runs if metas[r]["has_sigs"]], np.uint64))
-        hits.append((CAP, near))
-    order_of = {run_tag(r): i for i, r in enumerate(runs)}
-    wanted = set()
-    for cap, h in hits:  # exact: the earliest document per key; near: the first CAP per band key
-        order = np.array([order_of[t] for t in h["run"]], np.int64)
-        kept = _first_per_group(h, order, cap)
-        wanted |= {(order_of[t], int(r)) for t, r in zip(kept["run"], kept["row"])}
-    ids, sources, key_parts, sig_parts = [], [], [], []
-    for i, run in enumerate(runs):
-        rows_ = np.array(sorted(r for o, r in wanted if o == i), np.int64)
-        if not len(rows_):
-            continue
-        base, meta = metas[run]["uri"], metas[run]
-        origins = [decode_origin(x) for x in _line_rows(store, join(base, IDS_FILE), join(base, "ids.idx"), rows_)]
-        ids += [f"{run}/{o}" for o in origins]
-        if store.exists(join(base, "source_ids.idx")):
-            sources += [json.loads(x) for x in _line_rows(store, join(base, "source_ids.jsonl"),
-                                                          join(base, "source_ids.idx"), rows_)]
-        else:
-            sources += origins
-        key_parts.append(_npy_rows(store, join(base, "keys.npy"), rows_))
-        sig_parts.append(_npy_rows(store, join(base, "sigs.npy"), rows_) if meta["has_sigs"]
-                         else np.full((len(rows_), d.num_perm), EMPTY, np.uint32))
-    prior = PriorIndex(ids, np.concatenate(key_parts) if key_parts else np.zeros(0, np.uint64),
-                       np.concatenate(sig_parts) if sig_parts else np.zeros((0, d.num_perm), np.uint32),
-                       bands, rows, runs, sources)
-    prior.reruns = reruns
-    prior.docs = sum(metas[r]["docs"] for r in runs)
-    return prior
+    decisions equal load_prior_in_memory's; len() is the number of documents in the index.
+    The partitioned dedup step does the same in two halves: prior_hits per partition of its own
+    keys (a key's hits all fall in its partition), prior_rows once over what they wanted."""
+    seen = PriorRuns(cfg, exclude_run, endpoint_url, inputs)
+    qkeys = qbands = None
+    if band_keys_ is not None:
+        qkeys = np.asarray(band_keys_, np.uint64).ravel()
+        qbands = np.tile(np.arange(bands, dtype=np.uint8), len(band_keys_))
+    return seen.index(seen.hits(bands, rows, keys, qkeys, qbands)[0], bands, rows)
+
+
+class PriorRuns:
+    """The earlier runs a run deduplicates against (see load_prior): their listing and checks, then
+    `hits` (index entries wanted by some keys) and `index` (the PriorIndex of the wanted rows)."""
+
+    def __init__(self, cfg, exclude_run: str, endpoint_url: str | None = None, inputs: list[dict] | None = None):
+        self.cfg, self.uri, d = cfg, index_uri(cfg), cfg.data.dedup
+        self.store = store_for(self.uri, endpoint_url)
+        segments = list_segments_at(self.store, self.uri)
+        for meta in segments:
+            if meta.get("format") != FORMAT:  # refused here, not at the commit after the whole stage ran
+                raise _old_format_error(self.uri, meta)
+        prior_metas, self.reruns = _prior_segments(segments, exclude_run, inputs)
+        for meta in prior_metas:
+            _check_params(meta, self.uri, d)
+        self.runs, self.metas = [m["run_id"] for m in prior_metas], {m["run_id"]: m for m in prior_metas}
+        self.params = _read_index_json(self.store, self.uri) if self.runs else None
+        if self.runs and self.params is None:
+            raise DataStageError("data.dedup.index_uri", self.uri, "the index has runs but no index.json (its "
+                                 "metadata was deleted or not copied)", "copy the whole index folder, or clear it "
+                                 "(llm-pipeline dedup-index clear CONFIG)")
+
+    def hits(self, bands: int, rows: int, keys: np.ndarray | None, qkeys: np.ndarray | None = None,
+             qbands: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """((n, 2) int64 (run order, row) of the index rows wanted by exact `keys` (the earliest per key) and
+        by band keys `qkeys` of bands `qbands` (the first CAP per band key), unique, sorted; the keys that hit)."""
+        params, store, uri, d = self.params, self.store, self.uri, self.cfg.data.dedup
+        hits = []
+        if params and keys is not None and len(keys):
+            hits.append((1, _lookup_partitions(store, uri, "exact", np.asarray(keys, np.uint64),
+                                               np.zeros(len(keys), np.uint8), params["prefix_bits"],
+                                               np.array([run_tag(r) for r in self.runs], np.uint64))))
+        if params and qkeys is not None and len(qkeys):
+            if (params["bands"], params["rows"]) != (bands, rows):
+                raise _layout_error(uri, params, d.threshold, bands, rows)
+            near = _lookup_partitions(store, uri, f"near-{bands}x{rows}", qkeys, qbands, params["prefix_bits"],
+                                      np.array([run_tag(r) for r in self.runs if self.metas[r]["has_sigs"]],
+                                               np.uint64))
+            hits.append((CAP, near))
+        order_of = {run_tag(r): i for i, r in enumerate(self.runs)}
+        wanted = [np.zeros((0, 2), np.int64)]
+        for cap, h in hits:  # exact: the earliest document per key; near: the first CAP per band key
+            order = np.array([order_of[t] for t in h["run"]], np.int64)
+            kept = _first_per_group(h, order, cap)
+            wanted.append(np.stack([np.array([order_of[t] for t in kept["run"]], np.int64),
+                                    kept["row"].astype(np.int64)], axis=1))
+        found = [h["key"] for _, h in hits]
+        return (np.unique(np.concatenate(wanted), axis=0),
+                np.unique(np.concatenate(found)) if found else np.zeros(0, np.uint64))
+
+    def index(self, wanted: np.ndarray, bands: int, rows: int) -> PriorIndex:
+        """The PriorIndex of the wanted (run order, row) pairs, fetched by ranged reads."""
+        store, d = self.store, self.cfg.data.dedup
+        ids, sources, key_parts, sig_parts = [], [], [], []
+        for i, run in enumerate(self.runs):
+            rows_ = np.unique(wanted[wanted[:, 0] == i, 1]) if len(wanted) else np.zeros(0, np.int64)
+            if not len(rows_):
+                continue
+            base, meta = self.metas[run]["uri"], self.metas[run]
+            origins = [decode_origin(x) for x in _line_rows(store, join(base, IDS_FILE), join(base, "ids.idx"), rows_)]
+            ids += [f"{run}/{o}" for o in origins]
+            if store.exists(join(base, "source_ids.idx")):
+                sources += [json.loads(x) for x in _line_rows(store, join(base, "source_ids.jsonl"),
+                                                              join(base, "source_ids.idx"), rows_)]
+            else:
+                sources += origins
+            key_parts.append(_npy_rows(store, join(base, "keys.npy"), rows_))
+            sig_parts.append(_npy_rows(store, join(base, "sigs.npy"), rows_) if meta["has_sigs"]
+                             else np.full((len(rows_), d.num_perm), EMPTY, np.uint32))
+        prior = PriorIndex(ids, np.concatenate(key_parts) if key_parts else np.zeros(0, np.uint64),
+                           np.concatenate(sig_parts) if sig_parts else np.zeros((0, d.num_perm), np.uint32),
+                           bands, rows, self.runs, sources)
+        prior.reruns = self.reruns
+        prior.docs = sum(self.metas[r]["docs"] for r in self.runs)
+        return prior
 
 
 def migrate_index(cfg, endpoint_url: str | None = None) -> list[str]:
