@@ -176,3 +176,54 @@ def test_a_dedup_step_killed_between_partitions_resumes_from_the_finished_ones(t
     for rel in ["duplicates.jsonl", *(f"shards/{p.name}/keep.npy" for p in sorted(shards.glob("0*")) if p.is_dir())]:
         a, b = (o / "runs" / "r" / "data" / rel for o in (killed, whole))
         assert a.read_bytes() == b.read_bytes(), rel
+
+
+def _synthetic_run(tmp_path, shards: list[list[tuple[int, np.ndarray]]], partitions: int):
+    """A run's prepared shards written directly from (exact key, signature) rows: what prep_shard leaves."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline_lib.data.dedup_parts import PARTS, PARTS_IDX, shard_parts
+
+    cfg = make_cfg(tmp_path)
+    cfg.data.dedup.partitions, cfg.data.dedup.incremental = partitions, False
+    paths = RunPaths(cfg.run.output_root, "syn")
+    ws = Workspace(cfg, paths)
+    ws.write_json("shards/plan.json", {"files": [], "shards": [{}] * len(shards), "dedup_partitions": partitions})
+    g = 0
+    for k, rows in enumerate(shards):
+        origins = [f"f:{g + i}" for i in range(len(rows))]
+        g += len(rows)
+        keys = np.array([r[0] for r in rows], np.uint64)
+        sigs = np.stack([r[1] for r in rows]).astype(np.uint32)
+        pq.write_table(pa.table({"origin": origins, "source_id": [json.dumps(o) for o in origins],
+                                 "key": pa.array(keys, pa.uint64())}), ws.local(f"{shard_dir(k)}/docs.parquet"))
+        np.save(ws.local(f"{shard_dir(k)}/sigs.npy"), sigs)
+        parts, offsets = shard_parts(keys, sigs, cfg.data.dedup, partitions)
+        np.save(ws.local(f"{shard_dir(k)}/{PARTS}"), parts)
+        np.save(ws.local(f"{shard_dir(k)}/{PARTS_IDX}"), offsets)
+        ws.write_json(f"{shard_dir(k)}/counts.json", {"candidates": len(rows), "read": len(rows)})
+    dedup_stage(cfg, paths)
+    decisions = [np.load(ws.fetch(f"{shard_dir(k)}/keep.npy")).tolist() for k in range(len(shards))]
+    records = [json.loads(x) for x in ws.fetch("duplicates.jsonl").read_text().splitlines()]
+    return cfg, paths, decisions, records
+
+
+def test_equal_similarities_name_the_earliest_kept_document_and_empty_signatures_are_never_near(tmp_path):
+    """C is as similar to A as to B (20 positions each, in other bands), A and B are not alike: C names A,
+    the earlier. Empty signatures (texts shorter than a shingle) share every band yet are never compared."""
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 2**31, 128)
+    c = a.copy()
+    c[:20] = rng.integers(0, 2**31, 20)
+    b = c.copy()
+    b[26:46] = rng.integers(0, 2**31, 20)
+    empty = np.full(128, 0xFFFFFFFF)
+    rows = [(1, a), (2, empty), (3, b), (4, empty), (5, c), (1, a)]
+    for partitions in (1, 4):
+        cfg, paths, decisions, records = _synthetic_run(tmp_path / str(partitions), [rows[:3], rows[3:]], partitions)
+        assert decisions == [[0, 0, 0], [0, 2, 1]]
+        assert [(r["origin"], r["kept_origin"], r["kind"], r["jaccard"]) for r in records] == [
+            ("f:4", "f:0", "near", round(108 / 128, 4)), ("f:5", "f:0", "exact", 1.0)]
+        want, want_records = _reference(cfg, paths)
+        assert [d.tolist() for d in want] == decisions and want_records == records
