@@ -198,6 +198,56 @@ def write_segment(folder: Path, meta: dict, ids: list[str], keys: np.ndarray, si
     return names + ["meta.json"]
 
 
+class SegmentWriter:
+    """write_segment a part at a time (the same files, byte for byte): the dedup step's kept documents shard by
+    shard, so no process holds the run's signatures, origins or source ids at once. `n` (the row count) is known
+    beforehand: keys.npy and sigs.npy are written as memory maps."""
+
+    def __init__(self, folder: Path, n: int, num_perm: int | None, with_sources: bool = True):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.n, self.at, self.has_sigs = folder, n, 0, num_perm is not None
+        self.keys = np.lib.format.open_memmap(folder / "keys.npy", "w+", np.uint64, (n,))
+        self.sigs = np.lib.format.open_memmap(folder / "sigs.npy", "w+", np.uint32, (n, num_perm)) \
+            if num_perm is not None else None
+        self.stems = ["ids", "source_ids"] if with_sources else ["ids"]
+        self.text = {s: open(folder / f"{s}.jsonl", "wb") for s in self.stems}
+        self.idx = {s: open(folder / f"{s}.idx", "wb") for s in self.stems}
+        self.offset = dict.fromkeys(self.stems, 0)
+        for s in self.stems:
+            self.idx[s].write(np.zeros(1, "<u8").tobytes())
+
+    def _lines(self, stem: str, lines: list[str]) -> None:
+        data = [(x + "\n").encode("utf-8") for x in lines]
+        self.text[stem].write(b"".join(data))
+        ends = self.offset[stem] + np.cumsum([len(x) for x in data], dtype=np.uint64)
+        self.idx[stem].write(ends.astype("<u8").tobytes())
+        if len(data):
+            self.offset[stem] = int(ends[-1])
+
+    def add(self, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None, source_json: list[str] | None) -> None:
+        n = len(ids)
+        self.keys[self.at:self.at + n] = keys
+        if self.sigs is not None:
+            self.sigs[self.at:self.at + n] = sigs
+        self._lines("ids", [encode_origin(i) for i in ids])
+        if "source_ids" in self.stems:
+            self._lines("source_ids", source_json)
+        self.at += n
+
+    def close(self, meta: dict) -> list[str]:
+        """Flush, write meta.json (last); returns the file names as write_segment does."""
+        assert self.at == self.n, (self.at, self.n)
+        for arr in (self.keys, self.sigs):
+            if arr is not None:
+                arr.flush()
+        for fh in (*self.text.values(), *self.idx.values()):
+            fh.close()
+        del self.keys, self.sigs
+        (self.folder / "meta.json").write_text(json.dumps(meta, indent=1))
+        names = ["keys.npy"] + [f"{s}{ext}" for s in self.stems for ext in (".jsonl", ".idx")]
+        return names + (["sigs.npy"] if self.has_sigs else []) + ["meta.json"]
+
+
 def _index_params(meta: dict) -> dict:
     return {"format": FORMAT, "prefix_bits": DEFAULT_PREFIX_BITS,
             **{k: meta[k] for k in ("num_perm", "ngram", "seed", "scheme", "shingle_version", "bands", "rows",

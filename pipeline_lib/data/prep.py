@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from .. import killpoints
 from ..storage import LongLine, join
 from .dedup import EXACT, NEAR
-from .dedup_index import index_uri, lineage, segment_meta, stage_segment, write_segment
+from .dedup_index import SegmentWriter, index_uri, lineage, segment_meta, stage_segment
 from .dedup_parts import PARTS, PARTS_IDX, partition_count, shard_parts
 from .dedup_run import dedup_partition, resolve
 from .errors import DataStageError, NoNewDocuments
@@ -344,22 +344,18 @@ def stage_index_segment(cfg, paths, *, shared: bool = True) -> list[str]:
     if ws.is_marked("segment"):
         return ws.read_json(f"{SEGMENT}.json")["names"]
     names = []
-    if uses_index(cfg):
+    if uses_index(cfg):  # shard by shard: no process holds the run's kept signatures, origins, source ids
         d, plan = cfg.data.dedup, ws.read_json("shards/plan.json")
-        ids, keys, sigs, sources = [], [], [], []
+        n = sum(s["kept"] for s in ws.read_json("shards/dedup.json")["shards"])
+        out = SegmentWriter(ws.local(SEGMENT), n, d.num_perm if d.near else None)
         for k in range(len(plan["shards"])):
             folder = shard_dir(k)
             keep = np.load(ws.fetch(f"{folder}/keep.npy")) == 0
-            table = read_docs(ws, k, ["origin", "source_id", "key"])
-            ids += [x for x, kept in zip(table.column("origin").to_pylist(), keep) if kept]
-            sources += [x for x, kept in zip(table.column("source_id").to_pylist(), keep) if kept]  # JSON text
-            keys.append(table.column("key").to_numpy()[keep])
-            if d.near:
-                sigs.append(np.load(ws.fetch(f"{folder}/sigs.npy"))[keep])
-        sig = (np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32)) if d.near else None
-        meta = segment_meta(cfg, paths.run_id, len(ids), sig is not None, plan["files"])
-        names = write_segment(ws.local(SEGMENT), meta, ids, np.concatenate(keys) if keys else np.zeros(0, np.uint64), sig,
-                              source_json=sources)
+            table = read_docs(ws, k, ["origin", "source_id", "key"]).filter(pa.array(keep))
+            out.add(table.column("origin").to_pylist(), table.column("key").to_numpy(),
+                    np.load(ws.fetch(f"{folder}/sigs.npy"), mmap_mode="r")[keep] if d.near else None,
+                    table.column("source_id").to_pylist())  # JSON text
+        names = out.close(segment_meta(cfg, paths.run_id, n, d.near, plan["files"]))
         ws.publish(*[f"{SEGMENT}/{n}" for n in names])
         stage_segment(ws.local(SEGMENT), names, index_uri(cfg), paths.run_id, ws.endpoint)
     ws.write_json(f"{SEGMENT}.json", {"names": names})

@@ -227,3 +227,22 @@ def test_equal_similarities_name_the_earliest_kept_document_and_empty_signatures
             ("f:4", "f:0", "near", round(108 / 128, 4)), ("f:5", "f:0", "exact", 1.0)]
         want, want_records = _reference(cfg, paths)
         assert [d.tolist() for d in want] == decisions and want_records == records
+
+
+@pytest.mark.parametrize("with_sigs", [True, False])
+def test_a_segment_written_a_part_at_a_time_equals_one_written_whole(tmp_path, with_sigs):
+    from pipeline_lib.data.dedup_index import SegmentWriter
+
+    rng = np.random.default_rng(1)
+    ids = ["a.jsonl:1", "名字\n带换行.jsonl:2", "b:3", "\u2028x:4", "c:5"]
+    sources = [json.dumps(x, ensure_ascii=False) for x in ["s1", 7, None, {"k": "值"}, "s1"]]
+    keys = rng.integers(0, 2**63, 5).astype(np.uint64)
+    sigs = rng.integers(0, 2**32, (5, 16)).astype(np.uint32) if with_sigs else None
+    meta = {"run_id": "r", "has_sigs": with_sigs}
+    whole = write_segment(tmp_path / "whole", meta, ids, keys, sigs, source_json=sources)
+    out = SegmentWriter(tmp_path / "parts", 5, 16 if with_sigs else None)
+    for a, b in ((0, 2), (2, 2), (2, 5)):
+        out.add(ids[a:b], keys[a:b], sigs[a:b] if with_sigs else None, sources[a:b])
+    assert out.close(meta) == whole
+    for name in whole:
+        assert (tmp_path / "parts" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
