@@ -1,13 +1,15 @@
 """Steps 1-3 of the data stage: plan the shards, prepare each shard (read, quarantine, clean,
-hash, sign), deduplicate all shards in input order; then (`stage_index_segment`, while the
+hash, sign, write its keys by dedup partition), deduplicate all shards in input order (the partitions
+of dedup_run.py, then their resolution); then (`stage_index_segment`, while the
 tokenizer trains) this run's segment of the persistent dedup index, all but its publication.
 
 `prep_shard` drops the documents data.exclude_from / data.exclude_ids name (exclusions.py: the loss guard's, the
 nightly screen's) before the filters.
 
 Each step is idempotent: it returns at once when its completion marker (shards/<name>.done,
-holding the work hash) exists, so a rerun redoes only unfinished shards. `prep_shard` is the
-function a Prefect task maps over shard indices; `plan_data_stage` and `dedup_stage` run once.
+holding the work hash) exists, so a rerun redoes only unfinished shards and partitions. `prep_shard` and
+dedup_run.dedup_partition are the functions mapped over shards and partitions; `plan_data_stage` and
+`dedup_stage` run once.
 """
 from __future__ import annotations
 
