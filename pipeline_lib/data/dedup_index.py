@@ -344,14 +344,44 @@ def stage_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoin
             raise _old_format_error(uri, old[0])
     tag = run_tag(run_id)
     sigs = np.load(Path(folder) / "sigs.npy", mmap_mode="r") if "sigs.npy" in names else None
-    exact, near = _run_entries(np.load(Path(folder) / "keys.npy"), sigs, params["bands"], params["rows"], tag)
+    keys = np.load(Path(folder) / "keys.npy", mmap_mode="r")
     while True:  # until the partition count did not change (repartition_index) while we wrote
         bits = params["prefix_bits"]
-        for kind, adds in (("exact", exact), (f"near-{params['bands']}x{params['rows']}", near)):
-            _merge_into_partitions(store, uri, kind, bits, adds, tag, run_id, after_read)
+        spilled = _spill_entries(Path(folder) / ".entries", keys, sigs, params["bands"], params["rows"], tag, bits)
+        for kind in ("exact", f"near-{params['bands']}x{params['rows']}"):
+            for path in spilled[kind]:  # one partition's entries in memory at a time
+                _merge_into_partitions(store, uri, kind, bits, np.fromfile(path, ENTRY), tag, run_id, after_read)
+                path.unlink()
         params = _read_index_json(store, uri)
         if params["prefix_bits"] == bits:
             break
+
+
+def _spill_entries(folder: Path, keys: np.ndarray, sigs: np.ndarray | None, bands: int, rows: int, tag: np.uint64,
+                   bits: int) -> dict[str, list[Path]]:
+    """The run's exact and band entries (_run_entries), computed a chunk of documents at a time and appended to
+    one local file per kind and partition prefix (in document order, as _run_entries gives them); the files by
+    kind, in prefix order. The commit then holds one partition's entries at a time, not the run's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    near_kind = f"near-{bands}x{rows}"
+    files: dict[str, dict[int, Path]] = {"exact": {}, near_kind: {}}
+    for old in folder.glob("*.bin"):
+        old.unlink()
+    chunk = 1 << 16
+    for a in range(0, len(keys), chunk):
+        exact, near = _run_entries(np.asarray(keys[a:a + chunk]), None if sigs is None else sigs[a:a + chunk],
+                                   bands, rows, tag)
+        exact["row"] += np.uint32(a)
+        near["row"] += np.uint32(a)
+        for kind, adds in (("exact", exact), (near_kind, near)):
+            prefixes = prefix_of(adds["key"], bits)
+            order = np.argsort(prefixes, kind="stable")
+            adds, prefixes = adds[order], prefixes[order]
+            for p in np.unique(prefixes):
+                path = files[kind].setdefault(int(p), folder / f"{kind}-{int(p):04x}.bin")
+                with open(path, "ab") as fh:
+                    fh.write(adds[prefixes == p].tobytes())
+    return {kind: [by[p] for p in sorted(by)] for kind, by in files.items()}
 
 
 def _merge_into_partitions(store, uri: str, kind: str, bits: int, adds: np.ndarray, drop, run_id: str,
