@@ -129,7 +129,7 @@ class DedupConfig(_Section):
     threshold: float = Field(0.8, gt=0, lt=1, description="Jaccard threshold; bands x rows are chosen for it.")
     partitions: int = Field(
         0, ge=0, le=4096,
-        description="Partitions of the dedup step (0: one per 250,000 documents the plan may hold, at least 2). "
+        description="Partitions of the dedup step (0: one per 100,000 documents the plan may hold, at least 2). "
         "Each shard writes its exact and LSH band keys by partition (key mod partitions); each partition is a task "
         "that finds and verifies its candidate pairs with memory for its share of the keys only, and resumes on "
         "its own. More partitions: less memory per task, more files. Decisions do not depend on it.")

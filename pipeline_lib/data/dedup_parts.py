@@ -27,7 +27,7 @@ from .minhash import band_keys, is_empty, lsh_params
 
 PART = np.dtype([("key", "<u8"), ("exact", "<u8"), ("row", "<u4"), ("band", "u1")])
 EXACT_BAND = 255          # a PART record of an exact key (band keys have band < 255)
-DOCS_PER_PARTITION = 250_000
+DOCS_PER_PARTITION = 100_000  # ~1.1M key records: a partition task's arrays stay ~150 MB
 SHARD_DOCS = 10_000
 PARTS, PARTS_IDX = "dedup_parts.npy", "dedup_parts.idx.npy"
 FOLDER = "shards/dedup"
