@@ -18,7 +18,6 @@ Three steps, each bounded by its own share of the work (dedup.py states the rule
 """
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
@@ -166,9 +165,3 @@ def verify(pairs: np.ndarray, sigs: SigReader, dedup_cfg, chunk: int = 1 << 15) 
         ok = banded & (n_eq / dedup_cfg.num_perm >= dedup_cfg.threshold)
         out.append(np.concatenate([p[ok], n_eq[ok, None].astype(np.int64)], axis=1))
     return np.concatenate(out) if out else np.zeros((0, 3), np.int64)
-
-
-def save_npz(path, **arrays) -> None:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    path.write_bytes(buf.getvalue())
