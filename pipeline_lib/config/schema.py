@@ -128,7 +128,7 @@ class DedupConfig(_Section):
                           "per document in memory and in the dedup index).")
     threshold: float = Field(0.8, gt=0, lt=1, description="Jaccard threshold; bands x rows are chosen for it.")
     partitions: int = Field(
-        0, ge=0, le=4096,
+        0, ge=0, le=4096, json_schema_extra=NO_OUTPUT_EFFECT,
         description="Partitions of the dedup step (0: one per 100,000 documents the plan may hold, at least 2). "
         "Each shard writes its exact and LSH band keys by partition (key mod partitions); each partition is a task "
         "that finds and verifies its candidate pairs with memory for its share of the keys only, and resumes on "
