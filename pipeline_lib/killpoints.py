@@ -29,6 +29,7 @@ KILL_REPORT = "LLM_PIPELINE_KILL_REPORT"
 # upstream stages it lets finish before the kill.
 POINTS: dict[str, str] = {
     "data.prep.between_shards": "data: a prep shard finished and marked, others not (prep step)",
+    "data.dedup.between_partitions": "data: a dedup partition's pairs written and marked, others not (dedup step)",
     "data.after_tokenizer": "data: tokenizer trained and saved, nothing tokenized yet",
     "data.mindrecord.mid_file": "data: a MindRecord file half written (rows written, not committed)",
     "data.mindrecord.between_files": "data: a MindRecord file complete, the next one or the stats not",

@@ -99,13 +99,19 @@ def _shards(cfg, paths, n: int) -> list[tuple]:
 
 @task(name="data-prep", task_run_name="data/{run_id}/prep", **_RETRY)
 def prep_task(config: dict, run_id: str, executor, progress) -> tuple[int, int]:
-    """List the inputs, plan the shards, prepare every shard; returns (shards, records read)."""
-    from pipeline_lib.data.prep import plan_data_stage, prep_shard
+    """List the inputs, plan the shards, prepare every shard, then the dedup step's partitions (each a
+    mapped task like a shard: dedup_run.dedup_partition); returns (shards, records read)."""
+    from pipeline_lib.data.dedup_run import dedup_partition
+    from pipeline_lib.data.prep import dedup_partitions, plan_data_stage, prep_shard
+    from pipeline_lib.data.workspace import Workspace
 
     cfg, paths = _ctx(config, run_id)
     warm_shard_work(cfg)  # nothing new when the CLI did it already
     n = len(plan_data_stage(cfg, paths))
     counts = fan_out(executor.get(), prep_shard, _shards(cfg, paths, n), "prep", progress)
+    if cfg.data.dedup.exact or cfg.data.dedup.near:  # the dedup step's partitions, mapped as the shards are
+        parts = dedup_partitions(Workspace(cfg, paths))
+        fan_out(executor.get(), dedup_partition, [(cfg, paths, p) for p in range(parts)], "dedup-partitions", progress)
     return n, sum(c["read"] for c in counts)
 
 

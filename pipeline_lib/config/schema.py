@@ -127,6 +127,12 @@ class DedupConfig(_Section):
     num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations (at most 1024: each costs 4 bytes "
                           "per document in memory and in the dedup index).")
     threshold: float = Field(0.8, gt=0, lt=1, description="Jaccard threshold; bands x rows are chosen for it.")
+    partitions: int = Field(
+        0, ge=0, le=4096, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Partitions of the dedup step (0: one per 100,000 documents the plan may hold, at least 2). "
+        "Each shard writes its exact and LSH band keys by partition (key mod partitions); each partition is a task "
+        "that finds and verifies its candidate pairs with memory for its share of the keys only, and resumes on "
+        "its own. More partitions: less memory per task, more files. Decisions do not depend on it.")
     incremental: bool = Field(
         True,
         description="Deduplicate against the earlier successful runs of this lineage (their kept documents' "

@@ -13,6 +13,9 @@ ride along and need not be unique. Each removed document yields a record (duplic
 {id, origin, kept_id, kept_origin, kept_run, kind, jaccard}: the removed document's source id and
 origin, the kept document's source id and origin, the earlier run that kept it (None: this run).
 
+The data stage decides with the same rule partitioned by key (dedup_parts.py, dedup_run.py): `Deduplicator`
+is the one-process reference its tests compare with, and what decides a list of documents held in memory.
+
 Speed: `collision_flags` finds, with numpy over the band keys of the whole run, which documents
 share a band with an earlier one (only those are queried) or a later one (only those are
 inserted), not counting bands shared only by exact copies when exact dedup runs first: in a
@@ -21,8 +24,8 @@ exactly those of querying and inserting everything. `close()` frees the LSH when
 
 The LSH of this run is datasketch's MinHashLSH (`RunLSH`), imported only by the dedup step.
 
-Limits: the signatures of every kept document of the run stay in memory (num_perm x 4 bytes each),
-and the band keys of every document of the run (bands x 8 bytes each).
+Limits: the signatures of every kept document stay in memory (num_perm x 4 bytes each), and the band
+keys of every document (bands x 8 bytes each): the data stage uses the partitioned steps instead.
 """
 from __future__ import annotations
 

@@ -198,6 +198,56 @@ def write_segment(folder: Path, meta: dict, ids: list[str], keys: np.ndarray, si
     return names + ["meta.json"]
 
 
+class SegmentWriter:
+    """write_segment a part at a time (the same files, byte for byte): the dedup step's kept documents shard by
+    shard, so no process holds the run's signatures, origins or source ids at once. `n` (the row count) is known
+    beforehand: keys.npy and sigs.npy are written as memory maps."""
+
+    def __init__(self, folder: Path, n: int, num_perm: int | None, with_sources: bool = True):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.n, self.at, self.has_sigs = folder, n, 0, num_perm is not None
+        self.keys = np.lib.format.open_memmap(folder / "keys.npy", "w+", np.uint64, (n,))
+        self.sigs = np.lib.format.open_memmap(folder / "sigs.npy", "w+", np.uint32, (n, num_perm)) \
+            if num_perm is not None else None
+        self.stems = ["ids", "source_ids"] if with_sources else ["ids"]
+        self.text = {s: open(folder / f"{s}.jsonl", "wb") for s in self.stems}
+        self.idx = {s: open(folder / f"{s}.idx", "wb") for s in self.stems}
+        self.offset = dict.fromkeys(self.stems, 0)
+        for s in self.stems:
+            self.idx[s].write(np.zeros(1, "<u8").tobytes())
+
+    def _lines(self, stem: str, lines: list[str]) -> None:
+        data = [(x + "\n").encode("utf-8") for x in lines]
+        self.text[stem].write(b"".join(data))
+        ends = self.offset[stem] + np.cumsum([len(x) for x in data], dtype=np.uint64)
+        self.idx[stem].write(ends.astype("<u8").tobytes())
+        if len(data):
+            self.offset[stem] = int(ends[-1])
+
+    def add(self, ids: list[str], keys: np.ndarray, sigs: np.ndarray | None, source_json: list[str] | None) -> None:
+        n = len(ids)
+        self.keys[self.at:self.at + n] = keys
+        if self.sigs is not None:
+            self.sigs[self.at:self.at + n] = sigs
+        self._lines("ids", [encode_origin(i) for i in ids])
+        if "source_ids" in self.stems:
+            self._lines("source_ids", source_json)
+        self.at += n
+
+    def close(self, meta: dict) -> list[str]:
+        """Flush, write meta.json (last); returns the file names as write_segment does."""
+        assert self.at == self.n, (self.at, self.n)
+        for arr in (self.keys, self.sigs):
+            if arr is not None:
+                arr.flush()
+        for fh in (*self.text.values(), *self.idx.values()):
+            fh.close()
+        del self.keys, self.sigs
+        (self.folder / "meta.json").write_text(json.dumps(meta, indent=1))
+        names = ["keys.npy"] + [f"{s}{ext}" for s in self.stems for ext in (".jsonl", ".idx")]
+        return names + (["sigs.npy"] if self.has_sigs else []) + ["meta.json"]
+
+
 def _index_params(meta: dict) -> dict:
     return {"format": FORMAT, "prefix_bits": DEFAULT_PREFIX_BITS,
             **{k: meta[k] for k in ("num_perm", "ngram", "seed", "scheme", "shingle_version", "bands", "rows",
@@ -294,14 +344,44 @@ def stage_segment(folder: Path, names: list[str], uri: str, run_id: str, endpoin
             raise _old_format_error(uri, old[0])
     tag = run_tag(run_id)
     sigs = np.load(Path(folder) / "sigs.npy", mmap_mode="r") if "sigs.npy" in names else None
-    exact, near = _run_entries(np.load(Path(folder) / "keys.npy"), sigs, params["bands"], params["rows"], tag)
+    keys = np.load(Path(folder) / "keys.npy", mmap_mode="r")
     while True:  # until the partition count did not change (repartition_index) while we wrote
         bits = params["prefix_bits"]
-        for kind, adds in (("exact", exact), (f"near-{params['bands']}x{params['rows']}", near)):
-            _merge_into_partitions(store, uri, kind, bits, adds, tag, run_id, after_read)
+        spilled = _spill_entries(Path(folder) / ".entries", keys, sigs, params["bands"], params["rows"], tag, bits)
+        for kind in ("exact", f"near-{params['bands']}x{params['rows']}"):
+            for path in spilled[kind]:  # one partition's entries in memory at a time
+                _merge_into_partitions(store, uri, kind, bits, np.fromfile(path, ENTRY), tag, run_id, after_read)
+                path.unlink()
         params = _read_index_json(store, uri)
         if params["prefix_bits"] == bits:
             break
+
+
+def _spill_entries(folder: Path, keys: np.ndarray, sigs: np.ndarray | None, bands: int, rows: int, tag: np.uint64,
+                   bits: int) -> dict[str, list[Path]]:
+    """The run's exact and band entries (_run_entries), computed a chunk of documents at a time and appended to
+    one local file per kind and partition prefix (in document order, as _run_entries gives them); the files by
+    kind, in prefix order. The commit then holds one partition's entries at a time, not the run's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    near_kind = f"near-{bands}x{rows}"
+    files: dict[str, dict[int, Path]] = {"exact": {}, near_kind: {}}
+    for old in folder.glob("*.bin"):
+        old.unlink()
+    chunk = 1 << 16
+    for a in range(0, len(keys), chunk):
+        exact, near = _run_entries(np.asarray(keys[a:a + chunk]), None if sigs is None else sigs[a:a + chunk],
+                                   bands, rows, tag)
+        exact["row"] += np.uint32(a)
+        near["row"] += np.uint32(a)
+        for kind, adds in (("exact", exact), (near_kind, near)):
+            prefixes = prefix_of(adds["key"], bits)
+            order = np.argsort(prefixes, kind="stable")
+            adds, prefixes = adds[order], prefixes[order]
+            for p in np.unique(prefixes):
+                path = files[kind].setdefault(int(p), folder / f"{kind}-{int(p):04x}.bin")
+                with open(path, "ab") as fh:
+                    fh.write(adds[prefixes == p].tobytes())
+    return {kind: [by[p] for p in sorted(by)] for kind, by in files.items()}
 
 
 def _merge_into_partitions(store, uri: str, kind: str, bits: int, adds: np.ndarray, drop, run_id: str,
@@ -526,62 +606,91 @@ def load_prior(cfg, exclude_run: str, bands: int, rows: int, endpoint_url: str |
     (None: no near lookups). The new keys are grouped by partition and each partition file is
     streamed and released; the prior documents they hit (per key the earliest, per band key the
     first CAP, in commit-name order) are fetched by ranged reads into a small PriorIndex. Its
-    decisions equal load_prior_in_memory's; len() is the number of documents in the index."""
-    uri, d = index_uri(cfg), cfg.data.dedup
-    store = store_for(uri, endpoint_url)
-    segments = list_segments_at(store, uri)
-    for meta in segments:
-        if meta.get("format") != FORMAT:  # refused here, not at the commit after the whole stage ran
-            raise _old_format_error(uri, meta)
-    prior_metas, reruns = _prior_segments(segments, exclude_run, inputs)
-    for meta in prior_metas:
-        _check_params(meta, uri, d)
-    runs, metas = [m["run_id"] for m in prior_metas], {m["run_id"]: m for m in prior_metas}
-    params = _read_index_json(store, uri) if runs else None
-    if runs and params is None:
-        raise DataStageError("data.dedup.index_uri", uri, "the index has runs but no index.json (its metadata was "
-                             "deleted or not copied)", "copy the whole index folder, or clear it "
-                             "(llm-pipeline dedup-index clear CONFIG)")
-    hits = []
-    if params and keys is not None and len(keys):
-        hits.append((1, _lookup_partitions(store, uri, "exact", np.asarray(keys, np.uint64),
-                                           np.zeros(len(keys), np.uint8), params["prefix_bits"],
-                                           np.array([run_tag(r) for r in runs], np.uint64))))
-    if params and band_keys_ is not None and len(band_keys_):
-        if (params["bands"], params["rows"]) != (bands, rows):
-            raise _layout_error(uri, params, d.threshold, bands, rows)
-        near = _lookup_partitions(store, uri, f"near-{bands}x{rows}", np.asarray(band_keys_, np.uint64).ravel(),
-                                  np.tile(np.arange(bands, dtype=np.uint8), len(band_keys_)), params["prefix_bits"],
-                                  np.array([run_tag(r) for r in runs if metas[r]["has_sigs"]], np.uint64))
-        hits.append((CAP, near))
-    order_of = {run_tag(r): i for i, r in enumerate(runs)}
-    wanted = set()
-    for cap, h in hits:  # exact: the earliest document per key; near: the first CAP per band key
-        order = np.array([order_of[t] for t in h["run"]], np.int64)
-        kept = _first_per_group(h, order, cap)
-        wanted |= {(order_of[t], int(r)) for t, r in zip(kept["run"], kept["row"])}
-    ids, sources, key_parts, sig_parts = [], [], [], []
-    for i, run in enumerate(runs):
-        rows_ = np.array(sorted(r for o, r in wanted if o == i), np.int64)
-        if not len(rows_):
-            continue
-        base, meta = metas[run]["uri"], metas[run]
-        origins = [decode_origin(x) for x in _line_rows(store, join(base, IDS_FILE), join(base, "ids.idx"), rows_)]
-        ids += [f"{run}/{o}" for o in origins]
-        if store.exists(join(base, "source_ids.idx")):
-            sources += [json.loads(x) for x in _line_rows(store, join(base, "source_ids.jsonl"),
-                                                          join(base, "source_ids.idx"), rows_)]
-        else:
-            sources += origins
-        key_parts.append(_npy_rows(store, join(base, "keys.npy"), rows_))
-        sig_parts.append(_npy_rows(store, join(base, "sigs.npy"), rows_) if meta["has_sigs"]
-                         else np.full((len(rows_), d.num_perm), EMPTY, np.uint32))
-    prior = PriorIndex(ids, np.concatenate(key_parts) if key_parts else np.zeros(0, np.uint64),
-                       np.concatenate(sig_parts) if sig_parts else np.zeros((0, d.num_perm), np.uint32),
-                       bands, rows, runs, sources)
-    prior.reruns = reruns
-    prior.docs = sum(metas[r]["docs"] for r in runs)
-    return prior
+    decisions equal load_prior_in_memory's; len() is the number of documents in the index.
+    The partitioned dedup step does the same in two halves: prior_hits per partition of its own
+    keys (a key's hits all fall in its partition), prior_rows once over what they wanted."""
+    seen = PriorRuns(cfg, exclude_run, endpoint_url, inputs)
+    qkeys = qbands = None
+    if band_keys_ is not None:
+        qkeys = np.asarray(band_keys_, np.uint64).ravel()
+        qbands = np.tile(np.arange(bands, dtype=np.uint8), len(band_keys_))
+    return seen.index(seen.hits(bands, rows, keys, qkeys, qbands)[0], bands, rows)
+
+
+class PriorRuns:
+    """The earlier runs a run deduplicates against (see load_prior): their listing and checks, then
+    `hits` (index entries wanted by some keys) and `index` (the PriorIndex of the wanted rows)."""
+
+    def __init__(self, cfg, exclude_run: str, endpoint_url: str | None = None, inputs: list[dict] | None = None):
+        self.cfg, self.uri, d = cfg, index_uri(cfg), cfg.data.dedup
+        self.store = store_for(self.uri, endpoint_url)
+        segments = list_segments_at(self.store, self.uri)
+        for meta in segments:
+            if meta.get("format") != FORMAT:  # refused here, not at the commit after the whole stage ran
+                raise _old_format_error(self.uri, meta)
+        prior_metas, self.reruns = _prior_segments(segments, exclude_run, inputs)
+        for meta in prior_metas:
+            _check_params(meta, self.uri, d)
+        self.runs, self.metas = [m["run_id"] for m in prior_metas], {m["run_id"]: m for m in prior_metas}
+        self.params = _read_index_json(self.store, self.uri) if self.runs else None
+        if self.runs and self.params is None:
+            raise DataStageError("data.dedup.index_uri", self.uri, "the index has runs but no index.json (its "
+                                 "metadata was deleted or not copied)", "copy the whole index folder, or clear it "
+                                 "(llm-pipeline dedup-index clear CONFIG)")
+
+    def hits(self, bands: int, rows: int, keys: np.ndarray | None, qkeys: np.ndarray | None = None,
+             qbands: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """((n, 2) int64 (run order, row) of the index rows wanted by exact `keys` (the earliest per key) and
+        by band keys `qkeys` of bands `qbands` (the first CAP per band key), unique, sorted; the keys that hit)."""
+        params, store, uri, d = self.params, self.store, self.uri, self.cfg.data.dedup
+        hits = []
+        if params and keys is not None and len(keys):
+            hits.append((1, _lookup_partitions(store, uri, "exact", np.asarray(keys, np.uint64),
+                                               np.zeros(len(keys), np.uint8), params["prefix_bits"],
+                                               np.array([run_tag(r) for r in self.runs], np.uint64))))
+        if params and qkeys is not None and len(qkeys):
+            if (params["bands"], params["rows"]) != (bands, rows):
+                raise _layout_error(uri, params, d.threshold, bands, rows)
+            near = _lookup_partitions(store, uri, f"near-{bands}x{rows}", qkeys, qbands, params["prefix_bits"],
+                                      np.array([run_tag(r) for r in self.runs if self.metas[r]["has_sigs"]],
+                                               np.uint64))
+            hits.append((CAP, near))
+        order_of = {run_tag(r): i for i, r in enumerate(self.runs)}
+        wanted = [np.zeros((0, 2), np.int64)]
+        for cap, h in hits:  # exact: the earliest document per key; near: the first CAP per band key
+            order = np.array([order_of[t] for t in h["run"]], np.int64)
+            kept = _first_per_group(h, order, cap)
+            wanted.append(np.stack([np.array([order_of[t] for t in kept["run"]], np.int64),
+                                    kept["row"].astype(np.int64)], axis=1))
+        found = [h["key"] for _, h in hits]
+        return (np.unique(np.concatenate(wanted), axis=0),
+                np.unique(np.concatenate(found)) if found else np.zeros(0, np.uint64))
+
+    def index(self, wanted: np.ndarray, bands: int, rows: int) -> PriorIndex:
+        """The PriorIndex of the wanted (run order, row) pairs, fetched by ranged reads."""
+        store, d = self.store, self.cfg.data.dedup
+        ids, sources, key_parts, sig_parts = [], [], [], []
+        for i, run in enumerate(self.runs):
+            rows_ = np.unique(wanted[wanted[:, 0] == i, 1]) if len(wanted) else np.zeros(0, np.int64)
+            if not len(rows_):
+                continue
+            base, meta = self.metas[run]["uri"], self.metas[run]
+            origins = [decode_origin(x) for x in _line_rows(store, join(base, IDS_FILE), join(base, "ids.idx"), rows_)]
+            ids += [f"{run}/{o}" for o in origins]
+            if store.exists(join(base, "source_ids.idx")):
+                sources += [json.loads(x) for x in _line_rows(store, join(base, "source_ids.jsonl"),
+                                                              join(base, "source_ids.idx"), rows_)]
+            else:
+                sources += origins
+            key_parts.append(_npy_rows(store, join(base, "keys.npy"), rows_))
+            sig_parts.append(_npy_rows(store, join(base, "sigs.npy"), rows_) if meta["has_sigs"]
+                             else np.full((len(rows_), d.num_perm), EMPTY, np.uint32))
+        prior = PriorIndex(ids, np.concatenate(key_parts) if key_parts else np.zeros(0, np.uint64),
+                           np.concatenate(sig_parts) if sig_parts else np.zeros((0, d.num_perm), np.uint32),
+                           bands, rows, self.runs, sources)
+        prior.reruns = self.reruns
+        prior.docs = sum(self.metas[r]["docs"] for r in self.runs)
+        return prior
 
 
 def migrate_index(cfg, endpoint_url: str | None = None) -> list[str]:

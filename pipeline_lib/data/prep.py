@@ -1,13 +1,15 @@
 """Steps 1-3 of the data stage: plan the shards, prepare each shard (read, quarantine, clean,
-hash, sign), deduplicate all shards in input order; then (`stage_index_segment`, while the
+hash, sign, write its keys by dedup partition), deduplicate all shards in input order (the partitions
+of dedup_run.py, then their resolution); then (`stage_index_segment`, while the
 tokenizer trains) this run's segment of the persistent dedup index, all but its publication.
 
 `prep_shard` drops the documents data.exclude_from / data.exclude_ids name (exclusions.py: the loss guard's, the
 nightly screen's) before the filters.
 
 Each step is idempotent: it returns at once when its completion marker (shards/<name>.done,
-holding the work hash) exists, so a rerun redoes only unfinished shards. `prep_shard` is the
-function a Prefect task maps over shard indices; `plan_data_stage` and `dedup_stage` run once.
+holding the work hash) exists, so a rerun redoes only unfinished shards and partitions. `prep_shard` and
+dedup_run.dedup_partition are the functions mapped over shards and partitions; `plan_data_stage` and
+`dedup_stage` run once.
 """
 from __future__ import annotations
 
@@ -22,14 +24,16 @@ import pyarrow.parquet as pq
 
 from .. import killpoints
 from ..storage import LongLine, join
-from .dedup import EXACT, NEAR, Deduplicator, collision_flags
-from .dedup_index import index_uri, lineage, load_prior, segment_meta, stage_segment, write_segment
+from .dedup import EXACT, NEAR
+from .dedup_index import SegmentWriter, index_uri, lineage, segment_meta, stage_segment
+from .dedup_parts import PARTS, PARTS_IDX, partition_count, shard_parts
+from .dedup_run import dedup_partition, resolve
 from .errors import DataStageError, NoNewDocuments
 from .decontaminate import FILTER, REASON, EvalNgrams, build_eval_ngrams, overlap_text
 from .exclusions import EXCLUSIONS_FILE, load_exclusions, save_exclusions, saved_exclusions
 from .filters import Doc, apply_filters_batch, build_filters
 from .index_lease import take_lease
-from .minhash import shingle_hashes, signatures
+from .minhash import lsh_params, shingle_hashes, signatures
 from .readers import iter_shard_batches
 from .sources import ShardSpec, list_inputs, plan_shards
 from .text import dedup_form, key_of_form
@@ -77,7 +81,8 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     save_exclusions(load_exclusions(cfg, ws.endpoint), ws.local(EXCLUSIONS_FILE))  # the same: read once a run
     ws.publish(EVAL_NGRAMS, EXCLUSIONS_FILE)
     ws.write_json("shards/plan.json", {"files": sizes, "shards": shards,
-                                       "decontamination": {"ngram": evals.n, "files": held_out}})
+                                       "decontamination": {"ngram": evals.n, "files": held_out},
+                                       "dedup_partitions": partition_count(cfg, len(shards))})
     ws.mark("plan")
     return shards
 
@@ -251,10 +256,16 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
                       "key": pa.array(np.asarray(keys, dtype=np.uint64), pa.uint64())})
     pq.write_table(table, ws.local(f"{folder}/docs.parquet"), compression="zstd")
     names = ["quarantine.jsonl", "excluded.jsonl", "docs.parquet"]
+    sig_all = None
     if d.dedup.near:
-        np.save(ws.local(f"{folder}/sigs.npy"), np.concatenate(sigs) if sigs else
-                np.zeros((0, d.dedup.num_perm), np.uint32))
+        sig_all = np.concatenate(sigs) if sigs else np.zeros((0, d.dedup.num_perm), np.uint32)
+        np.save(ws.local(f"{folder}/sigs.npy"), sig_all)
         names.append("sigs.npy")
+    if d.dedup.exact or d.dedup.near:  # this shard's keys by dedup partition (dedup_parts.py)
+        parts, offsets = shard_parts(table.column("key").to_numpy(), sig_all, d.dedup, dedup_partitions(ws))
+        np.save(ws.local(f"{folder}/{PARTS}"), parts)
+        np.save(ws.local(f"{folder}/{PARTS_IDX}"), offsets)
+        names += [PARTS, PARTS_IDX]
     ws.publish(*[f"{folder}/{n}" for n in names])
     counts = {"label": spec.label, "uri": spec.uri, "read": read, "rejected": dict(rejected),
               "filtered": dict(filtered), "candidates": len(origins),
@@ -266,54 +277,39 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
     return counts
 
 
+def dedup_partitions(ws: Workspace) -> int:
+    """The plan's number of dedup partitions (a plan from before partitions: 1)."""
+    return ws.read_json("shards/plan.json").get("dedup_partitions", 1)
+
+
 def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
     """Decide exact and near duplicates over all shards in input order (first seen wins), against
     the persistent index of earlier runs too; writes duplicates.jsonl and shards/<k>/keep.npy.
+    The partitions (dedup_run.dedup_partition: a task each, mapped like prep_shard) run here first
+    when they have not run yet; this step then resolves what they found (dedup_run.resolve), with
+    memory for the candidate pairs, exact copies and index hits, not for the corpus.
     Returns the summary (per-shard counts, LSH bands x rows)."""
     ws, d = Workspace(cfg, paths, shared), cfg.data.dedup
     if ws.is_marked("dedup"):
         return ws.read_json("shards/dedup.json")
     plan = ws.read_json("shards/plan.json")
-    n_shards = len(plan["shards"])
-    use_index = uses_index(cfg)
-    dd = Deduplicator(d, None, paths.run_id, decode_source=json.loads)
-    query = insert = run_bands = None
-    run_keys = np.concatenate([np.zeros(0, np.uint64)] + [  # for the LSH flags and the index lookups
-        read_docs(ws, k, ["key"]).column("key").to_numpy() for k in range(n_shards)]) \
-        if d.exact and (d.near or use_index) else None
-    if d.near:  # pass 1: which documents share an LSH band with another one of this run
-        from .minhash import band_keys, is_empty
-
-        parts = []
-        for k in range(n_shards):  # one shard's signatures in memory at a time
-            sig = np.load(ws.fetch(f"{shard_dir(k)}/sigs.npy"))
-            parts.append((band_keys(sig, dd.bands, dd.rows), is_empty(sig)))
-        run_bands = np.concatenate([p[0] for p in parts])
-        query, insert = collision_flags(run_bands, np.concatenate([p[1] for p in parts]), run_keys)
-        bounds = np.concatenate([[0], np.cumsum([len(p[1]) for p in parts])])
-        del parts
-    if use_index:  # the index is looked up with this run's keys, partition by partition
+    n_shards, n_parts = len(plan["shards"]), dedup_partitions(ws)
+    bands, rows = lsh_params(d.threshold, d.num_perm)
+    if uses_index(cfg):
         take_lease(index_uri(cfg), paths.run_id, ws.endpoint)  # `dedup-index clear` refuses until finalize drops it
-        dd.prior = load_prior(cfg, paths.run_id, dd.bands, dd.rows, ws.endpoint, inputs=plan["files"],
-                              keys=run_keys, band_keys_=run_bands)
-    del run_keys
-    del run_bands
+    if d.exact or d.near:
+        for p in range(n_parts):  # those no mapped task did
+            dedup_partition(cfg, paths, p, shared=shared)
+        prior, decided = resolve(cfg, paths, ws, n_shards, n_parts, shard_dir, read_docs)
+    else:
+        prior, decided = None, ((np.zeros(c["candidates"], np.int8), []) for c in
+                                (ws.read_json(f"{shard_dir(k)}/counts.json") for k in range(n_shards)))
     per_shard, from_earlier = [], 0
     out_path = ws.local("duplicates.jsonl")
     tmp = atomic_path(out_path)
     with open(tmp, "w", encoding="utf-8") as out:
-        for k in range(n_shards):
+        for k, (decisions, records) in enumerate(decided):
             folder = shard_dir(k)
-            table = read_docs(ws, k, ["origin", "source_id", "key"])
-            ids, keys = table.column("origin").to_pylist(), table.column("key").to_numpy()
-            sources = table.column("source_id").to_pylist()  # JSON text (Deduplicator decodes what it records)
-            if d.exact or d.near:
-                sigs = np.load(ws.fetch(f"{folder}/sigs.npy")) if d.near else None
-                part = slice(bounds[k], bounds[k + 1]) if d.near else slice(None)
-                decisions, records = dd.process(ids, keys, sigs, query[part] if d.near else None,
-                                                insert[part] if d.near else None, sources)
-            else:
-                decisions, records = np.zeros(len(ids), np.int8), []
             for rec in records:
                 out.write(_json(rec) + "\n")
                 from_earlier += rec["kept_run"] is not None
@@ -323,15 +319,14 @@ def dedup_stage(cfg, paths, progress=None, *, shared: bool = True) -> dict:
                               "near_duplicates": int((decisions == NEAR).sum()), "kept": int((decisions == 0).sum())})
             if progress:
                 progress("dedup", k + 1, n_shards)
-    dd.close()
     os.replace(tmp, out_path)
     ws.publish("duplicates.jsonl")
     if sum(s["kept"] for s in per_shard) == 0:
-        _nothing_kept(cfg, ws, n_shards, per_shard, from_earlier, dd.prior)
-    summary = {"shards": per_shard, "bands": dd.bands, "rows": dd.rows,
-               "prior_docs": len(dd.prior) if dd.prior is not None else 0,
-               "prior_runs": dd.prior.runs if dd.prior is not None else [],
-               "rerun_of": dd.prior.reruns if dd.prior is not None else []}
+        _nothing_kept(cfg, ws, n_shards, per_shard, from_earlier, prior)
+    summary = {"shards": per_shard, "bands": bands, "rows": rows,
+               "prior_docs": len(prior) if prior is not None else 0,
+               "prior_runs": prior.runs if prior is not None else [],
+               "rerun_of": prior.reruns if prior is not None else []}
     ws.write_json("shards/dedup.json", summary)
     ws.mark("dedup")
     return summary
@@ -351,22 +346,18 @@ def stage_index_segment(cfg, paths, *, shared: bool = True) -> list[str]:
     if ws.is_marked("segment"):
         return ws.read_json(f"{SEGMENT}.json")["names"]
     names = []
-    if uses_index(cfg):
+    if uses_index(cfg):  # shard by shard: no process holds the run's kept signatures, origins, source ids
         d, plan = cfg.data.dedup, ws.read_json("shards/plan.json")
-        ids, keys, sigs, sources = [], [], [], []
+        n = sum(s["kept"] for s in ws.read_json("shards/dedup.json")["shards"])
+        out = SegmentWriter(ws.local(SEGMENT), n, d.num_perm if d.near else None)
         for k in range(len(plan["shards"])):
             folder = shard_dir(k)
             keep = np.load(ws.fetch(f"{folder}/keep.npy")) == 0
-            table = read_docs(ws, k, ["origin", "source_id", "key"])
-            ids += [x for x, kept in zip(table.column("origin").to_pylist(), keep) if kept]
-            sources += [x for x, kept in zip(table.column("source_id").to_pylist(), keep) if kept]  # JSON text
-            keys.append(table.column("key").to_numpy()[keep])
-            if d.near:
-                sigs.append(np.load(ws.fetch(f"{folder}/sigs.npy"))[keep])
-        sig = (np.concatenate(sigs) if sigs else np.zeros((0, d.num_perm), np.uint32)) if d.near else None
-        meta = segment_meta(cfg, paths.run_id, len(ids), sig is not None, plan["files"])
-        names = write_segment(ws.local(SEGMENT), meta, ids, np.concatenate(keys) if keys else np.zeros(0, np.uint64), sig,
-                              source_json=sources)
+            table = read_docs(ws, k, ["origin", "source_id", "key"]).filter(pa.array(keep))
+            out.add(table.column("origin").to_pylist(), table.column("key").to_numpy(),
+                    np.load(ws.fetch(f"{folder}/sigs.npy"), mmap_mode="r")[keep] if d.near else None,
+                    table.column("source_id").to_pylist())  # JSON text
+        names = out.close(segment_meta(cfg, paths.run_id, n, d.near, plan["files"]))
         ws.publish(*[f"{SEGMENT}/{n}" for n in names])
         stage_segment(ws.local(SEGMENT), names, index_uri(cfg), paths.run_id, ws.endpoint)
     ws.write_json(f"{SEGMENT}.json", {"names": names})

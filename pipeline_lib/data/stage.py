@@ -7,7 +7,8 @@ The same steps, for a Prefect flow that maps tasks over shards (each idempotent,
 whose completion marker exists, each reading and writing only the stage folder):
     shards = plan_data_stage(cfg, paths)                      # -> list of shard specs
     prep_shard(cfg, paths, k)        for k in range(len(shards))
-    dedup_stage(cfg, paths)
+    dedup_partition(cfg, paths, p)   for p in range(dedup_partitions(ws))  (dedup_run.py)
+    dedup_stage(cfg, paths)          (runs the partitions not done yet, then decides)
     build_tokenizer(cfg, paths)      (tokenizer_and_cleaned: with write_cleaned_shard and
                                       stage_index_segment meanwhile, in the pool)
     tokenize_shard(cfg, paths, k)    for k in range(len(shards))
@@ -46,7 +47,8 @@ from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_m
                      tokenize_shard, write_cleaned_shard, write_mindrecord_files)
 from .errors import ConservationError
 from .replay import REPLAY, prepare_replay, reads_earlier_runs
-from .prep import SEGMENT, dedup_stage, plan_data_stage, prep_shard, shard_dir, stage_index_segment
+from .dedup_run import dedup_partition
+from .prep import SEGMENT, dedup_partitions, dedup_stage, plan_data_stage, prep_shard, shard_dir, stage_index_segment
 from .stats import attribute_rows, build_stats
 from .workspace import Workspace, atomic_path
 
@@ -390,6 +392,10 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
         log(f"data: read {sum(c['read'] for c in counts)} records")
         if pool is not None:
             writer = _new_writer()
+        if cfg.data.dedup.exact or cfg.data.dedup.near:  # the partitions of the dedup step, in the pool
+            parts = dedup_partitions(Workspace(cfg, paths, shared))
+            _run_all(pool, partial(dedup_partition, shared=shared), [(cfg, paths, p) for p in range(parts)],
+                     "dedup-partitions", report)
         summary = dedup_stage(cfg, paths, report, shared=shared)
         log("data: dedup " + json.dumps({k: sum(s[k] for s in summary["shards"])
                                          for k in ("exact_duplicates", "near_duplicates", "kept")}))

@@ -30,7 +30,7 @@ def stage_dir(cfg, run_id="r1") -> Path:
     return Path(cfg.run.output_root) / run_id / "data"
 
 
-STEPS = ["prep", "dedup", "tokenizer", "tokenize", "mindrecord", "finalize"]
+STEPS = ["prep", "dedup-partitions", "dedup", "tokenizer", "tokenize", "mindrecord", "finalize"]
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ CI_CASES = {"data:data.mindrecord.mid_file": ("data",), "pretrain:checkpoint.bef
 CASES = [
     *(Case(f"{s}.before_manifest", s) for s in STAGES),
     Case("data.prep.between_shards", "data", nth=2),
+    Case("data.dedup.between_partitions", "data"),
     Case("data.after_tokenizer", "data"),
     Case("data.mindrecord.mid_file", "data"),
     Case("data.mindrecord.between_files", "data"),
