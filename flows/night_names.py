@@ -82,22 +82,17 @@ def rename_this_night(run_id: str, log) -> None:
         log(f"this run keeps the name {flow_run.name} ({type(err).__name__}: {err})")
 
 
-def name_deployed_nights(deployment: str, timezone: str, wait_s: float = 20.0, log=print) -> int:
-    """After `llm-pipeline deploy`: wait (up to wait_s) for the server to schedule the nightly's upcoming runs, then
-    name them; returns how many were named."""
-    import time
-
+def name_deployed_nights(deployment: str, timezone: str, log=print) -> int:
+    """After `llm-pipeline deploy`: have the server schedule the nightly's upcoming runs now (the scheduler service
+    would within its loop, up to a minute later: the same runs, keyed by deployment, schedule and date, so none is
+    made twice), then name them; returns how many were named."""
     from prefect import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     with get_client(sync_client=True) as client:
         dep = client.read_deployment_by_name(deployment)
         if not dep.schedules:
             return 0
-        until = time.monotonic() + wait_s
-        while not client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
-                                        limit=1) and time.monotonic() < until:
-            time.sleep(1)  # the server's scheduler picks a new or changed deployment up within seconds
+        client._client.post(f"/deployments/{dep.id}/schedule", json={}).raise_for_status()
         named = name_scheduled_nights(client, dep.id, timezone)
     log(f"{deployment}: {named} upcoming run(s) named nightly/<date> (their date in {timezone})")
     return named
