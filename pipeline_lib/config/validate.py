@@ -368,9 +368,23 @@ def _replay(cfg: PipelineConfig) -> list[ConfigIssue]:
     return []
 
 
+def checkpoint_format_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
+    """training.async_save exists only in Checkpoint 2.0: mindformers 1.9 passes it to the legacy .ckpt writer too
+    (MindSpore's ModelCheckpoint), but nothing there marks a step complete, so a checkpoint still being written could
+    be verified, resumed from or handed over."""
+    t = cfg.training
+    if t.async_save and t.checkpoint_format != "safetensors":
+        return [ConfigIssue("training.async_save", t.async_save,
+                            f"asynchronous saving needs Checkpoint 2.0 (training.checkpoint_format=safetensors, whose "
+                            f"tracker file names a step only once every rank wrote it); training.checkpoint_format="
+                            f"{t.checkpoint_format}",
+                            "set training.checkpoint_format=safetensors, or training.async_save=false")]
+    return []
+
+
 RULES = (_batch, _replay, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft, _schedule,
          _lineage_schedule,
-         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues)
+         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues, checkpoint_format_issues)
 
 
 def warnings(cfg: PipelineConfig) -> list[str]:

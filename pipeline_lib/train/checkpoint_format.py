@@ -1,0 +1,235 @@
+"""training.checkpoint_format: what a run writes, how mindformers is told, and how its files are found and read.
+
+Two formats (facts and source lines: docs/mindformers-facts.md "Checkpoint formats"):
+- `ckpt` (default): mindformers 1.9's legacy CheckpointMonitor, `<output_dir>/checkpoint/rank_N/<prefix>_rank_N-
+  <E>_<S>.ckpt`, weights + AdamW moments + counters in one file per rank.
+- `safetensors`: Checkpoint 2.0 (`use_legacy_format: False`, the format mindformers 2.x makes the default):
+  `<output_dir>/checkpoint/iteration_<8 digits>/<prefix>-model-<rank 7>-<ranks 7>.safetensors` (the network's
+  parameters), `<prefix>-opt-...safetensors` (AdamW moments + global_step), `common.json` (step_num, epoch_num,
+  global_step, loss_scale, global_batch_size, by rank 0), `metadata.json` (every rank's shards with global
+  offsets; only when there are several ranks) and `checkpoint/latest_checkpointed_iteration.txt` (the tracker,
+  written after every rank finished, also under async_save). Weights and optimizer state are apart by design,
+  so the weights-only hand-off is the model files as they are.
+
+Here:
+- `checkpoint_files(folder)`: the one lookup of checkpoint files by extension (`.ckpt`, `.safetensors`), for any
+  code that finds checkpoints by glob;
+- `yaml_keys(cfg)`: the top-level and CheckpointMonitor keys of the generated mindformers yaml;
+- `iterations(ckpt_dir)` / `latest_iteration(ckpt_dir)`: a Checkpoint 2.0 folder's saved steps (the tracker
+  names the complete one; a folder without a tracker entry may be half written);
+- `write_weights_folder(it, dest)`: the weights-only hand-off folder (model files only, hard links; mindformers
+  1.9 loads Checkpoint 2.0 weights from a folder, never from a file);
+- `read_weights(path)`: name -> array of a `.safetensors` file or a Checkpoint 2.0 folder, without MindSpore.
+
+Limits: a Checkpoint 2.0 folder whose model files are shards of tensor/pipeline parallelism (metadata.json with
+offsets) is merged by mindformers' online reshard at load only; `read_weights` refuses it (see the facts doc).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMATS = ("ckpt", "safetensors")
+SUFFIXES = (".ckpt", ".safetensors")
+TRACKER = "latest_checkpointed_iteration.txt"
+ITERATION_DIR = re.compile(r"^iteration_(\d{8})$")
+# mindformers/checkpoint/utils.py get_checkpoint_name: f'{user_prefix}-{type}-{file_idx:07d}-{total_file_num:07d}'
+SHARD_FILE = re.compile(r"^(?:(?P<prefix>.+)-)?(?P<kind>model|opt)-(?P<rank>\d{7})-(?P<ranks>\d{7})\.safetensors$")
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint path that is not what the format says."""
+
+
+def checkpoint_files(folder: str | Path, pattern: str = "*") -> list[Path]:
+    """Checkpoint files (`.ckpt`, `.safetensors`) directly in `folder` whose names match `pattern`, sorted by
+    name. Temporary files of a write in progress (`*.tmp`, `*.tmp.ckpt`) are not checkpoints."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob(pattern)
+                  if p.is_file() and p.suffix in SUFFIXES and not p.name.endswith((".tmp.ckpt", ".tmp.safetensors")))
+
+
+def is_safetensors(path: str | Path) -> bool:
+    """A safetensors reference: a `.safetensors` file or a Checkpoint 2.0 folder (tracker or iteration_N)."""
+    p = Path(path)
+    if p.suffix == ".safetensors":
+        return True
+    return p.is_dir() and ((p / TRACKER).is_file() or bool(ITERATION_DIR.match(p.name))
+                           or any(SHARD_FILE.match(f.name) for f in checkpoint_files(p, "*.safetensors")))
+
+
+def yaml_keys(cfg) -> tuple[dict, dict]:
+    """(top-level keys, CheckpointMonitor keys) of the run yaml for training.checkpoint_format / async_save.
+
+    Checkpoint 2.0 is mindformers' `use_legacy_format: False`; mindformers maps the CheckpointMonitor's keys to
+    its `checkpoint` section (trainer/utils.py convert_checkpoint_config). `save_optimizer` keeps the opt files
+    (resume needs them); `integrated_save` does not apply there."""
+    t = cfg.training
+    if t.checkpoint_format == "safetensors":
+        return ({"use_legacy_format": False, "load_ckpt_format": "safetensors"},
+                {"checkpoint_format": "safetensors", "async_save": bool(t.async_save), "save_optimizer": True})
+    return ({"load_ckpt_format": "ckpt"}, {"checkpoint_format": "ckpt", "async_save": False})
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """One saved step of a Checkpoint 2.0 folder."""
+    folder: Path
+    step: int
+    model_files: list[Path] = field(default_factory=list)
+    opt_files: list[Path] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> int:
+        """Ranks that wrote this step (from the file names)."""
+        m = SHARD_FILE.match(self.model_files[0].name) if self.model_files else None
+        return int(m["ranks"]) if m else 0
+
+    @property
+    def complete(self) -> bool:
+        """Every rank's model file and common.json are there (opt files only when the run saved them)."""
+        return bool(self.model_files) and len(self.model_files) == self.ranks and (self.folder / "common.json").is_file()
+
+    def common(self) -> dict:
+        """common.json: step_num, epoch_num, global_step, loss_scale, global_batch_size."""
+        return json.loads((self.folder / "common.json").read_text(encoding="utf-8"))
+
+    @property
+    def sharded(self) -> bool:
+        """Model files with offsets (tensor/pipeline parallel): metadata.json lists a shard with a non-zero
+        offset. Pure data parallel saves the whole model on every rank."""
+        meta = self.folder / "metadata.json"
+        if not meta.is_file():
+            return False
+        data = json.loads(meta.read_text(encoding="utf-8")).get("state_dict_metadata", {})
+        return any(any(c.get("global_offset") and any(c["global_offset"]) for c in v.get("chunk", []))
+                   for v in data.values())
+
+
+def _iteration(folder: Path) -> Iteration | None:
+    m = ITERATION_DIR.match(folder.name)
+    if not m or not folder.is_dir():
+        return None
+    model, opt = [], []
+    for f in checkpoint_files(folder, "*.safetensors"):
+        s = SHARD_FILE.match(f.name)
+        if s:
+            (model if s["kind"] == "model" else opt).append(f)
+    return Iteration(folder, int(m[1]), model, opt)
+
+
+def iterations(ckpt_dir: str | Path) -> list[Iteration]:
+    """The iteration_N folders of a Checkpoint 2.0 `checkpoint/` folder, oldest first."""
+    found = [_iteration(p) for p in Path(ckpt_dir).glob("iteration_*")]
+    return sorted((i for i in found if i is not None), key=lambda i: i.step)
+
+
+def latest_iteration(ckpt_dir: str | Path) -> Iteration | None:
+    """The step the tracker names (written after every rank finished, checkpoint.py iter_finalize_func), if its
+    files are complete; None when there is no tracker (nothing finished yet)."""
+    tracker = Path(ckpt_dir) / TRACKER
+    if not tracker.is_file():
+        return None
+    step = int(tracker.read_text(encoding="utf-8").strip())
+    it = _iteration(Path(ckpt_dir) / f"iteration_{step:08d}")
+    return it if it is not None and it.complete else None
+
+
+def resolve_folder(path: str | Path) -> Iteration:
+    """The Iteration of a Checkpoint 2.0 reference: an iteration_N folder, a `checkpoint/` folder (its tracker's
+    step) or a weights-only hand-off folder (model files directly in it)."""
+    p = Path(path)
+    it = _iteration(p) or latest_iteration(p)
+    if it is None:
+        files = [f for f in checkpoint_files(p, "*.safetensors") if (s := SHARD_FILE.match(f.name)) and s["kind"] == "model"]
+        if files:
+            it = Iteration(p, -1, files, [])
+    if it is None or not it.model_files:
+        raise CheckpointFormatError(
+            f"{str(p)!r} is not a Checkpoint 2.0 folder: no {TRACKER}, no iteration_N folder and no "
+            "<prefix>-model-<rank>-<ranks>.safetensors file; pass the checkpoint/ folder a training.checkpoint_format="
+            "safetensors run wrote, one of its iteration_N folders, or a .safetensors file")
+    return it
+
+
+def write_weights_folder(it: Iteration, dest: str | Path) -> Path:
+    """`dest/` with the iteration's model files (hard links, copies across filesystems), no optimizer state:
+    what a consumer hands mindformers as `load_checkpoint` (a folder: mindformers/checkpoint/checkpoint.py
+    get_checkpoint_path refuses a file). A sharded step's metadata.json is rewritten to the model's
+    parameters only: mindformers checks that every file metadata.json names exists (checkpoint/utils.py
+    verify_ckpt_valid)."""
+    import shutil
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in it.model_files:
+        target = dest / f.name
+        if target.exists():
+            continue
+        try:
+            os.link(f, target)
+        except OSError:
+            shutil.copy2(f, target)
+    meta = it.folder / "metadata.json"
+    if meta.is_file():
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        keep = {f.name for f in it.model_files}
+        storage = {k: [s for s in v if s.get("file_name") in keep] for k, v in data.get("storage_data", {}).items()}
+        data["storage_data"] = {k: v for k, v in storage.items() if v}
+        if "state_dict_metadata" in data:  # storage keys are str((name, offset)) (checkpoint/utils.py)
+            names = {ast.literal_eval(k)[0] for k in data["storage_data"]}
+            data["state_dict_metadata"] = {k: v for k, v in data["state_dict_metadata"].items() if k in names}
+        (dest / "metadata.json").write_text(json.dumps(data), encoding="utf-8")
+    return dest
+
+
+def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(name -> array, name -> dtype name) of a `.safetensors` file or a Checkpoint 2.0 folder's model files
+    (rank 0's: under data parallel every rank holds the whole model). bfloat16 comes back as float32."""
+    from safetensors import safe_open
+
+    p = Path(path)
+    if p.is_file():
+        files = [p]
+    else:
+        it = resolve_folder(p)
+        if it.sharded:
+            raise CheckpointFormatError(
+                f"{it.folder} holds tensor/pipeline-parallel shards (metadata.json has offsets): mindformers 1.9 "
+                "merges them only while loading into a network (online reshard); load it with mindformers "
+                "(load_checkpoint: this folder) or train with training.checkpoint_format=ckpt, whose rank files "
+                "the pipeline merges offline")
+        files = it.model_files[:1]
+    arrays, dtypes = {}, {}
+    for f in files:
+        # framework="np" cannot hold bfloat16: read it as float32 through the raw bytes
+        with safe_open(str(f), framework="np") as fh:
+            for name in fh.keys():
+                try:
+                    arr = fh.get_tensor(name)
+                    dtypes[name] = str(arr.dtype)
+                except (TypeError, ValueError):
+                    arr, dtypes[name] = _bf16_tensor(f, name), "bfloat16"
+                arrays[name] = arr
+    return arrays, dtypes
+
+
+def _bf16_tensor(file: Path, name: str) -> np.ndarray:
+    """A bfloat16 tensor of a safetensors file as float32 (the format's header gives offsets; bf16 is the high
+    half of a float32)."""
+    with open(file, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n))
+        info = header[name]
+        start, end = info["data_offsets"]
+        fh.seek(8 + n + start)
+        raw = np.frombuffer(fh.read(end - start), dtype=np.uint16)
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
