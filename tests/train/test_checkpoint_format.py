@@ -1,0 +1,197 @@
+"""training.checkpoint_format: the yaml keys, the validation, the Checkpoint 2.0 folder readers, and (slow) a real
+mindformers run on CPU that saves Checkpoint 2.0 asynchronously, resumes, hands its weights only to a LoRA SFT, and
+exports the SFT result to MindIR through the export worker.
+
+The fast tests build safetensors files and folders with known contents; the slow one trains the tiny Llama of
+test_train (4 steps, then 2 resumed steps and a 3-step LoRA SFT side by side, ~60-90 s on 2 cores).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_train import TINY, finish, start, token_rows, write_mindrecord  # noqa: E402
+
+from pipeline_lib.config import ConfigError, config_from_dict  # noqa: E402
+from pipeline_lib.config.validate import validate  # noqa: E402
+from pipeline_lib.train.checkpoint_format import (  # noqa: E402
+    TRACKER, CheckpointFormatError, checkpoint_files, is_safetensors, iterations, latest_iteration, read_weights,
+    write_weights_folder)
+from pipeline_lib.train.mindformers_yaml import build_run_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(**training):
+    sections = json.loads(json.dumps(TINY))
+    sections["training"].update(training)
+    return config_from_dict(sections)
+
+
+def _monitor(run: dict) -> dict:
+    return next(c for c in run["callbacks"] if c["type"] == "CheckpointMonitor")
+
+
+def test_yaml_keys_per_format(tmp_path):
+    legacy = build_run_config(_cfg(), stage="pretrain", dataset_dir=str(tmp_path), output_dir=str(tmp_path),
+                              train_rows=64)
+    assert legacy["load_ckpt_format"] == "ckpt" and "use_legacy_format" not in legacy
+    assert _monitor(legacy)["checkpoint_format"] == "ckpt" and _monitor(legacy)["async_save"] is False
+    v2 = build_run_config(_cfg(checkpoint_format="safetensors", async_save=True), stage="sft",
+                          dataset_dir=str(tmp_path), output_dir=str(tmp_path), train_rows=64,
+                          load_checkpoint=str(tmp_path))
+    assert v2["use_legacy_format"] is False and v2["load_ckpt_format"] == "safetensors"
+    mon = _monitor(v2)
+    assert (mon["checkpoint_format"], mon["async_save"], mon["save_optimizer"]) == ("safetensors", True, True)
+
+
+def test_async_save_needs_checkpoint_2():
+    with pytest.raises(ConfigError) as err:
+        validate(_cfg(async_save=True))
+    text = str(err.value)
+    assert "training.async_save" in text and "training.checkpoint_format=safetensors" in text
+    validate(_cfg(async_save=True, checkpoint_format="safetensors"))  # no issue
+
+
+def test_unknown_format_names_the_field_and_choices():
+    with pytest.raises(Exception) as err:
+        _cfg(checkpoint_format="pt")
+    text = str(err.value)
+    assert "checkpoint_format" in text and "'ckpt'" in text and "'safetensors'" in text
+
+
+def _iteration(root: Path, step: int, tensors: dict, *, ranks: int = 1, opt: bool = True) -> Path:
+    it = root / f"iteration_{step:08d}"
+    it.mkdir(parents=True)
+    for r in range(ranks):
+        save_file(tensors, str(it / f"m-model-{r:07d}-{ranks:07d}.safetensors"))
+        if opt:
+            save_file({"adam_m.w": np.zeros(2, np.float32)}, str(it / f"m-opt-{r:07d}-{ranks:07d}.safetensors"))
+    (it / "common.json").write_text(json.dumps({"step_num": step, "global_step": step}))
+    return it
+
+
+def test_latest_iteration_is_the_trackers_complete_step(tmp_path):
+    w = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    _iteration(tmp_path, 2, w)
+    _iteration(tmp_path, 4, {"w": w["w"] + 1})
+    assert [i.step for i in iterations(tmp_path)] == [2, 4]
+    assert latest_iteration(tmp_path) is None  # no tracker: nothing is known to be finished
+    (tmp_path / TRACKER).write_text("2")
+    assert latest_iteration(tmp_path).step == 2  # the tracker, not the newest folder (4 may be half written)
+    (tmp_path / TRACKER).write_text("4")
+    (tmp_path / "iteration_00000004" / "common.json").unlink()
+    assert latest_iteration(tmp_path) is None  # named but incomplete
+    assert is_safetensors(tmp_path) and not is_safetensors(tmp_path / "nothing.ckpt")
+
+
+def test_weights_folder_drops_optimizer_state_and_reads_back(tmp_path):
+    w = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float16)}
+    it = _iteration(tmp_path / "checkpoint", 4, w)
+    meta = {"state_dict_metadata": {"w": {"chunk": [{"global_offset": [0, 0]}]},
+                                    "adam_m.w": {"chunk": [{"global_offset": [0, 0]}]}},
+            "storage_data": {str(("w", (0, 0))): [{"file_name": "m-model-0000000-0000001.safetensors"}],
+                             str(("adam_m.w", (0, 0))): [{"file_name": "m-opt-0000000-0000001.safetensors"}]}}
+    (it / "metadata.json").write_text(json.dumps(meta))
+    dest = write_weights_folder(iterations(tmp_path / "checkpoint")[0], tmp_path / "weights")
+    assert [p.name for p in checkpoint_files(dest)] == ["m-model-0000000-0000001.safetensors"]
+    kept = json.loads((dest / "metadata.json").read_text())
+    assert list(kept["state_dict_metadata"]) == ["w"] and len(kept["storage_data"]) == 1
+    arrays, dtypes = read_weights(dest)
+    assert sorted(arrays) == ["b", "w"] and dtypes == {"b": "float16", "w": "float32"}
+    np.testing.assert_array_equal(arrays["w"], w["w"])
+
+
+def test_sharded_folder_is_refused_with_the_way_out(tmp_path):
+    it = _iteration(tmp_path, 2, {"w": np.zeros((2, 3), np.float32)}, ranks=2)
+    (it / "metadata.json").write_text(json.dumps({"state_dict_metadata": {
+        "w": {"chunk": [{"global_offset": [0, 0]}, {"global_offset": [1, 0]}]}}, "storage_data": {}}))
+    with pytest.raises(CheckpointFormatError, match="online reshard"):
+        read_weights(it)
+
+
+def test_bfloat16_tensor_reads_as_float32(tmp_path):
+    import mindspore as ms
+
+    want = np.array([[1.5, -2.0, 3.25]], np.float32)
+    ms.save_checkpoint([{"name": "w", "data": ms.Tensor(want).astype(ms.bfloat16)}], str(tmp_path / "w.safetensors"),
+                       format="safetensors")
+    arrays, dtypes = read_weights(tmp_path / "w.safetensors")
+    assert dtypes == {"w": "bfloat16"}
+    np.testing.assert_array_equal(arrays["w"], want)
+
+
+def test_checkpoint_files_skips_temporaries(tmp_path):
+    for name in ("a.ckpt", "b.safetensors", "c.tmp.ckpt", "d.ckpt.tmp", "e.json"):
+        (tmp_path / name).write_bytes(b"x")
+    assert [p.name for p in checkpoint_files(tmp_path)] == ["a.ckpt", "b.safetensors"]
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_checkpoint_2_trains_resumes_hands_off_and_exports(tmp_path):
+    from safetensors import safe_open
+
+    data = {"pretrain": write_mindrecord(tmp_path / "data" / "pretrain", token_rows(64)),
+            "sft": write_mindrecord(tmp_path / "data" / "sft", token_rows(32, prompt_len=20))}
+    fmt = {"checkpoint_format": "safetensors", "async_save": True}
+    pre = finish(start(tmp_path, "pre", "pretrain", data["pretrain"],
+                       {"training": {"steps": 4, "save_steps": 2, **fmt}}))
+    ckpt = pre.output_dir / "checkpoint"
+    assert sorted(pre.losses) == [1, 2, 3, 4]
+    assert [i.step for i in iterations(ckpt)] == [2, 4]
+    last = latest_iteration(ckpt)
+    assert last is not None and last.step == 4 and last.common()["global_step"] == 4
+    with safe_open(str(last.model_files[0]), framework="np") as fh:
+        model_keys = set(fh.keys())
+    with safe_open(str(last.opt_files[0]), framework="np") as fh:
+        opt_keys = set(fh.keys())
+    # weights and optimizer state apart: the model file is the weights-only hand-off as written
+    assert "lm_head.weight" in model_keys and not any(k.startswith("adam_") for k in model_keys)
+    assert {f"adam_m.{k}" for k in model_keys} | {f"adam_v.{k}" for k in model_keys} <= opt_keys
+
+    # resume (copy of the folder, budget 6) and a LoRA SFT from the weights only, side by side
+    out = tmp_path / "resume" / "out"
+    shutil.copytree(ckpt, out / "checkpoint")
+    resume = start(tmp_path, "resume", "pretrain", data["pretrain"], {"training": {"steps": 6, "save_steps": 2, **fmt}},
+                   output_dir=out, load_checkpoint=str(out / "checkpoint"), resume=True)
+    base = write_weights_folder(last, tmp_path / "handoff")
+    sft = start(tmp_path, "sft", "sft", data["sft"], {"training": fmt}, load_checkpoint=str(base))
+    resumed, tuned = finish(resume), finish(sft)
+    assert sorted(resumed.losses) == [5, 6]
+    assert latest_iteration(out / "checkpoint").common()["global_step"] == 6
+    assert sorted(tuned.losses) == [1, 2, 3]
+    assert tuned.losses[1] < pre.losses[1] - 0.5  # the handed-off weights were loaded, not a random init
+    sft_last = latest_iteration(tuned.output_dir / "checkpoint")
+    handed, _ = read_weights(base)
+    trained, _ = read_weights(tuned.output_dir / "checkpoint")
+    np.testing.assert_array_equal(trained["model.layers.1.attention.wq.weight"],
+                                  handed["model.layers.1.attention.wq.weight"])  # frozen base
+    with safe_open(str(sft_last.opt_files[0]), framework="np") as fh:
+        sft_opt = [k for k in fh.keys() if k.startswith("adam_")]
+    # Checkpoint 2.0 keeps the optimizer state of what LoRA trains only
+    assert sft_opt and all("mindpet_delta_lora" in k for k in sft_opt)
+
+    # export: base = the hand-off folder, adapter = the SFT's checkpoint folder -> LoRA merge check + MindIR check
+    work = tmp_path / "export"
+    (work / "out").mkdir(parents=True)
+    cfg = _cfg(**fmt)
+    request = {"config": cfg.model_dump(mode="json"), "target": "CPU", "base": str(base),
+               "adapter": str(tuned.output_dir / "checkpoint"), "tokenizer": None,
+               "out_dir": str(work / "out"), "work_dir": str(work)}
+    (work / "request.json").write_text(json.dumps(request))
+    proc = subprocess.run([sys.executable, "-m", "pipeline_lib.export.worker", "--request", str(work / "request.json"),
+                           "--result", str(work / "result.json")], cwd=work, capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "GLOG_v": "3"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    checks = json.loads((work / "out" / "checks.json").read_text())
+    assert checks["lora_check"]["ok"] and checks["mindir_check"]["ok"]
+    assert checks["lora"]["modules"] and (work / "out" / "serving" / "model.mindir").is_file()
