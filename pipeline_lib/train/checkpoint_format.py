@@ -233,3 +233,82 @@ def _bf16_tensor(file: Path, name: str) -> np.ndarray:
         fh.seek(8 + n + start)
         raw = np.frombuffer(fh.read(end - start), dtype=np.uint16)
     return (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
+
+
+# --- the checkpoint manager's view of a Checkpoint 2.0 folder (train/checkpoints.py, train/runner.py) ---
+
+def finished_model_files(ckpt_dir: str | Path) -> list[tuple[Path, int, int]]:
+    """(model file, rank, step) of every step up to the tracker's: mindformers writes the tracker after every rank
+    finished a step (also under async_save), so a later folder may be half written and is not listed yet."""
+    tracker = Path(ckpt_dir) / TRACKER
+    if not tracker.is_file():
+        return []
+    last = int(tracker.read_text(encoding="utf-8").strip() or 0)
+    out = []
+    for it in iterations(ckpt_dir):
+        if it.step <= last and (it.folder / "common.json").is_file():
+            out += [(f, int(SHARD_FILE.match(f.name)["rank"]), it.step) for f in it.model_files]
+    return out
+
+
+def _opt_file_of(model_file: Path) -> Path:
+    m = SHARD_FILE.match(model_file.name)
+    if not m:
+        return model_file.with_name(model_file.name + ".no-opt")
+    prefix = f"{m['prefix']}-" if m["prefix"] else ""
+    return model_file.with_name(f"{prefix}opt-{m['rank']}-{m['ranks']}.safetensors")
+
+
+def inspect(model_file: str | Path) -> dict | None:
+    """The checkpoint manager's verdict fields of one rank's step in a Checkpoint 2.0 folder, read in place without
+    MindSpore: tensors of the model file and its optimizer file, the non-finite float ones, and common.json's
+    counters. None when a file does not parse (the caller then asks MindSpore)."""
+    from safetensors import SafetensorError, safe_open
+
+    model_file = Path(model_file)
+    files = [model_file] + [f for f in (_opt_file_of(model_file),) if f.is_file()]
+    count, bad = 0, []
+    try:
+        for f in files:
+            with safe_open(str(f), framework="np") as fh:
+                for name in fh.keys():
+                    try:
+                        arr = fh.get_tensor(name)
+                    except (TypeError, ValueError):
+                        arr = _bf16_tensor(f, name)
+                    count += 1
+                    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+                        bad.append(name)
+        common = json.loads((model_file.parent / "common.json").read_text(encoding="utf-8"))
+    except (SafetensorError, OSError, ValueError, KeyError):
+        return None
+    return {"params": count, "nonfinite": bad, "global_step": common.get("global_step"),
+            "step_num": common.get("step_num"), "epoch_num": common.get("epoch_num")}
+
+
+def remove_iteration_if_empty(folder: Path) -> bool:
+    """Delete a Checkpoint 2.0 iteration folder once no rank's model file is left in it (the checkpoint manager
+    prunes per rank file; the optimizer files, common.json and metadata.json belong to the step)."""
+    import shutil
+
+    if not ITERATION_DIR.match(folder.name) or not folder.is_dir():
+        return False
+    if any((m := SHARD_FILE.match(f.name)) and m["kind"] == "model" for f in checkpoint_files(folder, "*.safetensors")):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+def resume_fields(model_file: str | Path) -> dict:
+    """The yaml fields that resume exactly the verified step of `model_file` (.../checkpoint/iteration_N/<model
+    file>): mindformers 1.9 resumes Checkpoint 2.0 from the folder's tracker (trainer/trainer.py:494-495 ->
+    checkpoint/checkpoint.py:760 get_checkpoint_path) and takes `resume_training` as a bool only
+    (trainer/utils.py:809-811), so the tracker is set to that step first."""
+    model_file = Path(model_file)
+    it, root = _iteration(model_file.parent), model_file.parent.parent
+    if it is None:
+        raise CheckpointFormatError(f"{model_file} is not inside a Checkpoint 2.0 iteration_N folder")
+    tmp = root / f".{TRACKER}.tmp"
+    tmp.write_text(str(it.step), encoding="utf-8")
+    os.replace(tmp, root / TRACKER)
+    return {"load_checkpoint": str(root), "resume_training": True}

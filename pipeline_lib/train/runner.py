@@ -35,6 +35,7 @@ from pathlib import Path
 from ..runtime.contract import TransientError
 from ..runtime.launcher import LaunchResult, launch_module
 from ..storage import store_for
+from .checkpoint_format import resume_fields as checkpoint_2_resume_fields
 from .checkpoints import CheckpointManager, list_checkpoints
 from .hang import HangWatchdog
 from .launch import ENTRY_MODULE, GuardTripped, TrainingHang, TrainingLaunchError, build_command, launch
@@ -104,6 +105,8 @@ def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None
 def resume_fields(checkpoint: str | Path) -> dict:
     """yaml fields that resume from the checkpoint file `<dir>/rank_N/<name>.ckpt` (see the module docstring)."""
     checkpoint = Path(checkpoint)
+    if checkpoint.suffix == ".safetensors":  # Checkpoint 2.0: the folder's tracker names the step
+        return checkpoint_2_resume_fields(checkpoint)
     return {"load_checkpoint": str(checkpoint.parent.parent), "resume_training": checkpoint.name}
 
 

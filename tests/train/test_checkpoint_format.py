@@ -195,3 +195,48 @@ def test_checkpoint_2_trains_resumes_hands_off_and_exports(tmp_path):
     checks = json.loads((work / "out" / "checks.json").read_text())
     assert checks["lora_check"]["ok"] and checks["mindir_check"]["ok"]
     assert checks["lora"]["modules"] and (work / "out" / "serving" / "model.mindir").is_file()
+
+
+def _mf_step(ckpt: Path, step: int, w: np.ndarray) -> None:
+    """One step as mindformers' Checkpoint 2.0 writes it for one rank (names from checkpoint/utils.py)."""
+    it = ckpt / f"iteration_{step:08d}"
+    it.mkdir(parents=True)
+    save_file({"w": w}, str(it / "tiny-model-0000000-0000001.safetensors"))
+    save_file({"adam_m.w": np.zeros_like(w), "adam_v.w": np.zeros_like(w),
+               "global_step": np.array([step], np.int32)}, str(it / "tiny-opt-0000000-0000001.safetensors"))
+    (it / "common.json").write_text(json.dumps({"step_num": step, "epoch_num": 1, "global_step": step}))
+    (ckpt / TRACKER).write_text(str(step))
+
+
+def test_checkpoint_manager_verifies_prunes_and_resumes_checkpoint_2(tmp_path):
+    from pipeline_lib.train.checkpoints import CheckpointManager
+    from pipeline_lib.train.runner import resume_fields
+
+    ckpt = tmp_path / "checkpoint"
+    _mf_step(ckpt, 2, np.ones((2, 2), np.float32))
+    _mf_step(ckpt, 4, np.full((2, 2), 2, np.float32))
+    (ckpt / "iteration_00000006").mkdir()  # being written: the tracker does not name it yet
+    save_file({"w": np.zeros((2, 2), np.float32)}, str(ckpt / "iteration_00000006" / "tiny-model-0000000-0000001.safetensors"))
+    manager = CheckpointManager(tmp_path, keep=1, log=lambda _: None)
+    results = manager.sync()
+    assert [Path(r.path).parent.name for r in results] == ["iteration_00000002", "iteration_00000004"]
+    assert all(r.ok and r.params == 4 for r in results)  # w + adam_m.w + adam_v.w + global_step
+    latest = manager.latest()
+    assert (latest["step"], latest["global_step"]) == (4, 4)
+    assert not (ckpt / "iteration_00000002").exists()  # pruned as a whole folder (keep=1)
+    assert (ckpt / "iteration_00000006").exists()  # never touched
+    fields = resume_fields(latest["path"])
+    assert fields == {"load_checkpoint": str(ckpt), "resume_training": True}
+    assert (ckpt / TRACKER).read_text() == "4"
+
+
+def test_non_finite_checkpoint_2_step_is_rejected(tmp_path):
+    from pipeline_lib.train.checkpoints import CheckpointManager
+
+    ckpt = tmp_path / "checkpoint"
+    _mf_step(ckpt, 2, np.array([[1.0, np.nan]], np.float32))
+    manager = CheckpointManager(tmp_path, log=lambda _: None)
+    [res] = manager.sync()
+    assert not res.ok and "non-finite" in res.error  # MindSpore's own load, told the format
+    assert manager.latest() is None
+    assert (tmp_path / "checkpoint_rejected" / "rank_0" / "tiny-model-0000000-0000001.safetensors").is_file()
