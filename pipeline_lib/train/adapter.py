@@ -148,8 +148,10 @@ def _check(params: dict, base: dict, expected: dict) -> tuple[dict, list[str], l
 def _main(request: dict) -> dict:
     import mindspore as ms
 
-    params = ms.load_checkpoint(request["sft"])
-    base = ms.load_checkpoint(request["base"])
+    from .checkpoint_format import load_mindspore  # .ckpt or Checkpoint 2.0 (training.checkpoint_format)
+
+    params = load_mindspore(request["sft"])
+    base = load_mindspore(request["base"])
     lora, optimized, shared = _check(params, base, request["expected"])
     from ..killpoints import arm_checkpoint_writes
 

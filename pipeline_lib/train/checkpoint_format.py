@@ -43,6 +43,10 @@ ITERATION_DIR = re.compile(r"^iteration_(\d{8})$")
 SHARD_FILE = re.compile(r"^(?:(?P<prefix>.+)-)?(?P<kind>model|opt)-(?P<rank>\d{7})-(?P<ranks>\d{7})\.safetensors$")
 
 
+HANDOFF_NAME = "weights-model-0000000-0000001.safetensors"
+"""The one file of a weights folder made for mindformers (named as Checkpoint 2.0 names rank 0 of 1)."""
+
+
 class CheckpointFormatError(ValueError):
     """A checkpoint path that is not what the format says."""
 
@@ -150,6 +154,8 @@ def resolve_folder(path: str | Path) -> Iteration:
     it = _iteration(p) or latest_iteration(p)
     if it is None:
         files = [f for f in checkpoint_files(p, "*.safetensors") if (s := SHARD_FILE.match(f.name)) and s["kind"] == "model"]
+        if not files and len(found := checkpoint_files(p, "*.safetensors")) == 1:
+            files = found  # one weights file of any name: what mindformers loads from such a folder too
         if files:
             it = Iteration(p, -1, files, [])
     if it is None or not it.model_files:
@@ -312,3 +318,106 @@ def resume_fields(model_file: str | Path) -> dict:
     tmp.write_text(str(it.step), encoding="utf-8")
     os.replace(tmp, root / TRACKER)
     return {"load_checkpoint": str(root), "resume_training": True}
+
+
+# --- what a training stage hands mindformers as its starting weights ---
+
+def mindformers_base(path: str | Path, fmt: str, cache: str | Path) -> Path:
+    """The local path mindformers loads as `load_checkpoint` for weights at `path` under training.checkpoint_format
+    `fmt`: Checkpoint 2.0 loads a FOLDER of safetensors (checkpoint/checkpoint.py:760 get_checkpoint_path refuses a
+    file), the legacy loader a `.ckpt` file. A `.safetensors` file goes into `cache/base_safetensors/` (hard link);
+    a file of the other format is converted once into `cache` (`python -m pipeline_lib.train.checkpoint_format
+    convert`, a MindSpore subprocess; the orchestrator never imports MindSpore)."""
+    path, cache = Path(path), Path(cache)
+    if fmt == "safetensors":
+        if path.is_dir():
+            return path
+        folder = cache / "base_safetensors"
+        target = folder / HANDOFF_NAME
+        if folder.exists():
+            import shutil
+            shutil.rmtree(folder)  # made again each time: a stale copy must never stand in for the base
+        folder.mkdir(parents=True)
+        if path.suffix == ".safetensors":
+            try:
+                os.link(path, target)
+            except OSError:
+                import shutil
+                shutil.copyfile(path, target)
+        else:
+            _convert(path, target)
+        return folder
+    if path.suffix == ".ckpt":
+        return path
+    if path.suffix == ".safetensors" or path.is_dir():
+        target = cache / f"{path.stem if path.is_file() else path.name}.converted.ckpt"
+        _convert(path, target)
+        return target
+    return path
+
+
+def _convert(src: Path, dst: Path) -> None:
+    from ..runtime.launcher import launch_module
+
+    done = launch_module("pipeline_lib.train.checkpoint_format", ["convert", str(src), str(dst)], cwd=None,
+                         timeout_s=3600, env={"GLOG_v": "3"})
+    if not done.ok:
+        raise CheckpointFormatError(f"converting {src} to {dst.suffix} failed: " + done.describe("checkpoint_format"))
+
+
+def _convert_main(src: str, dst: str) -> None:
+    """Runs in a subprocess: the weights of `src` (.ckpt, .safetensors or a Checkpoint 2.0 folder) written as `dst`
+    in the format its suffix names, dtypes kept."""
+    import mindspore as ms
+
+    p = Path(src)
+    if p.is_dir():
+        p = resolve_folder(p).model_files[0]
+    params = ms.load_checkpoint(str(p), format="safetensors" if p.suffix == ".safetensors" else "ckpt")
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".part-{dst.name}")  # same suffix: MindSpore appends its format's suffix otherwise
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in params.items()], str(tmp),
+                       format="safetensors" if dst.suffix == ".safetensors" else "ckpt")
+    os.replace(tmp, dst)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "convert":
+        sys.exit("usage: python -m pipeline_lib.train.checkpoint_format convert SRC DST(.ckpt|.safetensors)")
+    _convert_main(sys.argv[2], sys.argv[3])
+
+
+def load_mindspore(path: str | Path) -> dict:
+    """In a MindSpore process: name -> Parameter of a checkpoint in either format. A Checkpoint 2.0 model file comes
+    with its rank's optimizer file (what one legacy .ckpt holds: weights, moments, global_step)."""
+    import mindspore as ms
+
+    p = Path(path)
+    if p.is_dir():
+        p = resolve_folder(p).model_files[0]
+    if p.suffix != ".safetensors":
+        return ms.load_checkpoint(str(p))
+    params = ms.load_checkpoint(str(p), format="safetensors")
+    opt = _opt_file_of(p)
+    if opt.is_file():
+        params.update(ms.load_checkpoint(str(opt), format="safetensors"))
+    return params
+
+
+def weights_only_copy(model_file: Path, folder: Path, log=print) -> Path:
+    """The weights-only hand-off of a Checkpoint 2.0 run whose rank 0 holds the whole model:
+    `<folder>/<model file stem>-weights.safetensors`, a copy (never a link: mindformers' keep_checkpoint_max
+    deletes its iteration folder later) of the model file, which holds the network's parameters and nothing else."""
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    dst = folder / f"{model_file.stem}-weights.safetensors"
+    tmp = folder / f".part-{dst.name}"
+    shutil.copyfile(model_file, tmp)
+    os.replace(tmp, dst)
+    log(f"pretrain: weights-only checkpoint {dst.name}: {dst.stat().st_size:,} bytes (the step's model file; its "
+        f"optimizer file {_opt_file_of(model_file).name} stays with the training checkpoint)")
+    return dst
