@@ -379,6 +379,13 @@ def checkpoint_format_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
                             f"tracker file names a step only once every rank wrote it); training.checkpoint_format="
                             f"{t.checkpoint_format}",
                             "set training.checkpoint_format=safetensors, or training.async_save=false")]
+    upload = t.upload_checkpoints if t.upload_checkpoints is not None else is_remote(cfg.run.output_root)
+    if t.checkpoint_format == "safetensors" and upload:
+        return [ConfigIssue("training.checkpoint_format", t.checkpoint_format,
+                            "uploading checkpoints to the run store (training.upload_checkpoints, on by default with an "
+                            "s3:// run.output_root) copies per-rank .ckpt files; a Checkpoint 2.0 step (iteration folder, "
+                            "tracker, common.json) is not uploaded yet, so a retry elsewhere could not resume",
+                            "set training.checkpoint_format=ckpt for a remote run store, or keep run.output_root local")]
     return []
 
 

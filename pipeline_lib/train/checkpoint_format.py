@@ -421,3 +421,24 @@ def weights_only_copy(model_file: Path, folder: Path, log=print) -> Path:
     log(f"pretrain: weights-only checkpoint {dst.name}: {dst.stat().st_size:,} bytes (the step's model file; its "
         f"optimizer file {_opt_file_of(model_file).name} stays with the training checkpoint)")
     return dst
+
+
+def rollback_copy(model_files: list[Path], dest_dir: Path, step_num: int, epoch_num: int) -> Path:
+    """The loss guard's rollback for Checkpoint 2.0: a copy of the step's iteration folder under `dest_dir` whose
+    common.json carries the data position `step_num` / `epoch_num` (mindformers resumes the data from common.json,
+    base_trainer.py:1150-1158; the optimizer's global_step stays in the opt file). Returns rank 0's model file in
+    the copy (resume_fields of it points mindformers at `dest_dir`). No MindSpore: the tensors are copied as bytes."""
+    import shutil
+
+    src = model_files[0].parent
+    it = _iteration(src)
+    if it is None:
+        raise CheckpointFormatError(f"{model_files[0]} is not inside a Checkpoint 2.0 iteration_N folder")
+    dest = Path(dest_dir) / src.name
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.verified.json"))
+    common = json.loads((dest / "common.json").read_text(encoding="utf-8"))
+    common.update(step_num=int(step_num), epoch_num=int(epoch_num))
+    (dest / "common.json").write_text(json.dumps(common, indent=4), encoding="utf-8")
+    return dest / model_files[0].name

@@ -36,6 +36,7 @@ from ..runtime.contract import TransientError
 from ..runtime.launcher import LaunchResult, launch_module
 from ..storage import store_for
 from .checkpoint_format import resume_fields as checkpoint_2_resume_fields
+from .checkpoint_format import rollback_copy as checkpoint_2_rollback
 from .checkpoints import CheckpointManager, list_checkpoints
 from .hang import HangWatchdog
 from .launch import ENTRY_MODULE, GuardTripped, TrainingHang, TrainingLaunchError, build_command, launch
@@ -191,6 +192,9 @@ def rollback_checkpoint(latest: dict, dest_dir: Path, step_num: int, steps_per_e
     """Copies of `latest`'s per-rank files (a latest_checkpoint.json record) under dest_dir/rank_N/ with their data
     position (`step_num`, `epoch_num`) set to `step_num`, written in a MindSpore process; returns rank 0's file."""
     epoch = max(1, math.ceil(step_num / steps_per_epoch))
+    files = [Path(info["path"]) for _, info in sorted(latest["ranks"].items(), key=lambda kv: int(kv[0]))]
+    if files[0].suffix == ".safetensors":  # Checkpoint 2.0: the data position lives in common.json
+        return checkpoint_2_rollback(files, Path(dest_dir), step_num, epoch)
     pairs = []
     for rank, info in sorted(latest["ranks"].items(), key=lambda kv: int(kv[0])):
         src = Path(info["path"])

@@ -240,3 +240,24 @@ def test_non_finite_checkpoint_2_step_is_rejected(tmp_path):
     assert not res.ok and "non-finite" in res.error  # MindSpore's own load, told the format
     assert manager.latest() is None
     assert (tmp_path / "checkpoint_rejected" / "rank_0" / "tiny-model-0000000-0000001.safetensors").is_file()
+
+
+def test_rollback_moves_the_data_position_of_a_checkpoint_2_step(tmp_path):
+    from pipeline_lib.train.runner import resume_fields, rollback_checkpoint
+
+    ckpt = tmp_path / "checkpoint"
+    _mf_step(ckpt, 4, np.full((2, 2), 2, np.float32))
+    model = ckpt / "iteration_00000004" / "tiny-model-0000000-0000001.safetensors"
+    latest = {"ranks": {"0": {"path": str(model)}}}
+    start = rollback_checkpoint(latest, tmp_path / "rollback", step_num=7, steps_per_epoch=3)
+    common = json.loads((start.parent / "common.json").read_text())
+    assert (common["step_num"], common["epoch_num"], common["global_step"]) == (7, 3, 4)
+    assert json.loads((model.parent / "common.json").read_text())["step_num"] == 4  # the original is untouched
+    assert resume_fields(start)["load_checkpoint"] == str(tmp_path / "rollback")
+    assert (tmp_path / "rollback" / TRACKER).read_text() == "4"
+
+
+def test_checkpoint_2_is_not_uploaded_yet():
+    with pytest.raises(ConfigError) as err:
+        validate(_cfg(checkpoint_format="safetensors", upload_checkpoints=True))
+    assert "training.checkpoint_format='safetensors'" in str(err.value) and "Fix: set training.checkpoint_format=ckpt" in str(err.value)
