@@ -157,6 +157,13 @@ def test_checkpoint_2_trains_resumes_hands_off_and_exports(tmp_path):
     # weights and optimizer state apart: the model file is the weights-only hand-off as written
     assert "lm_head.weight" in model_keys and not any(k.startswith("adam_") for k in model_keys)
     assert {f"adam_m.{k}" for k in model_keys} | {f"adam_v.{k}" for k in model_keys} <= opt_keys
+    # the planner's disk figures (weights + 2 fp32 moments; weights only) hold for Checkpoint 2.0's two files
+    from pipeline_lib.train.checkpoints import estimate_checkpoint_bytes
+
+    n = sum(a.size for a in read_weights(last.model_files[0])[0].values())
+    model_bytes, opt_bytes = last.model_files[0].stat().st_size, last.opt_files[0].stat().st_size
+    assert abs(model_bytes - 4 * n) / (4 * n) < 0.01
+    assert abs(model_bytes + opt_bytes - estimate_checkpoint_bytes(n)) / estimate_checkpoint_bytes(n) < 0.01
 
     # resume (copy of the folder, budget 6) and a LoRA SFT from the weights only, side by side
     out = tmp_path / "resume" / "out"
