@@ -355,6 +355,14 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
                                   "MindSpore 2.9's CPU kernels have no bfloat16 (e.g. Reshape): the graph "
                                   "does not compile on CPU",
                                   "set training.precision=fp32 (or fp16) for a CPU run; bf16 is for Ascend"))
+    if cfg.training.checkpoint_format == "safetensors" and p.devices > 1:
+        # measured with msrun dp2: mindformers/checkpoint/sharded_tensor.py:440 raises at the first save
+        issues.append(ConfigIssue("training.checkpoint_format", "safetensors",
+                                  f"Checkpoint 2.0 with {p.devices} ranks on CPU fails at the first save: mindformers "
+                                  "1.9 describes each rank's shards from MindSpore's parallel strategy "
+                                  "(get_strategy_metadata), which a CPU data-parallel run does not have",
+                                  "set training.checkpoint_format=ckpt for a multi-rank CPU run, or "
+                                  "parallel.devices=1; on Ascend (semi-auto parallel) it applies"))
     return issues
 
 

@@ -268,3 +268,15 @@ def test_checkpoint_2_is_not_uploaded_yet():
     with pytest.raises(ConfigError) as err:
         validate(_cfg(checkpoint_format="safetensors", upload_checkpoints=True))
     assert "training.checkpoint_format='safetensors'" in str(err.value) and "Fix: set training.checkpoint_format=ckpt" in str(err.value)
+
+
+def test_multi_rank_checkpoint_2_is_refused_on_cpu():
+    from pipeline_lib.config.validate import check
+
+    cfg = _cfg(checkpoint_format="safetensors", micro_batch_size=1, gradient_accumulation_steps=2,
+               global_batch_size=None)
+    cfg = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(update={"devices": 2, "data_parallel": 2,
+                                                                             "devices_per_node": 2})})
+    issues = [i for i in check(cfg) if i.field == "training.checkpoint_format"]
+    assert issues and "get_strategy_metadata" in issues[0].problem
+    assert not [i for i in check(cfg, for_run=False) if i.field == "training.checkpoint_format"]  # plan: fine
