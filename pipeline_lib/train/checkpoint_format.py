@@ -21,8 +21,11 @@ Here:
   1.9 loads Checkpoint 2.0 weights from a folder, never from a file);
 - `read_weights(path)`: name -> array of a `.safetensors` file or a Checkpoint 2.0 folder, without MindSpore.
 
-Limits: a Checkpoint 2.0 folder whose model files are shards of tensor/pipeline parallelism (metadata.json with
-offsets) is merged by mindformers' online reshard at load only; `read_weights` refuses it (see the facts doc).
+- `merge_sharded(folder, dst)`: one file from tensor/pipeline-parallel shards (metadata.json with offsets), by
+  mindformers' own ReshardLoader in a MindSpore subprocess (`read_weights` refuses such a folder; callers merge).
+
+Limits: the shards a real tensor/pipeline-parallel run writes cannot be produced on CPU (docs/mindformers-facts.md);
+the merge is proved on shards described by mindformers' own metadata writer.
 """
 from __future__ import annotations
 
@@ -209,10 +212,9 @@ def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str
         it = resolve_folder(p)
         if it.sharded:
             raise CheckpointFormatError(
-                f"{it.folder} holds tensor/pipeline-parallel shards (metadata.json has offsets): mindformers 1.9 "
-                "merges them only while loading into a network (online reshard); load it with mindformers "
-                "(load_checkpoint: this folder) or train with training.checkpoint_format=ckpt, whose rank files "
-                "the pipeline merges offline")
+                f"{it.folder} holds tensor/pipeline-parallel shards (metadata.json has offsets): merge them first "
+                "(checkpoint_format.merge_sharded, what model.checkpoints.local_ckpt_file does: "
+                "python -m pipeline_lib.train.checkpoint_format merge FOLDER OUT.safetensors)")
         files = it.model_files[:1]
     arrays, dtypes = {}, {}
     for f in files:
@@ -382,12 +384,53 @@ def _convert_main(src: str, dst: str) -> None:
     os.replace(tmp, dst)
 
 
+def merge_sharded(folder: str | Path, dst: str | Path) -> Path:
+    """One `.safetensors` file with the whole model from a Checkpoint 2.0 step whose model files are shards
+    (tensor/pipeline parallel: metadata.json with offsets), in a MindSpore subprocess: mindformers' own online
+    reshard (`checkpoint/reshard.py` ReshardLoader) with every model parameter's whole tensor as the destination,
+    no network needed. Optimizer state is not merged (a consumer needs the weights)."""
+    from ..runtime.launcher import launch_module
+
+    it = resolve_folder(folder)
+    dst = Path(dst)
+    done = launch_module("pipeline_lib.train.checkpoint_format", ["merge", str(it.folder), str(dst)], cwd=None,
+                         timeout_s=3600, env={"GLOG_v": "3"})
+    if not done.ok:
+        raise CheckpointFormatError(f"merging the Checkpoint 2.0 shards of {it.folder} failed: "
+                                    + done.describe("checkpoint_format merge"))
+    return dst
+
+
+def _merge_main(folder: str, dst: str) -> None:
+    import mindspore as ms
+    from mindformers.checkpoint.metadata import load_metadata
+    from mindformers.checkpoint.reshard import ReshardLoader
+    from mindformers.checkpoint.sharded_tensor import build_sharded_tensor
+
+    src, files = load_metadata(os.path.join(folder, "metadata.json"))
+    model_params = {ast.literal_eval(k)[0] for k, v in files.items()
+                    if any((m := SHARD_FILE.match(s["file_name"])) and m["kind"] == "model" for s in v)}
+    whole = {}
+    for name in sorted(model_params):
+        first = src[name][0]
+        shape = tuple(first.global_shape)
+        whole[name] = build_sharded_tensor(name, first.dtype, shape, shape, (1,) * len(shape), (0,) * len(shape))
+    params = ReshardLoader(checkpoint_dir=folder, dst_sharded_tensor_metas=whole, src_sharded_tensor_metas=src,
+                           param_file_mappings=files, reshard_worker_num=1, template=None).load()
+    out = Path(dst)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".part-{out.name}")
+    ms.save_checkpoint([{"name": k, "data": params[k]} for k in sorted(params)], str(tmp), format="safetensors")
+    os.replace(tmp, out)
+
+
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) != 4 or sys.argv[1] != "convert":
-        sys.exit("usage: python -m pipeline_lib.train.checkpoint_format convert SRC DST(.ckpt|.safetensors)")
-    _convert_main(sys.argv[2], sys.argv[3])
+    if len(sys.argv) != 4 or sys.argv[1] not in ("convert", "merge"):
+        sys.exit("usage: python -m pipeline_lib.train.checkpoint_format convert SRC DST(.ckpt|.safetensors)\n"
+                 "       python -m pipeline_lib.train.checkpoint_format merge ITERATION_DIR DST.safetensors")
+    (_convert_main if sys.argv[1] == "convert" else _merge_main)(sys.argv[2], sys.argv[3])
 
 
 def load_mindspore(path: str | Path) -> dict:

@@ -110,11 +110,38 @@ def test_weights_folder_drops_optimizer_state_and_reads_back(tmp_path):
     np.testing.assert_array_equal(arrays["w"], w["w"])
 
 
+MP2_METADATA = Path(__file__).parent / "data" / "checkpoint2_mp2_metadata.json"
+
+
+def test_mp2_shards_merge_with_mindformers_reshard(tmp_path):
+    """Shards as mindformers' Checkpoint 2.0 describes them (metadata.json recorded from its own writer with a
+    MindSpore Layout, tests/train/data/record_checkpoint2_mp2.py), merged offline by its online reshard in the
+    pipeline's subprocess; a real tensor-parallel run cannot write them on CPU (docs/mindformers-facts.md)."""
+    from pipeline_lib.model.checkpoints import local_ckpt_file
+    from pipeline_lib.model.llama import read_checkpoint
+
+    folder = tmp_path / "checkpoint" / "iteration_00000002"
+    folder.mkdir(parents=True)
+    w, b = np.arange(24, dtype=np.float32).reshape(4, 6), np.arange(6, dtype=np.float32)
+    for r in range(2):  # the shards data/record_checkpoint2_mp2.py writes; their metadata.json recorded from it
+        save_file({"W": w[2 * r:2 * r + 2], "b": b}, str(folder / f"p-model-{r:07d}-0000002.safetensors"))
+        save_file({"adam_m.W": np.zeros((2, 6), np.float32)}, str(folder / f"p-opt-{r:07d}-0000002.safetensors"))
+    shutil.copyfile(MP2_METADATA, folder / "metadata.json")
+    with pytest.raises(CheckpointFormatError, match="merge them first"):
+        read_weights(folder)
+    merged = local_ckpt_file(str(folder), tmp_path / "scratch", "base")
+    assert merged.name == "base.unsharded.safetensors"
+    arrays, _ = read_checkpoint(merged)
+    assert sorted(arrays) == ["W", "b"]  # the weights; the optimizer's shards stay out
+    np.testing.assert_array_equal(arrays["W"], np.arange(24, dtype=np.float32).reshape(4, 6))
+    np.testing.assert_array_equal(arrays["b"], np.arange(6, dtype=np.float32))
+
+
 def test_sharded_folder_is_refused_with_the_way_out(tmp_path):
     it = _iteration(tmp_path, 2, {"w": np.zeros((2, 3), np.float32)}, ranks=2)
     (it / "metadata.json").write_text(json.dumps({"state_dict_metadata": {
         "w": {"chunk": [{"global_offset": [0, 0]}, {"global_offset": [1, 0]}]}}, "storage_data": {}}))
-    with pytest.raises(CheckpointFormatError, match="online reshard"):
+    with pytest.raises(CheckpointFormatError, match="merge them first"):
         read_weights(it)
 
 
