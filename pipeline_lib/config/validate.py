@@ -387,6 +387,12 @@ def checkpoint_format_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
                             f"tracker file names a step only once every rank wrote it); training.checkpoint_format="
                             f"{t.checkpoint_format}",
                             "set training.checkpoint_format=safetensors, or training.async_save=false")]
+    if t.checkpoint_format == "safetensors" and cfg.parallel.num_nodes > 1:
+        return [ConfigIssue("training.checkpoint_format", t.checkpoint_format,
+                            f"a run over {cfg.parallel.num_nodes} nodes publishes each node's rank_N checkpoint files "
+                            "into the stage folder; Checkpoint 2.0's iteration folders (one per step for all ranks, "
+                            "the tracker, common.json on rank 0) are not published across nodes yet",
+                            "set training.checkpoint_format=ckpt for a multi-node run")]
     upload = t.upload_checkpoints if t.upload_checkpoints is not None else is_remote(cfg.run.output_root)
     if t.checkpoint_format == "safetensors" and upload:
         return [ConfigIssue("training.checkpoint_format", t.checkpoint_format,

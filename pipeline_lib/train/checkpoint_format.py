@@ -451,16 +451,20 @@ def load_mindspore(path: str | Path) -> dict:
 
 
 def weights_only_copy(model_file: Path, folder: Path, log=print) -> Path:
-    """The weights-only hand-off of a Checkpoint 2.0 run whose rank 0 holds the whole model:
-    `<folder>/<model file stem>-weights.safetensors`, a copy (never a link: mindformers' keep_checkpoint_max
-    deletes its iteration folder later) of the model file, which holds the network's parameters and nothing else."""
+    """The weights-only hand-off of a Checkpoint 2.0 step: `<folder>/<model file stem>-weights.safetensors`, a copy
+    (never a link: mindformers' keep_checkpoint_max deletes its iteration folder later) of rank 0's model file, which
+    holds the network's parameters and nothing else; of a tensor/pipeline-parallel step, the merge of its shards."""
     import shutil
 
     folder.mkdir(parents=True, exist_ok=True)
     dst = folder / f"{model_file.stem}-weights.safetensors"
-    tmp = folder / f".part-{dst.name}"
-    shutil.copyfile(model_file, tmp)
-    os.replace(tmp, dst)
+    it = _iteration(model_file.parent)
+    if it is not None and it.sharded:
+        merge_sharded(it.folder, dst)
+    else:
+        tmp = folder / f".part-{dst.name}"
+        shutil.copyfile(model_file, tmp)
+        os.replace(tmp, dst)
     log(f"pretrain: weights-only checkpoint {dst.name}: {dst.stat().st_size:,} bytes (the step's model file; its "
         f"optimizer file {_opt_file_of(model_file).name} stays with the training checkpoint)")
     return dst

@@ -78,7 +78,7 @@ from ..config.validate import base_weights_issues, preflight_steps_issues, profi
 from ..config.schema import global_batch
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
-from .checkpoint_format import mindformers_base, weights_only_copy
+from .checkpoint_format import mindformers_base, weights_only_copy as checkpoint_2_weights
 from .checkpoints import LATEST_FILE
 from .metrics import METRICS_FILE
 from .preflight import summarize_steps
@@ -358,6 +358,9 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
     if session.node_rank:
         return []
     ref = CheckpointRef.from_layout(checkpoint_layout(cfg, latest, out, lambda p: str(Path(p).resolve())))
+    first = Path(latest["ranks"][min(latest["ranks"], key=int)]["path"])
+    if first.suffix == ".safetensors":  # Checkpoint 2.0: rank 0's model file, or the merge of a sharded step
+        return [checkpoint_2_weights(first, out / TOKENIZER_DIR / MERGED_DIR, log)]
     if ref.sharded:
         if cfg.parallel.num_nodes > 1:
             return []
@@ -365,8 +368,6 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
             merged = Path(full_checkpoint(ref, Path(tmp), None, log))
         return [merged, merged.with_suffix(".json")]
     src = Path(ref.ckpt)
-    if src.suffix == ".safetensors":  # Checkpoint 2.0: the model file is the weights only already
-        return [weights_only_copy(src, out / TOKENIZER_DIR / MERGED_DIR, log)]
     dst = out / TOKENIZER_DIR / MERGED_DIR / f"{src.stem}-weights.ckpt"
     try:
         copied = copy_weights(src, dst)

@@ -307,3 +307,25 @@ def test_multi_rank_checkpoint_2_is_refused_on_cpu():
     issues = [i for i in check(cfg) if i.field == "training.checkpoint_format"]
     assert issues and "get_strategy_metadata" in issues[0].problem
     assert not [i for i in check(cfg, for_run=False) if i.field == "training.checkpoint_format"]  # plan: fine
+
+
+def test_weights_only_hand_off_is_the_model_file(tmp_path):
+    from pipeline_lib.train.checkpoint_format import weights_only_copy
+
+    ckpt = tmp_path / "checkpoint"
+    _mf_step(ckpt, 2, np.full((2, 2), 3, np.float32))
+    model = ckpt / "iteration_00000002" / "tiny-model-0000000-0000001.safetensors"
+    dst = weights_only_copy(model, ckpt / "merged", log=lambda _: None)
+    assert dst.name == "tiny-model-0000000-0000001-weights.safetensors"
+    assert dst.read_bytes() == model.read_bytes() and dst.stat().st_ino != model.stat().st_ino  # a copy, not a link
+    assert sorted(read_weights(dst)[0]) == ["w"]
+
+
+def test_multi_node_checkpoint_2_is_refused():
+    cfg = _cfg(checkpoint_format="safetensors")
+    cfg = cfg.model_copy(update={"parallel": cfg.parallel.model_copy(update={"devices": 16, "data_parallel": 16,
+                                                                             "devices_per_node": 8})})
+    from pipeline_lib.config.validate import checkpoint_format_issues
+
+    [issue] = checkpoint_format_issues(cfg)
+    assert issue.field == "training.checkpoint_format" and "2 nodes" in issue.problem and "ckpt" in issue.fix
