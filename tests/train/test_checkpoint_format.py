@@ -329,3 +329,16 @@ def test_multi_node_checkpoint_2_is_refused():
 
     [issue] = checkpoint_format_issues(cfg)
     assert issue.field == "training.checkpoint_format" and "2 nodes" in issue.problem and "ckpt" in issue.fix
+
+
+def test_mindformers_base_is_a_folder_for_checkpoint_2_and_the_file_for_ckpt(tmp_path):
+    from pipeline_lib.train.checkpoint_format import HANDOFF_NAME, mindformers_base
+
+    src = tmp_path / "night1-weights.safetensors"
+    save_file({"w": np.ones(3, np.float32)}, str(src))
+    folder = mindformers_base(src, "safetensors", tmp_path / "cache")
+    # mindformers loads Checkpoint 2.0 from a folder only; the file is linked in, nothing else lies there
+    assert [p.name for p in folder.iterdir()] == [HANDOFF_NAME]
+    assert (folder / HANDOFF_NAME).stat().st_ino == src.stat().st_ino
+    assert mindformers_base(tmp_path / "base.ckpt", "ckpt", tmp_path / "cache") == tmp_path / "base.ckpt"
+    assert mindformers_base(folder, "safetensors", tmp_path / "cache") == folder
