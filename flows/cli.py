@@ -11,7 +11,7 @@
   llm-pipeline nightly status CONFIG                  per raw file what became of it; what asks for a person
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
-  llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE]   what changed from run A to run B (markdown)
+  llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE] [--markdown]   what changed from run A to run B
   llm-pipeline gc CONFIG [--dry-run] [key=value ...]   remove what nightly.retention does not keep; prints what it frees
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
@@ -415,9 +415,26 @@ def deploy_main(argv: list[str]) -> int:
             for sched in dep.get("schedules") or []:
                 print(f"{dep['name']}: scheduled `{sched['cron']}` in time zone {sched['timezone']} "
                       "(orchestration.nightly_cron, orchestration.timezone)")
-        if code == 0 and (not argv or any("nightly" in a for a in argv)):
+        nightly = not argv or any("nightly" in a for a in argv)
+        if code == 0 and nightly:
             code = _nightly_automations(doc)
+        if code == 0:
+            _after_deploy(doc, nightly)
         return code
+
+
+def _after_deploy(doc: dict, nightly: bool) -> None:
+    """Upcoming nights named nightly/<date> (flows/night_names.py); pools no worker polls named (Not Ready)."""
+    from deployments import pools_without_workers
+    from flows.night_names import name_deployed_nights
+
+    night = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":nightly"))
+    try:
+        for sched in (night.get("schedules") or []) if nightly else []:
+            name_deployed_nights(f"nightly-pretrain/{night['name']}", sched["timezone"])
+        pools_without_workers(doc)
+    except Exception as err:  # noqa: BLE001 (the deployments are made: names and notes are extras)
+        print(f"after deploy: {type(err).__name__}: {err}", file=sys.stderr)
 
 
 def _nightly_automations(doc: dict) -> int:

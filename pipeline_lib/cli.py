@@ -197,7 +197,8 @@ def plan_main(argv: list[str]) -> int:
 
 
 def diff_main(argv: list[str]) -> int:
-    """`diff CONFIG --run-id A --run-id B [--out FILE] [key=value ...]`: what changed from run A to run B."""
+    """`diff CONFIG --run-id A --run-id B [--out FILE] [--markdown] [key=value ...]`: what changed from run A to run
+    B, plain tables on the terminal (markdown with --markdown and in --out)."""
     from .run_diff import RunNotFound, diff_runs
     from .storage.names import BadName, check_name
 
@@ -208,6 +209,8 @@ def diff_main(argv: list[str]) -> int:
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides (e.g. run.output_root=...)")
     ap.add_argument("--run-id", action="append", default=[], help="give it twice: A (before), then B (after)")
     ap.add_argument("--out", help="also write the markdown to this file")
+    ap.add_argument("--markdown", action="store_true", help="print markdown (as the nightly-changes artifact and "
+                    "--out have it) instead of the terminal's plain tables")
     args = ap.parse_intermixed_args(argv)
     if len(args.run_id) != 2:
         print(f"--run-id given {len(args.run_id)} time(s): give it twice, --run-id A --run-id B", file=sys.stderr)
@@ -224,7 +227,12 @@ def diff_main(argv: list[str]) -> int:
         from pathlib import Path
 
         Path(args.out).write_text(text, encoding="utf-8")
-    print(text)
+    if args.markdown:
+        print(text)
+    else:
+        from .terminal_text import terminal_text
+
+        print(terminal_text(text))
     return 0
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 
 from .config.load import config_hash
 from .config.identity import stage_hash
+from .run_settings import stage_settings
 from .config.schema import PipelineConfig
 from .runtime.contract import StageOutput, StageRun, TransientError  # noqa: F401  (raised by stages)
 from . import killpoints
@@ -254,7 +255,7 @@ def record_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, output: Stage
     the skip rule and the stage's record can never disagree."""
     manifest = Manifest(stage=stage, run_id=paths.run_id, config_hash=stage_hash(cfg, stage),
                         inputs=json.loads(json.dumps(stage_inputs(paths, stage), sort_keys=True)),
-                        outputs=output.outputs, metrics=output.metrics)
+                        outputs=output.outputs, metrics=output.metrics, settings=stage_settings(cfg, stage))
     killpoints.reached(f"{stage}.before_manifest")
     write_manifest(paths.stage_uri(stage), manifest, paths.endpoint_url)
     return manifest

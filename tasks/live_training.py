@@ -36,7 +36,7 @@ def render(stage: str, records: list[dict], total: int | None, png: bytes | None
     last = records[-1] if records else {}
     of = f" of {fmt(total)}" if total else ""
     head = (f"**{stage}**: {state}, step {fmt(last.get('step'))}{of}, loss {fmt(last.get('loss'))}"
-            f" (updated {time.strftime('%H:%M:%S %Z')})\n")
+            f" (updated {time.strftime('%H:%M:%S UTC', time.gmtime())})\n")  # the zone every artifact prints in
     parts = [head]
     if png:
         parts.append(f"![{stage} loss](data:image/png;base64,{base64.b64encode(png).decode()})\n")

@@ -30,7 +30,21 @@ def problems(cfg: PipelineConfig, stages: Iterable[str] | None = None, *, for_ru
     if not for_run:  # a plan is checked for another machine: its files are not here
         return errors, hang_warnings
     input_errors, warnings = check_inputs(cfg, stages, check_remote)
+    if trains and cfg.parallel.rank_table_file:
+        errors += _rank_table_issues(cfg)
     return errors + input_errors, hang_warnings + warnings
+
+
+def _rank_table_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
+    """parallel.rank_table_file read and checked against the layout (runtime.rank_table)."""
+    from ..runtime.rank_table import load_rank_table, rank_table_issues
+
+    try:
+        return rank_table_issues(cfg, load_rank_table(cfg.parallel.rank_table_file))
+    except ValueError as err:
+        return [ConfigIssue("parallel.rank_table_file", cfg.parallel.rank_table_file, str(err),
+                            "point it at the job's HCCL rank table JSON (hccl_tools.py writes one per server; "
+                            "merge_hccl.py joins them)")]
 
 
 def refuse_bad_config(cfg: PipelineConfig, stages: Iterable[str] | None = None) -> list[ConfigIssue]:

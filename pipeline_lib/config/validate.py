@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..storage.store import is_remote
 from .errors import ConfigError, ConfigIssue
+from .parallel_rules import parallel_issues
 from .platform import device_target
 from .schema import DTYPE_FIELDS, PipelineConfig, global_batch, precision_dtypes, sft_accumulation, wsd_decay_steps
 
@@ -405,7 +406,8 @@ def checkpoint_format_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 RULES = (_batch, _replay, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft, _schedule,
          _lineage_schedule,
-         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues, checkpoint_format_issues)
+         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues, parallel_issues,
+         checkpoint_format_issues)
 
 
 def warnings(cfg: PipelineConfig) -> list[str]:

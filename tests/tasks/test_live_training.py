@@ -39,3 +39,25 @@ def test_a_cached_stage_publishes_nothing(tmp_path):
     live = LiveTraining("pretrain", paths, None, publish=lambda aid, md, stage: published.append(md) or "a1")
     live.finish(failed=False)
     assert published == []
+
+
+def test_the_live_card_prints_its_time_in_utc_labelled_whatever_the_workers_zone(monkeypatch):
+    """Issue 48 item 7: every artifact in one zone, labelled (the overview's times are UTC too)."""
+    import datetime as dt
+    import time
+
+    from tasks.live_training import render
+
+    monkeypatch.setenv("TZ", "Asia/Shanghai")
+    time.tzset()
+    try:
+        head = render("pretrain", [{"step": 1, "loss": 2.0}], 10, None, "training").splitlines()[0]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    stamp = head.rsplit("(updated ", 1)[1].rstrip(")")
+    assert stamp.endswith(" UTC"), head
+    shown = dt.datetime.strptime(stamp[:-4], "%H:%M:%S").time()
+    now = dt.datetime.now(dt.timezone.utc)
+    apart = (now.hour * 3600 + now.minute * 60 + now.second) - (shown.hour * 3600 + shown.minute * 60 + shown.second)
+    assert min(apart % 86400, -apart % 86400) < 120, (stamp, now)  # UTC's clock, not Shanghai's 8 h ahead
