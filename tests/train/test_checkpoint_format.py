@@ -342,3 +342,19 @@ def test_mindformers_base_is_a_folder_for_checkpoint_2_and_the_file_for_ckpt(tmp
     assert (folder / HANDOFF_NAME).stat().st_ino == src.stat().st_ino
     assert mindformers_base(tmp_path / "base.ckpt", "ckpt", tmp_path / "cache") == tmp_path / "base.ckpt"
     assert mindformers_base(folder, "safetensors", tmp_path / "cache") == folder
+
+
+def test_planner_disk_knows_checkpoint_2_is_written_split():
+    """Measured in this repository's tiny CLI run: a Checkpoint 2.0 LoRA SFT step is a 1,471,576-byte model file (frozen
+    weights + LoRA factors) + a 36,644-byte optimizer file (the factors' moments); nothing is split afterwards."""
+    from pipeline_lib.planner.disk import checkpoint_disk, sft_checkpoint_disk
+
+    from pipeline_lib.config.load import load_config
+
+    legacy = load_config(ROOT / "configs" / "pipelines" / "tiny-cpu.yaml")
+    v2 = load_config(ROOT / "configs" / "pipelines" / "tiny-cpu.yaml", ["training.checkpoint_format=safetensors"])
+    assert checkpoint_disk(legacy, [0]).splitting > 0 and checkpoint_disk(v2, [0]).splitting == 0
+    assert checkpoint_disk(v2, [0]).per_checkpoint == checkpoint_disk(legacy, [0]).per_checkpoint
+    sft = sft_checkpoint_disk(v2, [0])
+    assert sft.splitting == 0 and abs(sft.per_checkpoint - (1_471_576 + 36_644)) / 1_508_220 < 0.02
+    assert sft_checkpoint_disk(legacy, [0]).per_checkpoint < sft.per_checkpoint / 5  # LoRA-only under ckpt
