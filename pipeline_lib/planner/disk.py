@@ -17,6 +17,9 @@ is megabytes; the whole file mindformers writes lives only until it is split (`s
 parallel (`lora_only_checkpoints`): a rank's frozen weights are then slices, which neither the byte comparison with
 the full base nor a resume (which loads a rank file after compile, unsliced) can take from the base; those SFT
 checkpoints keep the frozen shards (weights + optimizer state in two files, as pretraining's).
+With training.checkpoint_format=safetensors (Checkpoint 2.0) mindformers writes each step as model + optimizer
+files itself: nothing is split (`splitting` 0), the bytes are the same (measured, docs/mindformers-facts.md), and a
+LoRA SFT step's model file keeps the frozen weights (its optimizer file the factors' moments only).
 `weights_bytes`: one full file of the model's parameters only (no optimizer state), what a consumer of the trained
 weights needs. `disk_lines` are the figures `llm-pipeline validate` prints.
 Limits: the strategy files and logs (megabytes) are not counted.
