@@ -613,6 +613,17 @@ class TrainingConfig(_Section):
                             ge=1, description="Checkpoint every N steps.")
     keep_checkpoint_max: int = Field(3, json_schema_extra=identity("pretrain", "sft"),
                                      ge=1, description="Checkpoints kept.")
+    checkpoint_format: Literal["ckpt", "safetensors"] = Field(
+        "ckpt", json_schema_extra=identity("pretrain", "sft"),
+        description="Training checkpoints: `ckpt` (mindformers 1.9's legacy format, one .ckpt per rank with the "
+        "optimizer state) or `safetensors` (Checkpoint 2.0, mindformers' `use_legacy_format: False`: "
+        "checkpoint/iteration_N/ with per-rank model and optimizer safetensors, common.json, metadata.json; "
+        "resharded online at load). docs/checkpoints.md 'Checkpoint formats'.")
+    async_save: bool = Field(
+        False, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Write checkpoints in a background thread while training continues (Checkpoint 2.0 only: "
+        "needs training.checkpoint_format=safetensors; the step is published in the tracker file once every rank "
+        "finished, and training waits for the last save at its end).")
     preflight_steps: int = Field(10, json_schema_extra=NO_OUTPUT_EFFECT,
                                  ge=0, description="Steps of the preflight run (>= 3: it judges the loss "
                                  "trend by thirds); 0 disables it.")

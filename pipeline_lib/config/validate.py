@@ -357,6 +357,14 @@ def _cpu(cfg: PipelineConfig) -> list[ConfigIssue]:
                                   "MindSpore 2.9's CPU kernels have no bfloat16 (e.g. Reshape): the graph "
                                   "does not compile on CPU",
                                   "set training.precision=fp32 (or fp16) for a CPU run; bf16 is for Ascend"))
+    if cfg.training.checkpoint_format == "safetensors" and p.devices > 1:
+        # measured with msrun dp2: mindformers/checkpoint/sharded_tensor.py:440 raises at the first save
+        issues.append(ConfigIssue("training.checkpoint_format", "safetensors",
+                                  f"Checkpoint 2.0 with {p.devices} ranks on CPU fails at the first save: mindformers "
+                                  "1.9 describes each rank's shards from MindSpore's parallel strategy "
+                                  "(get_strategy_metadata), which a CPU data-parallel run does not have",
+                                  "set training.checkpoint_format=ckpt for a multi-rank CPU run, or "
+                                  "parallel.devices=1; on Ascend (semi-auto parallel) it applies"))
     return issues
 
 
@@ -370,9 +378,37 @@ def _replay(cfg: PipelineConfig) -> list[ConfigIssue]:
     return []
 
 
+def checkpoint_format_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
+    """training.async_save exists only in Checkpoint 2.0: mindformers 1.9 passes it to the legacy .ckpt writer too
+    (MindSpore's ModelCheckpoint), but nothing there marks a step complete, so a checkpoint still being written could
+    be verified, resumed from or handed over."""
+    t = cfg.training
+    if t.async_save and t.checkpoint_format != "safetensors":
+        return [ConfigIssue("training.async_save", t.async_save,
+                            f"asynchronous saving needs Checkpoint 2.0 (training.checkpoint_format=safetensors, whose "
+                            f"tracker file names a step only once every rank wrote it); training.checkpoint_format="
+                            f"{t.checkpoint_format}",
+                            "set training.checkpoint_format=safetensors, or training.async_save=false")]
+    if t.checkpoint_format == "safetensors" and cfg.parallel.num_nodes > 1:
+        return [ConfigIssue("training.checkpoint_format", t.checkpoint_format,
+                            f"a run over {cfg.parallel.num_nodes} nodes publishes each node's rank_N checkpoint files "
+                            "into the stage folder; Checkpoint 2.0's iteration folders (one per step for all ranks, "
+                            "the tracker, common.json on rank 0) are not published across nodes yet",
+                            "set training.checkpoint_format=ckpt for a multi-node run")]
+    upload = t.upload_checkpoints if t.upload_checkpoints is not None else is_remote(cfg.run.output_root)
+    if t.checkpoint_format == "safetensors" and upload:
+        return [ConfigIssue("training.checkpoint_format", t.checkpoint_format,
+                            "uploading checkpoints to the run store (training.upload_checkpoints, on by default with an "
+                            "s3:// run.output_root) copies per-rank .ckpt files; a Checkpoint 2.0 step (iteration folder, "
+                            "tracker, common.json) is not uploaded yet, so a retry elsewhere could not resume",
+                            "set training.checkpoint_format=ckpt for a remote run store, or keep run.output_root local")]
+    return []
+
+
 RULES = (_batch, _replay, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft, _schedule,
          _lineage_schedule,
-         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues, parallel_issues)
+         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues, parallel_issues,
+         checkpoint_format_issues)
 
 
 def warnings(cfg: PipelineConfig) -> list[str]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.schema import PipelineConfig
+from ..train.checkpoint_format import is_safetensors, merge_sharded, resolve_folder
 from .llama import read_checkpoint
 from .lora_merge import LoraMergeError, MergeReport, has_lora, merge_lora
 from .shard_merge import (RANK_RE, STEP_RE, find_strategy, is_sharded_dir, merge_sharded_checkpoint,
@@ -121,6 +122,9 @@ def local_ckpt_file(path: str, scratch: Path, name: str, strategy: str | None = 
         return p
     if is_sharded_dir(p):
         return merge_sharded_checkpoint(p, scratch / f"{name}.unsharded.ckpt", strategy=strategy)
+    if p.is_dir() and is_safetensors(p):  # a Checkpoint 2.0 folder: read_checkpoint reads its model files
+        it = resolve_folder(p)
+        return merge_sharded(it.folder, scratch / f"{name}.unsharded.safetensors") if it.sharded else p
     raise FileNotFoundError(f"checkpoint {path!r} is neither a .ckpt file nor a folder with rank_<N>/ "
                             "sub-folders; pass the checkpoint the training stage wrote")
 

@@ -31,7 +31,8 @@ from ..storage.errors import PicklableError
 from .token_ids import CONFIG_NAME
 
 MODEL_NAME = "tokenizer.model"
-_NESTED = re.compile(r"^(rank_\d+|merged)$")  # folders under checkpoint/ that hold weights
+_NESTED = re.compile(r"^(rank_\d+|merged|iteration_\d{8})$")  # folders under checkpoint/ that hold weights
+_WEIGHT_FILES = (".ckpt", ".safetensors")  # training.checkpoint_format
 
 
 class LineageRefused(PicklableError, ValueError):
@@ -101,9 +102,9 @@ def tokenizer_beside(ref, endpoint_url: str | None = None) -> str | None:
     if not path:
         return None
     path = path.rstrip("/")
-    folder = _parent(path) if path.endswith(".ckpt") else path
+    folder = _parent(path) if path.endswith(_WEIGHT_FILES) else path
     candidates = [folder]
-    if path.endswith(".ckpt") and _NESTED.match(folder.rsplit("/", 1)[-1]):
+    if path.endswith(_WEIGHT_FILES) and _NESTED.match(folder.rsplit("/", 1)[-1]):
         candidates.append(_parent(folder))  # checkpoint/rank_0/x.ckpt -> checkpoint/
     store = store_for(path, endpoint_url)
     for c in candidates:

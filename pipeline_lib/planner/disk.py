@@ -17,6 +17,9 @@ is megabytes; the whole file mindformers writes lives only until it is split (`s
 parallel (`lora_only_checkpoints`): a rank's frozen weights are then slices, which neither the byte comparison with
 the full base nor a resume (which loads a rank file after compile, unsliced) can take from the base; those SFT
 checkpoints keep the frozen shards (weights + optimizer state in two files, as pretraining's).
+With training.checkpoint_format=safetensors (Checkpoint 2.0) mindformers writes each step as model + optimizer
+files itself: nothing is split (`splitting` 0), the bytes are the same (measured, docs/mindformers-facts.md), and a
+LoRA SFT step's model file keeps the frozen weights (its optimizer file the factors' moments only).
 `weights_bytes`: one full file of the model's parameters only (no optimizer state), what a consumer of the trained
 weights needs. `disk_lines` are the figures `llm-pipeline validate` prints.
 Limits: the strategy files and logs (megabytes) are not counted.
@@ -108,7 +111,8 @@ def sft_rank_checkpoint_bytes(cfg: PipelineConfig, rank: int) -> int:
 
 def lora_only_checkpoints(cfg: PipelineConfig) -> bool:
     """Whether SFT checkpoints keep only the LoRA factors + their optimizer state (see the module docstring)."""
-    return cfg.parallel.model_parallel == 1
+    # Checkpoint 2.0 (training.checkpoint_format=safetensors) is written by mindformers: its model file keeps them
+    return cfg.parallel.model_parallel == 1 and cfg.training.checkpoint_format == "ckpt"
 
 
 def sft_rank_written_bytes(cfg: PipelineConfig, rank: int) -> int:
@@ -121,7 +125,7 @@ def checkpoint_disk(cfg: PipelineConfig, ranks: list[int], *, copies: int | None
     the newest one's optimizer state written beside it while it is split."""
     copies = cfg.training.keep_checkpoint_max + 1 if copies is None else copies
     return CheckpointDisk({r: rank_checkpoint_bytes(cfg, r) for r in ranks}, copies,
-                          sum(rank_optimizer_bytes(cfg, r) for r in ranks))
+                          0 if _written_split(cfg) else sum(rank_optimizer_bytes(cfg, r) for r in ranks))
 
 
 def sft_checkpoint_disk(cfg: PipelineConfig, ranks: list[int], *, copies: int | None = None) -> CheckpointDisk:
@@ -130,7 +134,14 @@ def sft_checkpoint_disk(cfg: PipelineConfig, ranks: list[int], *, copies: int | 
     copies = cfg.training.keep_checkpoint_max + 1 if copies is None else copies
     kept = {r: sft_rank_checkpoint_bytes(cfg, r) for r in ranks}
     moments = sum(_rank_lora(cfg, r) * MOMENT_BYTES for r in ranks)
+    if _written_split(cfg):
+        return CheckpointDisk(kept, copies)
     return CheckpointDisk(kept, copies, sum(sft_rank_written_bytes(cfg, r) - kept[r] for r in ranks) + moments)
+
+
+def _written_split(cfg: PipelineConfig) -> bool:
+    """Checkpoint 2.0 steps are written as model + optimizer files by mindformers: nothing is split afterwards."""
+    return cfg.training.checkpoint_format == "safetensors"
 
 
 def weights_bytes(cfg: PipelineConfig) -> int:
@@ -149,12 +160,16 @@ def disk_lines(cfg: PipelineConfig) -> list[str]:
     opt = sum(rank_optimizer_bytes(cfg, r) for r in ranks)
     return [f"disk, pretrain checkpoints on node 0: {pre.copies} x {_size(pre.per_checkpoint)} "
             f"({len(ranks)} rank shard(s), weights {_size(pre.per_checkpoint - opt)} + AdamW moments {_size(opt)} "
-            f"in two files) + {_size(pre.splitting)} while the newest is split = {_size(pre.total)}",
+            f"in two files)" + (f" + {_size(pre.splitting)} while the newest is split" if pre.splitting else "")
+            + f" = {_size(pre.total)}",
             f"disk, weights only (model parameters, no optimizer state): {_size(weights_bytes(cfg))}",
             f"disk, SFT checkpoints on node 0: {sft.copies} x {_size(sft.per_checkpoint)} ("
             + ("LoRA factors + their moments; the frozen weights are the base's" if lora_only_checkpoints(cfg) else
+               "frozen weights + LoRA factors and their moments: Checkpoint 2.0's model file keeps the frozen weights"
+               if _written_split(cfg) else
                "frozen weight shards + LoRA factors and their moments: under tensor parallel the frozen shards stay")
-            + f") + {_size(sft.splitting)} while the newest whole file is split = {_size(sft.total)}"]
+            + ")" + (f" + {_size(sft.splitting)} while the newest whole file is split" if sft.splitting else "")
+            + f" = {_size(sft.total)}"]
 
 
 def disk_fix(cfg: PipelineConfig, need: CheckpointDisk, *, where: str = "run.output_root") -> str:

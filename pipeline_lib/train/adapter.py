@@ -152,10 +152,12 @@ def _check(params: dict, base: dict, expected: dict, frozen_in_base: int | None 
 def _main(request: dict) -> dict:
     import mindspore as ms
 
-    params = ms.load_checkpoint(request["sft"])
+    from .checkpoint_format import load_mindspore  # .ckpt or Checkpoint 2.0 (training.checkpoint_format)
+
+    params = load_mindspore(request["sft"])
     if request.get("optimizer"):
-        params.update(ms.load_checkpoint(request["optimizer"]))
-    base = ms.load_checkpoint(request["base"])
+        params.update(load_mindspore(request["optimizer"]))
+    base = load_mindspore(request["base"])
     lora, optimized, shared = _check(params, base, request["expected"], request.get("frozen_in_base"))
     from ..killpoints import arm_checkpoint_writes
 

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..model.ckpt_scan import scan
+from .checkpoint_format import finished_model_files, remove_iteration_if_empty
+from .checkpoint_format import inspect as inspect_safetensors
 from ..runtime.launcher import launch_module
 from .. import killpoints
 from ..storage import join, sha256_file, store_for
@@ -85,6 +87,8 @@ def list_checkpoints(output_dir: str | Path, subdir: str = "checkpoint") -> list
             m = CKPT_NAME.match(path.name)
             if m:
                 out.append(CheckpointFile(path, int(rank_dir.name[5:]), int(m["epoch"]), int(m["step"])))
+    # training.checkpoint_format=safetensors: iteration_N/ folders, one model file per rank (train/checkpoint_format.py)
+    out += [CheckpointFile(path, rank, 0, step) for path, rank, step in finished_model_files(Path(output_dir, subdir))]
     return sorted(out, key=lambda c: (c.epoch, c.step_in_epoch, c.rank))
 
 
@@ -106,6 +110,11 @@ def _scanned(path: str) -> VerifyResult | None:
     """The verdict of reading the file in place (model.ckpt_scan) when that reader understands it and finds every
     float tensor finite; None sends the file to MindSpore (a bad file's reason is MindSpore's to give)."""
     killpoints.reached("checkpoint.verify")
+    if path.endswith(".safetensors"):  # a Checkpoint 2.0 step: model + optimizer file + common.json
+        got = inspect_safetensors(path)
+        if got is None or got["nonfinite"]:
+            return None
+        return VerifyResult(path, True, None, got["params"], [], got["global_step"], got["step_num"], got["epoch_num"])
     found = scan(path)
     if found is None or found.nonfinite:
         return None
@@ -154,7 +163,7 @@ def _verify_main(paths: list[str]) -> None:
 
     for path in paths:  # (the kill point checkpoint.verify was passed in _scanned, before this process)
         try:
-            params = ms.load_checkpoint(path)
+            params = ms.load_checkpoint(path, format="safetensors" if path.endswith(".safetensors") else "ckpt")
             bad = [name for name, p in params.items()
                    if np.issubdtype(p.asnumpy().dtype, np.floating) and not np.isfinite(p.asnumpy()).all()]
             meta = {k: int(params[k].asnumpy().reshape(-1)[0]) if k in params else None
@@ -247,7 +256,8 @@ class CheckpointManager:
                 self._reject(ckpt, res)
                 continue
             try:
-                split = self._split(ckpt, res) if self.split else None
+                # a Checkpoint 2.0 step is written split (model + opt files) by mindformers itself
+                split = self._split(ckpt, res) if self.split and ckpt.path.suffix == ".ckpt" else None
             except Unreadable as err:  # resume and hand-off read a whole file as before
                 self.log(f"[checkpoints] {ckpt.path.name} kept whole: {err}")
                 split = None
@@ -369,6 +379,7 @@ class CheckpointManager:
                     if p.exists():
                         p.chmod(0o600)  # MindSpore leaves checkpoints read-only
                         p.unlink()
+                remove_iteration_if_empty(c.path.parent)
                 if self.upload_uri:
                     store = store_for(self.upload_uri, self.endpoint_url)
                     store.delete(self._uri(c))

@@ -67,6 +67,7 @@ from ..config.schema import PipelineConfig, global_batch, sft_accumulation
 from ..config.validate import document_mask_issues, lora_model_name
 from ..model.llama import llama_model_config
 from ..model.token_ids import configured_ids
+from .checkpoint_format import yaml_keys as checkpoint_yaml_keys
 from .lr_schedule import WSD_CLASS, lr_schedule_section
 
 Stage = Literal["pretrain", "sft"]
@@ -293,9 +294,9 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
               "gradient_accumulation_steps": 1 if on_cpu or cfg.parallel.pipeline_stage > 1 else accum}
     if on_cpu:
         runner.update(CPU_RUNNER_OVERRIDES)
+    format_top, format_cb = checkpoint_yaml_keys(cfg)
     ckpt_cb = {"type": "CheckpointMonitor", "prefix": name, "save_checkpoint_steps": t.save_steps,
-               "keep_checkpoint_max": t.keep_checkpoint_max, "integrated_save": False, "async_save": False,
-               "checkpoint_format": "ckpt"}
+               "keep_checkpoint_max": t.keep_checkpoint_max, "integrated_save": False, **format_cb}
     if stage == "sft":
         ckpt_cb["save_trainable_params"] = True  # adapter-only copy under checkpoint_trainable/rank_N
     callbacks = [{"type": "MFLossMonitor", "per_print_times": 1}, ckpt_cb]
@@ -314,7 +315,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         "output_dir": str(output_dir),
         "run_mode": "finetune" if stage == "sft" else "train",
         "load_checkpoint": str(load_checkpoint or ""),
-        "load_ckpt_format": "ckpt",
+        **format_top,  # training.checkpoint_format (train/checkpoint_format.py)
         # off for every stage: resume loads its own layout's shards, SFT a full file that MindSpore slices at
         # compile (see the module docstring); nothing here hands mindformers shards of another strategy
         "auto_trans_ckpt": False,

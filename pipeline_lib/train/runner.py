@@ -35,6 +35,8 @@ from pathlib import Path
 from ..runtime.contract import TransientError
 from ..runtime.launcher import LaunchResult, launch_module
 from ..storage import store_for
+from .checkpoint_format import resume_fields as checkpoint_2_resume_fields
+from .checkpoint_format import rollback_copy as checkpoint_2_rollback
 from .checkpoints import CheckpointManager, list_checkpoints
 from .hang import HangWatchdog
 from .launch import ENTRY_MODULE, GuardTripped, TrainingHang, TrainingLaunchError, build_command, launch
@@ -107,6 +109,8 @@ def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None
 def resume_fields(checkpoint: str | Path) -> dict:
     """yaml fields that resume from the checkpoint file `<dir>/rank_N/<name>.ckpt` (see the module docstring)."""
     checkpoint = Path(checkpoint)
+    if checkpoint.suffix == ".safetensors":  # Checkpoint 2.0: the folder's tracker names the step
+        return checkpoint_2_resume_fields(checkpoint)
     return {"load_checkpoint": str(checkpoint.parent.parent), "resume_training": checkpoint.name}
 
 
@@ -191,6 +195,9 @@ def rollback_checkpoint(latest: dict, dest_dir: Path, step_num: int, steps_per_e
     """Copies of `latest`'s per-rank files (a latest_checkpoint.json record) under dest_dir/rank_N/ with their data
     position (`step_num`, `epoch_num`) set to `step_num`, written in a MindSpore process; returns rank 0's file."""
     epoch = max(1, math.ceil(step_num / steps_per_epoch))
+    files = [Path(info["path"]) for _, info in sorted(latest["ranks"].items(), key=lambda kv: int(kv[0]))]
+    if files[0].suffix == ".safetensors":  # Checkpoint 2.0: the data position lives in common.json
+        return checkpoint_2_rollback(files, Path(dest_dir), step_num, epoch)
     pairs = []
     for rank, info in sorted(latest["ranks"].items(), key=lambda kv: int(kv[0])):
         src = Path(info["path"])

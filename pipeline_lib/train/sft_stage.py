@@ -35,6 +35,7 @@ import shutil
 import time
 from pathlib import Path
 
+from .checkpoint_format import mindformers_base
 from ..config.load import config_hash
 from ..config.schema import sft_accumulation
 from ..config.validate import preflight_steps_issues
@@ -175,7 +176,8 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
     session.check_disk(sft_checkpoint_disk(cfg, session.ranks))
     # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
     yaml = StageYaml(cfg, STAGE, Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard), out / "data",
-                     rows, SFT_YAML, SFT_YAML, load=base, token_ids=TokenIds.from_meta(stats["token_ids"]),
+                     rows, SFT_YAML, SFT_YAML, load=mindformers_base(base, cfg.training.checkpoint_format, out / "_inputs"),
+                     token_ids=TokenIds.from_meta(stats["token_ids"]),
                      tensorboard_dir=tensorboard_dir(cfg, run.paths.run_id, STAGE))
     yaml.write(out / SFT_YAML, train_dir)  # the stage's yaml: the run from the base (attempts write train/sft.yaml)
     trained = session.train(latest, yaml, origin=str(base), preflight_dir=out)

@@ -78,6 +78,7 @@ from ..config.validate import base_weights_issues, preflight_steps_issues, profi
 from ..config.schema import global_batch
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
+from .checkpoint_format import mindformers_base, weights_only_copy as checkpoint_2_weights
 from .checkpoints import LATEST_FILE
 from .metrics import METRICS_FILE
 from .preflight import summarize_steps
@@ -128,6 +129,8 @@ def run_pretrain_stage(run: StageRun, *, checkpoint_bytes: int | None = None,
                                      keep=("_data",))
     _check_disk(cfg, session, checkpoint_bytes)
     load = _materialize_base(cfg, base, base_info, out, run.endpoint, log)
+    if load is not None:  # a folder for Checkpoint 2.0, a .ckpt for the legacy loader (train/checkpoint_format.py)
+        load = mindformers_base(load, cfg.training.checkpoint_format, out / "base")
     t = cfg.training  # the mindformers yaml: one recipe for the fresh start (and its preflight) and every resume
     yaml = StageYaml(cfg, STAGE, Batch(t.micro_batch_size, t.gradient_accumulation_steps, t.guard), data_dir, rows,
                      RUN_YAML, RESUME_YAML, load=load, token_ids=token_ids,
@@ -362,6 +365,9 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
     if session.node_rank:
         return []
     ref = CheckpointRef.from_layout(checkpoint_layout(cfg, latest, out, lambda p: str(Path(p).resolve())))
+    first = Path(latest["ranks"][min(latest["ranks"], key=int)]["path"])
+    if first.suffix == ".safetensors":  # Checkpoint 2.0: rank 0's model file, or the merge of a sharded step
+        return [checkpoint_2_weights(first, out / TOKENIZER_DIR / MERGED_DIR, log)]
     if ref.sharded:
         if cfg.parallel.num_nodes > 1:
             return []
