@@ -59,6 +59,7 @@ from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, Train
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections
 from flows.form_types import DataConfig
 from flows.night_changes import publish_night_changes
+from flows.night_lineage import publish_lineage, tag_night
 from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
 from flows.pause_lease import kept_slot_while_paused
@@ -153,8 +154,12 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
         state = Completed(name="Busy", message=str(busy), data={"run_id": None, "new_files": 0, "holder": busy.holder})
     except Exception as err:
         publish_night_summary(cfg, run_id, run_date, "Failed", f"{type(err).__name__}: {err}", {})
+        tag_night("Failed", logger)
         raise
     publish_night_summary(cfg, run_id, run_date, state.name, state.message, state.data)
+    tag_night(state.name, logger)  # Held and Promoted are both green Completed: the tags tell them apart
+    if state.name not in ("Skipped", "Busy"):
+        publish_lineage(cfg, logger)
     return state
 
 
