@@ -34,6 +34,7 @@ from tasks import error_log
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
 from tasks.error_log import report_stage_error
 from tasks.live_training import LiveTraining
+from tasks.overview import live_progress
 from tasks.stage_log import StageLog
 
 error_log.install()
@@ -140,7 +141,10 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     started = time.time()
     try:
         if SPECS[stage].multi_node:
-            live = LiveTraining(stage, paths, reporter)  # loss curve + last steps while training, kept on failure
+            # loss curve + last steps while training, kept on failure; it refreshes the overview's Running row
+            live = LiveTraining(stage, paths, reporter, tokens_per_step=_tokens_per_step(cfg, stage),
+                                preflight_steps=cfg.training.preflight_steps,
+                                on_update=lambda s, line, link: live_progress(run_id, s, line, link))
             try:
                 with node_training_slot(logger):  # held for the whole training run
                     manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=live)

@@ -89,11 +89,37 @@ def test_cached_row_says_when_and_in_which_attempt_and_the_legend_only_then(tmp_
     paths = RunPaths(str(tmp_path / "runs"), "r5")
     ov, published = overview(paths, ["data", "pretrain"])
     ov.running("data")
-    assert "Cached" not in published[-1] and "so far" in published[-1]  # nothing cached yet: no legend
+    assert "Cached" not in published[-1] and "updated " in published[-1]  # nothing cached yet: no legend
     ov.cached("data", {"metrics": {"tokens": 100}, "outputs": []}, "2026-12-01T23:51:02.5+00:00", "attempt 1",
               link="http://ui/runs/task-run/t1")
     md = published[-1]
     assert "| [data](http://ui/runs/task-run/t1) | Cached (finished 2026-12-01 23:51:02 UTC in attempt 1) |" in md
     assert "Cached: finished in an earlier attempt" in md
     ov.finished("pretrain", "completed", 2.0, PRETRAIN)
-    assert "so far" not in published[-1] and "s in this attempt" in published[-1]  # the run has ended
+    assert "updated " not in published[-1] and "s in this attempt" in published[-1]  # the run has ended
+
+
+def test_the_running_row_shows_the_live_cards_progress_and_links_it_and_times_are_clock_times(tmp_path, monkeypatch):
+    import time
+
+    from tasks import overview as overview_module
+
+    clock = [1_700_000_000.0]  # 2023-11-14 22:13:20 UTC
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    paths = RunPaths(str(tmp_path / "runs"), "r6")
+    ov, published = overview(paths, ["data", "pretrain"])
+    ov.finished("data", "completed", 3.0, {"metrics": {"tokens": 100}, "outputs": []})
+    clock[0] += 600
+    ov.running("pretrain")
+    clock[0] += 120
+    overview_module.live_progress("r6", "pretrain", "training, step 40 of 100, loss 3.2, about 2 min left",
+                                  "http://ui/artifacts/artifact/a1")
+    md = published[-1]
+    assert "started 22:13:20 UTC, updated 22:25:20 UTC" in md and "so far" not in md
+    row = next(line for line in md.splitlines() if line.startswith("| **pretrain**"))
+    assert "| Running | since 22:23:20 UTC | training, step 40 of 100, loss 3.2, about 2 min left<br>" in row
+    assert "[live curve: pretrain-live](http://ui/artifacts/artifact/a1)" in row
+    overview_module.live_progress("another-run", "pretrain", "step 99", None)  # another run's card: not this row
+    assert "step 99" not in ov.render()
+    ov.finished("pretrain", "completed", 130.0, PRETRAIN)
+    assert "live curve" not in published[-1] and "step 40 of 100" not in published[-1]
