@@ -79,7 +79,7 @@ def test_a_malformed_sft_file_fails_the_run_before_data_with_its_records_named(c
     page.get_by_role("link", name=f"{ui_url}/artifacts/artifact/", exact=False).first.click()
     page.locator(CONTENT).wait_for()
     text = page.locator(CONTENT).inner_text()
-    assert "Failed: sft" in text and "bad_json: 1" in text and f"{bad}:2" in text and "quarantine.jsonl" in text
+    assert "Failed: sft" in text and "bad_json: 1" in text and f"{bad}:2" in text and "quarantine.jsonl" not in text
     _fits(page, "run-overview-bad-sft", screenshot)  # the error and its Fix wrap: nothing off-screen
 
 
