@@ -141,3 +141,29 @@ def report_stage_error(logger, stage_log, exc: BaseException, diagnosis, stage: 
         except AttributeError:  # an exception type without __dict__: Prefect's record stays
             pass
     return line
+
+
+# the cgroup file the memory evidence read (runtime/memory_evidence.py): for the stage's log, not the run's message
+_CGROUP_FILE = re.compile(r" \([^()\s]*/(?:memory\.events|memory\.oom_control)\)")
+
+
+def note_attempts(exc: BaseException) -> None:
+    """On the last failed attempt of a stage task: how many attempts failed (the parent's message says so)."""
+    from prefect.context import TaskRunContext
+
+    ctx = TaskRunContext.get()
+    if ctx is not None:
+        try:
+            exc.failed_attempts = ctx.task_run.run_count
+        except AttributeError:
+            pass
+
+
+def stage_failure(stage: str, run_id: str, err: BaseException) -> str:
+    """The run's one message for a failed stage (its log line, state, overview): how many attempts failed when
+    more than one did, the stage's own message, no cgroup file paths."""
+    attempts = getattr(err, "failed_attempts", None) or 1
+    text = (f"stage '{stage}' failed (run {run_id}): "
+            + (f"all {attempts} attempts failed; the last: " if attempts > 1 else "")
+            + f"{type(err).__name__}: {err}")
+    return _CGROUP_FILE.sub("", text)

@@ -159,6 +159,8 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
         diagnosis = attach_diagnosis(exc, cfg, stage)  # category + first remedy into the message
         # once, doctor first, the traceback in the stage's log file (tasks/error_log.py)
         final, next_step = retry_plan(exc, stage, run_id)
+        if final:
+            error_log.note_attempts(exc)
         report_stage_error(logger, log, exc, diagnosis, stage, final=final, next_step=next_step)
         raise
     finally:

@@ -123,3 +123,17 @@ def test_the_running_row_shows_the_live_cards_progress_and_links_it_and_times_ar
     assert "step 99" not in ov.render()
     ov.finished("pretrain", "completed", 130.0, PRETRAIN)
     assert "live curve" not in published[-1] and "step 40 of 100" not in published[-1]
+
+
+def test_the_parent_message_counts_failed_attempts_and_carries_no_cgroup_path():
+    from tasks.error_log import stage_failure
+
+    err = RuntimeError("the trainer was killed by SIGKILL\ndoctor: killed in pretrain: killed by SIGKILL without an "
+                       "OOM kill (no memory pressure: the cgroup's oom_kill count stayed at 0 "
+                       "(/sys/fs/cgroup/system.slice/x.scope/memory.events); last sampled RSS 1.20 GB)")
+    assert stage_failure("pretrain", "r1", err).startswith("stage 'pretrain' failed (run r1): RuntimeError: the ")
+    err.failed_attempts = 3
+    text = stage_failure("pretrain", "r1", err)
+    assert text.startswith("stage 'pretrain' failed (run r1): all 3 attempts failed; the last: RuntimeError: ")
+    assert "cgroup" in text and "/sys/fs/cgroup" not in text and "memory.events" not in text
+    assert "the cgroup's oom_kill count stayed at 0; last sampled RSS 1.20 GB" in text
