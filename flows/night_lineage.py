@@ -2,8 +2,9 @@
 
 - the artifact `nightly-lineage` (one key, a new version each time: the Artifacts page shows the newest): the live
   night, the held ones and the last decisions;
-- the night's flow run tags (`HELD`, `decide`, `promoted`, ...): Prefect colours every Completed state green, so a
-  Held night is told apart from a Promoted one in the runs list by its tags and its state's name;
+- the night's flow run tags (`HELD`, `decide`, `promoted`, ...) and, for a night that asks for a person, its name
+  (`nightly/<date> · HELD, decide`): Prefect colours every Completed state green (a custom state type is not
+  possible), so a Held night is told apart from a Promoted one in the runs list by its name, tags and state name;
 - the `nightly-decide` deployments' form: its `run_id` field lists the nights held now (a select in the UI).
 
 Each is a view: a failure to write one is logged as a warning, never a failed night or decision.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline_lib.nightly import load_state
-from pipeline_lib.nightly.lineage import end_tags, held_run_ids, lineage_markdown
+from pipeline_lib.nightly.lineage import end_name, end_tags, held_run_ids, lineage_markdown
 
 LINEAGE_KEY = "nightly-lineage"
 DECIDE_FLOW = "nightly-decide"
@@ -38,7 +39,8 @@ def publish_lineage(cfg, logger=None) -> None:
 
 
 def tag_night(state_name: str, logger=None) -> None:
-    """Add the end state's tags (lineage.END_TAGS) to the current flow run."""
+    """Add the end state's tags (lineage.END_TAGS) to the current flow run, and to its name what asks for a person
+    (lineage.end_name)."""
     tags = end_tags(state_name)
     if not tags:
         return
@@ -50,7 +52,8 @@ def tag_night(state_name: str, logger=None) -> None:
             return
         with get_client(sync_client=True) as client:
             run = client.read_flow_run(flow_run.id)
-            client.update_flow_run(flow_run.id, tags=list(dict.fromkeys([*run.tags, *tags])))
+            client.update_flow_run(flow_run.id, tags=list(dict.fromkeys([*run.tags, *tags])),
+                                   name=end_name(run.name, state_name))
     except Exception as err:  # a view only
         if logger is not None:
             logger.warning(f"the night's tags {tags} were not set: {type(err).__name__}: {err}")

@@ -23,6 +23,18 @@ END_TAGS = {
 }
 
 
+# A night that asks for a person says so in its run's name too (the blue link of every list): `nightly/<date> · HELD`.
+END_NAME_SUFFIX = {"Held": "HELD, decide", "Quarantined": "QUARANTINED", "NoUsableData": "NO USABLE DATA"}
+
+
+def end_name(run_name: str, state_name: str) -> str:
+    """The night's run name once it ended in `state_name` (unchanged unless a person must look)."""
+    suffix = END_NAME_SUFFIX.get(state_name)
+    if not suffix or run_name.endswith(f" · {suffix}"):
+        return run_name
+    return f"{run_name} · {suffix}"
+
+
 def end_tags(state_name: str) -> list[str]:
     """The tags of a night that ended in `state_name` (none for Skipped and Busy: they touch nothing)."""
     return list(END_TAGS.get(state_name, []))

@@ -234,6 +234,10 @@ def test_a_held_night_is_tagged_listed_in_the_lineage_and_decided_by_the_decide_
     assert held.name == "Held"
     tags, lineage = _tags_and_lineage(held.state_details.flow_run_id)
     assert "HELD" in tags and "decide" in tags and "promoted" not in tags, tags
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(held.state_details.flow_run_id).name == "nightly/2026-12-02 · HELD, decide"
     assert "# Live night: `nightly-2026-12-01`" in lineage, lineage
     assert "## Held: 1 waiting for a decision" in lineage and "`nightly-2026-12-02`" in lineage
     assert "held-out perplexity +30.0%" in lineage  # what held it, from the gate's verdict

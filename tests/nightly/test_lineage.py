@@ -1,7 +1,7 @@
 """The lineage view (pipeline_lib/nightly/lineage.py) and the decide form's list of held nights
 (flows/night_lineage.py decide_schema), on constructed states."""
 from flows.night_lineage import decide_schema
-from pipeline_lib.nightly.lineage import DECISIONS_SHOWN, end_tags, held_why, lineage_markdown
+from pipeline_lib.nightly.lineage import DECISIONS_SHOWN, end_name, end_tags, held_why, lineage_markdown
 
 HELD = {"run_id": "nightly-2026-12-05", "finished_at": "2026-12-05T03:10:00+00:00",
         "verdict": {"reason": "over budget", "rows": [
@@ -49,3 +49,10 @@ def test_the_decide_form_lists_the_held_nights_or_says_none_is_held():
     assert listed["properties"]["run_id"]["position"] == 1 and listed["properties"]["who"] == {}
     none = decide_schema(listed, [])
     assert "enum" not in none["properties"]["run_id"] and "no night is held now" in none["properties"]["run_id"]["description"]
+
+
+def test_a_night_that_asks_for_a_person_says_so_in_its_name_once():
+    assert end_name("nightly/2026-12-05", "Held") == "nightly/2026-12-05 · HELD, decide"
+    assert end_name("nightly/2026-12-05 · HELD, decide", "Held") == "nightly/2026-12-05 · HELD, decide"  # a retry
+    assert end_name("nightly/2026-12-05", "Promoted") == "nightly/2026-12-05"
+    assert end_name("nightly/2026-12-05", "Quarantined").endswith(" · QUARANTINED")
