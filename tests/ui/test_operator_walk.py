@@ -199,20 +199,21 @@ def test_a_held_night_is_told_apart_from_a_promoted_one_and_promoted_from_the_ui
     thread.start()
     thread.join(300)
     assert [s.name for s in ends.values()] == ["Promoted", "Held"]
+    with get_client(sync_client=True) as client:
+        flow = client.read_flow_by_name("nightly-pretrain")
+    page.goto(f"{ui_url}/flows/flow/{flow.id}")  # the flow's runs: the nights
+    page.get_by_text("nightly/2026-11-02").first.wait_for()
+    _fits(page, "nightly-runs-held-and-promoted", screenshot, content=False)
+    held_row = page.locator(".flow-run-list-item, .state-list-item").filter(has_text="nightly/2026-11-02").first
+    assert "nightly/2026-11-02 · HELD, decide" in held_row.inner_text()  # its name, its tags
+    assert "HELD" in held_row.inner_text().replace("· HELD", "") and "Held" in held_row.inner_text()
+    promoted_row = page.locator(".flow-run-list-item, .state-list-item").filter(has_text="nightly/2026-11-01").first
+    assert "promoted" in promoted_row.inner_text() and "HELD" not in promoted_row.inner_text()
     cli("deploy", "--config", _nightly_yaml(tmp_path, root, raw / "*.jsonl"), "--name", "nightly")
     try:
         with get_client(sync_client=True) as client:
-            flow = client.read_flow_by_name("nightly-pretrain")
             decide = client.read_deployment_by_name("nightly-decide/nightly")
         assert decide.parameter_openapi_schema["properties"]["run_id"]["enum"] == ["nightly-2026-11-02"]
-        page.goto(f"{ui_url}/flows/flow/{flow.id}")  # the flow's runs: the nights
-        page.get_by_text("nightly/2026-11-02").first.wait_for()
-        _fits(page, "nightly-runs-held-and-promoted", screenshot, content=False)
-        held_row = page.locator(".flow-run-list-item, .state-list-item").filter(has_text="nightly/2026-11-02").first
-        assert "nightly/2026-11-02 · HELD, decide" in held_row.inner_text()  # its name, its tags
-        assert "HELD" in held_row.inner_text().replace("· HELD", "") and "Held" in held_row.inner_text()
-        promoted_row = page.locator(".flow-run-list-item, .state-list-item").filter(has_text="nightly/2026-11-01").first
-        assert "promoted" in promoted_row.inner_text() and "HELD" not in promoted_row.inner_text()
 
         text = _lineage(page, ui_url, screenshot, "nightly-lineage-held")
         assert "Live night: nightly-2026-11-01" in text and "Held: 1 waiting for a decision" in text, text
