@@ -269,7 +269,8 @@ def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided
     name = "Promoted" if decision == "promoted" else "Held"
     tail = ("latest moves to it; tomorrow continues from it" if name == "Promoted" else
             f"latest stays; {_held_files(cfg)}; the candidate is kept under `held` in the nightly state "
-            f"(promote it by hand: llm-pipeline nightly promote CONFIG --run-id {run_id})")
+            f"(promote or reject it: the nightly-decide deployment in the UI, or llm-pipeline nightly promote "
+            f"CONFIG --run-id {run_id})")
     message = f"{verdict.message(run_id)}{by}. {name}: {tail}" + (f". Deadline: {steps_cut}" if steps_cut else "")
     get_run_logger().info(message)
     create_markdown_artifact(key="nightly-gate", markdown=verdict.markdown(run_id, name), description=message)

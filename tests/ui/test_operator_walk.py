@@ -60,6 +60,19 @@ def _fits(page, name: str, screenshot, content: bool = True) -> None:
     assert not content or not hidden_width(page), (name, hidden_width(page))
 
 
+def _parent_errors(flow_run_id, settle: float = 10) -> list[str]:
+    """The ERROR lines of the flow run's own log, once the worker's log records arrived (they come in batches)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, LogFilterLevel
+
+    deadline, found = time.time() + settle, []
+    while time.time() < deadline:
+        with get_client(sync_client=True) as client:
+            found = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]),
+                                                          level=LogFilterLevel(ge_=40)))
+        time.sleep(2)
+    return [r.message for r in sorted(found, key=lambda r: r.timestamp)]
+
+
 def _overview_cards(flow_run_id) -> list:
     with get_client(sync_client=True) as client:
         return client.read_artifacts(artifact_filter=ArtifactFilter(
@@ -96,6 +109,13 @@ def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overvie
     _kill_trainer_after_a_checkpoint(out / "ui-kill")
     run = finished_run(run_id, 180)
     assert run.state.is_failed(), f"{run.state}\n{worker_log.read_text()[-3000:]}"
+    # issue 48 item 4: the parent's log says the stage's error once (not ERROR, "Finished in state Failed", ERROR)
+    page.goto(f"{ui_url}/runs/flow-run/{run_id}")  # a run's page opens on its log
+    page.get_by_text("stage 'pretrain' failed (run ui-kill)", exact=False).first.wait_for()
+    _fits(page, "run-log-killed", screenshot, content=False)
+    errors = _parent_errors(run_id)
+    assert len(errors) == 1 and errors[0].startswith("stage 'pretrain' failed (run ui-kill): "), errors
+    assert "/sys/fs/cgroup" not in run.state.message and "memory.events" not in run.state.message
 
     page.goto(f"{ui_url}/runs/flow-run/{run_id}")
     page.get_by_role("button", name="Retry").first.click()

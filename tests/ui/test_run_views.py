@@ -183,7 +183,7 @@ def test_live_loss_curve_exists_before_training_ends_and_is_kept_on_failure(tiny
         release.write_text("go")
         worker.join(180)
     assert result["state"].is_failed()
-    page.reload()
+    page.goto(f"{ui_url}/artifacts/artifact/{live.id}")  # the live card again (the overview was the last page)
     page.locator(f"{CONTENT} img").first.wait_for()
     text = page.locator(CONTENT).inner_text()
     assert "failed, step 12 of 12" in text  # the curve up to the failure stays
