@@ -59,12 +59,30 @@ class OurErrorsOnce(logging.Filter):
 _FILTER = OurErrorsOnce()
 
 
+class EngineRepeatsOurs(logging.Filter):
+    """A flow run started by a worker ends in `prefect.engine`, which logs the flow's exception once more ("Execution
+    of flow run ... exited with unexpected exception" and its traceback) after the flow engine did: for our own
+    errors (the parent's StageFailed, a stage error reported by its task) that record is a repeat, dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and any(getattr(e, "log_without_traceback", False)
+                                            or getattr(e, "reported_by_stage", False) for e in _chain(exc)))
+
+
+_ENGINE_FILTER = EngineRepeatsOurs()
+
+
 def install() -> None:
-    """Idempotent: the filter on Prefect's task-run and flow-run loggers (the records they create)."""
+    """Idempotent: the filter on Prefect's task-run and flow-run loggers (the records they create), and the engine's
+    repeat of a worker run's exception."""
     for name in ENGINE_LOGGERS:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+    engine = logging.getLogger("prefect.engine")
+    if _ENGINE_FILTER not in engine.filters:
+        engine.addFilter(_ENGINE_FILTER)
 
 
 def report_outcome(logger, exc: BaseException) -> None:

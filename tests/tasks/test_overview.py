@@ -137,3 +137,21 @@ def test_the_parent_message_counts_failed_attempts_and_carries_no_cgroup_path():
     assert text.startswith("stage 'pretrain' failed (run r1): all 3 attempts failed; the last: RuntimeError: ")
     assert "cgroup" in text and "/sys/fs/cgroup" not in text and "memory.events" not in text
     assert "the cgroup's oom_kill count stayed at 0; last sampled RSS 1.20 GB" in text
+
+
+def test_the_engines_repeat_of_our_error_is_dropped_an_unexpected_one_kept():
+    import logging
+    import sys
+
+    from flows.pipeline import StageFailed
+    from tasks.error_log import EngineRepeatsOurs
+
+    def record(exc):
+        try:
+            raise exc
+        except Exception:
+            return logging.LogRecord("prefect.engine", logging.ERROR, __file__, 1,
+                                     "Execution of flow run 'x' exited with unexpected exception", (), sys.exc_info())
+
+    assert not EngineRepeatsOurs().filter(record(StageFailed("stage 'pretrain' failed (run r): boom")))
+    assert EngineRepeatsOurs().filter(record(KeyError("a bug")))  # an unexpected error keeps its record
