@@ -31,6 +31,7 @@ def _chain(exc: BaseException | None):
         exc = exc.__cause__ or exc.__context__
 
 
+_SHOWN: deque[BaseException] = deque(maxlen=20)  # our one-line exceptions already logged (this process)
 _REPORTED: deque[str] = deque(maxlen=20)  # messages of the exceptions the stage tasks reported (this process)
 
 
@@ -47,6 +48,10 @@ class OurErrorsOnce(logging.Filter):
             return True
         exc = record.exc_info[1]
         if getattr(exc, "log_without_traceback", False):
+            # a worker's flow run logs the same exception from two places of the flow engine: once is enough
+            if any(seen is exc for seen in _SHOWN):
+                return False
+            _SHOWN.append(exc)
             record.msg, record.args = str(exc), ()
             record.exc_info, record.exc_text = None, None
             # e.g. the parent flow's StageFailed: its run's log keeps it; the CLI's terminal showed the stage's own

@@ -155,3 +155,20 @@ def test_the_engines_repeat_of_our_error_is_dropped_an_unexpected_one_kept():
 
     assert not EngineRepeatsOurs().filter(record(StageFailed("stage 'pretrain' failed (run r): boom")))
     assert EngineRepeatsOurs().filter(record(KeyError("a bug")))  # an unexpected error keeps its record
+
+
+def test_our_one_line_error_is_logged_once_when_the_engine_logs_it_twice():
+    import logging
+    import sys
+
+    from flows.pipeline import StageFailed
+    from tasks.error_log import OurErrorsOnce
+
+    try:
+        raise StageFailed("stage 'pretrain' failed (run r): boom")
+    except StageFailed:
+        info = sys.exc_info()
+    records = [logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, text, (), info)
+               for text in ("Encountered exception during execution:", "Finished in state Failed")]
+    kept = [r for r in records if OurErrorsOnce().filter(r)]
+    assert [r.getMessage() for r in kept] == ["stage 'pretrain' failed (run r): boom"]
