@@ -26,6 +26,44 @@ def pool_names() -> list[str]:
     return list(dict.fromkeys([DRIVER_POOL, *pools()]))
 
 
+def pool_needs(pool: str) -> str:
+    """Why a deployment on `pool` shows Not Ready in the UI until a worker polls it, and what makes it Ready."""
+    where = "on each Ascend node" if pool == "ascend" else "on a machine of that pool"
+    return (f"Needs a worker on work pool `{pool}` (`prefect worker start --pool {pool}` {where}); Not Ready in the "
+            "UI until one polls. Without one, run the chain without dispatch (every stage on the driver's worker).")
+
+
+def unserved_pools(doc: dict, online: dict[str, int]) -> list[str]:
+    """What `llm-pipeline deploy` says about pools no worker polls: their deployments show Not Ready, and why.
+    `online`: pool -> workers online."""
+    by_pool: dict[str, list[str]] = {}
+    for dep in doc["deployments"]:
+        pool = (dep.get("work_pool") or {}).get("name")
+        if pool and not online.get(pool):
+            func = dep["entrypoint"].rsplit(":", 1)[1]
+            flow = {"llm_pipeline": "llm-pipeline", "nightly": "nightly-pretrain"}.get(func, func.removesuffix("_flow"))
+            by_pool.setdefault(pool, []).append(f"{flow}/{dep['name']}")
+    return [f"{', '.join(names)}: Not Ready in the UI: no worker polls work pool '{pool}'. "
+            f"{pool_needs(pool).split('; ', 1)[0].replace('Needs', 'Start')}." for pool, names in by_pool.items()]
+
+
+def pools_without_workers(doc: dict, log=print) -> None:
+    """Say which deployments show Not Ready because no worker polls their pool (read from the server)."""
+    from prefect import get_client
+    from prefect.client.schemas.objects import WorkerStatus
+
+    online: dict[str, int] = {}
+    with get_client(sync_client=True) as client:
+        for pool in {(d.get("work_pool") or {}).get("name") for d in doc["deployments"]} - {None}:
+            try:
+                workers = client.read_workers_for_work_pool(pool)
+            except Exception:  # noqa: BLE001 (a pool not made yet: no worker either)
+                workers = []
+            online[pool] = sum(1 for w in workers if w.status == WorkerStatus.ONLINE)
+    for line in unserved_pools(doc, online):
+        log(line)
+
+
 def stage_deployments(parameters: dict) -> list[dict]:
     """One `default` deployment per stage of the table, on the stage's pool."""
     from pipeline_lib.stages import SPECS
@@ -35,7 +73,7 @@ def stage_deployments(parameters: dict) -> list[dict]:
         pool = {"name": spec.pool}
         if spec.pool in POOL_ENV:
             pool["job_variables"] = {"env": dict(POOL_ENV[spec.pool])}
-        out.append({"name": "default", "description": f"The {name} stage (work pool {spec.pool}).",
+        out.append({"name": "default", "description": f"The {name} stage (work pool {spec.pool}). {pool_needs(spec.pool)}",
                     "entrypoint": f"flows/stage_flows.py:{name}_flow", "parameters": dict(parameters),
                     "work_pool": pool, "tags": ["llm-pipeline", "stage", *(["training"] if spec.multi_node else [])]})
     return out

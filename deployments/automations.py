@@ -40,16 +40,21 @@ def nightly_window(cron: str, timezone: str, deadline: str, now: dt.datetime | N
     return deadline_at(deadline, timezone, start) - start
 
 
-def webhook_block(url: str, name: str = NOTIFY_BLOCK):
-    """A Custom Webhook block (saved over any of that name) posting JSON like the night's own webhook; the URL sits
+def custom_webhook(url: str, fmt: str = "auto"):
+    """A Custom Webhook block (unsaved) posting like the night's own webhook, in the shape of its chat tool
+    (orchestration.webhook_format: Feishu, DingTalk, WeCom or JSON; pipeline_lib/chat_webhooks.py); the URL sits
     in the block's secrets and is filled in only when Prefect sends."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
-    block = CustomWebhookNotificationBlock(
-        name="llm-pipeline nightly", url="{{webhook_url}}", secrets={"webhook_url": url},
-        json_data={"flow": "nightly-pretrain", "source": "prefect-automation", "name": "{{subject}}",
-                   "message": "{{body}}"})
-    return block.save(name, overwrite=True)
+    from pipeline_lib.chat_webhooks import block_template
+
+    return CustomWebhookNotificationBlock(name="llm-pipeline nightly", url="{{webhook_url}}",
+                                          secrets={"webhook_url": url}, json_data=block_template(fmt, url))
+
+
+def webhook_block(url: str, name: str = NOTIFY_BLOCK, fmt: str = "auto"):
+    """custom_webhook saved over any block of that name: its id."""
+    return custom_webhook(url, fmt).save(name, overwrite=True)
 
 
 def team_block(client, name: str = NOTIFY_BLOCK):
@@ -135,9 +140,12 @@ def ensure_nightly_automations(cfg, deployment: str = NIGHTLY, tag: str = "", lo
     with get_client(sync_client=True) as client:
         dep = client.read_deployment_by_name(deployment)
         if url:
-            block_id, own = webhook_block(url), False
+            from pipeline_lib.chat_webhooks import resolve_format
+
+            fmt = resolve_format(cfg.orchestration.webhook_format, url)
+            block_id, own = webhook_block(url, fmt=fmt), False
             say(f"notification block {NOTIFY_BLOCK!r}: a Custom Webhook to orchestration.failure_webhook_url "
-                "(kept in the block's secrets)")
+                f"(kept in the block's secrets), posting {fmt} (orchestration.webhook_format)")
         else:
             block_id, own = team_block(client), True
             if block_id is None:

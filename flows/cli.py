@@ -11,7 +11,7 @@
   llm-pipeline nightly status CONFIG                  per raw file what became of it; what asks for a person
   llm-pipeline dedup-index list|clear CONFIG [--lineage X]   a lineage's incremental dedup index
   llm-pipeline doctor --log FILE [CONFIG] | --run-id ID CONFIG [--json]   why a run failed, what to change
-  llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE]   what changed from run A to run B (markdown)
+  llm-pipeline diff CONFIG --run-id A --run-id B [--out FILE] [--markdown]   what changed from run A to run B
   llm-pipeline gc CONFIG [--dry-run] [key=value ...]   remove what nightly.retention does not keep; prints what it frees
 
 `run` uses the Prefect API in PREFECT_API_URL, or Prefect's local ephemeral API when unset: nothing
@@ -27,17 +27,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The embedded (ephemeral) API writes to the same SQLite file as the UI; its telemetry heartbeat
-# only adds lock contention there.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Nothing the CLI starts calls out (flows/offline.py): set before Prefect is imported, inherited by the embedded API
+# server and every subprocess.
+from flows.offline import telemetry_off  # noqa: E402
+
+telemetry_off()
 
 from pipeline_lib.cli import (dedup_index_main, diff_main, doctor_main, gc_main, plan_main,  # noqa: E402
                               print_warnings, validate_main)
 from pipeline_lib.checks import refuse_bad_config  # noqa: E402
 from pipeline_lib.config import ConfigError, load_config, validate  # noqa: E402
+from pipeline_lib.config.validate import ignored_issues  # noqa: E402
 from pipeline_lib.config.secrets import public_config  # noqa: E402
 from pipeline_lib.doctor.retry import parse_headline  # noqa: E402
-from pipeline_lib.stages import SPECS, parse_stages, unmet_upstream  # noqa: E402
+from pipeline_lib.stages import SPECS, nightly_stages, parse_stages, unmet_upstream  # noqa: E402
 from pipeline_lib.storage import RunPaths  # noqa: E402
 from pipeline_lib.storage.names import check_name  # noqa: E402
 
@@ -364,8 +367,16 @@ def status_main(argv: list[str]) -> int:
     except (ConfigError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2
+    from pipeline_lib.known_runs import unknown_run
+
+    unknown = unknown_run(cfg, args.run_id)  # a typo is not a run whose every stage is "not complete"
+    if unknown:
+        print(unknown, file=sys.stderr)
+        return 2
+    print(f"{'stage':<9} {'state':<13} detail")
     for stage, entry in stage_states(cfg, args.run_id).items():
-        print(f"{stage:<9} {entry['state']:<13} {entry['note']}")
+        detail = entry["stage_uri"] if entry["note"] == "complete" else entry["note"]  # not "complete" twice
+        print(f"{stage:<9} {entry['state']:<13} {detail}")
     from pipeline_lib.nightly.retention import removed_lines
 
     for line in removed_lines(cfg, args.run_id):  # a night the nightly's retention thinned says what went
@@ -415,11 +426,28 @@ def deploy_main(argv: list[str]) -> int:
             for sched in dep.get("schedules") or []:
                 print(f"{dep['name']}: scheduled `{sched['cron']}` in time zone {sched['timezone']} "
                       "(orchestration.nightly_cron, orchestration.timezone)")
-        if code == 0 and (not argv or any("nightly" in a for a in argv)):
+        nightly = not argv or any("nightly" in a for a in argv)
+        if code == 0 and nightly:
             code = _nightly_automations(doc)
-        if code == 0 and (not argv or any("nightly" in a for a in argv)):
+        if code == 0:
+            _after_deploy(doc, nightly)
+        if code == 0 and nightly:
             _decide_form(doc)
         return code
+
+
+def _after_deploy(doc: dict, nightly: bool) -> None:
+    """Upcoming nights named nightly/<date> (flows/night_names.py); pools no worker polls named (Not Ready)."""
+    from deployments import pools_without_workers
+    from flows.night_names import name_deployed_nights
+
+    night = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":nightly"))
+    try:
+        for sched in (night.get("schedules") or []) if nightly else []:
+            name_deployed_nights(f"nightly-pretrain/{night['name']}", sched["timezone"])
+        pools_without_workers(doc)
+    except Exception as err:  # noqa: BLE001 (the deployments are made: names and notes are extras)
+        print(f"after deploy: {type(err).__name__}: {err}", file=sys.stderr)
 
 
 def _decide_form(doc: dict) -> None:
@@ -521,10 +549,11 @@ def nightly_main(argv: list[str]) -> int:
     try:  # refused before anything starts: field, value and fix, exit 2 (as run and validate)
         if args.run_date:
             check_run_date(args.run_date)
-        cfg = validate(load_config(args.config, args.overrides))
+        cfg = validate(load_config(args.config, args.overrides), stages=nightly_stages())
     except (ConfigError, ValueError) as err:
         print(err, file=sys.stderr)
         return 2
+    print_warnings(ignored_issues(cfg, nightly_stages()), file=sys.stderr)  # a night runs no sft: said, not refused
     api = embedded_api().launch()
     from flows.nightly import nightly
     from tasks import terminal

@@ -10,12 +10,13 @@ from pipeline_lib.config.load import merge_sections
 
 
 def resolve_config(config: str | dict, overrides: list[str] | None = None,
-                   sections: dict | None = None) -> PipelineConfig:
+                   sections: dict | None = None, stages: list[str] | None = None) -> PipelineConfig:
+    """The config, checked for the stages the flow runs (None: every stage)."""
     if isinstance(config, dict):
         cfg = config_from_dict(apply_overrides(merge_sections(config, sections), overrides or []))
     else:
         cfg = load_config(config, overrides or [], sections)
-    return validate(cfg)
+    return validate(cfg, stages=stages)
 
 
 def untouched_form_sections(config, sections: dict, deployment_parameters: dict) -> list[str]:

@@ -21,6 +21,7 @@ from prefect import get_run_logger
 from prefect.states import Completed
 
 from pipeline_lib.config.secrets import public_config
+from pipeline_lib.data.errors import NoNewDocuments
 from pipeline_lib.doctor.retry import attach_diagnosis
 from pipeline_lib.runtime.contract import StageOutput, StageRun
 from pipeline_lib.stages import run_stage
@@ -132,7 +133,10 @@ def shard_steps(config: dict, run_id: str, executor: ShardExecutor) -> dict:
     n, read = t.prep_task(config, run_id, executor, progress)
     logger.info(f"data: {n} shards, read {read} records")
     progress("dedup", 0, 1)
-    logger.info(f"data: dedup {t.dedup_task(config, run_id)}")
+    dedup = t.dedup_task(config, run_id)
+    if "no_new_documents" in dedup:
+        raise dedup["no_new_documents"]  # run_mapped_data: a night's outcome, any other run's failure
+    logger.info(f"data: dedup {dedup}")
     progress("tokenizer", 0, 1)
     t.tokenizer_task(config, run_id, n, executor)
     t.tokenize_task(config, run_id, n, executor, progress)
@@ -158,6 +162,14 @@ def run_mapped_data(cfg, run_id: str) -> dict:
     log = StageLog("data", paths, get_run_logger())  # the stage's lines in its log file too, its path on the terminal
     try:
         manifest, skipped = run_stage(cfg, paths, "data", log=log, work=shard_tasks)
+    except NoNewDocuments as exc:
+        if cfg.data.dedup.defer_publish:  # a night (the nightly sets it): it ends NoNewData / NoUsableData, not red
+            return Completed(name=exc.night_state, message=str(exc),
+                             data={"stage": "data", "run_id": run_id, "no_new_documents": exc.night_state,
+                                   "message": str(exc)})
+        attach_diagnosis(exc, cfg, "data")
+        log.write_only(str(exc))
+        raise
     except Exception as exc:  # the doctor's category and first remedy in the message, as the stage task does; here,
         attach_diagnosis(exc, cfg, "data")  # outside run_stage, which names a full disk (DiskFull) first
         log.write_only(str(exc))

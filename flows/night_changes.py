@@ -16,14 +16,15 @@ from pipeline_lib.storage import RunPaths, store_for
 KEY = "nightly-changes"
 
 
-def publish_night_changes(cfg, promoted_run_id: str | None, run_id: str) -> str | None:
-    """The markdown published (None when it could not be made)."""
+def publish_night_changes(cfg, promoted_run_id: str | None, run_id: str, verdict: dict | None = None) -> str | None:
+    """The markdown published (None when it could not be made); `verdict`: the gate's (Verdict.to_json), shown
+    first, as the night is published before the state records it."""
     log = get_run_logger()
     try:
         if not promoted_run_id or promoted_run_id == run_id:
             text = f"# What changed tonight: {run_id}\n\nNothing promoted before this night: no run to compare with.\n"
         else:
-            text = diff_runs(cfg, promoted_run_id, run_id).markdown(
+            text = diff_runs(cfg, promoted_run_id, run_id, verdict).markdown(
                 f"What changed tonight: {run_id} against the promoted {promoted_run_id}")
         paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
         uri = f"{paths.run_uri}/changes.md"

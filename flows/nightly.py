@@ -52,7 +52,7 @@ from pipeline_lib.nightly.retention import after_night
 from pipeline_lib.nightly.tonight import tonight_timing
 from pipeline_lib.nightly.screen import screen_night
 from pipeline_lib.nightly.screen_sample import keep_accepted
-from pipeline_lib.stages import SPECS
+from pipeline_lib.stages import nightly_stages
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
 
@@ -60,6 +60,7 @@ from flows.common import deployment_parameters, resolve_config, untouched_form_s
 from flows.form_types import DataConfig
 from flows.night_changes import publish_night_changes
 from flows.night_lineage import publish_lineage, tag_night
+from flows.night_names import name_upcoming_nights, rename_this_night
 from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
 from flows.pause_lease import kept_slot_while_paused
@@ -91,7 +92,7 @@ def _zone(config, overrides, sections: dict | None = None) -> str:
     """The night's orchestration.timezone; the schema's default when the config does not resolve (the run then
     fails with the config's own errors, under a name that still carries a date)."""
     try:
-        return resolve_config(config, overrides, sections).orchestration.timezone
+        return resolve_config(config, overrides, sections, stages=nightly_stages()).orchestration.timezone
     except Exception:
         return OrchestrationConfig().timezone
 
@@ -139,14 +140,16 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
     sent = any(v is not None for v in given.values())
     inherited = untouched_form_sections(config, given, deployment_parameters()) if sent else []
     given.update(dict.fromkeys(inherited))
-    cfg = resolve_config(config, overrides, given)
+    cfg = resolve_config(config, overrides, given, stages=nightly_stages())
     run_date = run_date.isoformat() if isinstance(run_date, dt.date) else run_date
     run_date = run_date or night_date(cfg.orchestration.timezone)
     run_id = _night_id(run_date)
+    name_upcoming_nights(cfg.orchestration.timezone, logger.warning)  # the one the scheduler added: nightly/<date>
     try:
         with night_lock(cfg, run_id, logger.info):  # taken before listing: two nights never take the same files
             run_id, why = night_run_id(cfg, load_state(cfg), run_id)  # a decided night is never rerun in place
             logger.info(why)
+            rename_this_night(run_id, logger.warning)  # nightly/<date>-2: runs of one date told apart
             state = _night(cfg, run_id, dispatch)
             after_night(cfg, run_id, logger)  # nightly.retention: bounded disk (a failure is only a warning)
     except NightBusy as busy:
@@ -181,10 +184,10 @@ def _night(cfg, run_id: str, dispatch: bool):
     start = night_cfg.training.stable_checkpoint or (state.get("latest") or {}).get("checkpoint")
     get_run_logger().info(f"{run_id}: {len(files)} new file(s); continuing from {start or 'the configured base'}"
                           f"{lineage_note(night_cfg)}")
-    stages = [s for s, spec in SPECS.items() if spec.nightly]
+    stages = nightly_stages()
     run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
-    if not run.is_completed():
+    if not run.is_completed() or run.name in ("NoNewData", "NoUsableData"):  # the chain ends so on a night's data
         found = no_new_documents(night_cfg, run_id)
         if found is None:
             if (why := data_failure(night_cfg, run_id)) is not None:  # the files' fault: not tomorrow's problem
@@ -197,7 +200,7 @@ def _night(cfg, run_id: str, dispatch: bool):
     if decision == "ask":
         decision, decided_by = _ask(cfg, run_id, verdict)
     checkpoint = next_base_checkpoint(cfg, run_id, get_run_logger().info)  # merged once for a sharded run
-    publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id)  # against the promoted run
+    publish_night_changes(cfg, (state.get("latest") or {}).get("run_id"), run_id, verdict.to_json())
     if decision == "promoted":  # its documents are "seen before" from now on; a held night's never enter the index
         publish_night_documents(cfg, run_id)
     after = commit_night(cfg, state, files, run_id, checkpoint, night_tokenizer(cfg, run_id), decision=decision,
@@ -280,7 +283,7 @@ def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided
         notify_night(secret_value(cfg.orchestration.failure_webhook_url), {
             "flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Held", "message": message,
             "failed": [{k: r[k] for k in ("metric", "promoted", "candidate", "change", "budget")}
-                       for r in verdict.failed]})
+                       for r in verdict.failed]}, cfg.orchestration.webhook_format)
     return Completed(name=name, message=message, data=data)
 
 
@@ -316,7 +319,7 @@ def _no_new_data(cfg, state: dict, files: dict[str, int], run_id: str, found: di
                             *[f"| {u} | {s} |" for u, s in sorted(files.items())], "", footer]))
     payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": name,
                "message": message, "new_files": len(files), "counts": found}
-    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
+    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload, cfg.orchestration.webhook_format)
     return Completed(name=name, message=message, data={"run_id": run_id, "new_files": len(files),
                                                                "files": sorted(files), "no_new_data": found, "notice": payload})
 
@@ -338,7 +341,7 @@ def _ask_about_quarantined(cfg, run_id: str, state: dict) -> None:
         get_run_logger().warning(message)
         notify_night(secret_value(cfg.orchestration.failure_webhook_url), {
             "flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Quarantined",
-            "message": message, "files": files})
+            "message": message, "files": files}, cfg.orchestration.webhook_format)
 
 
 def _quarantined(cfg, state: dict, files: dict[str, int], run_id: str, why: str):
@@ -352,6 +355,6 @@ def _quarantined(cfg, state: dict, files: dict[str, int], run_id: str, why: str)
     get_run_logger().warning(message)
     payload = {"flow": "nightly-pretrain", "run_id": run_id, "state": "COMPLETED", "name": "Quarantined",
                "message": message, "files": sorted(files)}
-    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload)
+    notify_night(secret_value(cfg.orchestration.failure_webhook_url), payload, cfg.orchestration.webhook_format)
     return Completed(name="Quarantined", message=message, data={"run_id": run_id, "new_files": len(files),
                                                                  "files": sorted(files), "notice": payload})

@@ -9,19 +9,21 @@ import threading
 import urllib.error
 import urllib.request
 
+from pipeline_lib.chat_webhooks import chat_body
 from pipeline_lib.config import config_from_dict, load_config
 from pipeline_lib.config.secrets import redact_url, secret_value, webhook_problem
 from pipeline_lib.doctor.retry import parse_headline
 
 
-def _webhook_url(parameters: dict) -> str | None:
+def _webhook(parameters: dict) -> tuple[str | None, str]:
+    """(the webhook URL, orchestration.webhook_format) of a run's config; (None, auto) when it does not load."""
     config = parameters.get("config")
     try:
         cfg = config_from_dict(config) if isinstance(config, dict) else load_config(config,
                                                                                    parameters.get("overrides") or [])
     except Exception:
-        return None
-    return secret_value(cfg.orchestration.failure_webhook_url)
+        return None, "auto"
+    return secret_value(cfg.orchestration.failure_webhook_url), cfg.orchestration.webhook_format
 
 
 def failure_payload(flow, flow_run, state) -> dict:
@@ -37,13 +39,15 @@ def failure_payload(flow, flow_run, state) -> dict:
 def notify_failure(flow, flow_run, state) -> None:
     if flow_run.parameters.get("notify") is False:  # a parent flow (the nightly) reports instead
         return
-    _post(_webhook_url(flow_run.parameters), failure_payload(flow, flow_run, state))
+    url, fmt = _webhook(flow_run.parameters)
+    _post(url, failure_payload(flow, flow_run, state), fmt=fmt)
 
 
-def notify_night(url: str | None, payload: dict) -> None:
+def notify_night(url: str | None, payload: dict, fmt: str = "auto") -> None:
     """A night that ended without a failure but needs a person to know: {flow, run_id, state: COMPLETED, name:
-    NoNewData (with its counts) or Held (with the metrics over budget), message} to the webhook, if set."""
-    _post(url, payload)
+    NoNewData (with its counts) or Held (with the metrics over budget), message} to the webhook, if set, shaped
+    for its chat tool (`fmt`: orchestration.webhook_format)."""
+    _post(url, payload, fmt=fmt)
 
 
 DEADLINE_S = 10.0  # the whole POST, headers dripped by a slow server included
@@ -56,16 +60,18 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         raise urllib.error.HTTPError(req.full_url, code, f"redirect {code} not followed", headers, fp)
 
 
-def _post(url: str | None, payload: dict, deadline_s: float = DEADLINE_S) -> bool:
+def _post(url: str | None, payload: dict, deadline_s: float = DEADLINE_S, fmt: str = "auto") -> bool:
     """POST `payload` to the webhook; True when it answered 2xx within DEADLINE_S. A notice never masks the real
     failure and never shows the URL (its token) or an error that may quote it: the log gets the scheme and host.
-    `deadline_s` bounds the whole exchange (urllib's timeout is per socket read: a dripping server resets it)."""
+    `deadline_s` bounds the whole exchange (urllib's timeout is per socket read: a dripping server resets it).
+    `fmt` (orchestration.webhook_format) shapes the body for Feishu, DingTalk or WeCom (pipeline_lib/chat_webhooks)."""
     if not url:
         return False
     problem = webhook_problem(url)
     if problem:
         print(f"webhook not posted: {problem}")
         return False
+    payload = chat_body(fmt, url, payload)
     outcome: dict = {}
 
     def send() -> None:

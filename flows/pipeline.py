@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed
 
 from pipeline_lib.config.schema import (EvaluateConfig, ExportConfig, ModelConfig, NightlyConfig, OrchestrationConfig,
                                         ParallelConfig, RunConfig, SFTConfig, TokenizerConfig, TrainingConfig)
@@ -33,7 +34,7 @@ from flows.notify import notify_failure
 from flows.run_history import earlier_flow_runs, finished_in, flow_run_name, task_run_link, ui_link
 from flows.stage_flows import stage_flow
 from tasks.error_log import stage_failure
-from tasks.overview import RunOverview
+from tasks.overview import RunOverview, tensorboard_command
 from tasks.stage_task import cached_stage
 from tasks.terminal import SHOW
 
@@ -96,10 +97,10 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
         logger.info(f"config {config} is not the deployment's: its unchanged form sections {inherited} are not "
                     "applied (they describe the deployment's config file)")
         given.update(dict.fromkeys(inherited))
-    cfg = resolve_config(config, overrides, given)
+    wanted = stages or parse_stages(None)
+    cfg = resolve_config(config, overrides, given, stages=wanted)
     resolved = public_config(cfg)  # what child flows and dispatched runs get as parameters: no secret
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
-    wanted = stages or parse_stages(None)
     summary = {"run_id": run_id, "run_uri": paths.run_uri, "stages": {}}
     # the parent run's artifact, updated as each stage ends; a resume links the run's earlier flow runs
     from prefect.runtime import flow_run
@@ -107,6 +108,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     earlier_runs = earlier_flow_runs(run_id, flow_run.id)
     earlier = [(r.name, r.state_name or "", ui_link(r.id)) for r in earlier_runs]
     overview = RunOverview(paths, list(wanted), earlier=earlier)
+    overview.tensorboard = tensorboard_command(cfg, list(wanted))  # the loss curves, linked from the overview
     overview.settings = _changed_from_deployment(resolved, deployed)
     if overview.settings is not None:
         logger.info(overview.settings_line())
@@ -142,6 +144,8 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
                 result = child.result()  # raises the stage's own exception when it failed
             if isinstance(result, dict) and result.get("flow_run_id"):
                 overview.link(stage, ui_link(result["flow_run_id"]))
+            if isinstance(result, dict) and result.get("no_new_documents"):  # a night with nothing to train
+                return _nothing_to_train(overview, list(wanted), stage, result.get("message", ""), summary, result)
         except Exception as err:
             message = stage_failure(stage, run_id, err)  # attempts counted, no cgroup paths (tasks/error_log.py)
             overview.failed(stage, round(time.time() - started, 1), message.split(": ", 1)[1])
@@ -152,6 +156,15 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
                           else None)
         logger.info(f"{stage}: {entry['state']} in {entry['seconds']} s -> {entry['stage_uri']}", extra=SHOW)
     return summary
+
+
+def _nothing_to_train(overview, wanted: list[str], stage: str, message: str, summary: dict, result: dict):
+    """A night's data stage left nothing to train (flows/data_flow.py): this run ends Completed under the night's
+    name (NoNewData, NoUsableData), not Failed: the nightly decides the night; the later stages did not run."""
+    overview.finished(stage, "completed", 0.0, None)
+    for later in wanted[wanted.index(stage) + 1:]:
+        overview.not_run(later, f"not run: {message}")
+    return Completed(name=result["no_new_documents"], message=message, data=summary)
 
 
 def _changed_from_deployment(resolved: dict, deployed: dict) -> tuple[str, list] | None:

@@ -31,7 +31,7 @@ def _run_name(stage: str):
 def _make_stage_flow(stage: str):
     def stage_flow(config: str | dict, run_id: str, overrides: list[str] | None = None,
                    node_rank: int | None = None) -> dict:
-        cfg = resolve_config(config, overrides)
+        cfg = resolve_config(config, overrides, stages=[stage])
         # The launcher reads the node rank of a multi-node job from the environment (msrun --node_rank). Dispatch
         # passes it per child; without it the process's own $LLM_PIPELINE_NODE_RANK (a node started by hand) holds.
         if node_rank is not None:

@@ -113,11 +113,15 @@ def dedup_index_main(argv: list[str]) -> int:
     segments = list_segments(cfg, endpoint)
     print(f"lineage {lineage(cfg)}: index {index_uri(cfg)}")
     if args.action == "list":
+        from .data.dedup_listing import reread_by, summary_line
+
+        again = reread_by(segments)
         for m in segments:
             files = ", ".join(f["uri"] for f in m.get("inputs", [])) or "(inputs not recorded)"
             old = "" if m.get("format") == FORMAT else "  [earlier format: run `dedup-index migrate`]"
-            print(f"  {m['run_id']:<32} {m['docs']:>9} docs  {files}{old}")
-        print(f"{len(segments)} run(s), {sum(m['docs'] for m in segments)} documents")
+            reread = f"  (reread by {again[m['run_id']]})" if m["run_id"] in again else ""
+            print(f"  {m['run_id']:<32} {m['docs']:>9} docs  {files}{old}{reread}")
+        print(summary_line(segments))
         return 0
     if args.action == "repartition":
         if args.bits is None:
@@ -197,7 +201,8 @@ def plan_main(argv: list[str]) -> int:
 
 
 def diff_main(argv: list[str]) -> int:
-    """`diff CONFIG --run-id A --run-id B [--out FILE] [key=value ...]`: what changed from run A to run B."""
+    """`diff CONFIG --run-id A --run-id B [--out FILE] [--markdown] [key=value ...]`: what changed from run A to run
+    B, plain tables on the terminal (markdown with --markdown and in --out)."""
     from .run_diff import RunNotFound, diff_runs
     from .storage.names import BadName, check_name
 
@@ -208,6 +213,8 @@ def diff_main(argv: list[str]) -> int:
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides (e.g. run.output_root=...)")
     ap.add_argument("--run-id", action="append", default=[], help="give it twice: A (before), then B (after)")
     ap.add_argument("--out", help="also write the markdown to this file")
+    ap.add_argument("--markdown", action="store_true", help="print markdown (as the nightly-changes artifact and "
+                    "--out have it) instead of the terminal's plain tables")
     args = ap.parse_intermixed_args(argv)
     if len(args.run_id) != 2:
         print(f"--run-id given {len(args.run_id)} time(s): give it twice, --run-id A --run-id B", file=sys.stderr)
@@ -224,7 +231,12 @@ def diff_main(argv: list[str]) -> int:
         from pathlib import Path
 
         Path(args.out).write_text(text, encoding="utf-8")
-    print(text)
+    if args.markdown:
+        print(text)
+    else:
+        from .terminal_text import terminal_text
+
+        print(terminal_text(text))
     return 0
 
 

@@ -16,6 +16,7 @@ from typing import Callable, Iterable
 
 from .config.load import config_hash
 from .config.identity import stage_hash
+from .run_settings import stage_settings
 from .config.schema import PipelineConfig
 from .runtime.contract import StageOutput, StageRun, TransientError  # noqa: F401  (raised by stages)
 from . import killpoints
@@ -126,6 +127,11 @@ def parse_stages(text: str | None) -> list[str]:
     if unknown:
         raise ValueError(f"--stages: unknown stage(s) {unknown}; choose from {','.join(SPECS)}")
     return [s for s in SPECS if s in wanted]
+
+
+def nightly_stages() -> list[str]:
+    """The stages a night runs (the table's `nightly` column), in pipeline order."""
+    return [s for s, spec in SPECS.items() if spec.nightly]
 
 
 def _function(ref: str) -> Callable:
@@ -254,7 +260,7 @@ def record_stage(cfg: PipelineConfig, paths: RunPaths, stage: str, output: Stage
     the skip rule and the stage's record can never disagree."""
     manifest = Manifest(stage=stage, run_id=paths.run_id, config_hash=stage_hash(cfg, stage),
                         inputs=json.loads(json.dumps(stage_inputs(paths, stage), sort_keys=True)),
-                        outputs=output.outputs, metrics=output.metrics)
+                        outputs=output.outputs, metrics=output.metrics, settings=stage_settings(cfg, stage))
     killpoints.reached(f"{stage}.before_manifest")
     write_manifest(paths.stage_uri(stage), manifest, paths.endpoint_url)
     return manifest

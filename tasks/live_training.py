@@ -81,7 +81,7 @@ def _duration(seconds: float) -> str:
 def render(stage: str, records: list[dict], total: int | None, png: bytes | None, state: str,
            tokens_per_step: int | None = None, preflight_steps: int = 0) -> str:
     line = progress_line(records, total, state, tokens_per_step, preflight_steps)
-    head = f"**{stage}**: {line} (updated {time.strftime('%H:%M:%S %Z')})\n"
+    head = f"**{stage}**: {line} (updated {time.strftime('%H:%M:%S UTC', time.gmtime())})\n"
     if state == "preflight":
         head += ("\nThe preflight: its first steps are judged (memory, the loss falls) before training goes on; "
                  "a bad verdict stops the trainer with the reason.\n")

@@ -48,6 +48,7 @@ class RunOverview:
         self.started = time.time()
         self.settings: tuple[str, list] | None = None  # (deployment's config, [(key, value, default)]) of a deployment run
         self.artifact_id = None
+        self.tensorboard: str | None = None  # the command that shows this run's loss curves (tensorboard_command)
         self._publish = publish or _publish_artifact
         _OPEN[paths.run_id] = self  # the stage's live card refreshes the Running row (live_progress)
 
@@ -146,6 +147,8 @@ class RunOverview:
             lines.append(f"| {name} | {word} | {secs} | {figures or ' '} |")
         where = "\n".join(f"- **{stage}**: {self._where(stage, row)}" for stage, row in self.rows.items())
         parts = [head, "\n".join(lines), "Outputs:\n\n" + where]
+        if self.tensorboard:
+            parts.append(f"Loss curves of this run and the earlier runs of its lineage: {_code(self.tensorboard)}")
         if self.settings is not None:
             parts.append(self._settings_table())
         if self.earlier:
@@ -229,6 +232,16 @@ def _when(iso: str) -> str:
         return dt.datetime.fromisoformat(iso).astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     except (TypeError, ValueError):
         return str(iso)
+
+
+def tensorboard_command(cfg, stages: list[str]) -> str | None:
+    """`tensorboard --logdir <output_root>/_tensorboard/<run.name>` when a training stage of this run writes there (a
+    local run store: mindformers writes its events locally only), else None."""
+    from pipeline_lib.train.session import tensorboard_dir
+
+    training = [s for s in stages if s in SPECS and SPECS[s].multi_node]
+    folder = tensorboard_dir(cfg, "-", training[0]) if training else None
+    return f"tensorboard --logdir {folder.parent.parent}" if folder else None
 
 
 def overview_key(run_id: str) -> str:

@@ -12,7 +12,9 @@ run store). The Prefect log gets what a person reads:
 - step lines (`... step:[ 12/ 600], loss: ...`) at most one per `step_every_s`, as `<stage>: step 12 (epoch 1),
   loss 6.4700, lr 0.005, 62 ms/step, 4,129 tokens/s`, the skipped count said with the next one, and the last step
   line always;
-- the pipeline's own lines (no level prefix) as info, `<stage>: WARNING ...` as a warning.
+- the pipeline's own lines (no level prefix) as info, `<stage>: WARNING ...` as a warning;
+- a third-party deprecation notice (tasks/deprecations.py) at debug: the file has it, and one line at its end lists
+  the run's notices.
 With the CLI's terminal installed (tasks/terminal.py) step lines also feed its progress bar and, with `-v`, the lines
 the run logger does not ship (debug records, held step lines) are echoed there: with Prefect's console, every line.
 """
@@ -26,6 +28,7 @@ import time
 from pathlib import Path
 
 from tasks import terminal as term
+from tasks.deprecations import Notices, is_deprecation_notice
 
 STEP_EVERY_S = 30.0
 # a record's continuation lines arrive in one burst; a line after a pause starts a record of its own
@@ -69,6 +72,7 @@ class StageLog:
         self.held_count = 0
         self.open: dict | None = None  # the level-prefixed record whose continuation lines may still come
         self.warnings = 0
+        self.notices = Notices(paths.run_uri)  # third-party deprecation notices: the file only (tasks/deprecations.py)
 
     def __call__(self, line: str) -> None:
         line = str(line).rstrip("\n")
@@ -97,7 +101,10 @@ class StageLog:
 
     def _send_open(self) -> None:
         rec, self.open = self.open, None
-        if rec["level"] < logging.WARNING:  # the whole record, dump included, as one debug record
+        notice = rec["level"] == logging.WARNING and is_deprecation_notice(rec["message"])
+        if notice:
+            self.notices.add(rec["module"] or rec["message"], rec["message"])
+        if rec["level"] < logging.WARNING or notice:  # the whole record, dump included, as one debug record
             text = "\n".join([rec["raw"], *rec["lines"]])
             self.logger.debug(text)
             self._echo(text)
@@ -171,6 +178,9 @@ class StageLog:
         terminal = term.current()
         if terminal is not None:
             terminal.end(self.stage)
+        notices = self.notices.summary(self.stage)
+        if notices:
+            self.write_only(notices)
         try:
             self.fh.close()
             if self.remote:

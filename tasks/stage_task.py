@@ -25,6 +25,7 @@ from prefect.tasks import exponential_backoff
 from pipeline_lib.config import PipelineConfig, config_from_dict
 from pipeline_lib.config.schema import global_batch
 from pipeline_lib.config.secrets import public_config
+from pipeline_lib.data.errors import NoNewDocuments
 from pipeline_lib.doctor.retry import attach_diagnosis, should_retry
 from pipeline_lib.nightly.night_ids import resume_hint
 from pipeline_lib.stages import SPECS, TransientError, run_stage, stage_done
@@ -32,7 +33,7 @@ from pipeline_lib.storage import RunPaths
 
 from tasks import error_log
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
-from tasks.error_log import report_stage_error
+from tasks.error_log import report_outcome, report_stage_error
 from tasks.live_training import LiveTraining
 from tasks.overview import live_progress
 from tasks.stage_log import StageLog
@@ -154,6 +155,13 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
             live.finish(failed=False)
         else:
             manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=reporter)
+    except NoNewDocuments as exc:
+        if not cfg.data.dedup.defer_publish:  # not a night: a run that fails on it (the handler below)
+            raise
+        # a night's data left nothing to train: an outcome the nightly decides on (NoNewData), not a red stage
+        report_outcome(logger, exc)
+        return Completed(name=exc.night_state, message=str(exc), data={
+            "stage": stage, "run_id": run_id, "no_new_documents": exc.night_state, "message": str(exc)})
     except Exception as exc:
         log.flush()  # the trainer's last warning before the failure that follows it
         diagnosis = attach_diagnosis(exc, cfg, stage)  # category + first remedy into the message

@@ -17,8 +17,8 @@ def cli(*args):
                           capture_output=True, text=True, timeout=120)
 
 
-def add_segment(cfg, run_id: str, docs: int, tmp_path: Path) -> None:
-    inputs = [{"uri": "/data/day.jsonl", "size": 10, "fingerprint": "sha256:ab"}]
+def add_segment(cfg, run_id: str, docs: int, tmp_path: Path, uri: str = "/data/day.jsonl") -> None:
+    inputs = [{"uri": uri, "size": 10, "fingerprint": f"sha256:{uri}"}]
     names = write_segment(tmp_path / run_id, segment_meta(cfg, run_id, docs, False, inputs),
                           [f"day.jsonl:{i}" for i in range(docs)], np.arange(docs, dtype=np.uint64), None)
     commit_segment(tmp_path / run_id, names, index_uri(cfg), run_id)
@@ -29,7 +29,7 @@ def test_list_and_clear_one_lineage_only(tmp_path):
     mine = load_config(TINY, [root])
     other = load_config(TINY, [root, "data.dedup.lineage=other"])
     add_segment(mine, "r1", 3, tmp_path)
-    add_segment(mine, "r2", 4, tmp_path)
+    add_segment(mine, "r2", 4, tmp_path, "/data/night.jsonl")
     add_segment(other, "o1", 5, tmp_path)
 
     listed = cli("list", TINY, root)
@@ -42,6 +42,21 @@ def test_list_and_clear_one_lineage_only(tmp_path):
     assert cleared.returncode == 0, cleared.stderr
     assert "cleared: 1 run(s), 5 documents" in cleared.stdout
     assert list_segments(other) == [] and [m["run_id"] for m in list_segments(mine)] == ["r1", "r2"]
+
+
+def test_list_counts_the_documents_of_a_rerun_once(tmp_path):
+    """`make demo` twice: the second run rereads the first one's file (not deduplicated against it, the rerun rule),
+    so the index holds 2 x 420 entries of 420 documents; a third run of a new file adds its own."""
+    root = f"run.output_root={tmp_path / 'runs'}"
+    cfg = load_config(TINY, [root])
+    add_segment(cfg, "demo1", 420, tmp_path, "/data/corpus.jsonl")
+    add_segment(cfg, "demo2", 420, tmp_path, "/data/corpus.jsonl")
+    listed = cli("list", TINY, root)
+    assert listed.returncode == 0, listed.stderr
+    assert "2 run(s), 420 documents (840 entries: a run that reread" in listed.stdout, listed.stdout
+    assert "(reread by demo2)" in listed.stdout
+    add_segment(cfg, "night1", 30, tmp_path, "/data/night.jsonl")
+    assert "3 run(s), 450 documents (870 entries" in cli("list", TINY, root).stdout
 
 
 def test_bad_lineage_name_exits_2():

@@ -104,13 +104,13 @@ def test_the_diff_of_two_real_runs(two_runs):
     ev_a, ev_b = _json(f"{a.stage_uri('evaluate')}/metrics.json"), _json(f"{b.stage_uri('evaluate')}/metrics.json")
     ck_a, ck_b = ev_a["checkpoints"][0], ev_b["checkpoints"][0]
     metrics = {r["metric"]: r for r in diff.metric_rows() if r["checkpoint"] == "candidate"}
-    assert list(metrics) == ["held-out perplexity", "general_zh perplexity", "domain_choice accuracy",
+    assert list(metrics) == ["held-out perplexity (each run's own split)", "general_zh perplexity", "domain_choice accuracy",
                              "domain_classify accuracy"]
     ref_a, ref_b = ck_a["reference"]["general_zh"]["perplexity"], ck_b["reference"]["general_zh"]["perplexity"]
-    assert metrics["general_zh perplexity"]["change"] == f"{ref_b / ref_a - 1:+.2%}" and ref_a != ref_b
+    assert metrics["general_zh perplexity"]["B vs A"] == f"{ref_b / ref_a - 1:+.2%}" and ref_a != ref_b
     acc_a, acc_b = ck_a["tasks"]["domain_choice"]["accuracy"], ck_b["tasks"]["domain_choice"]["accuracy"]
     assert metrics["domain_choice accuracy"]["diff-a"] == f"{acc_a:.4g}"
-    assert metrics["domain_choice accuracy"]["change"] == f"{acc_b - acc_a:+.3f}"
+    assert metrics["domain_choice accuracy"]["B vs A"] == f"{acc_b - acc_a:+.3f}"
 
     # the fixed prompts whose answers changed, A's answer above B's
     gens = {run.run_id: {r["prompt_id"]: r["text"] for r in map(json.loads, open(
@@ -141,10 +141,13 @@ def test_the_cli_prints_and_writes_the_diff_and_refuses_bad_run_ids(two_runs, tm
     root = f"run.output_root={cfg.run.output_root}"
     out = tmp_path / "changes.md"
     assert main(["diff", "configs/pipelines/tiny-cpu.yaml", "--run-id", a.run_id, "--run-id", b.run_id, root,
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--markdown"]) == 0
     printed = capsys.readouterr().out
     assert out.read_text(encoding="utf-8").strip() == printed.strip()
-    assert "# What changed: diff-a -> diff-b" in printed and "## Answers that changed" in printed
+    assert "# What changed: diff-a -> diff-b" in printed and "<summary>Answers that changed (" in printed
+    assert main(["diff", "configs/pipelines/tiny-cpu.yaml", "--run-id", a.run_id, "--run-id", b.run_id, root]) == 0
+    terminal = capsys.readouterr().out  # plain text: the answers' <br> and the labels' ** are markdown
+    assert "What changed: diff-a -> diff-b\n=" in terminal and "<br>" not in terminal and "**" not in terminal
     assert main(["diff", "configs/pipelines/tiny-cpu.yaml", "--run-id", a.run_id, root]) == 2
     assert "give it twice" in capsys.readouterr().err
     assert main(["diff", "configs/pipelines/tiny-cpu.yaml", "--run-id", a.run_id, "--run-id", "nope", root]) == 2

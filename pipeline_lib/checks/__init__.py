@@ -13,6 +13,7 @@ from typing import Iterable
 
 from ..config.errors import ConfigError, ConfigIssue
 from ..config.schema import PipelineConfig
+from ..config.stage_scope import ignored_note, scope
 from ..config.validate import check
 from .filters import filter_issues
 from .hang_limit import hang_limit_issues
@@ -22,15 +23,31 @@ from .token_ids import token_id_issues
 
 def problems(cfg: PipelineConfig, stages: Iterable[str] | None = None, *, for_run: bool = True,
              check_remote: bool = True) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
-    """check_remote: list s3:// inputs on the endpoint (a run does; `validate` only with --check-remote)."""
-    errors = check(cfg, for_run=for_run) + token_id_issues(cfg) + filter_issues(cfg)
+    """check_remote: list s3:// inputs on the endpoint (a run does; `validate` only with --check-remote). An error
+    only stages not in `stages` would meet is a warning saying it was ignored (config/stage_scope.py)."""
+    errors, skipped = scope(check(cfg, for_run=for_run) + token_id_issues(cfg) + filter_issues(cfg), stages)
+    notes = [ignored_note(issue, stages) for issue in skipped]
     trains = stages is None or bool({"pretrain", "sft"} & set(stages))
     hang_errors, hang_warnings = hang_limit_issues(cfg) if trains else ([], [])
     errors += hang_errors
     if not for_run:  # a plan is checked for another machine: its files are not here
-        return errors, hang_warnings
+        return errors, notes + hang_warnings
     input_errors, warnings = check_inputs(cfg, stages, check_remote)
-    return errors + input_errors, hang_warnings + warnings
+    if trains and cfg.parallel.rank_table_file:
+        errors += _rank_table_issues(cfg)
+    return errors + input_errors, notes + hang_warnings + warnings
+
+
+def _rank_table_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
+    """parallel.rank_table_file read and checked against the layout (runtime.rank_table)."""
+    from ..runtime.rank_table import load_rank_table, rank_table_issues
+
+    try:
+        return rank_table_issues(cfg, load_rank_table(cfg.parallel.rank_table_file))
+    except ValueError as err:
+        return [ConfigIssue("parallel.rank_table_file", cfg.parallel.rank_table_file, str(err),
+                            "point it at the job's HCCL rank table JSON (hccl_tools.py writes one per server; "
+                            "merge_hccl.py joins them)")]
 
 
 def refuse_bad_config(cfg: PipelineConfig, stages: Iterable[str] | None = None) -> list[ConfigIssue]:

@@ -374,9 +374,24 @@ class ModelConfig(_Section):
     softmax_compute_type: Dtype | None = Field(None, description="Attention softmax dtype; None = float32.")
     rotary_dtype: Dtype | None = Field(None, description="RoPE dtype; None = float32.")
     use_flash_attention: bool = Field(False, description="Flash attention (Ascend only; forced off on CPU).")
-    recompute: Literal["none", "selective", "full"] = Field(
-        "none", description="Activation recompute: none, selective (attention scores) or full (whole layer)."
-    )
+    recompute: Literal["none", "selective", "attention", "ffn", "full"] = Field(
+        "none", description="Activation recompute granularity (mindformers recompute_config): none; selective = "
+        "mindformers' select_recompute default (the SwiGLU FFN's silu and mul outputs are rebuilt in backward); "
+        "attention = the attention block (select_recompute {attention: ...}); ffn = the whole feed-forward block "
+        "(select_recompute {feed_forward: ...}); full = the whole layer (recompute). `llm-pipeline plan` prints the "
+        "activation memory of each (docs/planner.md).")
+    recompute_layers: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="Layers per pipeline stage that get model.recompute, counted from each stage's first layer "
+        "(mindformers' per-stage list, e.g. [8, 4] with pipeline_stage 2); None = every layer. The other layers keep "
+        "all activations. One entry per parallel.pipeline_stage.")
+    recompute_slice_activation: bool = Field(
+        False, description="With recompute=full: slice the kept layer input across the tensor-parallel group "
+        "(mindformers recompute_slice_activation): the layer input held per layer shrinks by model_parallel.")
+    comm_recompute: bool = Field(
+        False, description="Communication recompute: rebuild the norm outputs' all-gathers under sequence parallel "
+        "(select_comm_recompute) and the optimizer-sharding weight all-gathers (parallel_optimizer_comm_recompute) "
+        "in backward instead of keeping their outputs; less memory, one more all-gather each in backward. "
+        "mindformers' mp_comm_recompute stays on (its default).")
     base_checkpoint: InputPath | None = Field(None, json_schema_extra=identity("pretrain", "sft", "evaluate"),
                                               description="mindformers .ckpt to continue pretraining from.")
     hf_checkpoint: InputPath | None = Field(
@@ -403,6 +418,37 @@ class ParallelConfig(_Section):
     micro_batch_num: int = Field(1, ge=1, description="Micro batches per step in pipeline parallel.")
     optimizer_shard: bool = Field(False, description="Shard optimizer states across the data-parallel group.")
     devices_per_node: int = Field(1, ge=1, description="Devices on one node.")
+    mode: Literal["semi_auto", "auto"] = Field(
+        "semi_auto", description="MindSpore parallel mode on Ascend: semi_auto (parallel_mode 1: the layout below, "
+        "mindformers' sharding strategies) or auto (parallel_mode 2 with search_mode sharding_propagation: MindSpore "
+        "propagates strategies from the annotated operators; for a topology not known in advance). The planner "
+        "prices auto as the semi_auto layout of the same degrees: it cannot predict the strategies auto picks.")
+    use_seq_parallel: bool = Field(
+        False, description="Sequence parallel inside the tensor-parallel group (parallel_config.use_seq_parallel): "
+        "norms and the layer inputs are split along the sequence, so their activations shrink by model_parallel "
+        "(Korthikanti et al. 2022, 4.2.2). Needs model_parallel > 1 to do anything.")
+    pipeline_offset: int | list[int] | list[list[int]] = Field(
+        0, description="Layers moved between pipeline stages (mindformers model_config.offset): stage i holds "
+        "num_layers // (pipeline_stage x pp_interleave_num) + offset[i] layers; the offsets sum to the remainder of "
+        "that division, so the stages' layers sum to model.num_layers. One entry per stage (a list per interleave "
+        "chunk with pp_interleave_num > 1); 0 = even split.")
+    pp_interleave_num: int = Field(
+        1, ge=1, description="Pipeline interleave (virtual stages per device, model_config.pp_interleave_num with "
+        "parallel.pipeline_config.pipeline_interleave): the 1F1B bubble shrinks by this factor at the cost of more "
+        "pipeline send/receives. 1 = off.")
+    fast_group_size: int | None = Field(
+        None, ge=1, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Devices joined by the fast intra-node interconnect (HCCS): 8 on Atlas 800T A2, 4 on Atlas 800 "
+        "model 9000 (devices 0-3 and 4-7); None = devices_per_node. A tensor-parallel group must stay inside one.")
+    rank_table_file: InputPath | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="HCCL rank table (RANK_TABLE_FILE JSON: server_list / device / rank_id / device_ip): launch one "
+        "process per device with RANK_TABLE_FILE, RANK_ID, DEVICE_ID instead of msrun; the nodes, their devices and "
+        "each rank's node are read from it (and checked against the layout). None = msrun.")
+    node_devices: list[list[Annotated[int, Field(ge=0)]]] | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT,
+        description="Per node (in node-rank order) the device ids it runs on, exported as ASCEND_RT_VISIBLE_DEVICES "
+        "on that node, e.g. [[0,1,2,3],[4,5,6,7]]; None = devices 0..devices_per_node-1 everywhere.")
     device_memory_gb: float = Field(16.0, gt=0, description="Memory of one device (the card's size), GB (1e9 bytes).")
     device_memory_headroom_gb: float | None = Field(
         None, ge=0, description="Memory left to the runtime outside MindSpore's pool, GB; None = 5 on cards of "
@@ -552,6 +598,11 @@ class TrainingConfig(_Section):
         None, json_schema_extra=NO_OUTPUT_EFFECT, gt=0,
         description="Achieved TFLOP/s per device behind the planner's absolute step-time prediction; None = the "
         "platform's figure (Ascend: the planner's 150, CPU: calibrated on the tiny run, config/platform.py).")
+    peak_tflops: float | None = Field(
+        None, json_schema_extra=NO_OUTPUT_EFFECT, gt=0,
+        description="Dense 16-bit peak TFLOP/s of one device, the denominator of MFU in planner_check.json; None = "
+        "planner.readings.PEAK_TFLOPS by the device name npu-smi reports (Huawei-published figures only; no MFU "
+        "for a card not listed). Give the vendor's figure for your exact SKU.")
     save_steps: int = Field(20, json_schema_extra=identity("pretrain", "sft"),
                             ge=1, description="Checkpoint every N steps.")
     keep_checkpoint_max: int = Field(3, json_schema_extra=identity("pretrain", "sft"),
@@ -732,6 +783,11 @@ class OrchestrationConfig(_Section):
     failure_webhook_url: Annotated[str | None, AfterValidator(_webhook_url)] = Field(
         None, json_schema_extra=SECRET, description="POSTed on a failed run (off when None): an http(s) URL, or "
         "env:LLM_PIPELINE_SECRET_NAME naming the variable that holds it (a URL carries its token: a secret).")
+    webhook_format: Literal["auto", "json", "feishu", "dingtalk", "wecom"] = Field(
+        "auto", description="The body failure_webhook_url gets (and the Prefect notification block `llm-pipeline "
+        "deploy` makes from it): feishu, dingtalk or wecom a text message their group robots accept, json the "
+        "pipeline's own object (flow, run_id, state, name, message); auto tells the three by the URL's host, else "
+        "json (docs/nightly.md, Alerts).")
     task_retries: int = Field(2, ge=0, description="Retries of a task on transient errors.")
     retry_delay_seconds: float = Field(2.0, ge=0, description="Base of the exponential backoff.")
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from ..storage.store import is_remote
 from .errors import ConfigError, ConfigIssue
+from .parallel_rules import parallel_issues
 from .platform import device_target
 from .schema import DTYPE_FIELDS, PipelineConfig, global_batch, precision_dtypes, sft_accumulation, wsd_decay_steps
+from .stage_scope import ignored_note, scope
 
 
 def _batch(cfg: PipelineConfig) -> list[ConfigIssue]:
@@ -370,7 +372,7 @@ def _replay(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 RULES = (_batch, _replay, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft, _schedule,
          _lineage_schedule,
-         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues)
+         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues, parallel_issues)
 
 
 def warnings(cfg: PipelineConfig) -> list[str]:
@@ -409,15 +411,22 @@ def warnings(cfg: PipelineConfig) -> list[str]:
     return out
 
 
-def check(cfg: PipelineConfig, *, for_run: bool = True) -> list[ConfigIssue]:
+def check(cfg: PipelineConfig, *, for_run: bool = True, stages=None) -> list[ConfigIssue]:
+    """The issues of the stages a command runs (stages None: every stage; config/stage_scope.py)."""
     issues = [i for rule in RULES for i in rule(cfg)]
     if for_run:
         issues += _cpu(cfg)
-    return issues
+    return scope(issues, stages)[0]
 
 
-def validate(cfg: PipelineConfig, *, for_run: bool = True) -> PipelineConfig:
-    issues = check(cfg, for_run=for_run)
+def ignored_issues(cfg: PipelineConfig, stages, *, for_run: bool = True) -> list[ConfigIssue]:
+    """Warnings naming each issue left out because only stages the command does not run would meet it."""
+    issues = [i for rule in RULES for i in rule(cfg)] + (_cpu(cfg) if for_run else [])
+    return [ignored_note(i, stages) for i in scope(issues, stages)[1]]
+
+
+def validate(cfg: PipelineConfig, *, for_run: bool = True, stages=None) -> PipelineConfig:
+    issues = check(cfg, for_run=for_run, stages=stages)
     if issues:
         raise ConfigError(issues)
     return cfg

@@ -24,6 +24,11 @@ class NoNewDocuments(DataStageError):
         super().__init__(field, value, problem, fix)
         self.counts = counts
 
+    @property
+    def night_state(self) -> str:
+        """The state a night ends in on it (the nightly's names): nothing usable, or nothing new."""
+        return "NoUsableData" if (self.counts or {}).get("kind") == "no_usable_documents" else "NoNewData"
+
 
 class ConservationError(RuntimeError):
     """The stage's accounting does not add up (a bug, never a data problem); stats.json says where."""

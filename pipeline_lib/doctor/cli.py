@@ -8,7 +8,8 @@ from our planner and config. --run-id finds the failed stage of the run (the fir
 and reads its logs (logs.py); when its loss guard tripped, the source documents of the bad batches
 (guard_diagnosis.json) are printed too, with the override that drops them from the next run's data.
 --json prints {"category", "stage", "evidence", "remedies"} (+ "documents", "guard_diagnosis" with --run-id).
-Exit codes: 0 a failure category was found, 1 unknown (no known failure text), 2 bad arguments or config.
+Exit codes: 0 a failure category was found, or --run-id names a run with nothing failed (it says so), 1 unknown (no
+known failure text), 2 bad arguments or config.
 """
 from __future__ import annotations
 
@@ -98,10 +99,14 @@ def doctor_main(argv: list[str]) -> int:
     files = [Path(f) for f in args.log]
     stage = args.stage
     if args.run_id:
-        from .logs import run_logs
+        from .logs import NothingFailed, run_logs
 
         try:
             stage, found = run_logs(cfg, args.run_id, args.stage)
+        except NothingFailed as answer:  # a good run: exit 0, as a diagnosis found
+            print(json.dumps({"category": None, "stage": None, "evidence": [], "remedies": [], "message": str(answer)})
+                  if args.json else answer)
+            return 0
         except ValueError as err:
             print(err, file=sys.stderr)
             return 2

@@ -93,6 +93,10 @@ def read_logs(files: list[Path], max_bytes: int = 4_000_000, max_total: int = MA
     return "\n".join(f"==> {path} <==\n{parts[path]}" for path in files)
 
 
+class NothingFailed(ValueError):
+    """A run whose every stage finished: doctor's answer, not an argument error."""
+
+
 def run_logs(cfg, run_id: str, stage: str | None = None) -> tuple[str, list[Path]]:
     """(stage, its log files) of run `run_id`; ValueError naming what to pass instead when there are none."""
     paths = RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
@@ -108,8 +112,8 @@ def run_logs(cfg, run_id: str, stage: str | None = None) -> tuple[str, list[Path
         raise ValueError(f"--stage={stage!r}: not a stage. Fix: name one of {', '.join(SPECS)}")
     stage = stage or failed_stage(cfg, paths)
     if stage is None:
-        raise ValueError(f"every stage folder of run {run_id} has a complete manifest: nothing failed. "
-                         "Fix: name a stage with --stage, or pass --log FILE")
+        raise NothingFailed(f"run {run_id}: nothing is wrong: every stage it ran has a complete manifest (no failure to "
+                            "diagnose). To read a finished stage's logs anyway: --stage STAGE")
     folder = Path(paths.stage_uri(stage))
     files = stage_log_files(folder, Path(paths.run_uri)) if folder.is_dir() else []
     return stage, files

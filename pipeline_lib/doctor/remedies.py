@@ -96,7 +96,19 @@ def _device_oom(diag, cfg) -> list[dict]:
                    "the layouts that fit", ["model.recompute=full"])]
     remedies = layout_remedies(cfg)
     remedies[0]["why"] = f"device memory ran out {phase}: " + remedies[0]["why"]
-    return remedies
+    return remedies + phase_remedies(cfg, compile_phase=diag.category == "device_oom_compile")
+
+
+def phase_remedies(cfg, *, compile_phase: bool) -> list[dict]:
+    """The field report's order (planner.oom): at initialization shard the model; in a step recompute first, then the
+    accumulation settings. Each with the planner's predicted peak for this config."""
+    from ..planner.oom import PHASE_TITLES, oom_remedies
+
+    order = ("initialization", "forward", "backward") if compile_phase else ("forward", "backward", "initialization")
+    found = oom_remedies(cfg, per_phase=2)
+    return [_r(f"{PHASE_TITLES[ph]}: {r.change}: {r.peak_gb:.1f} GB per device of "
+               f"{cfg.parallel.usable_memory_gb:g} GB usable, step time x{r.step_x:.2f}", list(r.overrides))
+            for ph in order for r in found[ph] if r.fits]  # an override that still does not fit is no remedy
 
 
 # The evidence sentences that make a SIGKILL an OOM kill (runtime/memory_evidence.py verdict, the kernel's lines)

@@ -137,6 +137,22 @@ def md_quote(text: str) -> str:
     return "> " + (_MD_SPECIAL.sub(r"\\\1", text).replace("\n", "<br>") or " ")
 
 
+REPLACEMENT = "\ufffd"  # what a byte sequence that is no UTF-8 character decodes to
+
+
+def byte_fallback_note(generations: dict) -> str | None:
+    """Why answers show "\ufffd" (None when none does): the tokenizer's byte-fallback pieces the model emitted in an
+    order that makes no UTF-8 character (a little-trained model does), decoded as the replacement character."""
+    answers = [rec for by_prompt in generations.values() for rec in by_prompt.values()
+               if isinstance(rec, dict) and REPLACEMENT in str(rec.get("text", ""))]
+    if not answers:
+        return None
+    return (f"{len(answers)} answer(s) contain \"{REPLACEMENT}\": the model emitted byte-fallback pieces (<0x..> "
+            "tokens, one byte of a character each) that form no whole UTF-8 character, and decoding shows each such "
+            "byte run as \"\ufffd\". It is what the model wrote, not a rendering fault; a model trained longer emits "
+            "whole characters.")
+
+
 def render_markdown(summary: dict, generations: dict, title: str = "Evaluation") -> str:
     """The reading view: perplexity per checkpoint on top, then per prompt the answers of every
     checkpoint stacked one under the other (never a table as wide as the number of checkpoints)."""
@@ -150,6 +166,9 @@ def render_markdown(summary: dict, generations: dict, title: str = "Evaluation")
     if summary.get("tasks"):
         parts += ["## Task accuracy\n", TASKS_NOTE, md_table(task_rows(summary))]
     parts.append("## Answers per prompt\n")
+    note = byte_fallback_note(generations)
+    if note:
+        parts.append(f"_{note}_\n")
     for p in summary["prompts"]:
         kws = p.get("keywords", [])
         parts.append(f"### {p['id']} ({p['set']})\n\n{md_quote(p['prompt'])}\n")
@@ -161,6 +180,8 @@ def render_markdown(summary: dict, generations: dict, title: str = "Evaluation")
                 parts.append(f"**{label}**: _missing_\n")
                 continue
             hits = f"{len(rec['keyword_hits'])}/{len(rec['keywords'])} hits, " if rec.get("keywords") else ""
+            broken = rec["text"].count(REPLACEMENT)
+            hits += f"{broken} \"{REPLACEMENT}\", " if broken else ""
             parts.append(f"**{label}** ({hits}{rec.get('num_tokens', '?')} tokens, {rec.get('stop_reason', '')})\n\n"
                          f"{md_quote(rec['text'])}\n")
     return "\n".join(parts)

@@ -141,6 +141,28 @@ def check_adapter_config(adapter_path: str, cfg: PipelineConfig) -> None:
                                  f"sft.{key}={have} (the value it was trained with)")
 
 
+def check_adapter_base(adapter_path: str, base_file: Path) -> None:
+    """Refuse to fold an adapter into a base other than the one it was trained on: adapter_config.json records the
+    base's size and sha256 (an adapter holds only what LoRA trained; its frozen weights are that file's)."""
+    meta_file = Path(adapter_path).with_name("adapter_config.json")
+    if not meta_file.is_file():
+        return
+    want = json.loads(meta_file.read_text(encoding="utf-8")).get("base_checkpoint") or {}
+    if not want.get("sha256") or not Path(base_file).is_file():
+        return
+    size = Path(base_file).stat().st_size
+    if size != want.get("size") or _sha256(Path(base_file)) != want["sha256"]:
+        raise LoraMergeError(f"the adapter {adapter_path} was trained on the base {want.get('uri')} (sha256 "
+                             f"{want['sha256'][:12]}, {want.get('size'):,} bytes); {base_file} ({size:,} bytes) is "
+                             "another file: pass that base (the SFT stage's base_checkpoint) or rerun SFT on this one")
+
+
+def _sha256(path: Path) -> str:
+    from ..storage import sha256_file
+
+    return sha256_file(path)
+
+
 @dataclass
 class Resolved:
     params: dict            # plain model parameters (LoRA folded in when there was an adapter)
@@ -156,10 +178,13 @@ def resolve_params(ref: CheckpointRef, cfg: PipelineConfig, scratch: Path, name:
 
     `lora_scale` overrides alpha / rank (diagnostics: proves the logits check catches a wrong scale)."""
     scratch.mkdir(parents=True, exist_ok=True)
-    base, dtypes = read_checkpoint(local_ckpt_file(ref.ckpt, scratch, name, ref.strategy))
+    base_file = local_ckpt_file(ref.ckpt, scratch, name, ref.strategy)
+    base, dtypes = read_checkpoint(base_file)
     adapter = None
     if ref.adapter:
         check_adapter_config(ref.adapter, cfg)
+        if base_file == Path(ref.ckpt):  # a merged shard set is a new file: its sha cannot be the recorded one
+            check_adapter_base(ref.adapter, base_file)
         adapter, _ = read_checkpoint(local_ckpt_file(ref.adapter, scratch, name + ".adapter", ref.adapter_strategy))
     elif has_lora(base):
         adapter = base

@@ -4,8 +4,9 @@ Every night leaves <output_root>/<run_id>/. Three kinds of its files are large a
   weights               pretrain/checkpoint/merged/   the weights-only checkpoint (27 GB at the shipped 7B layout):
                         kept for the newest `keep_promoted` promoted nights (`latest` always) and for a held
                         candidate during `held_days` days (a person may still promote it)
-  training checkpoints  pretrain/checkpoint/rank_*/   per rank, with the AdamW moments (81 GB a checkpoint at 7B,
-                        keep_checkpoint_max of them): kept only for the newest decided night that trained
+  training checkpoints  pretrain/checkpoint/rank_*/ + checkpoint_optimizer/rank_*/   per rank, the weights and their
+                        AdamW moments (81 GB a checkpoint at 7B, keep_checkpoint_max of them): kept only for the
+                        newest decided night that trained
   data                  data/cleaned/, data/mindrecord/   the cleaned text and packed rows: kept for the nights replay
                         reads (`replay_nights_kept`), none with replay off
 Never removed: whatever the nightly state or the config points at (`latest`'s checkpoint and tokenizer, a kept held
@@ -54,7 +55,10 @@ def kind_of(rel: str) -> str | None:
     parts = rel.split("/")
     if parts[:3] == ["pretrain", "checkpoint", "merged"] and len(parts) > 3:
         return WEIGHTS
-    if parts[:2] == ["pretrain", "checkpoint"] and len(parts) > 3 and parts[2].startswith("rank_"):
+    # a training checkpoint is its weights (checkpoint/rank_N) + its optimizer state (checkpoint_optimizer/rank_N,
+    # train.checkpoint_split): both go together
+    if parts[:2] in (["pretrain", "checkpoint"], ["pretrain", "checkpoint_optimizer"]) and len(parts) > 3 \
+            and parts[2].startswith("rank_"):
         return TRAINING
     if parts[0] == "data" and len(parts) > 2 and parts[1] in ("cleaned", "mindrecord"):
         return DATA

@@ -6,6 +6,8 @@
 - zero:        the ZeRO paper's and DeepSpeed's published model-state formulas (reference points)
 - cost:        relative step time of a layout (recompute, bubble, TP/DP communication)
 - advisor:     enumerate layouts, drop those that do not fit or break the config rules, rank the rest
+- oom:         out-of-memory remedies by phase (initialization, forward, backward) and the recompute choices
+- readings:    Ascend readings (npu-smi info, MindSpore memory statistics) and MFU against a cited peak
 - report:      table, config patch (yaml), JSON
 - cli:         `llm-pipeline plan`, `predicted_peak_gb` for `validate` and the training preflight
 Formulas, sources and assumptions: docs/planner.md. Pure Python, no MindSpore or Prefect import.

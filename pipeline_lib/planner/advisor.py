@@ -9,8 +9,10 @@ ours: a tensor-parallel group must not straddle two nodes. Survivors that fit in
 ranked: those that leave 10% of memory free first, then by relative step time (cost.py), then
 the larger micro batch, then less memory. A family (dp, mp, pp, sharding) with no
 survivor gets one Rejection that says why, e.g. "needs 112.5 GB > 64 GB".
-Limits: micro batch sizes above `max_micro_batch_size` are not tried; interleaved pipelines,
-sequence parallel and ZeRO stages 2/3 are not layout knobs here.
+Limits: micro batch sizes above `max_micro_batch_size` are not tried; interleave, sequence parallel,
+per-layer recompute lists and communication recompute are taken from the config as they are (not
+enumerated; `plan` compares the recompute granularities for the config's own layout, planner.oom);
+ZeRO stages 2/3 are not layout knobs here.
 """
 from __future__ import annotations
 
@@ -18,10 +20,9 @@ from dataclasses import dataclass, field
 
 from ..config.schema import PipelineConfig, global_batch, headroom_gb
 from ..config.validate import check
-from .activations import RECOMPUTE_MODES
-from .cost import Cost, Hardware, step_cost
+from .cost import Cost, Hardware, cost_options, step_cost
 from .memory import DEFAULT_RESERVE_BYTES, GB, MemoryBreakdown, estimate
-from .params import ModelShape, ParamCount, count_params
+from .params import ModelShape, ParamCount, count_params, default_offset
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,21 @@ class Layout:
 
     def apply(self, cfg: PipelineConfig) -> PipelineConfig:
         """`cfg` with this layout's parallel, batch and recompute fields."""
+        keep_lists = self.pipeline_stage == cfg.parallel.pipeline_stage  # offset / recompute lists are per stage
         par = cfg.parallel.model_copy(update=dict(
             devices=self.data_parallel * self.model_parallel * self.pipeline_stage,
             data_parallel=self.data_parallel, model_parallel=self.model_parallel,
             pipeline_stage=self.pipeline_stage, micro_batch_num=self.micro_batch_num,
-            optimizer_shard=self.optimizer_shard))
+            optimizer_shard=self.optimizer_shard,
+            **({} if keep_lists else dict(
+                pp_interleave_num=cfg.parallel.pp_interleave_num if self.pipeline_stage > 1 else 1,
+                pipeline_offset=default_offset(cfg.model.num_layers, self.pipeline_stage,
+                                               cfg.parallel.pp_interleave_num if self.pipeline_stage > 1 else 1)))))
         tr = cfg.training.model_copy(update=dict(
             micro_batch_size=self.micro_batch_size, gradient_accumulation_steps=self.gradient_accumulation_steps))
-        model = cfg.model.model_copy(update=dict(recompute=self.recompute))
+        model = cfg.model.model_copy(update=dict(
+            recompute=self.recompute,
+            recompute_layers=cfg.model.recompute_layers if keep_lists else None))
         return cfg.model_copy(update=dict(parallel=par, training=tr, model=model))
 
     @classmethod
@@ -128,7 +136,8 @@ def _divisors(n: int) -> list[int]:
 def enumerate_layouts(devices: int, global_batch: int, *, flash_attention: bool = False,
                       max_micro_batch_size: int = 8):
     """Every layout to consider, including ones the rules will refuse (they get a reason)."""
-    modes = [m for m in RECOMPUTE_MODES if not (flash_attention and m == "selective")]
+    # the layer-level choices; attention / ffn granularity is compared for the chosen layout (planner.oom)
+    modes = ["none", "selective", "full"]
     for dp in _divisors(devices):
         for mp in _divisors(devices // dp):
             pp = devices // (dp * mp)
@@ -174,7 +183,8 @@ def evaluate(cfg: PipelineConfig, layout: Layout, req: PlanRequest, ignore: set[
                      data_parallel=layout.data_parallel, model_parallel=layout.model_parallel,
                      pipeline_stage=layout.pipeline_stage, micro_batch_num=layout.micro_batch_num,
                      recompute=layout.recompute, flash_attention=cfg.model.use_flash_attention,
-                     gradient_bytes=mem.gradients, devices_per_node=req.devices_per_node, hw=req.hardware)
+                     gradient_bytes=mem.gradients, devices_per_node=req.devices_per_node, hw=req.hardware,
+                     weight_bytes=mem.weights, **cost_options(cand_cfg))
     return Candidate(layout, mem, cost, req.usable_gb * GB, issues)
 
 

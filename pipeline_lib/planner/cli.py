@@ -109,13 +109,18 @@ def plan_main(argv: list[str]) -> int:
 
     from .disk import disk_lines, month_lines, month_of_nights
 
+    from .oom import granularity_lines, oom_remedies, remedy_lines
+
     month = month_lines(cfg, args.nights, args.night_tokens)
     if args.json:
         print(json.dumps({**plan_dict(result, top=args.top), "disk": disk_lines(cfg) + month,
+                          "oom_remedies": {ph: [asdict(r) for r in rs] for ph, rs in oom_remedies(cfg).items()},
                           "month_of_nights": asdict(month_of_nights(cfg, args.nights, args.night_tokens))}, indent=2))
     else:
         print(render(result, top=args.top))
         # the config's own layout: the training checkpoints of a node and the weights-only file consumers take; then
         # what a month of nightly runs leaves on the run store, without and with nightly.retention
         print("\n" + "\n".join(disk_lines(cfg) + month))
+        # the config's own layout: what each recompute choice costs, and what to change if memory runs out
+        print("\n" + "\n".join(granularity_lines(cfg) + [""] + remedy_lines(cfg)))
     return 0 if result.best else 1

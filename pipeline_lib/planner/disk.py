@@ -7,9 +7,16 @@ data-parallel degree when the optimizer is sharded. mindformers numbers ranks pi
 rank r is on stage r // (data_parallel x model_parallel). A node needs the sum over its ranks, times the
 copies on disk at the worst moment: `training.keep_checkpoint_max` kept plus the one being written
 before the oldest is deleted.
-LoRA SFT (`sft_checkpoint_disk`) runs the same layout and saves the same network, the frozen base weights included,
-but AdamW keeps moments only for what it trains: the LoRA factors (rank x (in + out) per target projection per
-layer, counted as if every rank held all of its stage's factors: an upper bound, they are small).
+Each verified checkpoint is split into a weights file and an optimizer-state file (train.checkpoint_split): the
+same bytes kept, but while the newest is split its optimizer state is on disk twice (`splitting`).
+LoRA SFT (`sft_checkpoint_disk`) runs the same layout and mindformers writes the same network, the frozen base
+weights included, but AdamW keeps moments only for what it trains: the LoRA factors (rank x (in + out) per target
+projection per layer, counted as if every rank held all of its stage's factors: an upper bound, they are small).
+The split keeps only those factors and their moments (the frozen weights are the base's), so a kept SFT checkpoint
+is megabytes; the whole file mindformers writes lives only until it is split (`splitting`). Not under tensor
+parallel (`lora_only_checkpoints`): a rank's frozen weights are then slices, which neither the byte comparison with
+the full base nor a resume (which loads a rank file after compile, unsliced) can take from the base; those SFT
+checkpoints keep the frozen shards (weights + optimizer state in two files, as pretraining's).
 `weights_bytes`: one full file of the model's parameters only (no optimizer state), what a consumer of the trained
 weights needs. `disk_lines` are the figures `llm-pipeline validate` prints.
 Limits: the strategy files and logs (megabytes) are not counted.
@@ -31,6 +38,7 @@ class CheckpointDisk:
 
     rank_bytes: dict[int, int]
     copies: int
+    splitting: int = 0  # bytes on top while the newest checkpoint is split (train.checkpoint_split)
 
     @property
     def per_checkpoint(self) -> int:
@@ -38,12 +46,14 @@ class CheckpointDisk:
 
     @property
     def total(self) -> int:
-        return self.per_checkpoint * self.copies
+        return self.per_checkpoint * self.copies + self.splitting
 
     def explain(self) -> str:
         ranks = len(self.rank_bytes)
         return (f"{self.copies} checkpoints (training.keep_checkpoint_max + the one being written) x "
-                f"{self.per_checkpoint:,} bytes per checkpoint on this node ({ranks} rank shard(s))")
+                f"{self.per_checkpoint:,} bytes per checkpoint on this node ({ranks} rank shard(s))"
+                + (f" + {self.splitting:,} bytes while the newest is split into weights and optimizer state"
+                   if self.splitting else ""))
 
 
 def node_ranks(cfg: PipelineConfig, node: int = 0) -> list[int]:
@@ -70,32 +80,57 @@ def _rank_weights(cfg: PipelineConfig, rank: int) -> int:
                         model_parallel=p.model_parallel, stage=_stage(cfg, rank))
 
 
-def rank_checkpoint_bytes(cfg: PipelineConfig, rank: int) -> int:
-    """Bytes of one checkpoint file of `rank`: its weight shard plus its AdamW moments."""
+def rank_optimizer_bytes(cfg: PipelineConfig, rank: int) -> int:
+    """Bytes of `rank`'s optimizer-state file: the AdamW moments of its weight shard (sharded over dp if asked)."""
     p = cfg.parallel
-    moments = MOMENT_BYTES / (p.data_parallel if p.optimizer_shard else 1)
-    return int(_rank_weights(cfg, rank) * (_weight_bytes(cfg) + moments))
+    return int(_rank_weights(cfg, rank) * MOMENT_BYTES / (p.data_parallel if p.optimizer_shard else 1))
+
+
+def rank_checkpoint_bytes(cfg: PipelineConfig, rank: int) -> int:
+    """Bytes of one checkpoint of `rank` as mindformers writes it: its weight shard plus its AdamW moments (after the
+    split: the weights file + the optimizer-state file)."""
+    return _rank_weights(cfg, rank) * _weight_bytes(cfg) + rank_optimizer_bytes(cfg, rank)
+
+
+def _rank_lora(cfg: PipelineConfig, rank: int) -> int:
+    s = cfg.sft
+    per_layer = sum(s.lora_rank * sum(projection_dims(cfg.model, t) or (0, 0)) for t in s.target_modules)
+    return per_layer * layers_on_stage(cfg.model.num_layers, cfg.parallel.pipeline_stage, _stage(cfg, rank))
 
 
 def sft_rank_checkpoint_bytes(cfg: PipelineConfig, rank: int) -> int:
-    """Bytes of one LoRA SFT checkpoint file of `rank`: its frozen weight shard, its stage's LoRA factors and their
-    AdamW moments (see the module docstring)."""
-    s, weight = cfg.sft, _weight_bytes(cfg)
-    per_layer = sum(s.lora_rank * sum(projection_dims(cfg.model, t) or (0, 0)) for t in s.target_modules)
-    lora = per_layer * layers_on_stage(cfg.model.num_layers, cfg.parallel.pipeline_stage, _stage(cfg, rank))
-    return int(_rank_weights(cfg, rank) * weight + lora * (weight + MOMENT_BYTES))
+    """Bytes of one kept LoRA SFT checkpoint of `rank`: its stage's LoRA factors and their AdamW moments (the
+    adapter file + its optimizer-state file), plus its frozen weight shard under tensor parallel (see the module
+    docstring)."""
+    lora = int(_rank_lora(cfg, rank) * (_weight_bytes(cfg) + MOMENT_BYTES))
+    return lora if lora_only_checkpoints(cfg) else _rank_weights(cfg, rank) * _weight_bytes(cfg) + lora
+
+
+def lora_only_checkpoints(cfg: PipelineConfig) -> bool:
+    """Whether SFT checkpoints keep only the LoRA factors + their optimizer state (see the module docstring)."""
+    return cfg.parallel.model_parallel == 1
+
+
+def sft_rank_written_bytes(cfg: PipelineConfig, rank: int) -> int:
+    """Bytes of the whole file mindformers writes for `rank` before it is split: the frozen weight shard too."""
+    return _rank_weights(cfg, rank) * _weight_bytes(cfg) + int(_rank_lora(cfg, rank) * (_weight_bytes(cfg) + MOMENT_BYTES))
 
 
 def checkpoint_disk(cfg: PipelineConfig, ranks: list[int], *, copies: int | None = None) -> CheckpointDisk:
-    """What the checkpoints of `ranks` (the ranks on one node) need; copies default keep_checkpoint_max + 1."""
+    """What the checkpoints of `ranks` (the ranks on one node) need; copies default keep_checkpoint_max + 1, plus
+    the newest one's optimizer state written beside it while it is split."""
     copies = cfg.training.keep_checkpoint_max + 1 if copies is None else copies
-    return CheckpointDisk({r: rank_checkpoint_bytes(cfg, r) for r in ranks}, copies)
+    return CheckpointDisk({r: rank_checkpoint_bytes(cfg, r) for r in ranks}, copies,
+                          sum(rank_optimizer_bytes(cfg, r) for r in ranks))
 
 
 def sft_checkpoint_disk(cfg: PipelineConfig, ranks: list[int], *, copies: int | None = None) -> CheckpointDisk:
-    """What the LoRA SFT checkpoints of `ranks` need (the same keep_checkpoint_max + 1 copies as pretrain)."""
+    """What the LoRA SFT checkpoints of `ranks` need: keep_checkpoint_max + 1 adapter checkpoints, plus the newest
+    whole file (frozen weights included) until it is split, with its optimizer state written beside it."""
     copies = cfg.training.keep_checkpoint_max + 1 if copies is None else copies
-    return CheckpointDisk({r: sft_rank_checkpoint_bytes(cfg, r) for r in ranks}, copies)
+    kept = {r: sft_rank_checkpoint_bytes(cfg, r) for r in ranks}
+    moments = sum(_rank_lora(cfg, r) * MOMENT_BYTES for r in ranks)
+    return CheckpointDisk(kept, copies, sum(sft_rank_written_bytes(cfg, r) - kept[r] for r in ranks) + moments)
 
 
 def weights_bytes(cfg: PipelineConfig) -> int:
@@ -111,11 +146,15 @@ def disk_lines(cfg: PipelineConfig) -> list[str]:
     """The disk figures of node 0 (what `llm-pipeline validate` prints)."""
     ranks = node_ranks(cfg)
     pre, sft = checkpoint_disk(cfg, ranks), sft_checkpoint_disk(cfg, ranks)
+    opt = sum(rank_optimizer_bytes(cfg, r) for r in ranks)
     return [f"disk, pretrain checkpoints on node 0: {pre.copies} x {_size(pre.per_checkpoint)} "
-            f"({len(ranks)} rank shard(s), weights + AdamW moments) = {_size(pre.total)}",
+            f"({len(ranks)} rank shard(s), weights {_size(pre.per_checkpoint - opt)} + AdamW moments {_size(opt)} "
+            f"in two files) + {_size(pre.splitting)} while the newest is split = {_size(pre.total)}",
             f"disk, weights only (model parameters, no optimizer state): {_size(weights_bytes(cfg))}",
-            f"disk, SFT checkpoints on node 0: {sft.copies} x {_size(sft.per_checkpoint)} (frozen weights + "
-            f"LoRA factors and their moments) = {_size(sft.total)}"]
+            f"disk, SFT checkpoints on node 0: {sft.copies} x {_size(sft.per_checkpoint)} ("
+            + ("LoRA factors + their moments; the frozen weights are the base's" if lora_only_checkpoints(cfg) else
+               "frozen weight shards + LoRA factors and their moments: under tensor parallel the frozen shards stay")
+            + f") + {_size(sft.splitting)} while the newest whole file is split = {_size(sft.total)}"]
 
 
 def disk_fix(cfg: PipelineConfig, need: CheckpointDisk, *, where: str = "run.output_root") -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ..config.schema import PipelineConfig
-from .activations import (activation_bytes_per_layer, embedding_bytes, micro_batches_in_flight,
+from .activations import (activation_bytes_per_layer, embedding_bytes, interleave_factor, micro_batches_in_flight,
                           output_layer_bytes, recompute_workspace_bytes)
 from .params import ModelShape, layers_on_stage, stage_params
 
@@ -93,33 +93,50 @@ def stage_breakdown(shape: ModelShape, *, stage: int, seq_length: int, micro_bat
                     data_parallel: int = 1, model_parallel: int = 1, pipeline_stage: int = 1,
                     micro_batch_num: int = 1, recompute: str = "none", flash_attention: bool = False,
                     optimizer_shard: bool = False, precision: str = "bf16",
-                    reserve_bytes: float = DEFAULT_RESERVE_BYTES) -> MemoryBreakdown:
+                    reserve_bytes: float = DEFAULT_RESERVE_BYTES, seq_parallel: bool = False,
+                    slice_activation: bool = False, comm_recompute: bool = False, recompute_layers=None,
+                    offset=0, interleave: int = 1) -> MemoryBreakdown:
+    """`recompute_layers`: per stage, how many of its layers get `recompute` (None: all); the rest keep everything.
+    `offset`/`interleave`: mindformers' per-stage layer offset and pp_interleave_num (params.stage_layer_counts)."""
     s, b, h, a, t = seq_length, micro_batch_size, shape.hidden_size, shape.num_heads, model_parallel
     scale = 2.0 if precision == "fp32" else 1.0  # Korthikanti counts 2-byte activations
-    params = stage_params(shape, pipeline_stage=pipeline_stage, model_parallel=t, stage=stage)
+    params = stage_params(shape, pipeline_stage=pipeline_stage, model_parallel=t, stage=stage, offset=offset,
+                          interleave=interleave)
     weights, grads, optim = model_state_bytes(params, precision, data_parallel=data_parallel,
                                               optimizer_shard=optimizer_shard)
-    layers = layers_on_stage(shape.num_layers, pipeline_stage, stage)
+    layers = layers_on_stage(shape.num_layers, pipeline_stage, stage, offset, interleave)
     in_flight = micro_batches_in_flight(pipeline_stage, micro_batch_num, stage)
-    kw = dict(t=t, recompute=recompute, flash_attention=flash_attention, scale=scale)
-    acts = activation_bytes_per_layer(s, b, h, a, **kw) * layers * in_flight
+    kw = dict(t=t, flash_attention=flash_attention, scale=scale, seq_parallel=seq_parallel,
+              slice_activation=slice_activation, comm_recompute=comm_recompute)
+    recomputed = layers if recompute_layers is None else min(layers, recompute_layers[stage])
+    per_mb = (activation_bytes_per_layer(s, b, h, a, recompute=recompute, **kw) * recomputed
+              + activation_bytes_per_layer(s, b, h, a, recompute="none", **kw) * (layers - recomputed))
+    acts = per_mb * in_flight * (interleave_factor(pipeline_stage, interleave) if stage == 0 else 1.0)
     emb_out = 0.0
     if stage == 0:
         emb_out += embedding_bytes(s, b, h, in_flight=in_flight, scale=scale)
     if stage == pipeline_stage - 1:
         emb_out += output_layer_bytes(s, b, h, shape.vocab_size, t=t, scale=scale)
-    workspace = recompute_workspace_bytes(s, b, h, a, **kw) if layers else 0.0
+    workspace = recompute_workspace_bytes(s, b, h, a, recompute=recompute, **kw) if recomputed else 0.0
     comm = comm_buffer_bytes(s=s, b=b, h=h, data_parallel=data_parallel, model_parallel=t,
                              pipeline_stage=pipeline_stage, gradient_bytes=grads, scale=scale)
+    if optimizer_shard and data_parallel > 1 and not comm_recompute:
+        # parallel optimizer: the weights are all-gathered before use; without parallel_optimizer_comm_recompute
+        # the gathered copy of one layer is kept for its backward (an assumption, docs/planner.md)
+        comm += weights / max(1, layers)
     return MemoryBreakdown(weights, grads, optim, acts, emb_out, workspace, comm, reserve_bytes,
                            stage=stage, params_on_device=params, layers_on_stage=layers,
                            micro_batches_in_flight=in_flight)
 
 
 def estimate_numbers(shape: ModelShape, **kw) -> MemoryBreakdown:
-    """The peak stage's breakdown; keyword arguments as in `stage_breakdown` (without `stage`)."""
+    """The peak stage's breakdown; keyword arguments as in `stage_breakdown` (without `stage`).
+
+    Even layers: the first or the last stage (middle stages never exceed the first); with a layer offset or
+    per-stage recompute lists every stage is computed (a middle stage may hold the most)."""
     pp = kw.get("pipeline_stage", 1)
-    stages = {0, pp - 1}
+    uneven = kw.get("offset") or kw.get("recompute_layers") is not None
+    stages = set(range(pp)) if uneven else {0, pp - 1}
     return max((stage_breakdown(shape, stage=i, **kw) for i in sorted(stages)), key=lambda m: m.total)
 
 
@@ -130,7 +147,10 @@ def layout_kwargs(cfg: PipelineConfig) -> dict:
                 model_parallel=p.model_parallel, pipeline_stage=p.pipeline_stage,
                 micro_batch_num=p.micro_batch_num, recompute=m.recompute,
                 flash_attention=m.use_flash_attention, optimizer_shard=p.optimizer_shard,
-                precision=t.precision)
+                precision=t.precision, seq_parallel=p.use_seq_parallel and p.model_parallel > 1,
+                slice_activation=m.recompute_slice_activation, comm_recompute=m.comm_recompute,
+                recompute_layers=m.recompute_layers, offset=p.pipeline_offset,
+                interleave=p.pp_interleave_num if p.pipeline_stage > 1 else 1)
 
 
 def estimate(cfg: PipelineConfig, *, reserve_bytes: float = DEFAULT_RESERVE_BYTES) -> MemoryBreakdown:

@@ -103,7 +103,8 @@ def largest_module_params(shape: ModelShape) -> int:
     return max(shape.vocab_size * h, h * shape.intermediate_size, h * h)
 
 
-def stage_params(shape: ModelShape, *, pipeline_stage: int, model_parallel: int, stage: int) -> int:
+def stage_params(shape: ModelShape, *, pipeline_stage: int, model_parallel: int, stage: int, offset=0,
+                 interleave: int = 1) -> int:
     """Parameters held by one device of pipeline stage `stage` (0-based).
 
     Layers are split as evenly as possible, the first stages taking the remainder. The embedding
@@ -112,7 +113,7 @@ def stage_params(shape: ModelShape, *, pipeline_stage: int, model_parallel: int,
     split over the tensor-parallel group (vocab-parallel embedding); norm weights are replicated.
     """
     pp, t, h = pipeline_stage, model_parallel, shape.hidden_size
-    layers = layers_on_stage(shape.num_layers, pp, stage)
+    layers = layers_on_stage(shape.num_layers, pp, stage, offset, interleave)
     matmul = layers * (attention_params(shape) + ffn_params(shape))
     norms = layers * layer_norm_params(shape)
     emb = shape.vocab_size * h
@@ -126,6 +127,38 @@ def stage_params(shape: ModelShape, *, pipeline_stage: int, model_parallel: int,
     return -(-matmul // t) + norms
 
 
-def layers_on_stage(num_layers: int, pipeline_stage: int, stage: int) -> int:
-    base, extra = divmod(num_layers, pipeline_stage)
-    return base + (1 if stage < extra else 0)
+def layers_on_stage(num_layers: int, pipeline_stage: int, stage: int, offset=0, interleave: int = 1) -> int:
+    """Layers of pipeline stage `stage`. offset 0: as even as possible, the first stages taking the remainder;
+    else mindformers' rule (LayerSetting): num_layers // (pp x interleave) + offset per stage and chunk."""
+    if offset == 0 or offset is None or pipeline_stage * interleave <= 1:
+        base, extra = divmod(num_layers, pipeline_stage)
+        return base + (1 if stage < extra else 0)
+    return stage_layer_counts(num_layers, pipeline_stage, offset, interleave)[stage]
+
+
+def offset_rows(offset, pipeline_stage: int, interleave: int = 1) -> list[list[int]]:
+    """parallel.pipeline_offset as one row per interleave chunk (an int or one list is broadcast, as numpy does)."""
+    if isinstance(offset, int):
+        return [[offset] * pipeline_stage for _ in range(interleave)]
+    if offset and isinstance(offset[0], list):
+        return [list(row) for row in offset]
+    return [list(offset) for _ in range(interleave)]
+
+
+def stage_layer_counts(num_layers: int, pipeline_stage: int, offset=0, interleave: int = 1) -> list[int]:
+    """Layers per pipeline stage (summed over its interleave chunks) under mindformers' offset rule."""
+    base = num_layers // (pipeline_stage * interleave)
+    rows = offset_rows(offset, pipeline_stage, interleave)
+    return [sum(base + row[i] for row in rows) for i in range(pipeline_stage)]
+
+
+def default_offset(num_layers: int, pipeline_stage: int, interleave: int = 1):
+    """The offset mindformers needs when the layers do not split evenly: the remainder to the first stages
+    (0 when they do); with interleave, to the first chunk."""
+    extra = num_layers % (pipeline_stage * interleave)
+    if not extra:
+        return 0
+    rows = [[0] * pipeline_stage for _ in range(interleave)]
+    for k in range(extra):
+        rows[k // pipeline_stage][k % pipeline_stage] += 1
+    return rows[0] if interleave == 1 else rows

@@ -74,6 +74,9 @@ def config_patch(plan: Plan, c: Candidate) -> dict:
     parallel = {k: getattr(p, k) for k in ("devices", "data_parallel", "model_parallel", "pipeline_stage",
                                              "micro_batch_num", "optimizer_shard", "devices_per_node",
                                              "device_memory_gb")}
+    for key in ("pipeline_offset", "pp_interleave_num"):  # only when the layout or the config moves them
+        if getattr(p, key) != getattr(cfg.parallel, key) or getattr(p, key) not in (0, 1):
+            parallel[key] = getattr(p, key)
     model = {"recompute": lay.recompute}
     if plan.request.seq_length:
         model["seq_length"] = cfg.model.seq_length

@@ -59,6 +59,7 @@ class Manifest:
     outputs: list[dict] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
     created_at: str = ""
+    settings: dict = field(default_factory=dict)  # the stage's identity fields, dotted (pipeline_lib/run_settings.py)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2, sort_keys=True, ensure_ascii=False)

@@ -96,11 +96,15 @@ def write_adapter_config(out_dir: str | Path, config: dict) -> Path:
 
 
 def extract_adapter(sft_ckpt: str | Path, base_ckpt: str | Path, out_dir: str | Path,
-                    expected: dict[str, tuple[int, int]], timeout_s: float = 600) -> dict:
-    """Write out_dir/adapter.ckpt from `sft_ckpt` after the checks above; returns their result dict."""
+                    expected: dict[str, tuple[int, int]], timeout_s: float = 600, *, optimizer: str | None = None,
+                    frozen_in_base: int | None = None) -> dict:
+    """Write out_dir/adapter.ckpt from `sft_ckpt` after the checks above; returns their result dict. A split SFT
+    checkpoint (train.checkpoint_split) passes its `optimizer` file and `frozen_in_base`, the frozen weights its
+    split already found equal to the base byte for byte (the file itself holds none of them)."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     request = {"sft": str(sft_ckpt), "base": str(base_ckpt), "out": str(Path(out_dir) / ADAPTER_FILE),
-               "expected": {k: list(v) for k, v in expected.items()}}
+               "expected": {k: list(v) for k, v in expected.items()}, "optimizer": optimizer,
+               "frozen_in_base": frozen_in_base}
     lines: list[str] = []
     done = launch_module("pipeline_lib.train.adapter", [json.dumps(request)], cwd=out_dir, timeout_s=timeout_s,
                          on_line=lambda line: lines.append(line) if line.startswith(_MARK) else None)
@@ -114,7 +118,7 @@ def extract_adapter(sft_ckpt: str | Path, base_ckpt: str | Path, out_dir: str | 
     return result
 
 
-def _check(params: dict, base: dict, expected: dict) -> tuple[dict, list[str], list[str]]:
+def _check(params: dict, base: dict, expected: dict, frozen_in_base: int | None = None) -> tuple[dict, list[str], list[str]]:
     import numpy as np
 
     lora = {n: p.asnumpy() for n, p in params.items() if is_lora_param(n)}
@@ -135,7 +139,7 @@ def _check(params: dict, base: dict, expected: dict) -> tuple[dict, list[str], l
     # weights have dotted names (model.*, lm_head.weight); step counters and loss scale do not
     shared = [n for n in base if n in params and "." in n and not n.startswith(OPTIMIZER_PREFIXES)]
     changed = [n for n in shared if not np.array_equal(base[n].asnumpy(), params[n].asnumpy())]
-    if not shared:
+    if not shared and not frozen_in_base:
         raise AdapterError("the SFT checkpoint shares no weight name with the base checkpoint: it was trained on "
                            "another model; check model.* and the base checkpoint")
     if changed:
@@ -149,14 +153,17 @@ def _main(request: dict) -> dict:
     import mindspore as ms
 
     params = ms.load_checkpoint(request["sft"])
+    if request.get("optimizer"):
+        params.update(ms.load_checkpoint(request["optimizer"]))
     base = ms.load_checkpoint(request["base"])
-    lora, optimized, shared = _check(params, base, request["expected"])
+    lora, optimized, shared = _check(params, base, request["expected"], request.get("frozen_in_base"))
     from ..killpoints import arm_checkpoint_writes
 
     arm_checkpoint_writes("sft.adapter.mid_save")  # the reliability suite's point; a no-op otherwise
     ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in sorted(lora.items())], request["out"])
     return {"lora": {n: list(a.shape) for n, a in sorted(lora.items())}, "lora_numel": int(sum(a.size for a in lora.values())),
-            "optimizer_params": len(optimized), "base_params_compared": len(shared), "base_params_changed": 0,
+            "optimizer_params": len(optimized),
+            "base_params_compared": len(shared) or int(request.get("frozen_in_base") or 0), "base_params_changed": 0,
             "sft_params": len(params), "error": None}
 
 

@@ -176,6 +176,10 @@ class PipelineMetrics(_BeforeCheckpoint):
         loss_rank = self.rule.loss_rank(world)
         if rank == loss_rank or self.all_ranks:
             self.file = MetricsFile(metrics_path(self.output_dir, 0 if rank == loss_rank else rank))
+        import mindspore
+
+        # device memory after launch, for planner_check.json (MindSpore keeps no pool statistics on CPU)
+        self._device_stats = mindspore.get_context("device_target") == "Ascend"
 
     def on_train_step_begin(self, run_context):
         if self.heartbeat is not None:
@@ -208,8 +212,17 @@ class PipelineMetrics(_BeforeCheckpoint):
                          "step_in_epoch": (self.data_step(cb) - 1) % int(cb.batch_num) + 1, **out,
                          "step_time_ms": round(ms, 3), "tokens_per_s": tokens / (ms / 1000) if tokens else None,
                          "data_wait_ms": None if self._wait_ms is None else round(self._wait_ms, 3),
-                         "rank": rank_and_size()[0], "time": time.time(), "source": "callback"})
+                         "rank": rank_and_size()[0], "time": time.time(), "source": "callback",
+                         **self._device_memory()})
         self._last_end = time.perf_counter()
+
+    def _device_memory(self) -> dict:
+        if not getattr(self, "_device_stats", False):
+            return {}
+        from ..planner.readings import device_memory_stats, ms_peak_bytes
+
+        peak = ms_peak_bytes(device_memory_stats())
+        return {"device_max_reserved_bytes": peak} if peak else {}
 
     def on_train_end(self, run_context):
         if self.heartbeat is not None:

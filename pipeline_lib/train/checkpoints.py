@@ -11,7 +11,10 @@ MindSpore writes `<name>.tmp` and renames it: a `.ckpt` name means the write fin
   with `mindspore.load_checkpoint` in one subprocess (the orchestrator never holds MindSpore state), whose verdict
   and reason stand.
 - `CheckpointManager.sync()`: verifies new files and writes `<ckpt>.verified.json` (sha256, size, step) next to
-  good ones; moves bad ones to `<output_dir>/checkpoint_rejected/rank_N/` with a `.reason.json`; keeps the
+  good ones, after splitting each good one into its weights (in place) and its optimizer state
+  (`checkpoint_optimizer/rank_N/`, train.checkpoint_split; a LoRA run's keeps only what it trains: `keep_weight`,
+  `base`); the sidecar's `split` names the parts; moves bad ones to `<output_dir>/checkpoint_rejected/rank_N/` with
+  a `.reason.json`; keeps the
   newest `keep` verified steps; uploads what `upload_uri` lacks; then rewrites `<output_dir>/latest_checkpoint.json`
   (remote copy first) to the newest step that every rank in `ranks` has verified. Call it from
   `launch(on_tick=...)` and once after training; resume from `latest()["path"]`, not from meta.json.
@@ -38,11 +41,13 @@ from ..model.ckpt_scan import scan
 from ..runtime.launcher import launch_module
 from .. import killpoints
 from ..storage import join, sha256_file, store_for
+from .checkpoint_split import OPTIMIZER_DIR, Unreadable, optimizer_file
 
 CKPT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.ckpt$")
 LATEST_FILE = "latest_checkpoint.json"
 REJECTED_DIR = "checkpoint_rejected"
 _MARK = "CKPT_VERIFY "
+OPTIMIZER_UPLOAD = "optimizer/"  # a rank's optimizer parts upload beside its weights, under rank_N/optimizer/
 
 
 def remote_latest_name(node_rank: int) -> str:
@@ -176,7 +181,8 @@ def estimate_checkpoint_bytes(param_count: int, weight_bytes: int = 4, optimizer
 def expected_checkpoint_bytes(output_dir: str | Path, param_count: int | None = None, **estimate) -> int:
     """Size of the largest checkpoint already under output_dir (a resumed run), else the estimate from
     `param_count`. Raises ValueError when there is neither."""
-    sizes = [c.path.stat().st_size for c in list_checkpoints(output_dir)]
+    opt = lambda c: optimizer_file(c.path).stat().st_size if optimizer_file(c.path).exists() else 0  # noqa: E731
+    sizes = [c.path.stat().st_size + opt(c) for c in list_checkpoints(output_dir)]  # both parts of a split one
     if sizes:
         return max(sizes)
     if param_count is None:
@@ -203,7 +209,8 @@ class CheckpointManager:
 
     def __init__(self, output_dir: str | Path, *, ranks: Iterable[int] = (0,), keep: int | None = None,
                  upload_uri: str | None = None, endpoint_url: str | None = None, subdir: str = "checkpoint",
-                 log: Callable[[str], None] = print, node_rank: int = 0):
+                 log: Callable[[str], None] = print, node_rank: int = 0, split: bool = True,
+                 keep_weight: Callable[[str], bool] | None = None, base: dict | None = None):
         if keep is not None and keep < 1:
             raise ValueError(f"keep={keep!r}: must be >= 1 (training.keep_checkpoint_max) or None")
         self.output_dir, self.ranks, self.keep = Path(output_dir), sorted(set(ranks)), keep
@@ -212,6 +219,10 @@ class CheckpointManager:
         # each node uploads the pointer to its own ranks' files: several nodes never overwrite each other's
         self.remote_latest = remote_latest_name(node_rank)
         self._uploaded: set[Path] = set()  # checked or put this session; a new manager re-checks once
+        # split: each verified file becomes weights + checkpoint_optimizer/ (train.checkpoint_split); keep_weight and
+        # base ({path, sha256, size}): a LoRA run keeps only what it trains, its frozen weights are the base's
+        self.split, self.keep_weight, self.base = split, keep_weight, base
+        self._base_scan = None
 
     def latest(self) -> dict | None:
         return json.loads(self.latest_path.read_text(encoding="utf-8")) if self.latest_path.exists() else None
@@ -235,12 +246,17 @@ class CheckpointManager:
             if not res.ok:
                 self._reject(ckpt, res)
                 continue
+            try:
+                split = self._split(ckpt, res) if self.split else None
+            except Unreadable as err:  # resume and hand-off read a whole file as before
+                self.log(f"[checkpoints] {ckpt.path.name} kept whole: {err}")
+                split = None
             # step: mindformers' step_num (consistent across ranks and resumes); plain MindSpore files
             # without it fall back to the optimizer step, then to the step in the file name.
             step = next(v for v in (res.step_num, res.global_step, ckpt.step_in_epoch) if v is not None)
             _write_atomic(ckpt.sidecar, json.dumps({"file": ckpt.path.name, "sha256": res.sha256, "size": res.size,
                                                     "step": step, "global_step": res.global_step,
-                                                    "epoch": res.epoch_num, "params": res.params,
+                                                    "epoch": res.epoch_num, "params": res.params, "split": split,
                                                     "verified_at": time.time()}, indent=2))
             self.log(f"[checkpoints] verified {ckpt.path.name} (rank {ckpt.rank}, step {step}, {res.size:,} bytes)")
             killpoints.reached("checkpoint.before_latest")
@@ -251,13 +267,40 @@ class CheckpointManager:
         self._update_latest()
         return results
 
+    def _split(self, ckpt: CheckpointFile, res: VerifyResult) -> dict:
+        """Split the verified whole file `ckpt` into weights + optimizer state (train.checkpoint_split); `res` then
+        describes the weights file. A file a crash left split before its sidecar takes its counters from its
+        optimizer file."""
+        from ..model.ckpt_scan import scan as scan_file
+        from .checkpoint_split import optimizer_file, split_checkpoint
+
+        opt = optimizer_file(ckpt.path)
+        if res.step_num is None and res.global_step is None and opt.exists():  # split already, sidecar not written
+            found = scan_file(opt)
+            res.step_num, res.global_step, res.epoch_num = (found.counter(k) if found else None
+                                                            for k in ("step_num", "global_step", "epoch_num"))
+            dropped = None
+        else:
+            if self.base is not None and self._base_scan is None:
+                self._base_scan = scan_file(self.base["path"])
+            kw = {"keep": self.keep_weight} if self.keep_weight else {}
+            done = split_checkpoint(ckpt.path, opt, base=self.base["path"] if self.base else None,
+                                    base_scan=self._base_scan, **kw)
+            dropped = done.dropped if self.base is not None else None
+            res.sha256, res.size = sha256_file(ckpt.path), ckpt.path.stat().st_size
+        return {"optimizer": {"file": opt.name, "size": opt.stat().st_size, "sha256": sha256_file(opt)},
+                "frozen_in_base": None if dropped is None else len(dropped), "frozen_names": dropped, "base": self.base}
+
     def _upload_missing(self) -> None:
         store = store_for(self.upload_uri, self.endpoint_url)
         for by_rank in self.verified().values():
             for c in by_rank.values():
                 if c.path in self._uploaded:
                     continue
-                for local, uri in ((c.path, self._uri(c)), (c.sidecar, self._uri(c, c.sidecar.name))):
+                pairs = [(c.path, self._uri(c)), (c.sidecar, self._uri(c, c.sidecar.name))]
+                if optimizer_file(c.path).exists():
+                    pairs.insert(1, (optimizer_file(c.path), self._uri(c, OPTIMIZER_UPLOAD + c.path.name)))
+                for local, uri in pairs:
                     if not (store.exists(uri) and store.size(uri) == local.stat().st_size):
                         store.put_file(local, uri)
                         killpoints.reached("checkpoint.mid_upload")
@@ -322,16 +365,23 @@ class CheckpointManager:
             if step == pinned:
                 continue
             for c in verified[step].values():
-                for p in (c.path, c.sidecar):
+                for p in (c.path, optimizer_file(c.path), c.sidecar):
                     if p.exists():
                         p.chmod(0o600)  # MindSpore leaves checkpoints read-only
                         p.unlink()
                 if self.upload_uri:
                     store = store_for(self.upload_uri, self.endpoint_url)
                     store.delete(self._uri(c))
+                    store.delete(self._uri(c, OPTIMIZER_UPLOAD + c.path.name))
                     store.delete(self._uri(c, c.sidecar.name))
                     self._uploaded.discard(c.path)
                 removed.append(c.path)
+        # optimizer parts whose weights mindformers' own keep_checkpoint_max rotated away
+        for opt in Path(self.output_dir, OPTIMIZER_DIR).glob("rank_*/*.ckpt"):
+            if not (self.output_dir / self.subdir / opt.parent.name / opt.name).exists():
+                opt.chmod(0o600)
+                opt.unlink()
+                removed.append(opt)
         return removed
 
 

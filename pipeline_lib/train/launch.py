@@ -84,6 +84,9 @@ def build_command(parallel: ParallelConfig, yaml_path: str | Path, *, node_rank:
         return [sys.executable, *entry]
     if log_dir is None:
         raise ValueError("log_dir is required with msrun: it writes worker_N.log files there")
+    if p.rank_table_file:  # HCCL's rank-table route: one process per device, ranks from the table
+        return [sys.executable, "-m", "pipeline_lib.train.rank_table_launch", f"--rank-table={p.rank_table_file}",
+                f"--node={node_rank}", f"--log-dir={Path(log_dir).resolve()}", "--", *entry]
     local = min(p.devices_per_node, world - node_rank * p.devices_per_node)
     # msrun runs `python <args>` for each worker, resolving `python` on PATH; subprocess_env puts this
     # interpreter's folder first. tail_worker_log names a rank no worker has, which turns off msrun's own

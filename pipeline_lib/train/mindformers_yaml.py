@@ -142,6 +142,10 @@ def dataset_workers(cfg: PipelineConfig, on_cpu: bool) -> int:
 def _model_config(cfg: PipelineConfig, stage: Stage, on_cpu: bool, batch_size: int, token_ids) -> dict:
     mc = {"type": "LlamaConfig", **llama_model_config(cfg, batch_size=batch_size, seq_length=cfg.model.seq_length,
                                                       on_cpu=on_cpu, token_ids=token_ids)}
+    p = cfg.parallel
+    if p.pipeline_stage > 1:  # mindformers' LayerSetting reads both from the model config
+        mc["offset"] = p.pipeline_offset
+        mc["pp_interleave_num"] = p.pp_interleave_num
     if stage == "sft":
         s = cfg.sft
         mc["pet_config"] = {"pet_type": "lora", "lora_rank": s.lora_rank, "lora_alpha": s.lora_alpha,
@@ -160,7 +164,8 @@ def _parallel(cfg: PipelineConfig, on_cpu: bool, accum: int | None) -> tuple[dic
                              f"micro_batch_num and must be a multiple of parallel.pipeline_stage={p.pipeline_stage}")
         micro_batch_num = accum
     parallel = {
-        "parallel_mode": 0 if on_cpu else 1,  # 0 data parallel, 1 semi-auto parallel
+        # 0 data parallel, 1 semi-auto parallel, 2 auto parallel (strategies by sharding propagation)
+        "parallel_mode": 0 if on_cpu else (2 if p.mode == "auto" else 1),
         "gradients_mean": on_cpu,
         "full_batch": not on_cpu,
         "enable_parallel_optimizer": p.optimizer_shard,
@@ -171,9 +176,45 @@ def _parallel(cfg: PipelineConfig, on_cpu: bool, accum: int | None) -> tuple[dic
     parallel_config = {
         "data_parallel": p.data_parallel, "model_parallel": p.model_parallel,
         "pipeline_stage": p.pipeline_stage, "micro_batch_num": micro_batch_num,
-        "use_seq_parallel": False, "vocab_emb_dp": True, "gradient_aggregation_group": 4,
+        "use_seq_parallel": bool(p.use_seq_parallel and not on_cpu), "vocab_emb_dp": True,
+        "gradient_aggregation_group": 4,
     }
+    if p.pipeline_stage > 1 and p.pp_interleave_num > 1:
+        # MindSpore's set_auto_parallel_context(pipeline_config=...); model_config.pp_interleave_num splits the layers
+        parallel["pipeline_config"] = {"pipeline_interleave": True, "pipeline_scheduler": "1f1b"}
     return parallel, parallel_config
+
+
+# select_recompute patterns of the legacy Llama layer (models/llama/llama_transformer.py LLamaDecodeLayer, its
+# LLamaAttention / LlamaFeedForward, modules/layers.py Linear). Each names primitives only: mindformers' LayerSetting
+# calls `operator.recompute(True)` on a matched attribute, which a Cell (keyword-only recompute) would refuse.
+# Measured on mindformers 1.9 (tests/train/test_recompute_yaml.py): the score path's batch_matmul_q_k, softmax and
+# batch_matmul fail there ("'bool' object is not callable"), so attention recompute is the flash-attention block:
+# Q/K/V projections, the rotary multiply and the flash-attention kernel (config rule: needs use_flash_attention).
+ATTENTION_PATTERNS = (r"attention\.w[qkv]\.matmul", r"attention\.apply_rotary_emb\.mul",
+                      r"attention\.flash_attention\.flash_attention")
+FFN_PATTERNS = (r"feed_forward\.w[13]\.matmul", r"feed_forward\.w1\.activation\.silu", r"feed_forward\.mul")
+
+
+def recompute_section(cfg: PipelineConfig) -> dict:
+    """model.recompute* as mindformers 1.9's recompute_config (TransformerRecomputeConfig, read by LayerSetting):
+    full -> recompute; selective -> select_recompute (its default patterns: the FFN's silu and mul); attention /
+    ffn -> select_recompute {pattern: layers}; model.recompute_layers -> the per-stage counts in place of True."""
+    m, p = cfg.model, cfg.parallel
+    which = list(m.recompute_layers) if m.recompute_layers is not None else True
+    section = {"recompute": False, "select_recompute": False, "select_comm_recompute": False,
+               "parallel_optimizer_comm_recompute": bool(m.comm_recompute and p.optimizer_shard),
+               "mp_comm_recompute": True, "recompute_slice_activation": bool(m.recompute_slice_activation)}
+    if m.recompute == "full":
+        section["recompute"] = which
+    elif m.recompute == "selective":
+        section["select_recompute"] = which
+    elif m.recompute in ("attention", "ffn"):
+        patterns = ATTENTION_PATTERNS if m.recompute == "attention" else FFN_PATTERNS
+        section["select_recompute"] = {pat: which for pat in patterns}
+    if m.comm_recompute and p.use_seq_parallel:
+        section["select_comm_recompute"] = True  # its default pattern: the norms' outputs (.*\.norm)
+    return section
 
 
 RANK_PATH = re.compile(r"rank_\d+")  # mindformers 1.9 trainer/utils.py check_path_include_total_ckpt
@@ -268,8 +309,6 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
     if not on_cpu:
         # the card minus parallel's headroom (mindformers' 64 GB reference layouts: "59GB")
         context["max_device_memory"] = f"{cfg.parallel.usable_memory_gb:g}GB"
-    recompute = cfg.model.recompute
-
     return {
         "seed": cfg.run.seed,
         "output_dir": str(output_dir),
@@ -287,9 +326,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         "parallel": parallel,
         "parallel_config": parallel_config,
         "micro_batch_interleave_num": 1,
-        "recompute_config": {"recompute": recompute == "full", "select_recompute": recompute == "selective",
-                             "parallel_optimizer_comm_recompute": False, "mp_comm_recompute": True,
-                             "recompute_slice_activation": False},
+        "recompute_config": recompute_section(cfg),
         "runner_config": runner,
         "runner_wrapper": wrapper,
         "optimizer": {"type": "AdamW", "betas": [t.optimizer.beta1, t.optimizer.beta2],

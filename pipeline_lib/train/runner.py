@@ -80,6 +80,9 @@ def launch_trainer(cfg, yaml_path: Path, out: Path, rank: int, log, on_tick=None
     watch)."""
     command = build_command(cfg.parallel, yaml_path, node_rank=rank, log_dir=out / "msrun", entry_module=entry_module)
     env = {"GLOG_v": "3", "LOG_MF_PATH": str(out / "log"), "MS_OM_PATH": str(out / "om"), **(env or {})}
+    from ..runtime.rank_table import visible_devices
+    if visible_devices(cfg, rank):  # parallel.node_devices: this node's own device list
+        env["ASCEND_RT_VISIBLE_DEVICES"] = visible_devices(cfg, rank)
     watchdog = HangWatchdog(out, local_ranks(cfg, rank), cfg.training.hang_timeout_s, attempt=attempt, log=log)
 
     def bind(sampler) -> None:  # the trainer's tree: what the watchdog may signal, what the preflight measures

@@ -43,7 +43,8 @@ from .. import killpoints
 from ..storage import join, store_for
 from ..runtime.nodes import node_rank
 from ..runtime.work_folders import WORK_DIR_ENV, work_folder  # noqa: F401 (WORK_DIR_ENV: its name, for callers)
-from .checkpoints import CheckpointManager, check_disk
+from .checkpoints import OPTIMIZER_UPLOAD, CheckpointManager, check_disk
+from .checkpoint_split import RESUME_DIR, CheckpointSplitError, optimizer_file, resume_record
 from .launch import GuardTripped, TrainingHang, TrainingLaunchError
 from .metrics import METRICS_FILE, LossRule, plot_loss, read_metrics, training_callbacks
 from .preflight import GB, PREFLIGHT_FILE, PreflightWatch
@@ -274,6 +275,9 @@ class TrainingSession:
             dest = self.out / self.manager.subdir / f"rank_{rank}" / info["uri"].rsplit("/", 1)[-1]
             store.get_file(info["uri"], dest)
             store.get_file(info["uri"] + ".verified.json", dest.with_name(dest.name + ".verified.json"))
+            opt_uri = join(info["uri"].rsplit("/", 1)[0], OPTIMIZER_UPLOAD + dest.name)
+            if store.exists(opt_uri):  # the split file's optimizer state (train.checkpoint_split)
+                store.get_file(opt_uri, optimizer_file(dest))
         metrics_uri = join(self.remote, METRICS_FILE)
         if store.exists(metrics_uri):
             store.get_file(metrics_uri, self.out / METRICS_FILE)
@@ -386,7 +390,7 @@ class TrainingSession:
                 self.log(f"{self.stage}: training {steps} steps from {origin}"
                          + (f"; its first {watch.steps} are the preflight" if watch and not watch.report else ""))
             else:
-                start = Path(latest.get("rollback_path") or latest["path"])
+                start = Path(latest.get("rollback_path") or self._resumable(latest)["path"])
                 yaml_path = yaml.write(out / yaml.resume_name, out, resume_from=start,
                                        extra_epochs=math.ceil(skipped / steps_per_epoch) if skipped else 0)
                 self.log(f"{self.stage}: training {steps} steps from {start.name} (resume), resuming at data step "
@@ -429,11 +433,22 @@ class TrainingSession:
             if (latest.get("global_step") or 0) < steps:
                 raise self.error(self._short_of_steps(latest.get("global_step"), steps, out))
         done.latest = latest
+        shutil.rmtree(out / RESUME_DIR, ignore_errors=True)  # the joined resume files: a full copy, no longer needed
         if watch is not None:
             done.preflight = watch.report
         if self.progress:
             self.progress("train", steps, steps)
         return done
+
+    def _resumable(self, latest: dict) -> dict:
+        """`latest` with one file per rank that mindformers resumes from: the split weights + optimizer state
+        (+ a LoRA file's base) joined under checkpoint_resume/ (train.checkpoint_split), replaced at each resume."""
+        dest = self.out / RESUME_DIR
+        shutil.rmtree(dest, ignore_errors=True)
+        try:
+            return resume_record(latest, dest)
+        except CheckpointSplitError as err:
+            raise self.error(str(err)) from None
 
     def _record_guard(self, diagnoses: list[dict]) -> None:
         """Add a trip's diagnoses (every rank's) to guard_diagnosis.json: `trips` (step, rank, reason, loss, rows,
@@ -496,7 +511,7 @@ class TrainingSession:
             raise GuardTripped(message + why + "\n" + str(err), err.result, err.diagnoses) from None
         bad = int(diag["step"])
         n = len(done.rollbacks) + 1
-        dest = rollback_checkpoint(good, self.out / "rollback" / f"rollback{n}_step{bad}", bad, steps_per_epoch)
+        dest = rollback_checkpoint(self._resumable(good), self.out / "rollback" / f"rollback{n}_step{bad}", bad, steps_per_epoch)
         done.rollbacks.append({"bad_step": bad, "from_step": good["step"],
                                "skipped_steps": list(range(good["step"] + 1, bad + 1)),
                                "loss": finite(diag.get("loss")), "reason": diag.get("reason"),

@@ -11,7 +11,9 @@
    and `train/latest_checkpoint.json` names a verified checkpoint; a preflight of training.preflight_steps on a
    fresh start (`preflight.json`; a bad verdict raises SFTPreflightFailed); `train/sft.yaml` is the mindformers LoRA
    finetune (pet_config, run_mode finetune, load_checkpoint = the base) plus the PipelineMetrics / LossGuard
-   callbacks, its fresh start also written as `sft.yaml`; checkpoints verified on ticks within a CPU budget. The loss guard (sft.guard)
+   callbacks, its fresh start also written as `sft.yaml`; checkpoints verified on ticks within a CPU budget, each
+   then cut to the LoRA factors + their optimizer state (train.checkpoint_split; the frozen weights found byte for byte
+   in the base, whose path, sha256 and size the sidecar names; not under tensor parallel) and resumed joined. The loss guard (sft.guard)
    stops the stage with the diagnosis naming sft.* knobs (its on_failure=rollback is not applied to SFT).
 4. adapter (train/adapter.py): `adapter/adapter.ckpt` holds the LoRA factors only, `adapter/adapter_config.json`
    rank, alpha, targets and the base's sha256; extraction checks that only LoRA was trained and every frozen
@@ -27,6 +29,7 @@ TrainingLaunchError.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -39,8 +42,10 @@ from .sft_data import prepare_sft_data, table_rows
 from ..model.token_ids import TokenIds
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
-from .adapter import ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, write_adapter_config
-from ..planner.disk import sft_checkpoint_disk
+from .adapter import (ADAPTER_FILE, CONFIG_FILE, adapter_config, expected_lora_shapes, extract_adapter, is_lora_param,
+                      write_adapter_config)
+from .checkpoint_split import optimizer_file
+from ..planner.disk import lora_only_checkpoints, sft_checkpoint_disk
 from .mindformers_yaml import sft_base_path_issue
 from .session import Batch, StageYaml, TrainingSession, loss_history, tensorboard_dir, work_dir
 
@@ -159,9 +164,14 @@ def _train(run: StageRun, out: Path, base: Path, base_sha: str, stats: dict) -> 
     session = TrainingSession(cfg, stage=STAGE, out=train_dir, remote=remote, endpoint=run.endpoint, steps=cfg.sft.steps,
                               log=run.log, progress=run.progress, error=SFTStageError, preflight_error=SFTPreflightFailed)
     # run.identity already holds every training.* field the schema marks as shaping SFT's outputs
+    if lora_only_checkpoints(cfg):
+        # its checkpoints keep what LoRA trains and its optimizer state; the frozen weights are the base's (found
+        # there byte for byte at each save: train.checkpoint_split), named with its sha256 and size for resume
+        session.manager.keep_weight = is_lora_param
+        session.manager.base = {"path": str(base), "sha256": base_sha, "size": base.stat().st_size}
     latest = session.resume_or_start(config_hash({"run": run.identity, "base": base_sha, "rows": stats["rows_sha256"]}))
-    # sized from the layout as pretrain's (planner.disk: the ranks' shards of the frozen weights + the LoRA factors
-    # and their moments, x keep_checkpoint_max + 1), not from the base file, whose size may count optimizer state
+    # sized from the layout as pretrain's (planner.disk: the LoRA factors and their moments x keep_checkpoint_max + 1,
+    # + the whole file until it is split), not from the base file, whose size may count optimizer state
     session.check_disk(sft_checkpoint_disk(cfg, session.ranks))
     # the tokenizer's special ids, as prepare_sft_data recorded them next to the rows (not cfg.tokenizer.*_id)
     yaml = StageYaml(cfg, STAGE, Batch(cfg.sft.micro_batch_size, sft_accumulation(cfg), cfg.sft.guard), out / "data",
@@ -182,7 +192,10 @@ def _extract_adapter(cfg, out: Path, checkpoint: str, base: Path, base_ref: str,
     """adapter/adapter.ckpt + adapter_config.json from the final checkpoint; the base must be unchanged."""
     log(f"sft: extracting the adapter from {Path(checkpoint).name}")
     expected = expected_lora_shapes(cfg.model, list(cfg.sft.target_modules), cfg.sft.lora_rank)
-    result = extract_adapter(checkpoint, base, out / "adapter", expected)
+    split = json.loads(Path(checkpoint + ".verified.json").read_text(encoding="utf-8")).get("split") or {}
+    result = extract_adapter(checkpoint, base, out / "adapter", expected,
+                             optimizer=str(optimizer_file(checkpoint)) if split else None,
+                             frozen_in_base=split.get("frozen_in_base"))
     if sha256_file(base) != base_sha:
         raise SFTStageError(f"base checkpoint {base_ref!r} changed on disk during SFT (sha256 {base_sha[:12]} -> "
                             f"{sha256_file(base)[:12]}): something else writes to it; keep the base read-only")

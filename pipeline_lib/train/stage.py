@@ -304,6 +304,7 @@ def _measured_reports(cfg, out: Path, records: list[dict], trained, session: Tra
     against the planner's prediction; each figure off by more than training.planner_alert_factor is logged as a
     warning). Both are advice: they never fail the stage."""
     from ..planner.check import planner_check
+    from ..planner.readings import local_npu_name
     from .profile import ProfileWindow, profile_summary
 
     step_ms = summarize_steps(records).step_time_ms if records else None  # median, compile step left out
@@ -319,11 +320,16 @@ def _measured_reports(cfg, out: Path, records: list[dict], trained, session: Tra
         step_ms = summary["unprofiled_compute_ms"] or step_ms
     else:
         (out / PROFILE_FILE).unlink(missing_ok=True)  # an earlier attempt's, when profiling was on then
+    device = max((r.get("device_max_reserved_bytes") or 0 for r in records), default=0) or None
     check = planner_check(cfg, step_time_ms=step_ms, peak_rss_bytes=trained.peak_rss_bytes or None,
-                          ranks=len(session.ranks))
+                          ranks=len(session.ranks), device_peak_bytes=device,
+                          device_source="MindSpore memory_stats max_reserved_memory (metrics.jsonl)",
+                          device_name=local_npu_name())
     write_json(out / PLANNER_CHECK_FILE, check)
     for warning in check["warnings"]:
         session.log(f"pretrain: WARNING {warning}")
+    for note in check.get("notes", []):  # an INFO line: in the stage's log, not on the terminal
+        session.log(f"pretrain: {note}")
 
 
 # ---------------------------------------------------------------- 6. publish
@@ -349,6 +355,7 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
 
     from ..model.checkpoint_cache import MERGED_DIR, full_checkpoint
     from ..model.weights_only import copy_weights
+    from .checkpoint_split import hand_off_weights
     from ..model.checkpoints import CheckpointRef
     from ..runtime.launcher import launch_module
 
@@ -363,8 +370,8 @@ def _weights_checkpoint(cfg, out: Path, latest: dict, session: TrainingSession, 
         return [merged, merged.with_suffix(".json")]
     src = Path(ref.ckpt)
     dst = out / TOKENIZER_DIR / MERGED_DIR / f"{src.stem}-weights.ckpt"
-    try:
-        copied = copy_weights(src, dst)
+    try:  # a split checkpoint's weights file is the hand-off itself (train.checkpoint_split): linked, not rewritten
+        copied = hand_off_weights(src, dst) or copy_weights(src, dst)
     except ValueError as err:
         raise PretrainStageError(f"writing the weights-only checkpoint {dst} failed: {err}") from None
     if copied is None:  # a file ckpt_scan does not read: MindSpore rewrites it

@@ -34,6 +34,16 @@ def tracked_files(root: Path) -> list[str]:
                 if p.is_file() and not skip & set(p.relative_to(root).parts)]
 
 
+WALK = re.compile(r"^<!-- walk\b[^\n]*-->\n```(?:bash)?\n(.*?)^```", re.S | re.M)
+
+
+def readme_walk(root: Path = ROOT) -> list[str]:
+    """The lines of the README's blocks marked `<!-- walk ... -->`, in order, as written (a comment after a command
+    stays: bash ignores it); blank lines and whole-line comments left out."""
+    blocks = WALK.findall((root / "README.md").read_text(encoding="utf-8"))
+    return [ln for block in blocks for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
 def readme_commands(root: Path = ROOT) -> dict[str, str]:
     """{'demo': 'make demo', 'test': 'make test'}: the commands in the README's first code block."""
     block = re.search(r"```\n(.*?)```", (root / "README.md").read_text(encoding="utf-8"), re.S).group(1)
@@ -49,8 +59,8 @@ class UserRepo:
         # a user's shell, not the suite's: none of the suite's LOG_MF_PATH / MS_OM_PATH / GLOG_v / PREFECT_* /
         # AWS_* settings, so litter a user's run would leave in the checkout shows here (leftovers())
         self.env = {k: os.environ[k] for k in USER_ENV if k in os.environ}
-        self.env.update(PYTHONPATH=str(path), PREFECT_HOME=str(home / ".prefect"),
-                        PREFECT_SERVER_ANALYTICS_ENABLED="false", HOME=str(home))
+        # no PREFECT_SERVER_ANALYTICS_ENABLED either: that telemetry is off is the product's job (flows/offline.py)
+        self.env.update(PYTHONPATH=str(path), PREFECT_HOME=str(home / ".prefect"), HOME=str(home))
         self.tracked = set(tracked_files(path))
         self.owned: set[str] = set()
 
@@ -80,6 +90,30 @@ class UserRepo:
             if rel.as_posix() not in self.tracked:
                 out.append(rel.as_posix())
         return sorted(out)
+
+    def walk(self, lines: list[str], env: dict | None = None, timeout: float = 3000) -> list[tuple[str, str]]:
+        """Run `lines` as written, in order, in one fresh bash (no profile, no rc; the user's environment only) that
+        stops at the first failing line: [(line, its output)]. Setup is done (the .venv is the installed one): the
+        copy's pyproject.toml and constraints.txt are dated before its stamp, so `make demo` does not reinstall."""
+        import shlex
+
+        stamp = self.path / ".venv" / ".setup-stamp"
+        if stamp.exists():
+            before = stamp.stat().st_mtime - 60
+            for rel in ("pyproject.toml", "constraints.txt"):
+                os.utime(self.path / rel, (before, before))
+        mark = "@@walk@@ "
+        script = "set -e -o pipefail\n" + "".join(f"echo {shlex.quote(mark + ln)}\n{ln}\n" for ln in lines)
+        proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", script], cwd=self.path, text=True,
+                              env={**self.env, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout)
+        parts = proc.stdout.split(mark)[1:]
+        done = [(p.split("\n", 1)[0], p.split("\n", 1)[1] if "\n" in p else "") for p in parts]
+        if proc.returncode != 0:
+            raise AssertionError(f"README line `{done[-1][0] if done else '?'}` exited {proc.returncode}:\n"
+                                 f"{done[-1][1][-6000:] if done else proc.stdout[-6000:]}")
+        assert [line for line, _ in done] == lines, "the walk stopped early"
+        return done
 
     def make(self, target_cmd: str, **kw) -> subprocess.CompletedProcess:
         """A README `make X` command; setup is already done (the .venv is the installed one), so

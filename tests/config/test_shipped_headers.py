@@ -20,14 +20,15 @@ def test_header_memory_and_disk_numbers_match_the_planner(name):
     cfg = load_config(CONFIGS / name)
     peak, usable = re.search(r"predicts ([\d.]+) GB per card of ([\d.]+) GB usable", header).groups()
     assert float(peak) == round(predicted_peak_gb(cfg), 1) and float(usable) == cfg.parallel.usable_memory_gb
-    disk = re.search(r"keep_checkpoint_max (\d+) \+ (?:the one|1) being written = ([\d.]+) GB", header).groups()
+    disk = re.search(r"keep_checkpoint_max (\d+) \+ (?:the one|1) being written[^=]* = ([\d.]+) GB", header).groups()
     need = checkpoint_disk(cfg, local_ranks(cfg, 0))
     assert int(disk[0]) == cfg.training.keep_checkpoint_max and float(disk[1]) == round(need.total / 1e9, 1)
     weights = re.search(r"weights alone \(fp32, no optimizer state\) are ([\d.]+) GB", header)
     if weights:  # the 7B header also states the weights-only size and the SFT need
         sft = sft_checkpoint_disk(cfg, local_ranks(cfg, 0))
         assert float(weights.group(1)) == round(weights_bytes(cfg) / 1e9, 1)
-        assert f"{sft.per_checkpoint / 1e9:.1f} GB per checkpoint on the node, x {sft.copies} = SFT disk " \
+        assert f"{sft.per_checkpoint / 1e9:.1f} GB per checkpoint on the node, x {sft.copies}, + " \
+               f"{sft.splitting / 1e9:.1f} GB while the newest whole file is split = SFT disk " \
                f"{sft.total / 1e9:.1f} GB" in header.replace("\n# ", " ")
     assert f"precision: {cfg.training.precision}" in text and "bf16 = bfloat16 matmuls" in header
     assert warnings(cfg) == []  # nothing in it is a no-op (e.g. optimizer sharding at dp1)

@@ -32,7 +32,30 @@ def deployed(prefect_server):
     assert again.returncode == 0 and "created" not in again.stdout, again.stdout
     res = cli("deploy")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return prefect_server
+    return res
+
+
+def test_deploy_names_the_upcoming_nights_and_says_why_pools_without_workers_are_not_ready(deployed):
+    """Issue 48 items 6, 7: upcoming nights are nightly/<date> (their date in the schedule's zone), not random names;
+    no worker polls a pool yet, so its deployments are Not Ready: deploy says so and how to fix it."""
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name("nightly-pretrain/nightly")
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+        stage = client.read_deployment_by_name("pretrain/default")
+    scheduled = [r for r in runs if r.state_type == StateType.SCHEDULED]
+    assert scheduled, "the server scheduled no nightly run"
+    for r in scheduled:
+        date = r.expected_start_time.astimezone(ZoneInfo("Asia/Shanghai")).date()
+        assert r.name == f"nightly/{date.isoformat()}" and isinstance(date, dt.date), (r.name, r.expected_start_time)
+    assert "upcoming run(s) named nightly/<date>" in deployed.stdout
+    assert ("pretrain/default, sft/default, evaluate/default, export/default: Not Ready in the UI: no worker polls "
+            "work pool 'ascend'. Start a worker on work pool `ascend`") in deployed.stdout, deployed.stdout[-2000:]
+    assert "Needs a worker on work pool `ascend`" in stage.description
 
 
 @pytest.fixture(scope="module")

@@ -22,3 +22,18 @@ def test_the_pool_column_moves_a_stage_and_names_a_new_pool(monkeypatch):
     monkeypatch.setitem(stages.SPECS, "export", dataclasses.replace(stages.SPECS["export"], pool="cpu-large"))
     assert _stage_pools()["export"] == {"name": "cpu-large"}
     assert pool_names() == ["cpu", "ascend", "cpu-large"]  # `llm-pipeline pools` creates it
+
+
+def test_pools_no_worker_polls_are_named_with_their_deployments_and_the_fix():
+    from deployments import render_prefect_file, unserved_pools
+
+    doc = render_prefect_file()
+    lines = unserved_pools(doc, {"cpu": 1, "ascend": 0})
+    assert lines == ["pretrain/default, sft/default, evaluate/default, export/default: Not Ready in the UI: no worker "
+                     "polls work pool 'ascend'. Start a worker on work pool `ascend` (`prefect worker start --pool "
+                     "ascend` on each Ascend node)."]
+    assert unserved_pools(doc, {"cpu": 2, "ascend": 1}) == []
+    assert unserved_pools(doc, {"ascend": 1})[0].startswith("llm-pipeline/default, nightly-pretrain/nightly, "
+                                                            "data/default: ")
+    pretrain = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":pretrain_flow"))
+    assert "Needs a worker on work pool `ascend`" in pretrain["description"]

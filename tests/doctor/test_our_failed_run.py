@@ -51,3 +51,9 @@ def test_the_logs_of_a_healthy_run_are_not_a_failure(pretrain_data, capsys, tmp_
     config.write_text(json.dumps(cfg.model_dump(mode="json")))
     assert main(["doctor", "--run-id", "doctor-ok", str(config), "--stage", "pretrain", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["category"] == "unknown"
+    # without --stage: a good run is an answer (exit 0, nothing is wrong), not an argument error (it exited 2)
+    assert main(["doctor", "--run-id", "doctor-ok", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "run doctor-ok: nothing is wrong: every stage it ran has a complete manifest" in out and "--stage" in out
+    assert main(["doctor", "--run-id", "doctor-ok", str(config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["category"] is None

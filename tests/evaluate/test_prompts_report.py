@@ -103,3 +103,15 @@ def test_answers_are_stacked_per_prompt_not_one_column_per_checkpoint():
     assert md6.index("## Checkpoints") < md6.index("12.346") < md6.index("### p1")  # perplexity on top
     page = rep.render_html(more, more_gens, "T")
     assert page.count('class="prompt"') == 2 and page.count('class="answer"') == 12
+
+
+def test_answers_of_byte_fallback_pieces_are_explained_once_and_counted_per_answer():
+    """Issue 48 item 7: a tiny model's answer of stray byte pieces reads "\ufffd\ufffd"; the report says why."""
+    summary, gens = _summary()
+    assert "byte-fallback" not in rep.render_markdown(summary, gens, "T")  # no such answer: no note
+    broken = b"\xe4\xb8 ok \xe5".decode("utf-8", errors="replace")  # two bytes of a character, then one
+    gens["base"]["p1"] = {**gens["base"]["p1"], "text": broken}
+    md = rep.render_markdown(summary, gens, "T")
+    assert md.count("byte-fallback pieces") == 1 and "1 answer(s) contain" in md
+    assert md.index("## Answers per prompt") < md.index("byte-fallback pieces") < md.index("### p1")
+    assert '**base** (0/2 hits, 2 "\ufffd", 1 tokens, eos)' in md

@@ -110,6 +110,27 @@ def _texts(lines: list[bytes]) -> list[str]:
     return out
 
 
+def _red_runs(run_id: str) -> list[str]:
+    """The flow and task runs of a night (its chain, its stages, their steps) that ended Failed or Crashed."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as client:
+        night = [r for r in client.read_flow_runs() if r.name == f"nightly/{run_id.removeprefix('nightly-')}"]
+        family, todo = list(night), list(night)
+        while todo:  # the subflows, level by level (the chain under the night, the stages under the chain)
+            found = []
+            for parent in todo:
+                tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [parent.id]}))
+                child = {t.id: t.state.state_details.child_flow_run_id for t in tasks if t.state}
+                found += [client.read_flow_run(child[t.id]) for t in tasks if child.get(t.id)]
+                family += [t for t in tasks if not child.get(t.id)]
+            todo = found
+            family += found
+    assert len(night) == 1 and len(family) > 3, [r.name for r in family]
+    return [f"{r.name}: {r.state.name}" for r in family if r.state and r.state.type.value in ("FAILED", "CRASHED")]
+
+
 @pytest.fixture
 def real_data_stage(monkeypatch):
     """The real data stage, doubles for the training and evaluation stages (fast, still real files)."""
@@ -159,6 +180,7 @@ def test_nights_new_data_duplicates_held_carried_then_nothing(tiny_cfg, tmp_path
         assert state["latest"]["run_id"] == "nightly-2026-12-01"  # nothing trained, pointer unchanged
         assert not (runs / "nightly-2026-12-02" / "pretrain").exists()
         assert [n["name"] for n in _Hook.received] == ["NoNewData"]
+        assert _red_runs("nightly-2026-12-02") == []  # issue 48 item 6: an outcome, not a failure in the dashboard
         assert _Hook.received[0]["counts"]["duplicates_of_earlier_runs"] > 0
 
         def indexed() -> list[str]:

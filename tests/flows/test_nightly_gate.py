@@ -167,6 +167,10 @@ def test_a_file_held_too_often_is_quarantined_and_a_decided_date_runs_under_its_
     (night.raw / "extra.jsonl").write_text(json.dumps({"text": "a daytime file"}) + "\n")
     again = night("2026-12-01", 1.3, nightly_cfg={"max_carries": 1})  # a second run of a decided date: held
     assert again.name == "Held" and again.result()["run_id"] == "nightly-2026-12-01-2", again.message
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:  # two runs of one date, told apart in the runs list
+        assert client.read_flow_run(again.state_details.flow_run_id).name == "nightly/2026-12-01-2"
     assert _folder(runs / "nightly-2026-12-01") == promoted  # untouched: same bytes, never rewritten
     from flows.pipeline import llm_pipeline
 

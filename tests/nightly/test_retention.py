@@ -46,6 +46,11 @@ BY_KIND = {k: sum(s for rel, s in LAYOUT.items() if kind_of(rel) == k and "heldo
 HELDOUT = "data/mindrecord/heldout"
 
 
+def test_a_training_checkpoints_optimizer_part_is_a_training_checkpoint():
+    assert kind_of("pretrain/checkpoint_optimizer/rank_0/llama_rank_0-1_6.ckpt") == TRAINING
+    assert kind_of("pretrain/checkpoint_optimizer/meta.json") is None
+
+
 def night_id(i: int) -> str:
     return f"nightly-2026-11-{i:02d}"
 

@@ -64,3 +64,19 @@ def test_shipped_7b_config_through_the_main_cli():
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "Recommended: " in res.stdout and "pure data parallel (dp=4) does not fit" in res.stdout
+
+
+def test_plan_prints_recompute_choices_and_oom_remedies_for_the_config(cfg7b_file, capsys):
+    assert plan_main(["--model", cfg7b_file, *ARGS, "model.recompute=none", "parallel.optimizer_shard=false"]) == 0
+    out = capsys.readouterr().out
+    assert "Recompute choices at this layout" in out
+    for mode in ("none", "selective", "ffn", "attention", "full"):
+        assert f"\n  {mode:<10} activations" in out
+    assert "none       activations  11.81 GB" in out and "<- this config" in out
+    assert "Out of memory? Remedies by phase" in out and "in the forward pass (activations): recompute" in out
+    assert "recompute selective" in out and "model.recompute=selective" in out  # cheapest that fits first
+    assert plan_main(["--model", cfg7b_file, *ARGS, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d["oom_remedies"]) == {"initialization", "forward", "backward"}
+    assert plan_main(["--model", cfg7b_file, *ARGS, "parallel.mode=auto"]) == 0
+    assert "cannot predict" in capsys.readouterr().out

@@ -63,3 +63,25 @@ def test_the_preflight_is_labelled_as_such_until_its_verdict_and_the_overview_ge
     live("train", 4, 1200)
     assert "training, step 4 of 1,200" in published[-1] and "8,192 tokens seen" in published[-1]
     assert told[-1][1].startswith("training, step 4 of 1,200")
+
+
+def test_the_live_card_prints_its_time_in_utc_labelled_whatever_the_workers_zone(monkeypatch):
+    """Issue 48 item 7: every artifact in one zone, labelled (the overview's times are UTC too)."""
+    import datetime as dt
+    import time
+
+    from tasks.live_training import render
+
+    monkeypatch.setenv("TZ", "Asia/Shanghai")
+    time.tzset()
+    try:
+        head = render("pretrain", [{"step": 1, "loss": 2.0}], 10, None, "training").splitlines()[0]
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    stamp = head.rsplit("(updated ", 1)[1].rstrip(")")
+    assert stamp.endswith(" UTC"), head
+    shown = dt.datetime.strptime(stamp[:-4], "%H:%M:%S").time()
+    now = dt.datetime.now(dt.timezone.utc)
+    apart = (now.hour * 3600 + now.minute * 60 + now.second) - (shown.hour * 3600 + shown.minute * 60 + shown.second)
+    assert min(apart % 86400, -apart % 86400) < 120, (stamp, now)  # UTC's clock, not Shanghai's 8 h ahead

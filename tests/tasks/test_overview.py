@@ -172,3 +172,26 @@ def test_our_one_line_error_is_logged_once_when_the_engine_logs_it_twice():
                for text in ("Encountered exception during execution:", "Finished in state Failed")]
     kept = [r for r in records if OurErrorsOnce().filter(r)]
     assert [r.getMessage() for r in kept] == ["stage 'pretrain' failed (run r): boom"]
+
+
+    assert "so far" not in published[-1] and "s in this attempt" in published[-1]  # the run has ended
+
+
+def test_the_tensorboard_command_of_a_training_run_is_in_the_overview(tmp_path):
+    """Issue 48 item 7: the loss curves one command away, where the trainers write them (a local run store)."""
+    from pipeline_lib.config import load_config
+    from pipeline_lib.train.session import tensorboard_dir
+    from tasks.overview import tensorboard_command
+
+    cfg = load_config("configs/pipelines/tiny-cpu.yaml", [f"run.output_root={tmp_path / 'runs'}"])
+    command = tensorboard_command(cfg, ["data", "pretrain", "evaluate"])
+    logdir = tmp_path / "runs" / "_tensorboard" / cfg.run.name
+    assert command == f"tensorboard --logdir {logdir}"
+    assert tensorboard_dir(cfg, "r1", "pretrain").is_relative_to(logdir)  # where pretrain writes r1's events
+    assert tensorboard_command(cfg, ["data", "evaluate"]) is None  # nothing trains: no curves
+    s3 = load_config("configs/pipelines/tiny-cpu.yaml", ["run.output_root=s3://bucket/runs"])
+    assert tensorboard_command(s3, ["pretrain"]) is None  # mindformers writes events locally only
+    ov, published = overview(RunPaths(str(tmp_path / "runs"), "r1"), ["data", "pretrain"])
+    ov.tensorboard = command
+    ov.finished("data", "completed", 1.0, {"metrics": {}, "outputs": []})
+    assert f"Loss curves of this run and the earlier runs of its lineage: `{command}`" in published[-1]

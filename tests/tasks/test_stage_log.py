@@ -10,6 +10,7 @@ from tasks.stage_log import StageLog, parse_line
 
 LOGS = Path(__file__).parent / "logs"
 REAL = (LOGS / "pretrain_preflight_tiny_cpu.log").read_text(encoding="utf-8").splitlines()
+DEPRECATION = re.compile(r"deprecat|will be offline", re.I)  # what mindformers' notices of its own API changes say
 MF_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - mindformers\S*\[(\S+:\d+)\] - (\w+) - (.*)$")
 
 
@@ -27,8 +28,9 @@ def test_real_mindformers_output_levels_and_one_record_per_dump(tmp_path, caplog
     log, records = replay(tmp_path, caplog, REAL, step_every_s=3600)
     expected = [MF_RECORD.match(line) for line in REAL]
     expected = [m for m in expected if m]
-    warnings = [(m[1], m[3]) for m in expected if m[2] == "WARNING"]
-    assert len(warnings) >= 20  # the real file: the trainer's warnings, import-time ones among them
+    deprecations = [(m[1], m[3]) for m in expected if m[2] == "WARNING" and DEPRECATION.search(m[3])]
+    warnings = [(m[1], m[3]) for m in expected if m[2] == "WARNING" and not DEPRECATION.search(m[3])]
+    assert len(warnings) >= 15 and len(deprecations) >= 4  # the real file: import-time warnings among them
     shipped = [r for r in records if r.levelno == logging.WARNING]
     assert [r.getMessage() for r in shipped] == [f"[{module}] {message}" for module, message in warnings]
     # not one mindformers INFO line reaches the run logger at INFO (the logger ships INFO and up)
@@ -42,13 +44,16 @@ def test_real_mindformers_output_levels_and_one_record_per_dump(tmp_path, caplog
     # every other mindformers record is one debug record, its continuation lines with it
     debug = [r.getMessage() for r in records if r.levelno == logging.DEBUG]
     infos = [m for m in expected if m[2] == "INFO" and "step:[" not in m[3]]
-    assert len(debug) == len(infos)
+    assert len(debug) == len(infos) + len(deprecations)  # a deprecation notice is not a warning: debug
     dump = next(m for m in debug if "parallel_config will be change to default config" in m)
     assert "\n_swap:False\n" in dump and "\n_pipeline_stage:1\n" in dump
     pprinted = next(m for m in debug if "Starting Init Train Model" in m)
     assert "\n{'adapter_id': None,\n" in pprinted and "\n 'auto_trans_ckpt': False,\n" in pprinted
     assert len(records) < len(REAL) / 3
-    assert log.path.read_text(encoding="utf-8").splitlines() == REAL  # the file has every line as it came
+    written = log.path.read_text(encoding="utf-8").splitlines()
+    assert written[:-1] == REAL  # the file has every line as it came, then the one line of the deprecation notices
+    assert written[-1].startswith(f"pretrain: {len(deprecations)} third-party deprecation notice(s) from "
+                                  f"{len({m for m, _ in deprecations})} place(s)")
 
 
 def test_bracketed_levels_and_a_late_line_is_a_record_of_its_own(tmp_path, caplog, monkeypatch):
@@ -69,6 +74,32 @@ def test_bracketed_levels_and_a_late_line_is_a_record_of_its_own(tmp_path, caplo
     assert warned[0].endswith("The input config moe_config is empty.") and warned[1] == ours
     assert by_level[logging.ERROR] == "ME(1:2):boom"
     assert [r.getMessage() for r in records if r.levelno == logging.INFO][0] == "  a line after a pause"
+
+
+def test_deprecation_notices_are_listed_once_per_run_in_the_log_file_not_warned(tmp_path, caplog):
+    """mindformers' notices of its own API changes (4-6 per trainer launch, 13-30 per run with repeats) were
+    WARNINGs on the terminal and in the Prefect log; the stage's log file keeps them, listed once per run."""
+    notice = ("2026-12-04 12:29:34,101 - mindformers[mindformers/trainer/utils.py:796] - WARNING - The config "
+              "load_checkpoint is deprecated. Please use config load_path in `checkpoint_config` instead.")
+    offline = ("2026-12-04 12:29:48,101 - mindformers[mindformers/trainer/utils.py:471] - WARNING - .ckpt file loading "
+               "mode will be offline in June 2025.Recommend loading .safetensors file")
+    real = ("2026-12-04 12:29:34,102 - mindformers[mindformers/tools/register/template.py:84] - WARNING - The input "
+            "config moe_config is empty.")
+    log, records = replay(tmp_path, caplog, [notice, real, notice, notice])
+    assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == [
+        "[mindformers/tools/register/template.py:84] The input config moe_config is empty."]
+    last = log.path.read_text(encoding="utf-8").splitlines()[-1]
+    assert last.startswith("pretrain: 3 third-party deprecation notice(s) from 1 place(s)")
+    assert last.endswith("[mindformers/trainer/utils.py:796] The config load_checkpoint is deprecated. Please use "
+                         "config load_path in `checkpoint_config` instead.")
+    # the run's next stage lists only the notices no earlier stage of the run listed
+    sft = StageLog("sft", RunPaths(str(tmp_path / "runs"), "r1"), logging.getLogger("stage-log-test"))
+    for line in (notice, offline):
+        sft(line)
+    sft.close()
+    last = sft.path.read_text(encoding="utf-8").splitlines()[-1]
+    assert "2 third-party deprecation notice(s) from 2 place(s)" in last
+    assert "will be offline" in last and "load_checkpoint" not in last
 
 
 def test_s3_run_store_gets_the_log_file(s3_bucket):

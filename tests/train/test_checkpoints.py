@@ -91,11 +91,18 @@ def test_sync_verifies_rejects_points_latest_uploads_and_prunes(tmp_path, made):
 
     # keep=2 verified steps (4, 6) here and remotely; step 2 is gone with its sidecar
     assert [(c.rank, c.step_in_epoch) for c in list_checkpoints(run)] == [(0, 4), (1, 4), (0, 6)]
+    # each with its optimizer part (split after verification, train.checkpoint_split)
     assert sorted(str(p.relative_to(remote)) for p in remote.rglob("*.ckpt")) == [
-        "rank_0/tiny_llama_rank_0-1_4.ckpt", "rank_0/tiny_llama_rank_0-1_6.ckpt", "rank_1/tiny_llama_rank_1-1_4.ckpt"]
-    assert sha256_file(remote / "rank_0" / "tiny_llama_rank_0-1_6.ckpt") == sha256_file(made / "good_6.ckpt")
+        "rank_0/optimizer/tiny_llama_rank_0-1_4.ckpt", "rank_0/optimizer/tiny_llama_rank_0-1_6.ckpt",
+        "rank_0/tiny_llama_rank_0-1_4.ckpt", "rank_0/tiny_llama_rank_0-1_6.ckpt",
+        "rank_1/optimizer/tiny_llama_rank_1-1_4.ckpt", "rank_1/tiny_llama_rank_1-1_4.ckpt"]
+    assert sorted(p.name for p in (run / "checkpoint_optimizer" / "rank_0").iterdir()) == [
+        "tiny_llama_rank_0-1_4.ckpt", "tiny_llama_rank_0-1_6.ckpt"]  # step 2's went with its weights
+    weights6 = run / "checkpoint" / "rank_0" / "tiny_llama_rank_0-1_6.ckpt"
+    assert sha256_file(remote / "rank_0" / "tiny_llama_rank_0-1_6.ckpt") == sha256_file(weights6)
     sidecar = json.loads((run / "checkpoint" / "rank_0" / "tiny_llama_rank_0-1_6.ckpt.verified.json").read_text())
-    assert sidecar["step"] == 6 and sidecar["sha256"] == sha256_file(made / "good_6.ckpt")
+    assert sidecar["step"] == 6 and sidecar["sha256"] == sha256_file(weights6)
+    assert sidecar["split"]["optimizer"]["sha256"] == sha256_file(remote / "rank_0" / "optimizer" / weights6.name)
 
     assert mgr.sync() == []  # nothing new: no verifier process, nothing changes
     _place(made, run, 1, "good_6.ckpt", 6)
@@ -116,11 +123,13 @@ def test_failed_upload_is_retried_and_remote_latest_follows_the_files(tmp_path, 
     mgr = CheckpointManager(run, upload_uri=uri, endpoint_url=endpoint, log=print)
     assert mgr.sync() == []  # already verified: no new verdicts, but the upload is retried
     store = store_for(uri, endpoint)
-    assert store.list(uri) == [f"{uri}/latest_checkpoint.json", f"{uri}/rank_0/tiny_llama_rank_0-1_4.ckpt",
+    assert store.list(uri) == [f"{uri}/latest_checkpoint.json", f"{uri}/rank_0/optimizer/tiny_llama_rank_0-1_4.ckpt",
+                               f"{uri}/rank_0/tiny_llama_rank_0-1_4.ckpt",
                                f"{uri}/rank_0/tiny_llama_rank_0-1_4.ckpt.verified.json"]
     remote_latest = json.loads(store.get_bytes(f"{uri}/latest_checkpoint.json"))
     assert remote_latest["uri"] == f"{uri}/rank_0/tiny_llama_rank_0-1_4.ckpt" and remote_latest["step"] == 4
-    assert remote_latest["sha256"] == sha256_file(made / "good_4.ckpt")
+    # the weights part (the file was split into weights + checkpoint_optimizer/ after verification)
+    assert remote_latest["sha256"] == sha256_file(run / "checkpoint" / "rank_0" / "tiny_llama_rank_0-1_4.ckpt")
     store.get_file(remote_latest["uri"], tmp_path / "back.ckpt")
     assert sha256_file(tmp_path / "back.ckpt") == remote_latest["sha256"]
 

@@ -311,8 +311,17 @@ def test_reference_loss_falls_and_manifest(outcomes):
 
     w = m["weights_checkpoint"]
     assert Path(w["path"]) == o.out / "checkpoint" / "merged" / "tiny_llama_rank_0-1_16-weights.ckpt"
-    assert w["sha256"] == sha256_file(w["path"]) and w["size"] == Path(w["path"]).stat().st_size < latest.stat().st_size
-    full, only = ms.load_checkpoint(str(latest)), ms.load_checkpoint(w["path"])
+    # the latest checkpoint's weights file itself (its optimizer state is in checkpoint_optimizer/): linked, not copied
+    assert w["sha256"] == sha256_file(w["path"]) and w["size"] == Path(w["path"]).stat().st_size == latest.stat().st_size
+    # what mindspore.load_checkpoint reads from each part (train.checkpoint_split): the weights file the model's
+    # parameters and nothing of the optimizer; the optimizer file the AdamW moments of each of them and the counters
+    weights = ms.load_checkpoint(str(latest))
+    state = ms.load_checkpoint(str(o.out / "checkpoint_optimizer" / "rank_0" / latest.name))
+    assert len(weights) == 2 * 9 + 3 and all(n.startswith(("model.", "lm_head.")) for n in weights)
+    assert {f"adam_{x}.{n}" for x in "mv" for n in weights} <= set(state) and not set(weights) & set(state)
+    assert {int(state[k].asnumpy().reshape(-1)[0]) for k in ("global_step", "step_num")} == {16}
+    assert Path(w["path"]).stat().st_ino == latest.stat().st_ino
+    full, only = weights | state, ms.load_checkpoint(w["path"])
     assert set(only) == {n for n in full if n.startswith(("model.", "lm_head."))}
     assert not any(n.startswith(("adam_m.", "adam_v.")) or n in ("global_step", "scale_sense", "loss_scale")
                    for n in only)
@@ -406,7 +415,9 @@ def test_sigkill_then_rerun_resumes_and_matches_uninterrupted(outcomes):
     assert any(f"resuming at data step {resumed} (optimizer step {resumed}) of 16" in ln for ln in o.lines)
     resume_yaml = (o.out / "run_resume.yaml").read_text()
     name = Path(o.extra["latest_before"]["path"]).name
-    assert f"resume_training: {name}" in resume_yaml and f"load_checkpoint: {o.out / 'checkpoint'}" in resume_yaml
+    # resumed from the weights + optimizer files joined into one (train.checkpoint_split), removed once trained
+    assert f"resume_training: {name}" in resume_yaml and f"load_checkpoint: {o.out / 'checkpoint_resume'}\n" in resume_yaml
+    assert not (o.out / "checkpoint_resume").exists()
     # the rerun's own metric records continue the step count after the checkpoint
     rerun = [r for r in read_metrics(o.out / "metrics.jsonl") if r["time"] >= o.extra["rerun_started"]]
     assert [r["step"] for r in rerun] == list(range(resumed + 1, 17))

@@ -80,25 +80,31 @@ def memorized(sft_base, tmp_path_factory):
 
 
 def inspect_checkpoints(adapter: Path, sft_ckpt: Path, base: Path, mindrecord: Path) -> dict:
-    """Names/shapes of the adapter file, the optimizer's moments, changed frozen weights, the SFT rows."""
+    """Names/shapes of the adapter file, what mindspore.load_checkpoint reads from the final SFT checkpoint (LoRA only)
+    and its optimizer file (train.checkpoint_split), the base's weights, the SFT rows."""
+    from pipeline_lib.train.checkpoint_split import optimizer_file
+
     code = textwrap.dedent("""
         import json, sys
         import numpy as np, mindspore as ms
         from pipeline_lib.train.sft_data import read_sft_mindrecord
-        adapter, sft, base = (ms.load_checkpoint(p) for p in sys.argv[1:4])
-        ids, labels = read_sft_mindrecord(sys.argv[4])
+        adapter, sft, opt, base = (ms.load_checkpoint(p) for p in sys.argv[1:5])
+        ids, labels = read_sft_mindrecord(sys.argv[5])
         weights = [n for n in base if "." in n and not n.startswith(("adam_m.", "adam_v."))]
         print("RESULT " + json.dumps({
             "adapter": {n: list(p.shape) for n, p in adapter.items()},
             "adapter_dtypes": sorted({str(p.dtype) for p in adapter.values()}),
-            "moments": sorted(n[len("adam_m."):] for n in sft if n.startswith("adam_m.")),
+            "sft": {n: list(p.shape) for n, p in sft.items()},
+            "same_as_adapter": all(np.array_equal(sft[n].asnumpy(), adapter[n].asnumpy()) for n in adapter),
+            "optimizer": sorted(opt), "global_step": int(opt["global_step"].asnumpy().reshape(-1)[0]),
+            "moments": sorted(n[len("adam_m."):] for n in opt if n.startswith("adam_m.")),
             "weights": len(weights),
-            "changed": [n for n in weights if not np.array_equal(base[n].asnumpy(), sft[n].asnumpy())],
             "rows": list(ids.shape), "labels_ok": bool(((labels == ids) | (labels == -100)).all()),
             "trained": int((labels[:, 1:] != -100).sum())}))
     """)
     env = dict(os.environ, PYTHONPATH=str(ROOT), GLOG_v="3")
-    out = subprocess.run([sys.executable, "-c", code, str(adapter), str(sft_ckpt), str(base), str(mindrecord)],
+    out = subprocess.run([sys.executable, "-c", code, str(adapter), str(sft_ckpt), str(optimizer_file(sft_ckpt)),
+                          str(base), str(mindrecord)],
                          capture_output=True, text=True, env=env, cwd=adapter.parent, timeout=300)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line, out.stderr[-3000:]
@@ -166,8 +172,17 @@ def test_adapter_holds_only_lora_factors_and_the_base_is_bitwise_unchanged(memor
     assert count == 2 * 8 * ((64 + 64) + (64 + 32) + (64 + 32) + (64 + 64)) == 7168
     assert count == trainable_count(cfg.model, ["wq", "wk", "wv", "wo"], 8) == m["trainable_params"]
     assert found["moments"] == sorted(expected)  # the optimizer trained exactly these, nothing else
-    # every frozen weight in the final SFT checkpoint equals the base bitwise: loaded, not random, frozen
-    assert found["weights"] == 2 * 9 + 3 and found["changed"] == []
+    # the final SFT checkpoint holds what LoRA trains (the adapter's factors) and no base weight, no optimizer state;
+    # its optimizer file the moments and the counters; its frozen weights were found equal to the base bitwise
+    # (loaded, not random, frozen) before they were left to it
+    assert found["sft"] == expected and found["same_as_adapter"] and found["global_step"] == 60
+    assert {"global_step", "step_num", "epoch_num", "scale_sense"} <= set(found["optimizer"])
+    assert not any(n.startswith(("model.", "lm_head.")) for n in found["optimizer"])
+    split = json.loads(Path(str(sft_ckpt) + ".verified.json").read_text())["split"]
+    assert split["frozen_in_base"] == found["weights"] == 2 * 9 + 3
+    assert split["base"] == {"path": str(sft_base.checkpoint), "sha256": memorized["base_sha"],
+                             "size": sft_base.checkpoint.stat().st_size}
+    assert sft_ckpt.stat().st_size < sft_base.checkpoint.stat().st_size / 20
     assert found["rows"] == [4, 65] and found["labels_ok"] and found["trained"] > 30
 
     config = json.loads((stage / m["adapter_config"]).read_text())
