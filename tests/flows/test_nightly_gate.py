@@ -170,7 +170,7 @@ def test_a_file_held_too_often_is_quarantined_and_a_decided_date_runs_under_its_
     from prefect import get_client
 
     with get_client(sync_client=True) as client:  # two runs of one date, told apart in the runs list
-        assert client.read_flow_run(again.state_details.flow_run_id).name == "nightly/2026-12-01-2 · HELD, decide"  # its id, then what it asks
+        assert client.read_flow_run(again.state_details.flow_run_id).name == "nightly/2026-12-01-2 · HELD, decide"
     assert _folder(runs / "nightly-2026-12-01") == promoted  # untouched: same bytes, never rewritten
     from flows.pipeline import llm_pipeline
 
