@@ -41,7 +41,8 @@ def unserved_pools(doc: dict, online: dict[str, int]) -> list[str]:
         pool = (dep.get("work_pool") or {}).get("name")
         if pool and not online.get(pool):
             func = dep["entrypoint"].rsplit(":", 1)[1]
-            flow = {"llm_pipeline": "llm-pipeline", "nightly": "nightly-pretrain"}.get(func, func.removesuffix("_flow"))
+            flow = {"llm_pipeline": "llm-pipeline", "nightly": "nightly-pretrain",
+                    "nightly_decide": "nightly-decide"}.get(func, func.removesuffix("_flow"))
             by_pool.setdefault(pool, []).append(f"{flow}/{dep['name']}")
     return [f"{', '.join(names)}: Not Ready in the UI: no worker polls work pool '{pool}'. "
             f"{pool_needs(pool).split('; ', 1)[0].replace('Needs', 'Start')}." for pool, names in by_pool.items()]

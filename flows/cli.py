@@ -431,6 +431,8 @@ def deploy_main(argv: list[str]) -> int:
             code = _nightly_automations(doc)
         if code == 0:
             _after_deploy(doc, nightly)
+        if code == 0 and nightly:
+            _decide_form(doc)
         return code
 
 
@@ -446,6 +448,23 @@ def _after_deploy(doc: dict, nightly: bool) -> None:
         pools_without_workers(doc)
     except Exception as err:  # noqa: BLE001 (the deployments are made: names and notes are extras)
         print(f"after deploy: {type(err).__name__}: {err}", file=sys.stderr)
+
+
+def _decide_form(doc: dict) -> None:
+    """The nightly-decide form's list of held nights, from the nightly deployment's config (flows/night_lineage.py)."""
+    from deployments import ROOT
+    from flows.night_lineage import refresh_decide_form
+    from pipeline_lib.nightly import load_state
+    from pipeline_lib.nightly.lineage import held_run_ids
+
+    params = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":nightly"))["parameters"]
+    path = Path(params["config"]) if Path(params["config"]).is_absolute() else ROOT / params["config"]
+    try:
+        cfg = load_config(str(path), params.get("overrides") or [])
+        refresh_decide_form(cfg, held_run_ids(load_state(cfg)))
+    except Exception as err:  # the deployments are made; the list fills at the next night's end
+        print(f"the nightly-decide form's list of held nights was not set: {type(err).__name__}: {err}",
+              file=sys.stderr)
 
 
 def _nightly_automations(doc: dict) -> int:

@@ -59,6 +59,7 @@ from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, Train
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections
 from flows.form_types import DataConfig
 from flows.night_changes import publish_night_changes
+from flows.night_lineage import publish_lineage, tag_night
 from flows.night_names import name_upcoming_nights, rename_this_night
 from flows.night_summary import publish_night_summary
 from flows.notify import notify_failure, notify_night
@@ -156,8 +157,12 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
         state = Completed(name="Busy", message=str(busy), data={"run_id": None, "new_files": 0, "holder": busy.holder})
     except Exception as err:
         publish_night_summary(cfg, run_id, run_date, "Failed", f"{type(err).__name__}: {err}", {})
+        tag_night("Failed", logger)
         raise
     publish_night_summary(cfg, run_id, run_date, state.name, state.message, state.data)
+    tag_night(state.name, logger)  # Held and Promoted are both green Completed: the tags tell them apart
+    if state.name not in ("Skipped", "Busy"):
+        publish_lineage(cfg, logger)
     return state
 
 
@@ -267,7 +272,8 @@ def _decided(cfg, run_id, files, checkpoint, summary, verdict, decision, decided
     name = "Promoted" if decision == "promoted" else "Held"
     tail = ("latest moves to it; tomorrow continues from it" if name == "Promoted" else
             f"latest stays; {_held_files(cfg)}; the candidate is kept under `held` in the nightly state "
-            f"(promote it by hand: llm-pipeline nightly promote CONFIG --run-id {run_id})")
+            f"(promote or reject it: the nightly-decide deployment in the UI, or llm-pipeline nightly promote "
+            f"CONFIG --run-id {run_id})")
     message = f"{verdict.message(run_id)}{by}. {name}: {tail}" + (f". Deadline: {steps_cut}" if steps_cut else "")
     get_run_logger().info(message)
     create_markdown_artifact(key="nightly-gate", markdown=verdict.markdown(run_id, name), description=message)

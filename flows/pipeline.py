@@ -33,6 +33,7 @@ from flows.form_types import DataConfig
 from flows.notify import notify_failure
 from flows.run_history import earlier_flow_runs, finished_in, flow_run_name, task_run_link, ui_link
 from flows.stage_flows import stage_flow
+from tasks.error_log import stage_failure
 from tasks.overview import RunOverview, tensorboard_command
 from tasks.stage_task import cached_stage
 from tasks.terminal import SHOW
@@ -146,8 +147,9 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
             if isinstance(result, dict) and result.get("no_new_documents"):  # a night with nothing to train
                 return _nothing_to_train(overview, list(wanted), stage, result.get("message", ""), summary, result)
         except Exception as err:
-            overview.failed(stage, round(time.time() - started, 1), f"{type(err).__name__}: {err}")
-            raise StageFailed(f"stage '{stage}' failed (run {run_id}): {type(err).__name__}: {err}") from err
+            message = stage_failure(stage, run_id, err)  # attempts counted, no cgroup paths (tasks/error_log.py)
+            overview.failed(stage, round(time.time() - started, 1), message.split(": ", 1)[1])
+            raise StageFailed(message) from err
         cached = bool(result.get("skipped")) if isinstance(result, dict) else False
         entry.update(state="cached" if cached else "completed", seconds=round(time.time() - started, 1))
         overview.finished(stage, entry["state"], entry["seconds"], result.get("manifest") if isinstance(result, dict)

@@ -31,6 +31,7 @@ def _chain(exc: BaseException | None):
         exc = exc.__cause__ or exc.__context__
 
 
+_SHOWN: deque[BaseException] = deque(maxlen=20)  # our one-line exceptions already logged (this process)
 _REPORTED: deque[str] = deque(maxlen=20)  # messages of the exceptions the stage tasks reported (this process)
 
 
@@ -47,6 +48,10 @@ class OurErrorsOnce(logging.Filter):
             return True
         exc = record.exc_info[1]
         if getattr(exc, "log_without_traceback", False):
+            # a worker's flow run logs the same exception from two places of the flow engine: once is enough
+            if any(seen is exc for seen in _SHOWN):
+                return False
+            _SHOWN.append(exc)
             record.msg, record.args = str(exc), ()
             record.exc_info, record.exc_text = None, None
             # e.g. the parent flow's StageFailed: its run's log keeps it; the CLI's terminal showed the stage's own
@@ -59,12 +64,30 @@ class OurErrorsOnce(logging.Filter):
 _FILTER = OurErrorsOnce()
 
 
+class EngineRepeatsOurs(logging.Filter):
+    """A flow run started by a worker ends in `prefect.engine`, which logs the flow's exception once more ("Execution
+    of flow run ... exited with unexpected exception" and its traceback) after the flow engine did: for our own
+    errors (the parent's StageFailed, a stage error reported by its task) that record is a repeat, dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and any(getattr(e, "log_without_traceback", False)
+                                            or getattr(e, "reported_by_stage", False) for e in _chain(exc)))
+
+
+_ENGINE_FILTER = EngineRepeatsOurs()
+
+
 def install() -> None:
-    """Idempotent: the filter on Prefect's task-run and flow-run loggers (the records they create)."""
+    """Idempotent: the filter on Prefect's task-run and flow-run loggers (the records they create), and the engine's
+    repeat of a worker run's exception."""
     for name in ENGINE_LOGGERS:
         logger = logging.getLogger(name)
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
+    engine = logging.getLogger("prefect.engine")
+    if _ENGINE_FILTER not in engine.filters:
+        engine.addFilter(_ENGINE_FILTER)
 
 
 def report_outcome(logger, exc: BaseException) -> None:
@@ -141,3 +164,29 @@ def report_stage_error(logger, stage_log, exc: BaseException, diagnosis, stage: 
         except AttributeError:  # an exception type without __dict__: Prefect's record stays
             pass
     return line
+
+
+# the cgroup file the memory evidence read (runtime/memory_evidence.py): for the stage's log, not the run's message
+_CGROUP_FILE = re.compile(r" \([^()\s]*/(?:memory\.events|memory\.oom_control)\)")
+
+
+def note_attempts(exc: BaseException) -> None:
+    """On the last failed attempt of a stage task: how many attempts failed (the parent's message says so)."""
+    from prefect.context import TaskRunContext
+
+    ctx = TaskRunContext.get()
+    if ctx is not None:
+        try:
+            exc.failed_attempts = ctx.task_run.run_count
+        except AttributeError:
+            pass
+
+
+def stage_failure(stage: str, run_id: str, err: BaseException) -> str:
+    """The run's one message for a failed stage (its log line, state, overview): how many attempts failed when
+    more than one did, the stage's own message, no cgroup file paths."""
+    attempts = getattr(err, "failed_attempts", None) or 1
+    text = (f"stage '{stage}' failed (run {run_id}): "
+            + (f"all {attempts} attempts failed; the last: " if attempts > 1 else "")
+            + f"{type(err).__name__}: {err}")
+    return _CGROUP_FILE.sub("", text)

@@ -20,23 +20,71 @@ TABLE_STEPS = 10
 COLUMNS = ("step", "loss", "lr", "global_norm", "step_time_ms", "data_wait_ms", "tokens_per_s")
 
 
-def live_metrics_file(paths, stage: str) -> Path | None:
-    """The metrics.jsonl a training stage is writing now (the newest under its local work folder)."""
-    stage_uri = paths.stage_uri(stage)
+def work_dir_of(paths, stage: str) -> str:
     from pipeline_lib.train.session import work_dir  # the stage folder, or a local folder per s3:// stage
 
-    work = work_dir(stage_uri)
+    return work_dir(paths.stage_uri(stage))
+
+
+def live_metrics_file(paths, stage: str) -> Path | None:
+    """The metrics.jsonl a training stage is writing now (the newest under its local work folder)."""
+    work = work_dir_of(paths, stage)
     if not Path(work).exists():
         return None
     found = [p for p in Path(work).rglob("metrics.jsonl") if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def render(stage: str, records: list[dict], total: int | None, png: bytes | None, state: str) -> str:
+def phase(step, preflight_steps: int, verdict_written: bool) -> str:
+    """What the trainer is doing at `step`: its first training.preflight_steps steps are the preflight (judged
+    before training goes on) until the verdict is written; then it trains."""
+    return "preflight" if preflight_steps and not verdict_written and (step or 0) <= preflight_steps else "training"
+
+
+def progress_line(records: list[dict], total: int | None, state: str, tokens_per_step: int | None = None,
+                  preflight_steps: int = 0) -> str:
+    """`preflight, step 3 of 5 (of 1,200 steps), loss 7.1, 12,288 tokens seen, about 4 min left`: the live card's
+    head and the overview's Running row."""
     last = records[-1] if records else {}
-    of = f" of {fmt(total)}" if total else ""
-    head = (f"**{stage}**: {state}, step {fmt(last.get('step'))}{of}, loss {fmt(last.get('loss'))}"
-            f" (updated {time.strftime('%H:%M:%S UTC', time.gmtime())})\n")  # the zone every artifact prints in
+    step = last.get("step")
+    if state == "preflight":
+        where = f"preflight, step {fmt(step)} of {fmt(preflight_steps)}" + (f" (of {fmt(total)} steps)" if total else "")
+    else:
+        where = f"{state}, step {fmt(step)}" + (f" of {fmt(total)}" if total else "")
+    parts = [where, f"loss {fmt(last.get('loss'))}"]
+    if tokens_per_step and step:
+        parts.append(f"{fmt(int(step) * tokens_per_step)} tokens seen")
+    left = eta_seconds(records, total)
+    if left is not None and state in ("training", "preflight"):
+        parts.append(f"about {_duration(left)} left")
+    return ", ".join(parts)
+
+
+def eta_seconds(records: list[dict], total: int | None) -> float | None:
+    """The steps left times the median time of the last steps (metrics.jsonl's step_time_ms); None unknown."""
+    if not records or not total:
+        return None
+    times = sorted(r["step_time_ms"] for r in records[-TABLE_STEPS:] if r.get("step_time_ms"))
+    if not times:
+        return None
+    return max(0, total - int(records[-1].get("step") or 0)) * times[len(times) // 2] / 1000
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def render(stage: str, records: list[dict], total: int | None, png: bytes | None, state: str,
+           tokens_per_step: int | None = None, preflight_steps: int = 0) -> str:
+    line = progress_line(records, total, state, tokens_per_step, preflight_steps)
+    head = f"**{stage}**: {line} (updated {time.strftime('%H:%M:%S UTC', time.gmtime())})\n"
+    if state == "preflight":
+        head += ("\nThe preflight: its first steps are judged (memory, the loss falls) before training goes on; "
+                 "a bad verdict stops the trainer with the reason.\n")
     parts = [head]
     if png:
         parts.append(f"![{stage} loss](data:image/png;base64,{base64.b64encode(png).decode()})\n")
@@ -51,8 +99,12 @@ def render(stage: str, records: list[dict], total: int | None, png: bytes | None
 class LiveTraining:
     """progress(step, done, total) -> the next reporter, plus the live artifact on "train" ticks."""
 
-    def __init__(self, stage: str, paths, next_reporter=None, every_s: float | None = None, publish=None):
+    def __init__(self, stage: str, paths, next_reporter=None, every_s: float | None = None, publish=None,
+                 tokens_per_step: int | None = None, preflight_steps: int = 0, on_update=None):
         self.stage, self.paths, self.next = stage, paths, next_reporter
+        self.tokens_per_step, self.preflight_steps = tokens_per_step, preflight_steps
+        # on_update(stage, progress line, live card's UI link): the run overview's Running row (tasks/overview.py)
+        self.on_update = on_update
         self.every_s = LIVE_EVERY_S if every_s is None else every_s
         self.last = 0.0
         self.total = None
@@ -80,12 +132,23 @@ class LiveTraining:
             if not records or (len(records) == self.seen_steps and state == "training"):
                 return
             total = self.total
+            if state == "training":
+                from pipeline_lib.train.preflight import PREFLIGHT_FILE
+
+                state = phase(records[-1]["step"], self.preflight_steps, (path.parent / PREFLIGHT_FILE).exists()
+                              or (Path(work_dir_of(self.paths, self.stage)) / PREFLIGHT_FILE).exists())
             with tempfile.TemporaryDirectory() as tmp:
                 png = Path(tmp) / "loss.png"
                 plot_loss(records, png, title=f"{self.stage} loss ({state})")
                 data = png.read_bytes()
-            self.artifact_id = self._publish(self.artifact_id, render(self.stage, records, total, data, state),
+            self.artifact_id = self._publish(self.artifact_id, render(self.stage, records, total, data, state,
+                                                                      self.tokens_per_step, self.preflight_steps),
                                              self.stage)
+            if self.on_update is not None:
+                from tasks.overview import artifact_link
+
+                self.on_update(self.stage, progress_line(records, total, state, self.tokens_per_step,
+                                                         self.preflight_steps), artifact_link(self.artifact_id))
             self.seen_steps = len(records)
             self.last = time.time()
         except Exception:  # the UI is a view; never fail training because an artifact could not be written

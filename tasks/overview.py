@@ -50,10 +50,19 @@ class RunOverview:
         self.artifact_id = None
         self.tensorboard: str | None = None  # the command that shows this run's loss curves (tensorboard_command)
         self._publish = publish or _publish_artifact
+        _OPEN[paths.run_id] = self  # the stage's live card refreshes the Running row (live_progress)
 
     # -- what happened -------------------------------------------------------------------------
     def running(self, stage: str) -> None:
-        self.rows[stage] = {"state": "running"}
+        self.rows[stage] = {"state": "running", "since": time.time()}
+        self.publish()
+
+    def live(self, stage: str, line: str, link: str | None) -> None:
+        """The running stage's progress (step, loss, tokens seen, time left) and its live card, as the card updates."""
+        row = self.rows.get(stage)
+        if row is None or row["state"] != "running":
+            return
+        row.update(live=line, live_link=link)
         self.publish()
 
     def finished(self, stage: str, state: str, seconds: float | None, manifest: dict | None) -> None:
@@ -112,8 +121,11 @@ class RunOverview:
         done = sum(r["state"] in ("completed", "cached") for r in self.rows.values())
         going = any(r["state"] in ("pending", "running") for r in self.rows.values())
         took = fmt(round(time.time() - self.started, 1))
+        # while running, a duration "so far" goes stale between updates: the times it is counted from say more
+        when = (f"started {_clock(self.started)}, updated {_clock(time.time())}" if going
+                else f"{took} s in this attempt")
         head = (f"# Run {_code(self.paths.run_id)}\n\n"
-                f"{done} of {len(self.rows)} stages done, {took} s {'so far' if going else 'in this attempt'}. "
+                f"{done} of {len(self.rows)} stages done, {when}. "
                 f"Run folder: {_code(self.paths.run_uri)}\n")
         if any(r["state"] == "cached" for r in self.rows.values()):
             head += ("\nCached: finished in an earlier attempt of this run with the same config and inputs, "
@@ -124,6 +136,9 @@ class RunOverview:
         for stage, row in self.rows.items():
             secs = f"{fmt(row['seconds'], 3)} s" if row.get("seconds") is not None else ""
             figures = "<br>".join(_md(f) for f in key_figures(stage, row.get("metrics"))) or _md(row.get("note", ""))
+            if row["state"] == "running":
+                secs = f"since {_clock(row['since'])}" if row.get("since") else ""
+                figures = _running_figures(stage, row)
             # a link's text plain: the UI's markdown shows the asterisks of **bold** inside a link as written
             name = f"[{stage}]({row['link']})" if row.get("link") else f"**{stage}**"
             word = STATE_WORDS.get(row["state"], row["state"])
@@ -175,6 +190,30 @@ class RunOverview:
 
 
 SETTINGS_SHOWN = 20
+# The overviews of the runs this process is running, by run id: a stage's live card (tasks/live_training.py) in the
+# same process refreshes the parent's Running row through live_progress. A stage dispatched to another process
+# (dispatch=true) has only its own live card.
+_OPEN: dict = {}
+
+
+def live_progress(run_id: str, stage: str, line: str, link: str | None) -> None:
+    overview = _OPEN.get(run_id)
+    if overview is not None:
+        overview.live(stage, line, link)
+
+
+def _running_figures(stage: str, row: dict) -> str:
+    card = f"{stage}-live"
+    link = f"[live curve: {card}]({row['live_link']})" if row.get("live_link") else (
+        f"live curve: artifact {_code(card)}" if row.get("live") else "")
+    return "<br>".join(x for x in (_md(row.get("live", "")), link) if x)
+
+
+def _clock(epoch: float) -> str:
+    """A wall-clock time a person compares with their own: HH:MM:SS UTC."""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%H:%M:%S UTC")
 VALUE_CHARS = 60  # a long list (the filters) is cut: the table stays inside a 1,600 px window
 
 

@@ -35,6 +35,7 @@ from tasks import error_log
 from tasks.artifacts import ProgressReporter, publish_stage_artifacts
 from tasks.error_log import report_outcome, report_stage_error
 from tasks.live_training import LiveTraining
+from tasks.overview import live_progress
 from tasks.stage_log import StageLog
 
 error_log.install()
@@ -141,7 +142,10 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
     started = time.time()
     try:
         if SPECS[stage].multi_node:
-            live = LiveTraining(stage, paths, reporter)  # loss curve + last steps while training, kept on failure
+            # loss curve + last steps while training, kept on failure; it refreshes the overview's Running row
+            live = LiveTraining(stage, paths, reporter, tokens_per_step=_tokens_per_step(cfg, stage),
+                                preflight_steps=cfg.training.preflight_steps,
+                                on_update=lambda s, line, link: live_progress(run_id, s, line, link))
             try:
                 with node_training_slot(logger):  # held for the whole training run
                     manifest, skipped = run_stage(cfg, paths, stage, log=log, progress=live)
@@ -163,6 +167,8 @@ def stage_task(config: dict, run_id: str, stage: str) -> dict:
         diagnosis = attach_diagnosis(exc, cfg, stage)  # category + first remedy into the message
         # once, doctor first, the traceback in the stage's log file (tasks/error_log.py)
         final, next_step = retry_plan(exc, stage, run_id)
+        if final:
+            error_log.note_attempts(exc)
         report_stage_error(logger, log, exc, diagnosis, stage, final=final, next_step=next_step)
         raise
     finally:

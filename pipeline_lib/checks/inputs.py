@@ -299,6 +299,21 @@ SFT_EXAMPLES = 3  # records named per finding: the first of each reason
 SFT_WARN_SHARE = 0.5  # more malformed records than this share is a warning (a few is what quarantine is for)
 
 
+SFT_SHAPES = "messages, instruction + output, or prompt + response"
+
+
+def _shape_keys(obj, reason: str) -> str | None:
+    """For a record of no known shape: the keys it has and the ones a shape needs."""
+    if reason != "unknown_shape" or not isinstance(obj, dict):
+        return None
+    found = ", ".join(sorted(k for k in obj if obj[k] is not None)[:10]) or "none"
+    return f"keys: {found}; expected {SFT_SHAPES}"
+
+
+def _detail(field: str) -> str:
+    return f" ({field})" if field.startswith("keys: ") else f" (field {field})"
+
+
 def sft_records(c: InputChecks) -> None:
     """Parse every local SFT record as the sft stage does (instructions.to_turns: read, not tokenized): malformed
     ones are counted per reason and the first of each is named by file:line and field; fewer usable records than
@@ -320,7 +335,8 @@ def sft_records(c: InputChecks) -> None:
             reason = rec.reason if rec.obj is None else to_turns(rec.obj, system_prompt=cfg.sft.system_prompt)[1]
             if reason:
                 rejected[reason] += 1
-                first.setdefault(reason, (rec.uri, rec.line, offending_field(rec.obj, reason)))
+                first.setdefault(reason, (rec.uri, rec.line, offending_field(rec.obj, reason)
+                                          or _shape_keys(rec.obj, reason)))
     except SftDataError:  # a listing problem: `listed` reported it
         return
     bad = sum(rejected.values())
@@ -329,11 +345,11 @@ def sft_records(c: InputChecks) -> None:
     if usable >= need and bad <= read * SFT_WARN_SHARE:
         return
     counts = ", ".join(f"{reason}: {n}" for reason, n in rejected.most_common())
-    where = "; ".join(f"{reason} at {uri}:{line}" + (f" (field {field})" if field else "")
+    where = "; ".join(f"{reason} at {uri}:{line}" + (_detail(field) if field else "")
                       for reason, (uri, line, field) in list(first.items())[:SFT_EXAMPLES])
     problem = (f"{bad} of {read} records are malformed ({counts}; first: {where})" if bad else f"{read} records")
-    fix = ("correct or remove those records (the sft stage also writes each one, with its reason and field, to "
-           "<run>/sft/quarantine.jsonl)")
+    # refused, the stage never runs: the records are in the input files (file:line above), no quarantine.jsonl yet
+    fix = "correct or remove those records in the files named (file:line); `llm-pipeline validate CONFIG` lists them"
     if usable < need:
         c.errors.append(ConfigIssue("sft.inputs", list(cfg.sft.inputs),
                                     f"{problem}, leaving {usable} usable, fewer than one batch of "
@@ -342,7 +358,8 @@ def sft_records(c: InputChecks) -> None:
     else:
         c.warnings.append(ConfigIssue("sft.inputs", list(cfg.sft.inputs),
                                       f"{problem}: the sft stage quarantines them and trains on the {usable} others",
-                                      fix))
+                                      "correct or remove those records (the sft stage writes each one, with its "
+                                      "reason and field, to <run>/sft/quarantine.jsonl)"))
 
 
 def prompt_files(c: InputChecks) -> None:

@@ -22,12 +22,12 @@ from .inputs import list_raw_files, new_files
 from .lock import LOCK_HEARTBEAT_SECONDS, LOCK_STALE_SECONDS, NightBusy, lock_uri, night_lock
 from .schedule import lineage_note, lineage_overrides, schedule_record
 from .state import (NotHeld, commit_night, consume_without_training, load_state, promote_held, promoted_nights,
-                    quarantine_night, state_folder, state_uri, update_state)
+                    quarantine_night, reject_held, state_folder, state_uri, update_state)
 from .tonight import (deep_update, evaluate_metrics, next_base_checkpoint, night_heldout, night_tokenizer,
                       nightly_overrides, no_new_documents, replay_runs)
 
 __all__ = ["judge", "list_raw_files", "new_files", "LOCK_HEARTBEAT_SECONDS", "LOCK_STALE_SECONDS", "NightBusy",
            "lock_uri", "night_lock", "NotHeld", "commit_night", "consume_without_training", "load_state",
-           "promote_held", "promoted_nights", "quarantine_night", "state_folder", "state_uri", "update_state", "deep_update",
+           "promote_held", "promoted_nights", "quarantine_night", "reject_held", "state_folder", "state_uri", "update_state", "deep_update",
            "evaluate_metrics", "next_base_checkpoint", "night_heldout", "night_tokenizer", "nightly_overrides",
            "no_new_documents", "replay_runs", "lineage_note", "lineage_overrides", "schedule_record"]

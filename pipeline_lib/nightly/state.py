@@ -12,7 +12,8 @@ what earlier versions wrote):
             gate passed, or a person promoted it); the next night continues that checkpoint with that
             tokenizer (one tokenizer per lineage)
   held:     the candidates of nights the gate did not promote, with the gate's comparison;
-            `llm-pipeline nightly promote CONFIG --run-id ID` promotes one by hand
+            `llm-pipeline nightly promote CONFIG --run-id ID` (or the nightly-decide deployment) promotes one by
+            hand, reject_held drops one
   reference_heldout: the held-out split of the lineage's first promoted night; every later night scores it
             (evaluate.reference_heldout): rows in the lineage's domain that do not move, so forgetting shows
   history:  per night its decision, the gate's metrics, and who decided
@@ -157,6 +158,21 @@ def promote_held(cfg: PipelineConfig, run_id: str, who: str, reason: str) -> dic
     from .documents import publish_night_documents
 
     publish_night_documents(cfg, run_id)  # before the state: a retry after a crash publishes again (idempotent)
+    return update_state(cfg, change)
+
+
+def reject_held(cfg: PipelineConfig, run_id: str, who: str, reason: str) -> dict:
+    """A person rejects a held candidate: it leaves `held` (retention may remove its weights from then on; it can
+    no longer be promoted), `latest` stays, history records who and why. Its files are untouched: a carried file
+    still trains with the next night (the data was not judged, the candidate was)."""
+    def change(state: dict) -> dict:
+        held = state.get("held", [])
+        if not any(h["run_id"] == run_id for h in held):
+            raise NotHeld(run_id, [h["run_id"] for h in held])
+        state["held"] = [h for h in held if h["run_id"] != run_id]
+        state.setdefault("history", []).append({"run_id": run_id, "decision": "rejected by hand",
+                                                "decided_by": {"who": who, "reason": reason, "at": _now()}})
+        return state
     return update_state(cfg, change)
 
 

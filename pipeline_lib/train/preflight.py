@@ -28,6 +28,8 @@ past ROSE_BY_FROM_TRAINED (batch-to-batch noise there is larger than the trend).
 """
 from __future__ import annotations
 
+import re
+
 import math
 import statistics
 import time
@@ -95,6 +97,21 @@ class PreflightResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# A line of a trainer's output that names what was missing: the reason, where the first line only says it exited.
+_MISSING = re.compile(r"does not exist|no such file|not found|cannot find|FileNotFoundError", re.IGNORECASE)
+
+
+def crash_reason(crash: str) -> str:
+    """The line of a crash's text that says why (a missing file: mindformers' "config.load_checkpoint `...` does not
+    exist."), else its first line."""
+    lines = [ln.strip() for ln in crash.splitlines() if ln.strip()]
+    found = next((ln for ln in reversed(lines) if _MISSING.search(ln)), None)
+    first = lines[0] if lines else crash
+    if found is None or found == first:
+        return first
+    return f"{first}: {found[-300:]}"
 
 
 def evaluate_preflight(metrics: list[dict], *, expected_steps: int | None = None,
@@ -221,8 +238,11 @@ class PreflightWatch:
                   "memory": memory_line, "memory_limit_bytes": self.memory_limit_bytes,
                   "seconds": round(time.monotonic() - self.started, 1)}
         if crash:
-            report["problems"] = [f"the trainer failed within the preflight's steps: {report['crash']}",
-                                  *report["problems"]]
+            report["crash"] = crash_reason(crash)
+            # before its first step the crash is the whole story: "no step metrics ... PipelineMetrics" misled
+            rest = [p for p in report["problems"] if not (s.steps == 0 and p.startswith("no step metrics"))]
+            when = "before its first step" if s.steps == 0 else "within the preflight's steps"
+            report["problems"] = [f"the trainer failed {when}: {report['crash']}", *rest]
             report["message"] = "preflight failed:\n- " + "\n- ".join(report["problems"])
         self.report = report
         if self.on_verdict is not None:

@@ -141,7 +141,12 @@ def test_sft_records_are_parsed_malformed_ones_counted_per_reason(tmp_path):
     text = str(by_field(errors)["sft.inputs"])
     assert "3 of 4 records are malformed (" in text and "leaving 1 usable, fewer than one batch" in text
     assert f"empty_response at {bad}:1 (field response)" in text and f"bad_json at {bad}:2;" in text
-    assert f"unknown_role at {bad}:3 (field messages[1].role)" in text and "quarantine.jsonl" in text
+    assert f"unknown_role at {bad}:3 (field messages[1].role)" in text
+    assert "quarantine.jsonl" not in text and "in the files named (file:line)" in text  # refused: the stage never ran
+    (tmp_path / "shape.jsonl").write_text('{"question": "q", "answer": "a", "id": null}\n', encoding="utf-8")
+    errors, _ = check_inputs(config_from_dict({"sft": {"inputs": [str(tmp_path / "shape.jsonl")]}}), ["sft"])
+    assert (f"unknown_shape at {tmp_path / 'shape.jsonl'}:1 (keys: answer, question; expected messages, "
+            "instruction + output, or prompt + response)") in str(by_field(errors)["sft.inputs"])
     half_bad = tmp_path / "half.jsonl"
     half_bad.write_text(bad.read_text(encoding="utf-8") * 2 + '{"prompt": "c", "response": "d"}\n' * 2, encoding="utf-8")
     errors, warnings = check_inputs(config_from_dict({"sft": {"inputs": [str(half_bad)]}}), ["sft"])

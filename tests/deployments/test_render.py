@@ -34,6 +34,6 @@ def test_pools_no_worker_polls_are_named_with_their_deployments_and_the_fix():
                      "ascend` on each Ascend node)."]
     assert unserved_pools(doc, {"cpu": 2, "ascend": 1}) == []
     assert unserved_pools(doc, {"ascend": 1})[0].startswith("llm-pipeline/default, nightly-pretrain/nightly, "
-                                                            "data/default: ")
+                                                            "nightly-decide/nightly, data/default: ")
     pretrain = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":pretrain_flow"))
     assert "Needs a worker on work pool `ascend`" in pretrain["description"]

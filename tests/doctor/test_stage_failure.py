@@ -134,6 +134,9 @@ def test_prefect_retries_a_killed_stage_unless_it_was_an_oom_kill(tmp_path, monk
     message = state.message
     assert "the trainer was killed by signal 9" in message and "--- last " not in message and "command: " not in message
     assert len(message) < 1200, len(message)
+    # the run's message: how many attempts failed, and no cgroup file (the stage's log keeps what was read)
+    assert ("all 3 attempts failed; the last: " in message) is (not oom), message
+    assert "cgroupfs" not in message and "memory.events" not in message, message
     log_file = Path(message.split("\nfull log: ", 1)[1].split("\n", 1)[0])
     assert "--- last " in log_file.read_text(encoding="utf-8") and "a retry resumes" not in message
     # what happens next, said as it happens: the last attempt's record says no retry follows and why

@@ -170,7 +170,7 @@ def test_a_file_held_too_often_is_quarantined_and_a_decided_date_runs_under_its_
     from prefect import get_client
 
     with get_client(sync_client=True) as client:  # two runs of one date, told apart in the runs list
-        assert client.read_flow_run(again.state_details.flow_run_id).name == "nightly/2026-12-01-2"
+        assert client.read_flow_run(again.state_details.flow_run_id).name == "nightly/2026-12-01-2 · HELD, decide"
     assert _folder(runs / "nightly-2026-12-01") == promoted  # untouched: same bytes, never rewritten
     from flows.pipeline import llm_pipeline
 
@@ -216,3 +216,61 @@ def test_a_night_that_fails_on_its_data_quarantines_its_files_and_the_next_night
         stages.SPECS["pretrain"], runner="stage_doubles:pretrain_with_checkpoint"))
     good = night("2026-12-04", 1.0)  # tomorrow trains its own file only
     assert good.name == "Promoted" and good.result()["files"] == [str(night.raw / "2026-12-04.jsonl")], good.message
+
+
+def _tags_and_lineage(flow_run_id) -> tuple[list[str], str]:
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        tags = client.read_flow_run(flow_run_id).tags
+        lineage = client.read_latest_artifacts(limit=50)
+    text = next(a.data for a in lineage if a.key == "nightly-lineage")
+    return tags, text
+
+
+def test_a_held_night_is_tagged_listed_in_the_lineage_and_decided_by_the_decide_flow(night, tiny_cfg, tmp_path):
+    import yaml
+
+    from flows.nightly_decide import nightly_decide
+
+    night("2026-12-01", 1.0)
+    held = night("2026-12-02", 1.3)
+    assert held.name == "Held"
+    tags, lineage = _tags_and_lineage(held.state_details.flow_run_id)
+    assert "HELD" in tags and "decide" in tags and "promoted" not in tags, tags
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(held.state_details.flow_run_id).name == "nightly/2026-12-02 · HELD, decide"
+    assert "# Live night: `nightly-2026-12-01`" in lineage, lineage
+    assert "## Held: 1 waiting for a decision" in lineage and "`nightly-2026-12-02`" in lineage
+    assert "held-out perplexity +30.0%" in lineage  # what held it, from the gate's verdict
+    night("2026-12-03", 1.3)  # a second held night: one to reject, one to promote
+    config = tmp_path / "night.yaml"
+    config.write_text(yaml.safe_dump(tiny_cfg.model_dump(mode="json")))
+
+    rejected = nightly_decide(config=str(config), run_id="nightly-2026-12-03", decision="reject",
+                              reason="scraper bug", who="carol", return_state=True)
+    assert rejected.is_completed() and rejected.name == "Rejected", rejected.message
+    state = load_state(tiny_cfg)
+    assert [h["run_id"] for h in state["held"]] == ["nightly-2026-12-02"]
+    assert state["latest"]["run_id"] == "nightly-2026-12-01"
+    assert state["history"][-1]["decision"] == "rejected by hand"
+    assert state["history"][-1]["decided_by"]["who"] == "unverified: carol"
+    assert state["history"][-1]["decided_by"]["reason"] == "scraper bug"
+
+    again = nightly_decide(config=str(config), run_id="nightly-2026-12-03", decision="promote", reason="",
+                           who="carol", return_state=True)  # no longer held: refused, nothing changed
+    assert again.is_failed() and "not a held night" in again.message and "nightly-2026-12-02" in again.message
+
+    promoted = nightly_decide(config=str(config), run_id="nightly-2026-12-02", decision="promote",
+                              reason="the drop is the new domain", who="dave", return_state=True)
+    assert promoted.is_completed() and promoted.name == "PromotedByHand", promoted.message
+    state = load_state(tiny_cfg)
+    assert state["latest"]["run_id"] == "nightly-2026-12-02" and state["held"] == []
+    _, lineage = _tags_and_lineage(promoted.state_details.flow_run_id)
+    assert "# Live night: `nightly-2026-12-02`" in lineage and "promoted by hand by unverified: dave" in lineage
+    assert "none waiting for a decision" in lineage
+    last = lineage.split("## Last decisions", 1)[1].splitlines()
+    assert "`nightly-2026-12-02` | promoted by hand | unverified: dave | the drop is the new domain" in last[4]
+    assert "`nightly-2026-12-03` | rejected by hand | unverified: carol | scraper bug" in last[5]

@@ -178,3 +178,22 @@ def test_a_night_of_unusable_records_is_recorded_as_such_and_moves_nothing_but_t
     state = load_state(cfg)
     assert state["history"][-1]["decision"] == "no usable data" and state["latest"]["run_id"] == "n1"
     assert state["consumed"] == {"/raw/1.jsonl": 1, "/raw/2.jsonl": 5}
+
+
+def test_a_rejected_held_night_leaves_held_and_latest_stays(tmp_path):
+    from pipeline_lib.nightly import NotHeld, commit_night, load_state, reject_held
+
+    cfg = cfg_at(str(tmp_path))
+    commit_night(cfg, load_state(cfg), {"a.jsonl": 1}, "n1", "/ck1")
+    commit_night(cfg, load_state(cfg), {"b.jsonl": 1}, "n2", "/ck2", decision="held")
+    state = reject_held(cfg, "n2", who="carol", reason="bad scrape")
+    assert state["held"] == [] and state["latest"]["run_id"] == "n1"
+    assert state["history"][-1]["decision"] == "rejected by hand"
+    assert state["history"][-1]["decided_by"]["who"] == "carol"
+    assert state["ledger"]["b.jsonl"]["status"] == "carried"  # the data was not judged: it trains tomorrow
+    try:
+        reject_held(cfg, "n2", who="carol", reason="again")
+    except NotHeld as err:
+        assert "held: none" in str(err)
+    else:
+        raise AssertionError("a night no longer held was rejected twice")

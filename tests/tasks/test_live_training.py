@@ -41,6 +41,30 @@ def test_a_cached_stage_publishes_nothing(tmp_path):
     assert published == []
 
 
+def test_the_preflight_is_labelled_as_such_until_its_verdict_and_the_overview_gets_each_update(tmp_path):
+    from pipeline_lib.train.preflight import PREFLIGHT_FILE
+
+    paths = RunPaths(str(tmp_path / "runs"), "r3")
+    folder = tmp_path / "runs" / "r3" / "pretrain"
+    folder.mkdir(parents=True)
+    published, told = [], []
+    live = LiveTraining("pretrain", paths, None, every_s=0, publish=lambda aid, md, stage: published.append(md) or "a1",
+                        tokens_per_step=2048, preflight_steps=5, on_update=lambda *a: told.append(a))
+    with open(folder / "metrics.jsonl", "a") as fh:
+        for s in (1, 2, 3):
+            fh.write(json.dumps({"step": s, "loss": 7.0, "step_time_ms": 500.0}) + "\n")
+    live("train", 3, 1200)
+    assert "preflight, step 3 of 5 (of 1,200 steps), loss 7, 6,144 tokens seen, about 10 min left" in published[-1]
+    assert "training, step" not in published[-1] and "The preflight:" in published[-1]
+    assert told[-1][:2] == ("pretrain", "preflight, step 3 of 5 (of 1,200 steps), loss 7, 6,144 tokens seen, "
+                                        "about 10 min left")
+    (folder / PREFLIGHT_FILE).write_text("{}")  # the verdict: training goes on
+    write_steps(folder / "metrics.jsonl", 4, 4)
+    live("train", 4, 1200)
+    assert "training, step 4 of 1,200" in published[-1] and "8,192 tokens seen" in published[-1]
+    assert told[-1][1].startswith("training, step 4 of 1,200")
+
+
 def test_the_live_card_prints_its_time_in_utc_labelled_whatever_the_workers_zone(monkeypatch):
     """Issue 48 item 7: every artifact in one zone, labelled (the overview's times are UTC too)."""
     import datetime as dt

@@ -89,14 +89,89 @@ def test_cached_row_says_when_and_in_which_attempt_and_the_legend_only_then(tmp_
     paths = RunPaths(str(tmp_path / "runs"), "r5")
     ov, published = overview(paths, ["data", "pretrain"])
     ov.running("data")
-    assert "Cached" not in published[-1] and "so far" in published[-1]  # nothing cached yet: no legend
+    assert "Cached" not in published[-1] and "updated " in published[-1]  # nothing cached yet: no legend
     ov.cached("data", {"metrics": {"tokens": 100}, "outputs": []}, "2026-12-01T23:51:02.5+00:00", "attempt 1",
               link="http://ui/runs/task-run/t1")
     md = published[-1]
     assert "| [data](http://ui/runs/task-run/t1) | Cached (finished 2026-12-01 23:51:02 UTC in attempt 1) |" in md
     assert "Cached: finished in an earlier attempt" in md
     ov.finished("pretrain", "completed", 2.0, PRETRAIN)
-    assert "so far" not in published[-1] and "s in this attempt" in published[-1]  # the run has ended
+    assert "updated " not in published[-1] and "s in this attempt" in published[-1]  # the run has ended
+
+
+def test_the_running_row_shows_the_live_cards_progress_and_links_it_and_times_are_clock_times(tmp_path, monkeypatch):
+    import time
+
+    from tasks import overview as overview_module
+
+    clock = [1_700_000_000.0]  # 2023-11-14 22:13:20 UTC
+    monkeypatch.setattr(time, "time", lambda: clock[0])
+    paths = RunPaths(str(tmp_path / "runs"), "r6")
+    ov, published = overview(paths, ["data", "pretrain"])
+    ov.finished("data", "completed", 3.0, {"metrics": {"tokens": 100}, "outputs": []})
+    clock[0] += 600
+    ov.running("pretrain")
+    clock[0] += 120
+    overview_module.live_progress("r6", "pretrain", "training, step 40 of 100, loss 3.2, about 2 min left",
+                                  "http://ui/artifacts/artifact/a1")
+    md = published[-1]
+    assert "started 22:13:20 UTC, updated 22:25:20 UTC" in md and "so far" not in md
+    row = next(line for line in md.splitlines() if line.startswith("| **pretrain**"))
+    assert "| Running | since 22:23:20 UTC | training, step 40 of 100, loss 3.2, about 2 min left<br>" in row
+    assert "[live curve: pretrain-live](http://ui/artifacts/artifact/a1)" in row
+    overview_module.live_progress("another-run", "pretrain", "step 99", None)  # another run's card: not this row
+    assert "step 99" not in ov.render()
+    ov.finished("pretrain", "completed", 130.0, PRETRAIN)
+    assert "live curve" not in published[-1] and "step 40 of 100" not in published[-1]
+
+
+def test_the_parent_message_counts_failed_attempts_and_carries_no_cgroup_path():
+    from tasks.error_log import stage_failure
+
+    err = RuntimeError("the trainer was killed by SIGKILL\ndoctor: killed in pretrain: killed by SIGKILL without an "
+                       "OOM kill (no memory pressure: the cgroup's oom_kill count stayed at 0 "
+                       "(/sys/fs/cgroup/system.slice/x.scope/memory.events); last sampled RSS 1.20 GB)")
+    assert stage_failure("pretrain", "r1", err).startswith("stage 'pretrain' failed (run r1): RuntimeError: the ")
+    err.failed_attempts = 3
+    text = stage_failure("pretrain", "r1", err)
+    assert text.startswith("stage 'pretrain' failed (run r1): all 3 attempts failed; the last: RuntimeError: ")
+    assert "cgroup" in text and "/sys/fs/cgroup" not in text and "memory.events" not in text
+    assert "the cgroup's oom_kill count stayed at 0; last sampled RSS 1.20 GB" in text
+
+
+def test_the_engines_repeat_of_our_error_is_dropped_an_unexpected_one_kept():
+    import logging
+    import sys
+
+    from flows.pipeline import StageFailed
+    from tasks.error_log import EngineRepeatsOurs
+
+    def record(exc):
+        try:
+            raise exc
+        except Exception:
+            return logging.LogRecord("prefect.engine", logging.ERROR, __file__, 1,
+                                     "Execution of flow run 'x' exited with unexpected exception", (), sys.exc_info())
+
+    assert not EngineRepeatsOurs().filter(record(StageFailed("stage 'pretrain' failed (run r): boom")))
+    assert EngineRepeatsOurs().filter(record(KeyError("a bug")))  # an unexpected error keeps its record
+
+
+def test_our_one_line_error_is_logged_once_when_the_engine_logs_it_twice():
+    import logging
+    import sys
+
+    from flows.pipeline import StageFailed
+    from tasks.error_log import OurErrorsOnce
+
+    try:
+        raise StageFailed("stage 'pretrain' failed (run r): boom")
+    except StageFailed:
+        info = sys.exc_info()
+    records = [logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, text, (), info)
+               for text in ("Encountered exception during execution:", "Finished in state Failed")]
+    kept = [r for r in records if OurErrorsOnce().filter(r)]
+    assert [r.getMessage() for r in kept] == ["stage 'pretrain' failed (run r): boom"]
 
 
 def test_the_tensorboard_command_of_a_training_run_is_in_the_overview(tmp_path):

@@ -213,3 +213,18 @@ def test_a_launch_that_ends_before_the_verdict_is_judged_on_what_it_left(tmp_pat
     assert verdicts == [report] and not report["ok"] and report["crash"] == "the trainer exited with code 3"
     assert report["problems"][:2] == ["the trainer failed within the preflight's steps: the trainer exited with code 3",
                                       "only 2 of 3 preflight steps ran: read the log tail for the error"]
+
+
+def test_a_trainer_that_dies_before_its_first_step_is_reported_by_its_reason_not_as_missing_metrics(tmp_path):
+    from pipeline_lib.train.preflight import PreflightWatch
+
+    metrics = tmp_path / "metrics.jsonl"  # never written: the trainer died loading its checkpoint
+    watch = PreflightWatch(metrics, 3)
+    crash = ("the trainer exited with code 1\ncommand: python run_mindformer.py\n--- last 3 lines of msrun ---\n"
+             "Traceback (most recent call last):\nValueError: config.load_checkpoint "
+             "`/runs/nightly-2026-12-01/pretrain/checkpoint/merged/m.ckpt` does not exist.\nexit")
+    report = watch.conclude(0, crash)
+    assert report["problems"] == ["the trainer failed before its first step: the trainer exited with code 1: "
+                                  "ValueError: config.load_checkpoint `/runs/nightly-2026-12-01/pretrain/checkpoint/"
+                                  "merged/m.ckpt` does not exist."]
+    assert "PipelineMetrics" not in report["message"]

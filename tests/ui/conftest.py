@@ -20,6 +20,7 @@ from ui_helpers import BIN, ROOT, cli
 
 CHROMIUM = os.environ.get("LLM_PIPELINE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 VIEWPORT = {"width": 1600, "height": 1000}
+MAX_SHOT_HEIGHT = 1599  # issue 48: screenshots under 1,600 px tall
 
 # The stage doubles and the tiny config of the flow tests, reused as they are (not copied).
 _spec = importlib.util.spec_from_file_location("flows_test_fixtures", Path(__file__).parents[1] / "flows" / "conftest.py")
@@ -62,7 +63,8 @@ def ui_url(prefect_server) -> str:
 
 @pytest.fixture
 def screenshot(tmp_path):
-    """screenshot(page, name) -> path of a full-page PNG under this test's tmp folder (screens/).
+    """screenshot(page, name) -> path of a full-page PNG (at most MAX_SHOT_HEIGHT tall) under this test's tmp folder
+    (screens/).
     LLM_PIPELINE_SCREENSHOTS=<folder> also copies each one there (docs/img holds the README's)."""
     folder = tmp_path / "screens"
     keep = os.environ.get("LLM_PIPELINE_SCREENSHOTS")
@@ -70,7 +72,10 @@ def screenshot(tmp_path):
     def take(page, name: str) -> Path:
         folder.mkdir(exist_ok=True)
         path = folder / f"{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        # the whole page, cut at MAX_SHOT_HEIGHT: a shot that tall is read, a longer one is scrolled past
+        height = min(page.evaluate("() => document.documentElement.scrollHeight"), MAX_SHOT_HEIGHT)
+        page.screenshot(path=str(path), full_page=True, clip={"x": 0, "y": 0, "width": VIEWPORT["width"],
+                                                              "height": height})
         if keep:
             Path(keep).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, Path(keep) / path.name)

@@ -1,6 +1,7 @@
 """A pretrain double that trains slowly in view: metrics.jsonl grows step by step with progress ticks,
-pauses at PAUSE_AT until the test has looked at the live artifact (file `release-pretrain` in the run
-folder), then fails after its last step, as a long training that breaks late would."""
+pauses at PREFLIGHT_PAUSE (within the tiny config's 5 preflight steps; file `release-preflight`) and at PAUSE_AT
+until the test has looked at the live artifact and the overview (file `release-pretrain` in the run folder), then
+fails after its last step, as a long training that breaks late would."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from pipeline_lib.runtime.contract import StageOutput, StageRun
 
-STEPS, PAUSE_AT = 12, 6
+STEPS, PREFLIGHT_PAUSE, PAUSE_AT = 12, 3, 6
 
 
 def pretrain(run: StageRun) -> StageOutput:
@@ -23,8 +24,9 @@ def pretrain(run: StageRun) -> StageOutput:
                                  "global_norm": 1.2345678, "step_time_ms": 250.0}) + "\n")
             fh.flush()
             run.progress("train", step, STEPS)
-            if step == PAUSE_AT:
+            if step in (PREFLIGHT_PAUSE, PAUSE_AT):
+                go = release if step == PAUSE_AT else release.with_name("release-preflight")
                 deadline = time.time() + 120
-                while not release.exists() and time.time() < deadline:
+                while not go.exists() and time.time() < deadline:
                     time.sleep(0.2)
     raise RuntimeError(f"pretrain: planned failure after step {STEPS} (loss spike)")

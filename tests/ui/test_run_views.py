@@ -143,26 +143,47 @@ def test_live_loss_curve_exists_before_training_ends_and_is_kept_on_failure(tiny
         config=tiny_cfg.model_dump(mode="json"), run_id="ui-live", stages=["data", "pretrain"], return_state=True))))
     worker.start()
     release = Path(tiny_cfg.run.output_root) / "ui-live" / "release-pretrain"
-    try:
+
+    def live_at(text: str):
         deadline, live = time.time() + 120, None
-        while time.time() < deadline and live is None:  # the double holds at step 6 of 12 until released
+        while time.time() < deadline and live is None:  # the double holds at steps 3 and 6 of 12 until released
             with get_client(sync_client=True) as client:
                 found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pretrain-live"])))
-            live = next((a for a in found if "step 6 of 12" in str(a.data)), None)
+            live = next((a for a in found if text in str(a.data)), None)
             time.sleep(0.5)
-        assert live is not None, "no live artifact while training"
+        assert live is not None, f"no live artifact saying {text!r} while training"
+        return live
+
+    try:
+        live = live_at("step 3 of 5")  # within tiny-cpu's 5 preflight steps: said so, not "training"
+        page.goto(f"{ui_url}/artifacts/artifact/{live.id}")
+        page.locator(f"{CONTENT} img").first.wait_for()
+        screenshot(page, "live-preflight")
+        assert "preflight, step 3 of 5 (of 12 steps), loss" in page.locator(CONTENT).inner_text()
+        release.with_name("release-preflight").write_text("go")
+        live = live_at("step 6 of 12")
         page.goto(f"{ui_url}/artifacts/artifact/{live.id}")
         img = page.locator(f"{CONTENT} img").first
         img.wait_for()
         assert page.evaluate("(el) => el.naturalWidth", img.element_handle()) > 100  # the PNG decodes
-        assert "training, step 6 of 12" in page.locator(CONTENT).inner_text()
         screenshot(page, "live-training")
+        assert "training, step 6 of 12" in page.locator(CONTENT).inner_text()
+        # the parent's overview, refreshed with the card: the Running row's progress and a link to the card
+        text = open_overview(page, ui_url, "ui-live")
+        screenshot(page, "overview-running")
+        row = next(line for line in text.splitlines() if line.startswith("pretrain"))
+        assert "Running" in row and "since " in row and "training, step 6 of 12, loss " in row, row
+        assert "about 2 s left" in row and "tokens seen" in row, row  # 6 steps left at 250 ms a step
+        assert "so far" not in text and "updated " in text
+        link = page.get_by_role("link", name="live curve: pretrain-live").get_attribute("href")
+        assert link == f"{ui_url}/artifacts/artifact/{live.id}"  # one click to the curve
     finally:
         release.parent.mkdir(parents=True, exist_ok=True)
+        release.with_name("release-preflight").write_text("go")
         release.write_text("go")
         worker.join(180)
     assert result["state"].is_failed()
-    page.reload()
+    page.goto(f"{ui_url}/artifacts/artifact/{live.id}")  # the live card again (the overview was the last page)
     page.locator(f"{CONTENT} img").first.wait_for()
     text = page.locator(CONTENT).inner_text()
     assert "failed, step 12 of 12" in text  # the curve up to the failure stays
