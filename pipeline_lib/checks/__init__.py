@@ -17,6 +17,7 @@ from ..config.stage_scope import ignored_note, scope
 from ..config.validate import check
 from .filters import filter_issues
 from .hang_limit import hang_limit_issues
+from .parallel_rules import parallel_issues
 from .inputs import check_inputs
 from .token_ids import token_id_issues
 
@@ -25,7 +26,8 @@ def problems(cfg: PipelineConfig, stages: Iterable[str] | None = None, *, for_ru
              check_remote: bool = True) -> tuple[list[ConfigIssue], list[ConfigIssue]]:
     """check_remote: list s3:// inputs on the endpoint (a run does; `validate` only with --check-remote). An error
     only stages not in `stages` would meet is a warning saying it was ignored (config/stage_scope.py)."""
-    errors, skipped = scope(check(cfg, for_run=for_run) + token_id_issues(cfg) + filter_issues(cfg), stages)
+    errors, skipped = scope(check(cfg, for_run=for_run) + parallel_issues(cfg) + token_id_issues(cfg)
+                            + filter_issues(cfg), stages)
     notes = [ignored_note(issue, stages) for issue in skipped]
     trains = stages is None or bool({"pretrain", "sft"} & set(stages))
     hang_errors, hang_warnings = hang_limit_issues(cfg) if trains else ([], [])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from ..storage.store import is_remote
 from .errors import ConfigError, ConfigIssue
-from .parallel_rules import parallel_issues
 from .platform import device_target
 from .schema import DTYPE_FIELDS, PipelineConfig, global_batch, precision_dtypes, sft_accumulation, wsd_decay_steps
 from .stage_scope import ignored_note, scope
@@ -407,7 +406,7 @@ def checkpoint_format_issues(cfg: PipelineConfig) -> list[ConfigIssue]:
 
 RULES = (_batch, _replay, _devices, _pipeline, _heads, _headroom, _tp_inside_node, _precision, _lora, _sft, _schedule,
          _lineage_schedule,
-         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues, parallel_issues,
+         preflight_steps_issues, profile_issues, base_weights_issues, document_mask_issues,
          checkpoint_format_issues)
 
 

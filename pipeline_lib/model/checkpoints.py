@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.schema import PipelineConfig
-from ..train.checkpoint_format import is_safetensors, merge_sharded, resolve_folder
+from .checkpoint_format import is_safetensors, merge_sharded, resolve_folder
 from .llama import read_checkpoint
 from .lora_merge import LoraMergeError, MergeReport, has_lora, merge_lora
 from .shard_merge import (RANK_RE, STEP_RE, find_strategy, is_sharded_dir, merge_sharded_checkpoint,

@@ -118,10 +118,10 @@ def logits_cell(net):
 
 def read_checkpoint(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(name -> array, name -> dtype name) of a .ckpt, a .safetensors file or a Checkpoint 2.0 folder
-    (train/checkpoint_format.py); bfloat16 tensors come back as float32 arrays."""
+    (model/checkpoint_format.py); bfloat16 tensors come back as float32 arrays."""
     import mindspore as ms
 
-    from ..train.checkpoint_format import is_safetensors, read_weights
+    from .checkpoint_format import is_safetensors, read_weights
 
     path = Path(path)
     if path.exists() and is_safetensors(path):  # training.checkpoint_format=safetensors (Checkpoint 2.0)

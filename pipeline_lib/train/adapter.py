@@ -152,7 +152,7 @@ def _check(params: dict, base: dict, expected: dict, frozen_in_base: int | None 
 def _main(request: dict) -> dict:
     import mindspore as ms
 
-    from .checkpoint_format import load_mindspore  # .ckpt or Checkpoint 2.0 (training.checkpoint_format)
+    from ..model.checkpoint_format import load_mindspore  # .ckpt or Checkpoint 2.0 (training.checkpoint_format)
 
     params = load_mindspore(request["sft"])
     if request.get("optimizer"):

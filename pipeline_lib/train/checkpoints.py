@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..model.ckpt_scan import scan
-from .checkpoint_format import finished_model_files, remove_iteration_if_empty
-from .checkpoint_format import inspect as inspect_safetensors
+from ..model.checkpoint_format import finished_model_files, remove_iteration_if_empty
+from ..model.checkpoint_format import inspect as inspect_safetensors
 from ..runtime.launcher import launch_module
 from .. import killpoints
 from ..storage import join, sha256_file, store_for
@@ -87,7 +87,7 @@ def list_checkpoints(output_dir: str | Path, subdir: str = "checkpoint") -> list
             m = CKPT_NAME.match(path.name)
             if m:
                 out.append(CheckpointFile(path, int(rank_dir.name[5:]), int(m["epoch"]), int(m["step"])))
-    # training.checkpoint_format=safetensors: iteration_N/ folders, one model file per rank (train/checkpoint_format.py)
+    # training.checkpoint_format=safetensors: iteration_N/ folders, one model file per rank (model/checkpoint_format.py)
     out += [CheckpointFile(path, rank, 0, step) for path, rank, step in finished_model_files(Path(output_dir, subdir))]
     return sorted(out, key=lambda c: (c.epoch, c.step_in_epoch, c.rank))
 

@@ -67,7 +67,7 @@ from ..config.schema import PipelineConfig, global_batch, sft_accumulation
 from ..config.validate import document_mask_issues, lora_model_name
 from ..model.llama import llama_model_config
 from ..model.token_ids import configured_ids
-from .checkpoint_format import yaml_keys as checkpoint_yaml_keys
+from ..model.checkpoint_format import yaml_keys as checkpoint_yaml_keys
 from .lr_schedule import WSD_CLASS, lr_schedule_section
 
 Stage = Literal["pretrain", "sft"]
@@ -315,7 +315,7 @@ def build_run_config(cfg: PipelineConfig, *, stage: Stage, dataset_dir: str, out
         "output_dir": str(output_dir),
         "run_mode": "finetune" if stage == "sft" else "train",
         "load_checkpoint": str(load_checkpoint or ""),
-        **format_top,  # training.checkpoint_format (train/checkpoint_format.py)
+        **format_top,  # training.checkpoint_format (model/checkpoint_format.py)
         # off for every stage: resume loads its own layout's shards, SFT a full file that MindSpore slices at
         # compile (see the module docstring); nothing here hands mindformers shards of another strategy
         "auto_trans_ckpt": False,

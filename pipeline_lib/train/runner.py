@@ -35,8 +35,8 @@ from pathlib import Path
 from ..runtime.contract import TransientError
 from ..runtime.launcher import LaunchResult, launch_module
 from ..storage import store_for
-from .checkpoint_format import resume_fields as checkpoint_2_resume_fields
-from .checkpoint_format import rollback_copy as checkpoint_2_rollback
+from ..model.checkpoint_format import resume_fields as checkpoint_2_resume_fields
+from ..model.checkpoint_format import rollback_copy as checkpoint_2_rollback
 from .checkpoints import CheckpointManager, list_checkpoints
 from .hang import HangWatchdog
 from .launch import ENTRY_MODULE, GuardTripped, TrainingHang, TrainingLaunchError, build_command, launch

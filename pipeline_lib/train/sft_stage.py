@@ -35,7 +35,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .checkpoint_format import mindformers_base
+from ..model.checkpoint_format import mindformers_base
 from ..config.load import config_hash
 from ..config.schema import sft_accumulation
 from ..config.validate import preflight_steps_issues

@@ -78,7 +78,7 @@ from ..config.validate import base_weights_issues, preflight_steps_issues, profi
 from ..config.schema import global_batch
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import join, sha256_file, store_for
-from .checkpoint_format import mindformers_base, weights_only_copy as checkpoint_2_weights
+from ..model.checkpoint_format import mindformers_base, weights_only_copy as checkpoint_2_weights
 from .checkpoints import LATEST_FILE
 from .metrics import METRICS_FILE
 from .preflight import summarize_steps

@@ -22,7 +22,7 @@ from test_train import TINY, finish, start, token_rows, write_mindrecord  # noqa
 
 from pipeline_lib.config import ConfigError, config_from_dict  # noqa: E402
 from pipeline_lib.config.validate import validate  # noqa: E402
-from pipeline_lib.train.checkpoint_format import (  # noqa: E402
+from pipeline_lib.model.checkpoint_format import (  # noqa: E402
     TRACKER, CheckpointFormatError, checkpoint_files, is_safetensors, iterations, latest_iteration, read_weights,
     write_weights_folder)
 from pipeline_lib.train.mindformers_yaml import build_run_config  # noqa: E402
@@ -310,7 +310,7 @@ def test_multi_rank_checkpoint_2_is_refused_on_cpu():
 
 
 def test_weights_only_hand_off_is_the_model_file(tmp_path):
-    from pipeline_lib.train.checkpoint_format import weights_only_copy
+    from pipeline_lib.model.checkpoint_format import weights_only_copy
 
     ckpt = tmp_path / "checkpoint"
     _mf_step(ckpt, 2, np.full((2, 2), 3, np.float32))
@@ -332,7 +332,7 @@ def test_multi_node_checkpoint_2_is_refused():
 
 
 def test_mindformers_base_is_a_folder_for_checkpoint_2_and_the_file_for_ckpt(tmp_path):
-    from pipeline_lib.train.checkpoint_format import HANDOFF_NAME, mindformers_base
+    from pipeline_lib.model.checkpoint_format import HANDOFF_NAME, mindformers_base
 
     src = tmp_path / "night1-weights.safetensors"
     save_file({"w": np.ones(3, np.float32)}, str(src))

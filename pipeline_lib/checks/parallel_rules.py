@@ -1,4 +1,5 @@
-"""Cross-field rules of the parallel and recompute knobs (registered in validate.RULES).
+"""Cross-field rules of the parallel and recompute knobs (checks.problems runs them: they need the planner's layer
+arithmetic and the rank table's groups, which config/ may not import).
 
 What mindformers 1.9 would refuse or silently ignore, refused here with the field, the value and the fix:
 - parallel.pipeline_offset: mindformers' LayerSetting._check_inputs (parallel_core/training_graph/transformer/
@@ -14,8 +15,8 @@ What mindformers 1.9 would refuse or silently ignore, refused here with the fiel
 """
 from __future__ import annotations
 
-from .errors import ConfigIssue
-from .schema import PipelineConfig
+from ..config.errors import ConfigIssue
+from ..config.schema import PipelineConfig
 
 
 def _offset_issues(cfg: PipelineConfig) -> list[ConfigIssue]:

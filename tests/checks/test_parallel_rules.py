@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline_lib.config import config_from_dict
-from pipeline_lib.config.validate import check
+from pipeline_lib.checks import problems
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "planner"))
 from llama2_configs import LLAMA2_7B_4X64GB  # noqa: E402
@@ -22,11 +22,11 @@ def cfg7b(**sections):
 
 
 def issues(cfg, field):
-    return [i for i in check(cfg, for_run=False) if i.field == field]
+    return [i for i in problems(cfg, for_run=False)[0] if i.field == field]
 
 
 def test_the_7b_layout_has_no_issue():
-    assert check(cfg7b(), for_run=False) == []
+    assert problems(cfg7b(), for_run=False)[0] == []
 
 
 @pytest.mark.parametrize("offset, ok", [([1, -1], True), ([0, 0], True), ([1, 0], False), ([2], False),

@@ -214,7 +214,7 @@ def read_weights(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str
             raise CheckpointFormatError(
                 f"{it.folder} holds tensor/pipeline-parallel shards (metadata.json has offsets): merge them first "
                 "(checkpoint_format.merge_sharded, what model.checkpoints.local_ckpt_file does: "
-                "python -m pipeline_lib.train.checkpoint_format merge FOLDER OUT.safetensors)")
+                "python -m pipeline_lib.model.checkpoint_format merge FOLDER OUT.safetensors)")
         files = it.model_files[:1]
     arrays, dtypes = {}, {}
     for f in files:
@@ -328,7 +328,7 @@ def mindformers_base(path: str | Path, fmt: str, cache: str | Path) -> Path:
     """The local path mindformers loads as `load_checkpoint` for weights at `path` under training.checkpoint_format
     `fmt`: Checkpoint 2.0 loads a FOLDER of safetensors (checkpoint/checkpoint.py:760 get_checkpoint_path refuses a
     file), the legacy loader a `.ckpt` file. A `.safetensors` file goes into `cache/base_safetensors/` (hard link);
-    a file of the other format is converted once into `cache` (`python -m pipeline_lib.train.checkpoint_format
+    a file of the other format is converted once into `cache` (`python -m pipeline_lib.model.checkpoint_format
     convert`, a MindSpore subprocess; the orchestrator never imports MindSpore)."""
     path, cache = Path(path), Path(cache)
     if fmt == "safetensors":
@@ -361,7 +361,7 @@ def mindformers_base(path: str | Path, fmt: str, cache: str | Path) -> Path:
 def _convert(src: Path, dst: Path) -> None:
     from ..runtime.launcher import launch_module
 
-    done = launch_module("pipeline_lib.train.checkpoint_format", ["convert", str(src), str(dst)], cwd=None,
+    done = launch_module("pipeline_lib.model.checkpoint_format", ["convert", str(src), str(dst)], cwd=None,
                          timeout_s=3600, env={"GLOG_v": "3"})
     if not done.ok:
         raise CheckpointFormatError(f"converting {src} to {dst.suffix} failed: " + done.describe("checkpoint_format"))
@@ -393,7 +393,7 @@ def merge_sharded(folder: str | Path, dst: str | Path) -> Path:
 
     it = resolve_folder(folder)
     dst = Path(dst)
-    done = launch_module("pipeline_lib.train.checkpoint_format", ["merge", str(it.folder), str(dst)], cwd=None,
+    done = launch_module("pipeline_lib.model.checkpoint_format", ["merge", str(it.folder), str(dst)], cwd=None,
                          timeout_s=3600, env={"GLOG_v": "3"})
     if not done.ok:
         raise CheckpointFormatError(f"merging the Checkpoint 2.0 shards of {it.folder} failed: "
@@ -428,8 +428,8 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 4 or sys.argv[1] not in ("convert", "merge"):
-        sys.exit("usage: python -m pipeline_lib.train.checkpoint_format convert SRC DST(.ckpt|.safetensors)\n"
-                 "       python -m pipeline_lib.train.checkpoint_format merge ITERATION_DIR DST.safetensors")
+        sys.exit("usage: python -m pipeline_lib.model.checkpoint_format convert SRC DST(.ckpt|.safetensors)\n"
+                 "       python -m pipeline_lib.model.checkpoint_format merge ITERATION_DIR DST.safetensors")
     (_convert_main if sys.argv[1] == "convert" else _merge_main)(sys.argv[2], sys.argv[3])
 
 
