@@ -108,7 +108,7 @@ def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str],
     bottom, seen, short = _Bottom(k_lines), {"docs": 0, "lines": 0}, []
     for k in range(n_shards):
         keep, folder = kept_of(k), f"shards/{k:05d}"
-        if not (ws.exists(f"{folder}/{SAMPLE_FILE}") and ws.exists(f"{folder}/{LINES_FILE}")):
+        if not (_has(ws, f"{folder}/{SAMPLE_FILE}") and _has(ws, f"{folder}/{LINES_FILE}")):
             short.append((k, keep, -math.inf))
             continue
         per_doc = np.load(ws.fetch(f"{folder}/{LINES_FILE}"))
@@ -129,13 +129,19 @@ def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str],
         texts, keys = texts_of(k)
         held = heldout_mask(np.asarray(keys, np.uint64), cfg.data.heldout_fraction)
         docs, prio, lines, per_doc = shard_lines(texts, held, k)
-        if highest == -math.inf and not ws.exists(f"shards/{k:05d}/{LINES_FILE}"):  # counted here, not above
+        if highest == -math.inf and not _has(ws, f"shards/{k:05d}/{LINES_FILE}"):  # counted here, not above
             train = keep & (per_doc >= 0)
             seen["docs"] += int(train.sum())
             seen["lines"] += int(per_doc[train].sum())
         new = keep[docs] & (prio > highest) & (prio < bound)  # the lines the shard's sample did not hold
         bottom.add(prio[new], _order(k, np.flatnonzero(new)), [t for t, m in zip(lines, new) if m])
     return bottom.in_input_order(), seen
+
+
+def _has(ws, rel: str) -> bool:
+    """Whether the stage file exists where ws.fetch finds it: this machine's copy (shards/ stays local when one
+    machine runs the stage on S3) or the stage folder."""
+    return ws.local(rel).exists() or ws.exists(rel)
 
 
 def _order(shard: int, pos: np.ndarray) -> np.ndarray:
