@@ -1,8 +1,9 @@
 """The tokenizer's training sample, drawn by the shard workers: the main process never reads the corpus.
 
 Every line (tokenizer._lines: a paragraph, cut at MAX_PIECE_CHARS) of a shard's training candidates (the
-documents the filters kept, held-out ones left out) gets a priority, a uniform random number from a
-generator seeded with (SAMPLE_SEED, shard index). The sample is the `tokenizer.sample_lines` lines with
+documents the filters kept, held-out ones left out) gets a priority, a uniform number hashed from its
+document's content key, its place in the document and SAMPLE_SEED (`priorities`): the sample does not
+depend on how the corpus is cut into shards. The sample is the `tokenizer.sample_lines` lines with
 the lowest priorities among the lines of the documents dedup kept (bottom-k priority sampling: a uniform
 sample without replacement), trained on in input order.
 
@@ -40,19 +41,34 @@ def doc_lines(text: str) -> list[str]:
             for i in range(0, len(line), MAX_PIECE_CHARS) if line[i:i + MAX_PIECE_CHARS].strip()]
 
 
-def shard_lines(texts, held: np.ndarray, index: int) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
-    """(document of each line, its priority, the lines, lines per document (-1 held out)) of shard `index`'s
-    candidate documents: the same on the worker and when the main process reads the shard again."""
+def shard_lines(texts, keys, held: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """(document of each line, its priority, the lines, lines per document (-1 held out)) of a shard's candidate
+    documents: the same on the worker and when the main process reads the shard again. A line's priority
+    depends on its document's content key and its place in the document only: not on the shard layout."""
     docs, lines, per_doc = [], [], np.full(len(held), -1, np.int32)
+    nth = []
     for i, (text, h) in enumerate(zip(texts, held)):
         if h:
             continue
         got = doc_lines(text)
         per_doc[i] = len(got)
         docs += [i] * len(got)
+        nth += range(len(got))
         lines += got
-    prio = np.random.default_rng([SAMPLE_SEED, index]).random(len(lines))
-    return np.asarray(docs, np.int64), prio, lines, per_doc
+    docs = np.asarray(docs, np.int64)
+    keys = np.asarray(keys, np.uint64)
+    prio = priorities(keys[docs] if len(docs) else np.zeros(0, np.uint64), np.asarray(nth, np.uint64))
+    return docs, prio, lines, per_doc
+
+
+def priorities(keys: np.ndarray, nth: np.ndarray) -> np.ndarray:
+    """Uniform numbers in [0, 1) from (document key, line number in it) and SAMPLE_SEED: splitmix64's finalizer."""
+    with np.errstate(over="ignore"):
+        z = keys ^ (nth * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(SAMPLE_SEED)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
 def shard_quota(sample_lines: int, n_shards: int) -> int:
@@ -65,7 +81,7 @@ def write_shard_sample(ws, cfg, index: int, texts: list[str], keys: list[int]) -
         return
     n_shards = len(ws.read_json("shards/plan.json")["shards"])
     held = heldout_mask(np.asarray(keys, np.uint64), cfg.data.heldout_fraction)
-    docs, prio, lines, per_doc = shard_lines(texts, held, index)
+    docs, prio, lines, per_doc = shard_lines(texts, keys, held)
     quota = shard_quota(cfg.tokenizer.sample_lines, n_shards)
     pick = np.sort(np.argpartition(prio, quota)[:quota]) if len(prio) > quota else np.arange(len(prio))
     folder = f"shards/{index:05d}"
@@ -128,7 +144,7 @@ def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str],
             continue
         texts, keys = texts_of(k)
         held = heldout_mask(np.asarray(keys, np.uint64), cfg.data.heldout_fraction)
-        docs, prio, lines, per_doc = shard_lines(texts, held, k)
+        docs, prio, lines, per_doc = shard_lines(texts, keys, held)
         if highest == -math.inf and not _has(ws, f"shards/{k:05d}/{LINES_FILE}"):  # counted here, not above
             train = keep & (per_doc >= 0)
             seen["docs"] += int(train.sum())

@@ -66,7 +66,7 @@ def test_above_sample_lines_the_exact_bottom_k_whatever_the_quota(tmp_path):
     cfg = make_cfg(tmp_path / "x", heldout_fraction=0.1)
     every = []  # (priority, shard, position, line) of every kept training line
     for k, (texts, keys, keep) in enumerate(shards):
-        docs, prio, lines, _ = shard_lines(texts, heldout_mask(np.asarray(keys, np.uint64), 0.1), k)
+        docs, prio, lines, _ = shard_lines(texts, keys, heldout_mask(np.asarray(keys, np.uint64), 0.1))
         every += [(p, k, i, line) for i, (d, p, line) in enumerate(zip(docs, prio, lines)) if keep[d]]
     k_lines = 600
     best = sorted(every)[:k_lines]
@@ -80,9 +80,38 @@ def test_above_sample_lines_the_exact_bottom_k_whatever_the_quota(tmp_path):
     texts, keys, keep = shards[2]
     shards[2] = (["\n".join(f"x{i} {j}" for j in range(30)) for i in range(len(texts))], keys, keep)
     every = [t for t in every if t[1] != 2]
-    docs, prio, lines, _ = shard_lines(shards[2][0], heldout_mask(np.asarray(keys, np.uint64), 0.1), 2)
+    docs, prio, lines, _ = shard_lines(shards[2][0], keys, heldout_mask(np.asarray(keys, np.uint64), 0.1))
     every += [(p, 2, i, line) for i, (d, p, line) in enumerate(zip(docs, prio, lines)) if keep[d]]
     best = sorted(every)[:k_lines]
     expected = [line for *_, line in sorted(best, key=lambda t: (t[1], t[2]))]
     _, sample, _, reads = _stage(tmp_path / "b", shards, k_lines)
     assert sample == expected and reads == [2]
+
+
+def test_the_sample_does_not_depend_on_how_the_corpus_is_cut_into_shards(tmp_path):
+    shards = _shards(6, 120)
+    texts = [t for s in shards for t in s[0]]
+    keys = [k for s in shards for k in s[1]]
+    keep = np.concatenate([s[2] for s in shards])
+    for n in (1, 2, 4):  # the same documents, in the same order, cut into n shards
+        cut = [round(i * len(texts) / n) for i in range(n + 1)]
+        regrouped = [(texts[a:b], keys[a:b], keep[a:b]) for a, b in zip(cut, cut[1:])]
+        _, sample, seen, _ = _stage(tmp_path / str(n), regrouped, 300)
+        if n == 1:
+            first, first_seen = sample, seen
+        assert sample == first and seen == first_seen and seen["lines"] > 300
+
+
+def test_line_priorities_are_uniform_on_consecutive_keys():
+    """Keys 0..N-1 (the worst case for a weak mix), first and second lines: each tenth of [0, 1) gets a tenth."""
+    from pipeline_lib.data.tokenizer_sample import priorities
+
+    n = 100_000
+    for nth in (0, 1):
+        p = priorities(np.arange(n, dtype=np.uint64), np.full(n, nth, np.uint64))
+        counts = np.bincount((p * 10).astype(int), minlength=10)
+        assert p.min() >= 0 and p.max() < 1 and len(counts) == 10
+        assert np.abs(counts - n / 10).max() < 5 * np.sqrt(n * 0.1 * 0.9)  # 5 sd of a binomial count
+    a = priorities(np.arange(n, dtype=np.uint64), np.zeros(n, np.uint64))
+    b = priorities(np.arange(n, dtype=np.uint64), np.ones(n, np.uint64))
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.02  # a document's lines are drawn independently
