@@ -70,8 +70,8 @@ def start_server(home: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the Prefect server did not answer /health in 120 s")
 
 
-KINDS = (("flows.embedded_server", "embedded server"), ("distributed", "dask worker"),
-         ("forkserver", "pool worker"), ("multiprocessing", "pool worker"), ("datatrove", "datatrove"))
+KINDS = (("datatrove", "datatrove worker"), ("flows.embedded_server", "embedded server"),
+         ("distributed", "dask worker"), ("forkserver", "pool worker"), ("multiprocessing", "pool worker"))
 
 
 def _kind(cmdline: list[str], root: bool) -> str:
@@ -145,7 +145,8 @@ def main() -> None:
     ap.add_argument("--dask-at", default="10", help="sizes at which local vs dask 1 and 2 workers run")
     ap.add_argument("--shard-mb", type=float, default=16.0)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--skip", default="", help="comma list of runs to leave out (server, embedded, datatrove, boot)")
+    ap.add_argument("--runs", default="server,embedded,datatrove,local,dask:1,dask:2,boot",
+                    help="the runs of a round, in this order (local and dask:N only at --dask-at sizes)")
     args = ap.parse_args()
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -154,10 +155,10 @@ def main() -> None:
     from bench_data import build_corpus, datatrove_python
     from bench_server_boot import boot
 
-    skip = set(filter(None, args.skip.split(",")))
+    order = [r for r in args.runs.split(",") if r]
     sizes = [int(s) for s in args.sizes.split(",")]
     dask_at = {int(s) for s in args.dask_at.split(",") if s}
-    py, how = datatrove_python() if "datatrove" not in skip else (None, "skipped")
+    py, how = datatrove_python() if "datatrove" in order else (None, "not asked for")
     print(f"datatrove: {how}; {os.cpu_count()} cores; shard_mb {args.shard_mb}", flush=True)
     server, api = start_server(work / "prefect-home")
     print(f"Prefect server at {api}", flush=True)
@@ -183,16 +184,15 @@ def main() -> None:
                                     ("dask:2", ["data.executor=dask", "data.num_workers=2"])):
                     runs[name] = (cli(folder, work / "out", args.shard_mb, extra), {"PREFECT_API_URL": api})
             for rnd in range(args.rounds):
-                for name, (cmd, env) in runs.items():
-                    if name in skip:
-                        continue
+                for name in [r for r in order if r in runs]:
+                    cmd, env = runs[name]
                     shutil.rmtree(work / "out", ignore_errors=True)
                     got = run_measured(cmd, {**base_env, **env}, ROOT, work / f"log-{size}x-{name}.txt")
                     results.setdefault((size, name), []).append(got)
                     print(f"  {size}x round {rnd + 1} {name}: {got['wall']:.1f} s, CPU {got['cpu']:.1f} s, main "
                           f"{got['main_rss'] / 2**20:.0f} MB, largest other {got['other_rss'] / 2**20:.0f} MB "
                           f"({got['other_kind']}), load {got['load']:.1f}", flush=True)
-                if "boot" not in skip:
+                if "boot" in order:
                     wall, cpu = boot(ROOT)
                     results.setdefault((size, "boot"), []).append({"wall": wall, "cpu": cpu})
                     print(f"  {size}x round {rnd + 1} embedded server start: {wall:.2f} s, CPU {cpu:.2f} s", flush=True)
