@@ -1,8 +1,9 @@
 """Steps 4-6 of the data stage: the tokenizer, tokenizing each shard, writing MindRecord shards.
 
-- `build_tokenizer`: load `tokenizer.path` (checked against the config) or train on the kept
-  training documents, streamed in input order; sentencepiece keeps a uniform, reproducible
-  sample of `tokenizer.sample_lines` of their lines (deterministic, whatever the workers).
+- `build_tokenizer`: load `tokenizer.path` (checked against the config) or train on a uniform,
+  reproducible sample of `tokenizer.sample_lines` lines of the kept training documents, drawn by the
+  shard workers in prep_shard and merged here (tokenizer_sample.py: deterministic, whatever the
+  workers; every line, in input order, below sample_lines): this process does not read the corpus.
 - `write_cleaned_shard` (mapped over shards, needs no tokenizer: runs while it trains): kept
   documents -> cleaned/part-<k>.jsonl.gz.
 - `tokenize_shard` (mapped over shards): the token streams of its train and held-out documents
@@ -34,15 +35,21 @@ from ..model.packing import (count_rows, document_attention_mask, join_with_eos,
 from .packing import gather_tokens, heldout_mask, write_mindrecord
 from .prep import read_docs, shard_dir
 from .replay import prepare_replay, replay_rows, replay_sidecar_lines
-from .tokenizer import check_loaded, lineage_tokenizer_checked, load_base, train_tokenizer, write_config
+from .tokenizer import check_loaded, lineage_tokenizer_checked, load_base, train_on_sample, write_config
+from .tokenizer_sample import merged_sample
 from .workspace import Workspace, atomic_path
 
 SPLITS = ("train", "heldout")
 
 
+def _keep(ws: Workspace, k: int) -> np.ndarray:
+    """Which of shard k's candidate documents dedup kept."""
+    return np.load(ws.fetch(f"{shard_dir(k)}/keep.npy")) == 0
+
+
 def _kept(ws: Workspace, k: int, columns: list[str]):
     table = read_docs(ws, k, columns)
-    keep = np.load(ws.fetch(f"{shard_dir(k)}/keep.npy")) == 0
+    keep = _keep(ws, k)
     return {c: np.asarray(table.column(c).to_numpy(zero_copy_only=False))[keep] for c in columns}
 
 
@@ -68,13 +75,12 @@ def build_tokenizer(cfg, paths, *, shared: bool = True) -> dict:
                                  "(see quarantine.jsonl and excluded.jsonl under shards/ of the stage folder)",
                                  "check data.text_field and data.filters")
 
-        def training_docs():  # every kept training document, in input order; sentencepiece samples their lines
-            for k in range(len(summary)):
-                kept = _kept(ws, k, ["text", "key"])
-                held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
-                yield from (text for text, h in zip(kept["text"], held) if not h)
+        def candidates(k):  # a shard whose workers' sample fell short is read again (tokenizer_sample.py)
+            table = read_docs(ws, k, ["text", "key"])
+            return table.column("text").to_pylist(), table.column("key").to_numpy()
 
-        tok = train_tokenizer(training_docs(), t, out.parent)
+        sample, seen = merged_sample(ws, cfg, len(summary), lambda k: _keep(ws, k), candidates)
+        tok = train_on_sample(sample, seen, t, out.parent)
         if tok.vocab_size > cfg.model.vocab_size:
             raise DataStageError("model.vocab_size", cfg.model.vocab_size, f"the tokenizer has {tok.vocab_size} pieces",
                                  f"set model.vocab_size >= {tok.vocab_size} or lower tokenizer.vocab_size")

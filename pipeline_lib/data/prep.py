@@ -39,6 +39,7 @@ from .sources import ShardSpec, list_inputs, plan_shards
 from .text import dedup_form, key_of_form
 from .tokenhash import token_arrays
 from .tokenizer import lineage_tokenizer_checked
+from .tokenizer_sample import write_shard_sample
 from .workspace import Workspace, atomic_path
 
 
@@ -255,6 +256,7 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
                       "meta": pa.array(metas, pa.string()), "text": pa.array(texts, pa.string()),
                       "key": pa.array(np.asarray(keys, dtype=np.uint64), pa.uint64())})
     pq.write_table(table, ws.local(f"{folder}/docs.parquet"), compression="zstd")
+    write_shard_sample(ws, cfg, index, texts, keys)  # this shard's share of the tokenizer's training sample
     names = ["quarantine.jsonl", "excluded.jsonl", "docs.parquet"]
     sig_all = None
     if d.dedup.near:

@@ -89,16 +89,23 @@ def train_tokenizer(texts: Iterable[str], cfg, out_dir: str | Path) -> Tokenizer
 
     The same texts give a byte-identical model on any machine: the trainer's thread count is
     fixed (unigram and BPE results depend on it) and no output path is recorded in the model."""
+    seen = {"docs": 0, "lines": 0}
+    # our own sample: sentencepiece's reservoir (input_sentence_size) is reseeded on every run and
+    # spm.set_random_generator_seed does not reach it (0.2.x), so the same corpus gave a new model each time
+    sample = sample_lines(_lines(texts, seen), cfg.sample_lines)
+    return train_on_sample(sample, seen, cfg, out_dir)
+
+
+def train_on_sample(sample: list[str], seen: dict, cfg, out_dir: str | Path) -> Tokenizer:
+    """Train on the lines `sample` (drawn already: train_tokenizer, or the shard workers' sample of
+    tokenizer_sample.py); `seen` {"docs", "lines"}: what it was drawn from, recorded in tokenizer_config.json."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ids = trained_ids(cfg)
     if len(set(ids.values())) != 4 or min(ids.values()) < 0:
         raise DataStageError("tokenizer.pad_id/unk_id/bos_id/eos_id", ids, "the four ids must be distinct and >= 0",
                              "use e.g. pad 0, unk 1, bos 2, eos 3")
-    model, seen = io.BytesIO(), {"docs": 0, "lines": 0}
-    # our own sample: sentencepiece's reservoir (input_sentence_size) is reseeded on every run and
-    # spm.set_random_generator_seed does not reach it (0.2.x), so the same corpus gave a new model each time
-    sample = sample_lines(_lines(texts, seen), cfg.sample_lines)
+    model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sample), model_writer=model,

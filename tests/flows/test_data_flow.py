@@ -1,6 +1,13 @@
 """The real data stage as Prefect tasks mapped over shards, against a real Prefect server."""
+import hashlib
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -9,6 +16,8 @@ from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
 from flows.pipeline import llm_pipeline
 from pipeline_lib.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_server")]
 
@@ -63,14 +72,60 @@ def test_mapped_data_stage_matches_local_pool_and_skips_on_rerun(tmp_path):
     assert again.result()["stages"]["data"]["state"] == "cached"
 
 
+@contextmanager
+def dask_processes(root: Path, n_workers: int = 2):
+    """A `dask scheduler` and `n_workers` `dask worker` processes, as a team runs them on its machines: separate
+    processes, each in its own working folder, talking TCP on 127.0.0.1 (free ports); the workers import this
+    checkout's code (PYTHONPATH), as a team's workers have the package installed. Yields the scheduler address."""
+    from distributed import Client
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}
+    procs = []
+    try:
+        for name, args in [("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"])] + [
+                (f"worker-{i}", ["worker", f"tcp://127.0.0.1:{port}", "--host", "127.0.0.1", "--nthreads", "1",
+                                 "--nworkers", "1", "--no-dashboard", "--name", f"worker-{i}",
+                                 "--local-directory", str(root / f"worker-{i}")]) for i in range(n_workers)]:
+            (root / name).mkdir(parents=True, exist_ok=True)
+            procs.append(subprocess.Popen([str(bin_dir / "dask"), *args], cwd=root / name, env=env,
+                                          stdout=open(root / f"{name}.log", "wb"), stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+        address = f"tcp://127.0.0.1:{port}"
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(n_workers, timeout=120)
+        yield address
+    finally:
+        for proc in reversed(procs):
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def stage_files(folder: Path) -> dict[str, str]:
+    """sha256 of every file of a data stage folder but those that name the run: MindRecord .db index files embed
+    their own path, stats.json and manifest.json the run id (stats.json is compared apart)."""
+    return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.rglob("*"))
+            if f.is_file() and not f.name.endswith(".db") and f.name not in ("stats.json", "manifest.json")}
+
+
+@pytest.mark.slow
 def test_dask_executor_matches_local_and_records_step_task_runs(tmp_path):
-    """data.executor=dask on an existing scheduler (2 worker processes) and on its own local cluster: the
-    same outputs as the local executor; the shard work ran on the Dask workers (plain functions, one Dask
-    task per shard) and every step is one task run on the server.
+    """data.executor=dask on an external scheduler (a `dask scheduler` and two `dask worker` processes, each in its
+    own folder, on 127.0.0.1) and on its own local cluster: the same stage folder, file for file (sha256), as the
+    local executor; the shard work ran on the Dask workers (plain functions, one Dask task per shard) and every
+    step is one task run on the server.
     The shards are sized by bytes (data.shard_mb), and the gzip input is split by the planner into chunk shards."""
     import gzip
 
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     corpus = Path("configs/data/tiny_corpus.jsonl").read_bytes().split(b"\n")
     (tmp_path / "in").mkdir()
@@ -79,15 +134,17 @@ def test_dask_executor_matches_local_and_records_step_task_runs(tmp_path):
     inputs = [str(tmp_path / "in" / "first.jsonl"), str(tmp_path / "in" / "second.jsonl.gz")]
     base = [f"data.inputs={json.dumps(inputs)}",
             "data.docs_per_shard=null", "data.shard_mb=0.02"]
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
+    with dask_processes(tmp_path / "cluster") as address:
         on_dask = load_config("configs/pipelines/tiny-cpu.yaml", base + [
-            f"run.output_root={tmp_path}/dask", "data.executor=dask", f"data.dask_address={cluster.scheduler_address}"])
+            f"run.output_root={tmp_path}/dask", "data.executor=dask", f"data.dask_address={address}"])
         state = llm_pipeline(config=on_dask.model_dump(mode="json"), run_id="dask", stages=["data"],
                              return_state=True)
         assert state.is_completed(), state.message
-        with Client(cluster) as client:  # the scheduler keeps a prefix (the task function's name) per kind it ran
+        with Client(address) as client:  # the scheduler keeps a prefix (the task function's name) per kind it ran
             ran = client.run_on_scheduler(lambda dask_scheduler: {
                 name: prefix.state_counts["memory"] for name, prefix in dask_scheduler.task_prefixes.items()})
+            where = client.run(os.getcwd)  # each worker in its own folder, not this process's
+    assert sorted(Path(w).name for w in where.values()) == ["worker-0", "worker-1"], where
     assert {"prep_shard", "tokenize_shard", "write_mindrecord_files", "write_cleaned_shard"} <= set(ran), ran
 
     # A separate output root: the persistent dedup index under the first one has seen every document.
@@ -102,6 +159,8 @@ def test_dask_executor_matches_local_and_records_step_task_runs(tmp_path):
                          if not o["path"].endswith(".db") and o["path"] != "stats.json"}
     assert outputs(m_dask) == outputs(m_local)
     assert any(p.startswith("mindrecord/") or ".mindrecord" in p for p in outputs(m_dask))
+    files = stage_files(d_dask)
+    assert files == stage_files(d_local) and "tokenizer/tokenizer.model" in files and len(files) >= 10
     stats_dask, stats_local = (json.loads((d / "stats.json").read_text()) for d in (d_dask, d_local))
     assert stats_dask.pop("run_id") == "dask" and stats_local.pop("run_id") == "local"
     assert stats_dask == stats_local

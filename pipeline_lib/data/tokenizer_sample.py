@@ -1,0 +1,166 @@
+"""The tokenizer's training sample, drawn by the shard workers: the main process never reads the corpus.
+
+Every line (tokenizer._lines: a paragraph, cut at MAX_PIECE_CHARS) of a shard's training candidates (the
+documents the filters kept, held-out ones left out) gets a priority, a uniform number hashed from its
+document's content key, its place in the document and SAMPLE_SEED (`priorities`): the sample does not
+depend on how the corpus is cut into shards. The sample is the `tokenizer.sample_lines` lines with
+the lowest priorities among the lines of the documents dedup kept (bottom-k priority sampling: a uniform
+sample without replacement), trained on in input order.
+
+- `write_shard_sample` (prep_shard, on the worker): the shard's `quota` lowest-priority lines
+  (shards/<k>/SAMPLE_FILE) and each document's line count (LINES_FILE; -1 for a held-out document).
+  quota = SAMPLE_MARGIN x sample_lines / shards: the merged sample needs about sample_lines / shards
+  of each.
+- `merged_sample` (build_tokenizer, main process, after dedup): the k lowest priorities among the kept
+  documents' sampled lines. A shard whose quota fell short (its highest sampled priority below the k-th
+  lowest: dedup removed more of it than the margin, or its lines are shorter than its neighbours') is
+  read again, its lines recomputed with the same priorities: the sample is the exact bottom-k, whatever
+  the quotas. Below sample_lines lines every line is trained on, in input order: the same lines, hence
+  the same model, as when the main process read every kept document (tokenizer.sample_lines).
+Memory in the main process: the k sampled lines, plus one shard's lines while one is read again.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .packing import heldout_mask
+from .tokenizer import MAX_PIECE_CHARS, SAMPLE_SEED
+
+SAMPLE_FILE = "tokenizer_sample.parquet"
+LINES_FILE = "tokenizer_lines.npy"
+SAMPLE_MARGIN = 1.5  # duplicates removed after the worker sampled, and shards of unequal line counts
+
+
+def doc_lines(text: str) -> list[str]:
+    """The training lines of one document, as tokenizer._lines cuts them."""
+    return [line[i:i + MAX_PIECE_CHARS] for line in text.split("\n")
+            for i in range(0, len(line), MAX_PIECE_CHARS) if line[i:i + MAX_PIECE_CHARS].strip()]
+
+
+def shard_lines(texts, keys, held: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """(document of each line, its priority, the lines, lines per document (-1 held out)) of a shard's candidate
+    documents: the same on the worker and when the main process reads the shard again. A line's priority
+    depends on its document's content key and its place in the document only: not on the shard layout."""
+    docs, lines, per_doc = [], [], np.full(len(held), -1, np.int32)
+    nth = []
+    for i, (text, h) in enumerate(zip(texts, held)):
+        if h:
+            continue
+        got = doc_lines(text)
+        per_doc[i] = len(got)
+        docs += [i] * len(got)
+        nth += range(len(got))
+        lines += got
+    docs = np.asarray(docs, np.int64)
+    keys = np.asarray(keys, np.uint64)
+    prio = priorities(keys[docs] if len(docs) else np.zeros(0, np.uint64), np.asarray(nth, np.uint64))
+    return docs, prio, lines, per_doc
+
+
+def priorities(keys: np.ndarray, nth: np.ndarray) -> np.ndarray:
+    """Uniform numbers in [0, 1) from (document key, line number in it) and SAMPLE_SEED: splitmix64's finalizer."""
+    with np.errstate(over="ignore"):
+        z = keys ^ (nth * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(SAMPLE_SEED)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def shard_quota(sample_lines: int, n_shards: int) -> int:
+    return min(sample_lines, math.ceil(SAMPLE_MARGIN * sample_lines / max(n_shards, 1)))
+
+
+def write_shard_sample(ws, cfg, index: int, texts: list[str], keys: list[int]) -> None:
+    """Write shard `index`'s share of the tokenizer sample (none when tokenizer.path gives the tokenizer)."""
+    if cfg.tokenizer.path:
+        return
+    n_shards = len(ws.read_json("shards/plan.json")["shards"])
+    held = heldout_mask(np.asarray(keys, np.uint64), cfg.data.heldout_fraction)
+    docs, prio, lines, per_doc = shard_lines(texts, keys, held)
+    quota = shard_quota(cfg.tokenizer.sample_lines, n_shards)
+    pick = np.sort(np.argpartition(prio, quota)[:quota]) if len(prio) > quota else np.arange(len(prio))
+    folder = f"shards/{index:05d}"
+    pq.write_table(pa.table({"pos": pa.array(pick, pa.int64()), "doc": pa.array(docs[pick], pa.int64()),
+                             "prio": pa.array(prio[pick], pa.float64()),
+                             "text": pa.array([lines[i] for i in pick], pa.string())}),
+                   ws.local(f"{folder}/{SAMPLE_FILE}"), compression="zstd")
+    np.save(ws.local(f"{folder}/{LINES_FILE}"), per_doc)
+    ws.publish(f"{folder}/{SAMPLE_FILE}", f"{folder}/{LINES_FILE}")
+
+
+class _Bottom:
+    """The k lowest-priority lines seen so far, with their (shard, position in shard) for input order."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.prio, self.order, self.text = np.zeros(0), np.zeros((0, 2), np.int64), []
+
+    def add(self, prio: np.ndarray, order: np.ndarray, text: list[str]) -> None:
+        prio, order = np.concatenate([self.prio, prio]), np.concatenate([self.order, order])
+        text = self.text + text
+        if len(prio) > self.k:
+            top = np.argpartition(prio, self.k - 1)[:self.k]
+            prio, order, text = prio[top], order[top], [text[i] for i in top]
+        self.prio, self.order, self.text = prio, order, text
+
+    def bound(self) -> float:
+        """The k-th lowest priority; infinite while fewer than k lines are held (then every line belongs in)."""
+        return float(self.prio.max()) if len(self.prio) >= self.k else math.inf
+
+    def in_input_order(self) -> list[str]:
+        return [self.text[i] for i in np.lexsort((self.order[:, 1], self.order[:, 0]))]
+
+
+def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str], dict]:
+    """(the training lines in input order, {"docs", "lines"}: the kept training documents and their lines).
+    kept_of(k): the boolean keep mask of shard k's candidates; texts_of(k): (texts, keys) of its candidates,
+    read only for a shard whose sample fell short (or that wrote none: a stage folder of an earlier version)."""
+    k_lines = cfg.tokenizer.sample_lines
+    bottom, seen, short = _Bottom(k_lines), {"docs": 0, "lines": 0}, []
+    for k in range(n_shards):
+        keep, folder = kept_of(k), f"shards/{k:05d}"
+        if not (_has(ws, f"{folder}/{SAMPLE_FILE}") and _has(ws, f"{folder}/{LINES_FILE}")):
+            short.append((k, keep, -math.inf))
+            continue
+        per_doc = np.load(ws.fetch(f"{folder}/{LINES_FILE}"))
+        train = keep & (per_doc >= 0)
+        seen["docs"] += int(train.sum())
+        seen["lines"] += int(per_doc[train].sum())
+        table = pq.ParquetFile(ws.fetch(f"{folder}/{SAMPLE_FILE}")).read()
+        pos, docs, prio = (table.column(c).to_numpy() for c in ("pos", "doc", "prio"))
+        mine = keep[docs]
+        if len(prio) < int(per_doc[per_doc >= 0].sum()):  # the worker kept its quota only
+            short.append((k, keep, float(prio.max()) if len(prio) else -math.inf))
+        text = table.column("text").to_pylist()
+        bottom.add(prio[mine], _order(k, pos[mine]), [t for t, m in zip(text, mine) if m])
+    for k, keep, highest in sorted(short, key=lambda s: s[2]):
+        bound = bottom.bound()
+        if highest >= bound:  # every line of the shard below the bound is in its sample already
+            continue
+        texts, keys = texts_of(k)
+        held = heldout_mask(np.asarray(keys, np.uint64), cfg.data.heldout_fraction)
+        docs, prio, lines, per_doc = shard_lines(texts, keys, held)
+        if highest == -math.inf and not _has(ws, f"shards/{k:05d}/{LINES_FILE}"):  # counted here, not above
+            train = keep & (per_doc >= 0)
+            seen["docs"] += int(train.sum())
+            seen["lines"] += int(per_doc[train].sum())
+        new = keep[docs] & (prio > highest) & (prio < bound)  # the lines the shard's sample did not hold
+        bottom.add(prio[new], _order(k, np.flatnonzero(new)), [t for t, m in zip(lines, new) if m])
+    return bottom.in_input_order(), seen
+
+
+def _has(ws, rel: str) -> bool:
+    """Whether the stage file exists where ws.fetch finds it: this machine's copy (shards/ stays local when one
+    machine runs the stage on S3) or the stage folder."""
+    return ws.local(rel).exists() or ws.exists(rel)
+
+
+def _order(shard: int, pos: np.ndarray) -> np.ndarray:
+    """(shard, position among the shard's lines) of each line: its input order (lines are listed document by
+    document, in order)."""
+    return np.stack([np.full(len(pos), shard, np.int64), np.asarray(pos, np.int64)], axis=1)
