@@ -109,13 +109,15 @@ def mfu(flops_per_token: float, tokens_per_step: int, step_s: float, devices: in
 def local_npu_name(timeout_s: float = 10.0) -> str | None:
     """The first NPU's name from this host's `npu-smi info` (None without npu-smi, e.g. on CPU hosts)."""
     import shutil
-    import subprocess
+
+    from ..runtime.launcher import launch
 
     if not shutil.which("npu-smi"):
         return None
+    lines: list[str] = []
     try:
-        text = subprocess.run(["npu-smi", "info"], capture_output=True, text=True, timeout=timeout_s).stdout
-    except (OSError, subprocess.SubprocessError):
+        done = launch(["npu-smi", "info"], cwd=None, timeout_s=timeout_s, on_line=lines.append)
+    except OSError:
         return None
-    readings = parse_npu_smi(text)
+    readings = parse_npu_smi("\n".join(lines)) if done.ok else []
     return readings[0].name if readings else None

@@ -110,13 +110,14 @@ def _texts(lines: list[bytes]) -> list[str]:
     return out
 
 
-def _red_runs(run_id: str) -> list[str]:
-    """The flow and task runs of a night (its chain, its stages, their steps) that ended Failed or Crashed."""
+def _red_runs(flow_run_id) -> list[str]:
+    """The flow and task runs of a night (its chain, its stages, their steps) that ended Failed or Crashed (the night
+    by its flow run: other tests on the session's server name nights of the same date alike)."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
     with get_client(sync_client=True) as client:
-        night = [r for r in client.read_flow_runs() if r.name == f"nightly/{run_id.removeprefix('nightly-')}"]
+        night = [client.read_flow_run(flow_run_id)]
         family, todo = list(night), list(night)
         while todo:  # the subflows, level by level (the chain under the night, the stages under the chain)
             found = []
@@ -180,7 +181,8 @@ def test_nights_new_data_duplicates_held_carried_then_nothing(tiny_cfg, tmp_path
         assert state["latest"]["run_id"] == "nightly-2026-12-01"  # nothing trained, pointer unchanged
         assert not (runs / "nightly-2026-12-02" / "pretrain").exists()
         assert [n["name"] for n in _Hook.received] == ["NoNewData"]
-        assert _red_runs("nightly-2026-12-02") == []  # issue 48 item 6: an outcome, not a failure in the dashboard
+        assert second.state_details.flow_run_id is not None
+        assert _red_runs(second.state_details.flow_run_id) == []  # issue 48 item 6: an outcome, not a failure in the dashboard
         assert _Hook.received[0]["counts"]["duplicates_of_earlier_runs"] > 0
 
         def indexed() -> list[str]:
