@@ -230,36 +230,45 @@ def datatrove_python() -> tuple[str | None, str]:
     return str(py), f"{DATATROVE} in {venv} (built now)"
 
 
+def poll_tree(proc: subprocess.Popen, visit, every_s: float) -> None:
+    """Call visit(p) (inside p.oneshot()) for `proc` and each live descendant every `every_s` until `proc` ends."""
+    import psutil
+
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            tree = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        for p in tree:
+            try:
+                with p.oneshot():
+                    visit(p)
+            except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                pass
+        time.sleep(every_s)
+
+
 def _timed(cmd: list[str], by_kind: dict | None = None, **kw) -> tuple[float, float, subprocess.CompletedProcess]:
     """(wall seconds, CPU seconds of the process and every descendant, result). CPU: the process tree
     is polled every 0.1 s (psutil) and each process's last user+system time summed: pool workers of a
     fork server are not waited for by the command's process, so getrusage(RUSAGE_CHILDREN) misses them."""
     import tempfile
 
-    import psutil
-
     seen: dict[tuple[int, float], float] = {}
     kinds: dict[tuple[int, float], str] = {}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, **kw)
-        root = psutil.Process(proc.pid)
-        while proc.poll() is None:
-            try:
-                tree = [root] + root.children(recursive=True)
-            except psutil.NoSuchProcess:
-                tree = []
-            for p in tree:
-                try:
-                    with p.oneshot():
-                        c, key = p.cpu_times(), (p.pid, p.create_time())
-                        seen[key] = c.user + c.system
-                        if by_kind is not None and key not in kinds:
-                            line = " ".join(p.cmdline())
-                            kinds[key] = next((k for k in by_kind if k in line), "")
-                except psutil.NoSuchProcess:
-                    pass
-            time.sleep(0.1)
+
+        def visit(p):
+            c, key = p.cpu_times(), (p.pid, p.create_time())
+            seen[key] = c.user + c.system
+            if by_kind is not None and key not in kinds:
+                line = " ".join(p.cmdline())
+                kinds[key] = next((k for k in by_kind if k in line), "")
+
+        poll_tree(proc, visit, 0.1)
         wall = time.perf_counter() - t0
         out.seek(0)
         err.seek(0)

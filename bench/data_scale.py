@@ -95,30 +95,21 @@ def _hwm(pid: int) -> int:
 
 def run_measured(cmd: list[str], env: dict, cwd: Path, log: Path) -> dict:
     """Run `cmd` to its end; wall, process-tree CPU, and each process's peak RSS (polled every 0.2 s)."""
-    import psutil
+    from bench_data import poll_tree
 
     procs: dict[tuple[int, float], dict] = {}
     t0 = time.perf_counter()
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-        root = psutil.Process(proc.pid)
-        while proc.poll() is None:
-            try:
-                tree = [root] + root.children(recursive=True)
-            except psutil.NoSuchProcess:
-                tree = []
-            for p in tree:
-                try:
-                    with p.oneshot():
-                        key = (p.pid, p.create_time())
-                        rec = procs.setdefault(key, {"kind": _kind(p.cmdline(), p.pid == proc.pid), "cpu": 0.0,
-                                                     "rss": 0})
-                        c = p.cpu_times()
-                        rec["cpu"] = c.user + c.system
-                        rec["rss"] = max(rec["rss"], _hwm(p.pid), p.memory_info().rss)
-                except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                    pass
-            time.sleep(0.2)
+
+        def visit(p):
+            key = (p.pid, p.create_time())
+            rec = procs.setdefault(key, {"kind": _kind(p.cmdline(), p.pid == proc.pid), "cpu": 0.0, "rss": 0})
+            c = p.cpu_times()
+            rec["cpu"] = c.user + c.system
+            rec["rss"] = max(rec["rss"], _hwm(p.pid), p.memory_info().rss)
+
+        poll_tree(proc, visit, 0.2)
     wall = time.perf_counter() - t0
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd[:6])} ... exited {proc.returncode}; see {log}")
