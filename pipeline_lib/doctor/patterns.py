@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 
+# the shell's own report of a child ended by SIGKILL, alone on its line (bash job control: '[1]+  Killed  python
+# train.py', 'line 3: 4242 Killed  python ...'; '已杀死' in a zh_CN locale): all a user's log keeps of an OOM kill
+BARE_KILLED = (r"^\s*(?:\[\d+\][+-]?\s+|.*line \d+:\s+\d+\s+)?(?:\*\*)?(?:Killed|已杀死)(?:\*\*)?"
+               r"(?:\s{2,}\S.*)?\s*$")
+
+
 @dataclass(frozen=True)
 class Pattern:
     category: str
@@ -304,8 +310,7 @@ PATTERNS: tuple[Pattern, ...] = (
     # '[1]+  Killed  python train.py', 'line 3: 4242 Killed  python ...'), '已杀死' in a zh_CN locale
     _p("killed", r"exitcode\s*:\s*-9\b",
        "torch.distributed.elastic error summary of a rank ended by SIGKILL ('exitcode  : -9 (pid: N)')"),
-    _p("killed", r"^\s*(?:\[\d+\][+-]?\s+|.*line \d+:\s+\d+\s+)?(?:\*\*)?(?:Killed|已杀死)(?:\*\*)?"
-                 r"(?:\s{2,}\S.*)?\s*$",
+    _p("killed", BARE_KILLED,
        "bash jobs.c / the shell's strsignal(SIGKILL) 'Killed' (zh_CN: '已杀死'), quoted bare in "
        "CharlesShang/FastMaskRCNN#172, xk-huang/yet-another-vectornet#37, danijar/dreamerv3#203"),
     _p("killed", r"killed by signal: (?:Killed|9\b|SIGKILL)",

@@ -12,6 +12,8 @@ import math
 import re
 from pathlib import Path
 
+from .patterns import BARE_KILLED
+
 _SHAPE = re.compile(r"For 'load_param_into_net', (\S+) in the argument 'net' should have the same shape as .*?"
                     r"its shape \(([^)]*)\) in the argument 'net' and shape \(([^)]*)\) in the argument "
                     r"'parameter_dict'")
@@ -155,8 +157,7 @@ def _host_oom(diag, cfg) -> list[dict]:
     return decided + out
 
 
-# the shell's own report of a child ended by SIGKILL, alone on its line: all a user's log keeps of an OOM kill
-_BARE_KILLED = re.compile(r"^\s*(?:\[\d+\][+-]?\s+|.*line \d+:\s+\d+\s+)?(?:Killed|已杀死)\b")
+_BARE_KILLED = re.compile(BARE_KILLED)  # patterns.py's shell 'Killed' line
 CONFIRM_OOM = ("confirm it in the kernel log: `dmesg -T | grep -iE 'out of memory|oom-kill|killed process'` (or "
                "`journalctl -k`; a line 'Killed process <pid> (python)' at that time is the OOM killer), and for a "
                "container or a job's cgroup `cat /sys/fs/cgroup/<its group>/memory.events` (a nonzero oom_kill; "
