@@ -121,7 +121,7 @@ def train_on_sample(sample: list[str], seen: dict, cfg, out_dir: str | Path) -> 
     _write_whole(out_dir / "tokenizer.model", model.getvalue())
     tok = Tokenizer(out_dir / "tokenizer.model", pad_id=ids["pad_id"], special_tokens=list(cfg.special_tokens))
     write_config(tok, "trained", sample={"docs": seen["docs"], "lines": seen["lines"],
-                                         "lines_trained": min(seen["lines"], cfg.sample_lines)})
+                                         "lines_trained": len(sample), "chars_trained": sum(map(len, sample))})
     return tok
 
 

@@ -5,7 +5,8 @@ documents the filters kept, held-out ones left out) gets a priority, a uniform n
 document's content key, its place in the document and SAMPLE_SEED (`priorities`): the sample does not
 depend on how the corpus is cut into shards. The sample is the `tokenizer.sample_lines` lines with
 the lowest priorities among the lines of the documents dedup kept (bottom-k priority sampling: a uniform
-sample without replacement), trained on in input order.
+sample without replacement), cut to its `tokenizer.sample_chars` lowest-priority characters' worth (the
+trainer's memory follows the characters, not the lines), trained on in input order.
 
 - `write_shard_sample` (prep_shard, on the worker): the shard's `quota` lowest-priority lines
   (shards/<k>/SAMPLE_FILE) and each document's line count (LINES_FILE; -1 for a held-out document).
@@ -17,7 +18,8 @@ sample without replacement), trained on in input order.
   read again, its lines recomputed with the same priorities: the sample is the exact bottom-k, whatever
   the quotas. Below sample_lines lines every line is trained on, in input order: the same lines, hence
   the same model, as when the main process read every kept document (tokenizer.sample_lines).
-Memory in the main process: the k sampled lines, plus one shard's lines while one is read again.
+Memory in the main process: the k sampled lines, plus one shard's lines while one is read again; sentencepiece's
+trainer then holds ~46 bytes per character of the sample (tokenizer.sample_chars).
 """
 from __future__ import annotations
 
@@ -112,8 +114,16 @@ class _Bottom:
         """The k-th lowest priority; infinite while fewer than k lines are held (then every line belongs in)."""
         return float(self.prio.max()) if len(self.prio) >= self.k else math.inf
 
-    def in_input_order(self) -> list[str]:
-        return [self.text[i] for i in np.lexsort((self.order[:, 1], self.order[:, 0]))]
+    def in_input_order(self, max_chars: int) -> list[str]:
+        """The held lines in input order; past `max_chars` characters, only the lowest-priority lines whose
+        characters add up to at most max_chars (priorities are uniform: still a uniform sample of lines)."""
+        held = np.arange(len(self.text))
+        sizes = np.fromiter(map(len, self.text), np.int64, len(self.text))
+        if sizes.sum() > max_chars:
+            by_prio = np.argsort(self.prio, kind="stable")
+            held = by_prio[:max(1, int(np.searchsorted(np.cumsum(sizes[by_prio]), max_chars, side="right")))]
+        order = self.order[held]
+        return [self.text[held[i]] for i in np.lexsort((order[:, 1], order[:, 0]))]
 
 
 def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str], dict]:
@@ -151,7 +161,7 @@ def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str],
             seen["lines"] += int(per_doc[train].sum())
         new = keep[docs] & (prio > highest) & (prio < bound)  # the lines the shard's sample did not hold
         bottom.add(prio[new], _order(k, np.flatnonzero(new)), [t for t, m in zip(lines, new) if m])
-    return bottom.in_input_order(), seen
+    return bottom.in_input_order(cfg.tokenizer.sample_chars), seen
 
 
 def _has(ws, rel: str) -> bool:

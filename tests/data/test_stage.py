@@ -128,6 +128,7 @@ def test_mindrecord_files_are_sized_by_megabytes(tmp_path):
     assert stats["mindrecord_files"]["train"] == len(files)
     sample = stats["tokenizer"]["sample"]  # the tokenizer's training sample
     assert 0 < sample["lines_trained"] == min(sample["lines"], cfg.tokenizer.sample_lines)
+    assert 0 < sample["chars_trained"] <= cfg.tokenizer.sample_chars
 
 
 def test_rerun_is_skipped_and_an_interrupted_run_redoes_only_unfinished_shards(tmp_path, monkeypatch):

@@ -29,9 +29,11 @@ def _shards(n_shards: int, docs: int, seed: int = 3):
     return shards
 
 
-def _stage(tmp_path, shards, sample_lines_k: int):
+def _stage(tmp_path, shards, sample_lines_k: int, sample_chars: int | None = None):
     cfg = make_cfg(tmp_path, heldout_fraction=0.1)
     cfg.tokenizer.sample_lines = sample_lines_k
+    if sample_chars is not None:
+        cfg.tokenizer.sample_chars = sample_chars
     ws = Workspace(cfg, RunPaths(cfg.run.output_root, "r"), shared=False)
     ws.write_json("shards/plan.json", {"shards": [{}] * len(shards)})
     for k, (texts, keys, _) in enumerate(shards):
@@ -86,6 +88,28 @@ def test_above_sample_lines_the_exact_bottom_k_whatever_the_quota(tmp_path):
     expected = [line for *_, line in sorted(best, key=lambda t: (t[1], t[2]))]
     _, sample, _, reads = _stage(tmp_path / "b", shards, k_lines)
     assert sample == expected and reads == [2]
+
+
+def test_past_sample_chars_the_lowest_priority_lines_up_to_the_character_bound(tmp_path):
+    """sentencepiece's memory follows the sample's characters: over tokenizer.sample_chars, the sample is the
+    lowest-priority lines whose characters add up to at most the bound (a known answer), in input order."""
+    shards = _shards(6, 300)
+    every = []
+    for k, (texts, keys, keep) in enumerate(shards):
+        docs, prio, lines, _ = shard_lines(texts, keys, heldout_mask(np.asarray(keys, np.uint64), 0.1))
+        every += [(p, k, i, line) for i, (d, p, line) in enumerate(zip(docs, prio, lines)) if keep[d]]
+    best, chars = [], 0
+    for t in sorted(every)[:600]:
+        if chars + len(t[3]) > 10_000:
+            break
+        best.append(t)
+        chars += len(t[3])
+    expected = [line for *_, line in sorted(best, key=lambda t: (t[1], t[2]))]
+    _, sample, seen, _ = _stage(tmp_path / "a", shards, 600, sample_chars=10_000)
+    assert sample == expected and 9_000 < sum(map(len, sample)) <= 10_000 and 100 < len(sample) < 600
+    assert seen["lines"] == len(every)  # what the sample was drawn from, not what it kept
+    _, unbounded, _, _ = _stage(tmp_path / "b", shards, 600, sample_chars=10 ** 9)
+    assert len(unbounded) == 600 and set(sample) < set(unbounded)
 
 
 def test_the_sample_does_not_depend_on_how_the_corpus_is_cut_into_shards(tmp_path):
