@@ -73,6 +73,10 @@ def build_corpus(target_mb: float, seed: int = 1) -> tuple[Path, list[tuple[str,
     """Write the corpus as jsonl files; returns (folder, planted near pairs (kept id, copy id), source)."""
     from pipeline_lib.data.text import shingles, tokens
 
+    out = CACHE / f"corpus-{target_mb:g}mb"
+    made = out / "corpus.done"  # not an input suffix (.json would be read as data); written last: the four parts of this target and seed are whole
+    if made.exists() and (got := json.loads(made.read_text()))["seed"] == seed:
+        return out, [tuple(p) for p in got["planted"]], got["source"]
     real, source = real_documents()
     rng = random.Random(seed)
     if not real:  # offline: synthetic Chinese text
@@ -108,14 +112,17 @@ def build_corpus(target_mb: float, seed: int = 1) -> tuple[Path, list[tuple[str,
         lines.append(json.dumps({"text": "  " + docs[rng.randrange(n)] + " "}, ensure_ascii=False))
     for k in range(n // 200):
         lines.append(rng.choice(['{"text": "broken', '{"body": "no text field"}', '{"text": 3}', '']))
-    out = CACHE / f"corpus-{target_mb:g}mb"
     out.mkdir(parents=True, exist_ok=True)
+    made.unlink(missing_ok=True)
     per = -(-len(lines) // 4)
     for f in range(4):
         tmp = out / f".part{f}.jsonl.{os.getpid()}"  # atomic: another bench may be reading the corpus
         tmp.write_text("\n".join(lines[f * per:(f + 1) * per]) + "\n", encoding="utf-8")
         os.replace(tmp, out / f"part{f}.jsonl")
     ids = [(f"part{i // per}.jsonl:{i % per + 1}", f"part{j // per}.jsonl:{j % per + 1}", jac) for i, j, jac in planted]
+    tmp = made.with_suffix(f".{os.getpid()}")
+    tmp.write_text(json.dumps({"seed": seed, "source": source, "planted": ids}))
+    os.replace(tmp, made)
     return out, ids, source
 
 
