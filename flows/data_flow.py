@@ -21,6 +21,7 @@ from prefect import get_run_logger
 from prefect.states import Completed
 
 from pipeline_lib.config.secrets import public_config
+from pipeline_lib.data import fork_server
 from pipeline_lib.data.errors import NoNewDocuments
 from pipeline_lib.doctor.retry import attach_diagnosis
 from pipeline_lib.runtime.contract import StageOutput, StageRun
@@ -71,11 +72,10 @@ def start_local_cluster(cfg):
     distributed itself; the outputs are the same either way."""
     import dask
     from distributed import LocalCluster
-    from distributed.utils import get_mp_context
 
     with dask.config.set({**LOCAL_CLUSTER_CONFIG, **({} if cfg.data.dask_dashboard else NO_DASHBOARD)}):
         # distributed names its own preload on its first call (itself and its dependencies): ours after it
-        get_mp_context().set_forkserver_preload(FORKSERVER_PRELOAD)
+        fork_server.start(FORKSERVER_PRELOAD)
         return LocalCluster(**local_cluster_kwargs(cfg))
 
 

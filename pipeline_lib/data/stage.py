@@ -41,6 +41,7 @@ from functools import partial
 from ..lifetime import exit_when_gone
 from ..runtime.contract import StageOutput, StageRun
 from ..storage import sha256_file
+from . import fork_server
 from .dedup_index import index_uri, publish_segment
 from .index_lease import drop_lease
 from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
@@ -253,9 +254,9 @@ def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
     caller's __main__ module: scripts must guard their entry point with if __name__ == "__main__".
     Each worker exits when this process does: a SIGKILLed stage would otherwise leave workers (and so the fork
     server and resource tracker) waiting on their task queue forever."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["pipeline_lib.data._warm"])
-    return cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),))
+    fork_server.start(["pipeline_lib.data._warm"])
+    return cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("forkserver"), initializer=_init_worker,
+                                  initargs=(os.getpid(),))
 
 
 WORKER_NICE = 5

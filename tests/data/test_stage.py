@@ -598,3 +598,36 @@ def test_a_hugging_face_save_to_disk_folder_is_read_as_input_and_its_metadata_is
     first = docs["data-00000-of-00002.arrow:0"]
     assert first["id"] == "H0" and first["text"] == zh[0] and first["meta"] == {"lang": "zh"}
     assert docs["data-00001-of-00002.arrow:0"]["id"] == "H60"  # the second shard's rows, numbered from 0
+
+
+def test_the_pool_workers_never_import_from_the_folder_the_stage_is_started_in(tmp_path):
+    """Started from a shared folder holding a planted `pipeline_lib` (any account can write /tmp), the fork
+    server and the workers import this checkout's package, not the planted one (fork_server.py)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    planted = tmp_path / "shared" / "pipeline_lib"
+    (planted / "data").mkdir(parents=True)
+    marker = tmp_path / "planted-code-ran"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (planted / "data" / "__init__.py").write_text("")
+    (planted / "data" / "_warm.py").write_text("")
+    probe = ("import pipeline_lib.data.stage as s\n"
+             "def where():\n"
+             "    import sys\n"
+             "    return sys.modules['pipeline_lib'].__file__\n"
+             "if __name__ == '__main__':\n"
+             "    pool = s._make_pool(1)\n"
+             "    print(pool.submit(where).result())\n"
+             "    pool.shutdown()\n")
+    (tmp_path / "probe.py").write_text(probe)  # as the `llm-pipeline` script: its own folder on sys.path, not cwd
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    env["PYTHONPATH"] = str(repo)
+    got = subprocess.run([sys.executable, str(tmp_path / "probe.py")], cwd=tmp_path / "shared", env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.strip() == str(repo / "pipeline_lib" / "__init__.py")
+    assert not marker.exists()
