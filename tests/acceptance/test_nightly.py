@@ -1,8 +1,8 @@
 """Nights of `llm-pipeline nightly`, run as a user (or the deployment) runs it, from a fresh copy of the
 repository with the shipped tiny config and a relative raw-data folder that grows:
 
-0. a manual data run of the same config and files first (what `make demo` does): the nightly is its own dedup
-   lineage, so night 1 still trains;
+0. (a manual data run of the same config and file first, as `make demo` makes one: the nightly is its own dedup
+   lineage, so night 1 still trains: tests/flows/test_nightly_and_notify.py, on the real data stage in-process);
 1. good documents -> Promoted: `latest` points at the night's checkpoint and the tokenizer beside it, and the
    night's held-out split becomes the lineage's fixed reference (`reference_heldout`);
 2. a file of garbage (random characters), with the data screen off (nightly.screen.enabled=false: the gate
@@ -99,9 +99,6 @@ def test_nights_judged_held_promoted_then_no_new_no_usable_nothing(user_repo):
     def pretrain_metrics(run_id: str) -> dict:
         return json.loads((runs / run_id / "pretrain" / "manifest.json").read_text())["metrics"]
 
-    # a manual run of the same config over the same file extends the run's own dedup lineage, not the nightly's
-    user_repo.run(["./.venv/bin/llm-pipeline", "run", "configs/pipelines/tiny-cpu.yaml", "--run-id", "manual",
-                   "--stages", "data", "data.inputs=[incoming/day1.jsonl]"])
     out = night("2026-11-01")
     assert "nightly Promoted" in out, out[-3000:]
     first = state()
