@@ -257,22 +257,25 @@ def pytest_fixture_setup(fixturedef, request):
             item.stash[_SHARED_S] = item.stash.get(_SHARED_S, 0.0) + time.perf_counter() - started
 
 
-# The files of a minute or more, longest first (seconds per file, mean of two clean-clone runs of 2026-12-02 on
-# 2 cores): only the order they start in, so a stale list costs time, never a result.
+# The files of about 40 s or more, longest first (seconds per file in the clean-clone CI run of 2026-12-04 14:52 on
+# 2 cores, less what the commits after it cut): only the order they start in, so a stale list costs time, never a
+# result.
 LONGEST_FIRST = (
-    "tests/acceptance/test_demo.py",  # 230
-    "tests/train/test_pretrain_stage.py",  # 198
-    "tests/reliability/test_kill_points.py",  # 190
-    "tests/acceptance/test_nightly.py",  # 162
-    "tests/ui/test_operator_walk.py",  # 147
-    "tests/flows/test_two_node_dispatch.py",  # 133
-    "tests/deployments/test_deployments.py",  # 79
-    "tests/flows/test_nightly_ask_lease.py",  # 47-102 (one run on a busy machine)
-    "tests/flows/test_nightly_gate.py",  # 71
-    "tests/ui/test_run_views.py",  # 70
-    "tests/reliability/test_storage_faults.py",  # 70
-    "tests/acceptance/test_shipped_configs_s3.py",  # 64
+    "tests/acceptance/test_nightly.py",  # 243, less 3 CLI runs (~37 s at lower load)
+    "tests/ui/test_operator_walk.py",  # 201
+    "tests/acceptance/test_demo.py",  # 184
+    "tests/reliability/test_kill_points.py",  # 171 (+ the weights hand-off's checks, ~3 s)
+    "tests/train/test_pretrain_stage.py",  # 154
+    "tests/flows/test_two_node_dispatch.py",  # 113
+    "tests/deployments/test_deployments.py",  # 115, less one worker run (~20-30 s)
+    "tests/reliability/test_storage_faults.py",  # 79
+    "tests/ui/test_run_views.py",  # 77
+    "tests/flows/test_nightly_gate.py",  # 72, less two nights 1 (~7 s)
     "tests/acceptance/test_real_base.py",  # 63
+    "tests/train/test_sft_stage.py",  # 60
+    "tests/acceptance/test_shipped_configs_s3.py",  # 56
+    "tests/train/test_checkpoint_format.py",  # 45
+    "tests/flows/test_nightly_ask_lease.py",  # 44, less a 12-s pause
 )
 
 

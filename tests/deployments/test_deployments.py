@@ -120,17 +120,11 @@ def test_nightly_schedule_comes_from_the_config_with_its_time_zone(tmp_path):
         nightly_schedule("configs/pipelines/tiny-cpu.yaml", ["orchestration.timezone=Mars/Olympus"])
 
 
-def test_worker_picks_up_a_run_and_completes_it(workers, tmp_path):
-    run = run_deployment("llm-pipeline/default", timeout=240, poll_interval=1,
-                         parameters={"config": "configs/pipelines/tiny-cpu.yaml", "run_id": "worker-run",
-                                     "stages": ["data"], "overrides": [f"run.output_root={tmp_path}"]})
-    assert run.state.type == StateType.COMPLETED, (run.state.message, (workers / "cpu.log").read_text()[-3000:])
-    assert (tmp_path / "worker-run" / "data" / "manifest.json").exists()  # the worker really ran the stage
-
-
 def test_dispatch_failing_child_in_other_pool_fails_parent(workers, tmp_path):
     """Parent on the cpu pool dispatches data (cpu) then pretrain (ascend pool); pretrain fails (the data makes
-    fewer rows than one step of 1000)."""
+    fewer rows than one step of 1000). The data child is a worker picking up a run and completing it (the stage
+    really ran: its manifest); a chain run of llm-pipeline/default completing on a cpu worker without dispatch:
+    tests/ui/test_run_form.py (the same deployment, stages [data], from the UI's form)."""
     run = run_deployment("llm-pipeline/default", timeout=300, poll_interval=1,
                          parameters={"config": "configs/pipelines/tiny-cpu.yaml", "run_id": "dispatch-run",
                                      "stages": ["data", "pretrain"], "dispatch": True,
@@ -142,7 +136,8 @@ def test_dispatch_failing_child_in_other_pool_fails_parent(workers, tmp_path):
     with get_client(sync_client=True) as client:
         children = [r for r in client.read_flow_runs() if r.name in ("data/dispatch-run", "pretrain/dispatch-run")]
     states = {r.name: r.state.type for r in children}
-    assert states.get("data/dispatch-run") == StateType.COMPLETED
+    assert states.get("data/dispatch-run") == StateType.COMPLETED, (workers / "cpu.log").read_text()[-3000:]
+    assert (tmp_path / "dispatch-run" / "data" / "manifest.json").exists()  # the worker really ran the stage
     assert states.get("pretrain/dispatch-run") == StateType.FAILED
     pools = {r.name: r.work_pool_name for r in children}
     assert pools == {"data/dispatch-run": "cpu", "pretrain/dispatch-run": "ascend"}

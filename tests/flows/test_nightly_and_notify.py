@@ -33,6 +33,8 @@ def test_nightly_takes_only_new_files_and_moves_latest_on_success(tiny_cfg, tmp_
 
     nothing = nightly(config=config, run_date="2026-11-29", return_state=True)
     assert nothing.name == "Skipped"
+    after = load_state(tiny_cfg)  # nothing consumed, the pointer unchanged
+    assert after["consumed"] == state["consumed"] and after["latest"] == state["latest"]
 
     (raw / "day2.jsonl").write_text('{"text": "b"}\n')
     run_dir = Path(tiny_cfg.run.output_root) / "nightly-2026-11-30"
@@ -147,10 +149,11 @@ def real_data_stage(monkeypatch):
 
 
 def test_nights_new_data_duplicates_held_carried_then_nothing(tiny_cfg, tmp_path, real_data_stage):
-    """Night 1 trains; night 2's new file holds only night 1's documents: NoNewData, the watermark
-    moves past it, nothing is trained, the webhook hears it; night 3 is held: its documents stay out of the dedup
-    index, so night 4 trains its file again (not "seen before") with its own and is promoted: then they are in the
-    index; night 5 has no new file: Skipped."""
+    """A manual data run of night 1's file first; night 1 trains all the same; night 2's new file holds only night
+    1's documents: NoNewData, the watermark moves past it, nothing is trained, the webhook hears it; night 3 is
+    held: its documents stay out of the dedup index, so night 4 trains its file again (not "seen before") with its
+    own and is promoted: then they are in the index; night 5 has no new file: Skipped; then a night whose only new
+    file is empty: NoUsableData, saying so."""
     from pipeline_lib.data.dedup_index import list_segments
     from pipeline_lib.nightly.documents import night_index_cfg
 
@@ -166,6 +169,15 @@ def test_nights_new_data_duplicates_held_carried_then_nothing(tiny_cfg, tmp_path
     cfg.data.inputs, cfg.data.num_workers = [str(raw / "*.jsonl")], 1
     cfg.orchestration.failure_webhook_url = f"http://127.0.0.1:{server.server_port}/hook"
     config = cfg.model_dump(mode="json")
+    # a manual run of the same config over the same file first (what `make demo` does): it extends the run's own
+    # dedup lineage, not the nightly's, so night 1 still trains
+    from pipeline_lib.stages import run_stage
+    from pipeline_lib.storage import RunPaths
+
+    manual = cfg.model_copy(deep=True)
+    manual.data.inputs = [str(raw / "day1.jsonl")]
+    run_stage(manual, RunPaths(manual.run.output_root, "manual"), "data", workers=1)
+    assert [m["run_id"] for m in list_segments(manual)] == ["manual"]
     try:
         first = nightly(config=config, run_date="2026-12-01", return_state=True)
         assert first.is_completed() and first.name == "Promoted", first.message
@@ -213,6 +225,14 @@ def test_nights_new_data_duplicates_held_carried_then_nothing(tiny_cfg, tmp_path
 
         last = nightly(config=config, run_date="2026-12-06", return_state=True)
         assert last.is_completed() and last.name == "Skipped", last.message
+
+        (raw / "day7.jsonl").write_bytes(b"")  # an empty file says so, not "all rejected or filtered ()"
+        empty = nightly(config=config, run_date="2026-12-07", return_state=True)
+        assert empty.is_completed() and empty.name == "NoUsableData", empty.message
+        assert "1 new file(s) of 0 bytes in all hold no record" in empty.message and "()" not in empty.message
+        state = load_state(tiny_cfg)
+        assert state["ledger"][str(raw / "day7.jsonl")]["status"] == "unusable"
+        assert str(raw / "day7.jsonl") in state["consumed"] and state["latest"]["run_id"] == "nightly-2026-12-04"
 
         from pipeline_lib.nightly import promote_held
 

@@ -127,28 +127,27 @@ def _answer_when_paused(approve: bool, reason: str) -> threading.Thread:
     return thread
 
 
-@pytest.mark.parametrize("approve, name", [(True, "Promoted"), (False, "Held")])
-def test_ask_waits_for_a_person_and_records_the_decision(night, tiny_cfg, approve, name):
-    night("2026-12-01", 1.0)
-    person = _answer_when_paused(approve, "checked the samples")
-    asked = night("2026-12-02", 1.5, on_regression="ask", ask_timeout_hours=0.05)
-    person.join(5)
-    assert person.errors == []
-    assert asked.is_completed() and asked.name == name, asked.message
-    assert "decided by unverified: bob: checked the samples" in asked.message
-    state = load_state(tiny_cfg)
-    assert state["latest"]["run_id"] == ("nightly-2026-12-02" if approve else "nightly-2026-12-01")
-    by = state["history"][-1]["decided_by"]  # a typed name on a server without accounts (issue 45 item 11)
-    assert by["who"] == "unverified: bob" and by["verified"] is False and by["given_name"] == "bob"
-
-
-def test_ask_holds_when_nobody_answers_in_time(night, tiny_cfg):
+def test_ask_waits_for_a_person_records_the_decision_and_holds_when_nobody_answers(night, tiny_cfg):
+    """One lineage, three nights that ask (one night 1 for the three: each asked night is judged against it):
+    nobody answers in time -> Held; a person rejects -> Held; a person approves -> Promoted."""
     night("2026-12-01", 1.0)
     asked = night("2026-12-02", 1.5, on_regression="ask", ask_timeout_hours=4 / 3600)  # 4 s
     assert asked.is_completed() and asked.name == "Held", asked.message
     state = load_state(tiny_cfg)
     assert state["latest"]["run_id"] == "nightly-2026-12-01"
     assert state["history"][-1]["decided_by"]["reason"] == "no decision within 0.00111111 h"
+    for date, approve, name in (("2026-12-03", False, "Held"), ("2026-12-04", True, "Promoted")):
+        person = _answer_when_paused(approve, "checked the samples")
+        asked = night(date, 1.5, on_regression="ask", ask_timeout_hours=0.05)
+        person.join(5)
+        assert person.errors == []
+        assert asked.is_completed() and asked.name == name, asked.message
+        assert "decided by unverified: bob: checked the samples" in asked.message
+        state = load_state(tiny_cfg)
+        assert state["latest"]["run_id"] == ("nightly-2026-12-04" if approve else "nightly-2026-12-01")
+        by = state["history"][-1]["decided_by"]  # a typed name on a server without accounts (issue 45 item 11)
+        assert by["who"] == "unverified: bob" and by["verified"] is False and by["given_name"] == "bob"
+        assert state["history"][-1]["run_id"] == f"nightly-{date}"
 
 
 def _folder(path: Path) -> dict:

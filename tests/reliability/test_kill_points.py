@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -96,6 +97,32 @@ def differences(run: Pipeline, golden: Pipeline, stage: str) -> list[str]:
         checks = json.loads((run.run_dir / "export/checks.json").read_text())
         return diffs + ([] if checks.get("mindir_check", {}).get("ok", True) else ["MindIR logits check"])
     raise KeyError(stage)
+
+
+TRAINING_STATE = ("adam_m.", "adam_v.", "accu_grads.", "global_step", "epoch_num", "step_num", "scale_sense",
+                  "loss_scale", "global_batch_size")
+
+
+def test_the_sft_base_is_the_weights_only_file(golden):
+    """The weights handed from pretrain to SFT (issue 27), read off the reference run (the tiny chain as the CLI runs
+    it: it was tests/train/test_weights_handoff.py, which trained a chain of its own for it): the SFT base, as the SFT
+    manifest names it, is the pretrain manifest's weights_checkpoint, loads with MindSpore, holds model parameters
+    only, and the SFT stage checked the disk for the layout before it started."""
+    import mindspore as ms
+
+    from pipeline_lib.storage import read_manifest, sha256_file
+
+    pre, sft = (read_manifest(str(golden.run_dir / s)) for s in ("pretrain", "sft"))
+    weights = pre.metrics["weights_checkpoint"]
+    base = sft.metrics["base_checkpoint"]
+    assert Path(base) == Path(weights["path"]) and sha256_file(base) == weights["sha256"]
+    params = ms.load_checkpoint(base)
+    assert params and all(n.startswith(("model.", "lm_head.")) for n in params)
+    assert not any(n.startswith(TRAINING_STATE) for n in params)
+    training = ms.load_checkpoint(pre.metrics["latest_checkpoint"])
+    assert set(params) == {n for n in training if not n.startswith(TRAINING_STATE)}
+    sft_log = "".join(p.read_text() for p in (golden.run_dir / "logs").glob("sft-*.log"))
+    assert re.search(r"sft: \d+\.\d GB free for ", sft_log), sft_log[-3000:]  # the layout's disk check
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
