@@ -2,8 +2,8 @@
 
 deployments/prefect.yaml holds what is not a stage (the end-to-end chain, the nightly job, the pull
 step); `llm-pipeline deploy` adds one deployment per stage of the table, on the work pool its row
-names, fills the chain's run form with its config file's sections (pipeline_lib/config/form.py), and
-hands the whole file to `prefect deploy`. setup_pools.py creates the same pools.
+names, fills the nightly's run form with its config file's sections (pipeline_lib/config/form.py), and
+hands the whole file to `prefect deploy`; the chain's run form is folded after it (flows/run_form.py). setup_pools.py creates the same pools.
 """
 from __future__ import annotations
 
@@ -125,6 +125,7 @@ def deployed_config(path: str, cwd: str | Path | None = None) -> str:
 
 def render_prefect_file(config: str | None = None) -> dict:
     """deployments/prefect.yaml plus the stage deployments (same config file as the chain); the chain's
+    sections stay empty (its folded run form: flows/run_form.py, applied after `prefect deploy`); the nightly's
     parameters get its config file's sections, the defaults of its typed run form; the nightly schedule
     comes from the nightly deployment's config. `config` (deployed_config's answer) replaces the file's
     config in every deployment."""
@@ -138,7 +139,6 @@ def render_prefect_file(config: str | None = None) -> dict:
             dep["parameters"] = {**(dep.get("parameters") or {}), "config": config}
     chain = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":llm_pipeline"))
     defaults = {k: v for k, v in chain["parameters"].items() if k == "config"}
-    chain["parameters"] = {**chain["parameters"], **form_defaults(ROOT / chain["parameters"]["config"])}
     doc["deployments"] += stage_deployments(defaults)
     for dep in doc["deployments"]:
         if dep["entrypoint"].endswith(":nightly"):
