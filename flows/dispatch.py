@@ -18,6 +18,8 @@ from prefect.states import Cancelling
 from pipeline_lib.stages import SPECS
 from pipeline_lib.storage import RunPaths, read_manifest
 
+from flows.same_child import failed_child, rerun_deployment_run
+
 FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
 
 
@@ -49,6 +51,17 @@ def _wait_all(flow_run_ids: list, poll: float = 2.0) -> list:
             time.sleep(poll)
 
 
+def _failed_child_of_this_run(stage: str, deployment: str):
+    """On a Retry of the parent (its attempt 2 or later): its child run of `deployment` that did not complete."""
+    from prefect.runtime import flow_run
+
+    if flow_run.id is None or flow_run.run_count <= 1:
+        return None
+    with get_client(sync_client=True) as client:
+        deployment_id = client.read_deployment_by_name(deployment).id
+    return failed_child(flow_run.id, stage, deployment_id)
+
+
 def dispatch_stage(cfg, resolved: dict, run_id: str, stage: str, suffix: str = "default") -> dict:
     logger = get_run_logger()
     name = f"{stage}/{suffix}"
@@ -56,7 +69,12 @@ def dispatch_stage(cfg, resolved: dict, run_id: str, stage: str, suffix: str = "
     nodes = cfg.parallel.num_nodes if SPECS[stage].multi_node else 1
     params = {"config": resolved, "run_id": run_id}
     if nodes == 1:
-        child = run_deployment(name, parameters=params, timeout=None, poll_interval=2)
+        earlier = _failed_child_of_this_run(stage, name)
+        if earlier is not None:  # a Retry of the parent: the stage's own run again, not a second one beside it
+            logger.info(f"{stage}: retrying its flow run {earlier.name} of the earlier attempt on deployment {name}")
+            child = rerun_deployment_run(earlier)
+        else:
+            child = run_deployment(name, parameters=params, timeout=None, poll_interval=2)
         if child.state is None or child.state.type != StateType.COMPLETED:
             raise ChildRunFailed(_describe(child))
     else:

@@ -31,6 +31,7 @@ from flows.common import deployment_parameters, resolve_config, untouched_form_s
 from flows.dispatch import dispatch_stage
 from flows.form_types import DataConfig
 from flows.notify import notify_failure
+from flows.same_child import failed_child, rerun_subflow
 from flows.run_history import earlier_flow_runs, finished_in, flow_run_name, task_run_link, ui_link
 from flows.stage_flows import stage_flow
 from tasks.error_log import stage_failure
@@ -140,7 +141,10 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
             if dispatch:
                 result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
             else:
-                child = stage_flow(stage)(config=resolved, run_id=run_id, return_state=True)
+                # a Retry of this run: the stage's failed flow run of an earlier attempt runs again (flows/same_child.py)
+                earlier = failed_child(flow_run.id, stage) if flow_run.run_count > 1 else None
+                child = (rerun_subflow(stage_flow(stage), earlier, {"config": resolved, "run_id": run_id}) if earlier
+                         else stage_flow(stage)(config=resolved, run_id=run_id, return_state=True))
                 overview.link(stage, ui_link(child.state_details.flow_run_id))
                 result = child.result()  # raises the stage's own exception when it failed
             if isinstance(result, dict) and result.get("flow_run_id"):
