@@ -21,6 +21,10 @@ from pipeline_lib.storage import RunPaths, read_manifest
 from flows.same_child import failed_child, rerun_deployment_run
 
 FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
+# The Completed states a night's data stage ends in when it leaves nothing to train (NoNewDocuments.night_state; the
+# stage's flow run is named so: flows/stage_flows.py): read from the child's state, as its result may be on another
+# machine's disk.
+NIGHT_OUTCOMES = ("NoNewData", "NoUsableData")
 
 
 class ChildRunFailed(RuntimeError):
@@ -77,6 +81,9 @@ def dispatch_stage(cfg, resolved: dict, run_id: str, stage: str, suffix: str = "
             child = run_deployment(name, parameters=params, timeout=None, poll_interval=2)
         if child.state is None or child.state.type != StateType.COMPLETED:
             raise ChildRunFailed(_describe(child))
+        if child.state.name in NIGHT_OUTCOMES:  # a night's data left nothing to train: its outcome, no manifest
+            return {"stage": stage, "run_id": run_id, "no_new_documents": child.state.name,
+                    "message": child.state.message or "", "flow_run_id": str(child.id)}
     else:
         logger.info(f"{stage}: starting {nodes} node ranks on deployment {name}")
         children = [run_deployment(name, parameters={**params, "node_rank": rank}, timeout=0,
