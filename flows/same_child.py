@@ -9,8 +9,6 @@ holding both attempts (run_count 2), as a retried deployment run's do.
 """
 from __future__ import annotations
 
-import time
-
 from prefect import get_client
 from prefect.client.schemas.objects import StateType
 from prefect.client.schemas.sorting import FlowRunSort
@@ -46,13 +44,9 @@ def rerun_subflow(flow, child, parameters: dict):
     return run_flow(flow, flow_run=child, parameters=parameters, return_type="state")
 
 
-def rerun_deployment_run(child, poll: float = 2.0):
-    """Hand the deployment run `child` back to its work pool's workers (AwaitingRetry, what the UI's Retry does)
-    and wait until it is final; returns the flow run."""
+def retry_deployment_run(child):
+    """Hand the deployment run `child` back to its work pool's workers (AwaitingRetry, what the UI's Retry does);
+    returns it as it is now (the caller waits for its end)."""
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(child.id, AwaitingRetry(message="the parent run was retried"), force=True)
-        while True:
-            time.sleep(poll)
-            run = client.read_flow_run(child.id)
-            if run.state is not None and run.state.is_final() and run.run_count > child.run_count:
-                return run
+        return client.read_flow_run(child.id)
