@@ -141,7 +141,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
             if dispatch:
                 result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
             else:
-                # a Retry of this run: the stage's failed flow run of an earlier attempt runs again (flows/same_child.py)
+                # a Retry of this run: the stage's failed flow run of an earlier attempt runs again (same_child.py)
                 earlier = failed_child(flow_run.id, stage) if flow_run.run_count > 1 else None
                 child = (rerun_subflow(stage_flow(stage), earlier, {"config": resolved, "run_id": run_id}) if earlier
                          else stage_flow(stage)(config=resolved, run_id=run_id, return_state=True))
