@@ -2,8 +2,8 @@
 
 deployments/prefect.yaml holds what is not a stage (the end-to-end chain, the nightly job, the pull
 step); `llm-pipeline deploy` adds one deployment per stage of the table, on the work pool its row
-names, fills the chain's run form with its config file's sections (pipeline_lib/config/form.py), and
-hands the whole file to `prefect deploy`. setup_pools.py creates the same pools.
+names, and hands the whole file to `prefect deploy`; the chain's and the nightly's run forms are folded after it,
+their sections opening at the config file's values (flows/run_form.py). setup_pools.py creates the same pools.
 """
 from __future__ import annotations
 
@@ -125,12 +125,11 @@ def deployed_config(path: str, cwd: str | Path | None = None) -> str:
 
 def render_prefect_file(config: str | None = None) -> dict:
     """deployments/prefect.yaml plus the stage deployments (same config file as the chain); the chain's
-    parameters get its config file's sections, the defaults of its typed run form; the nightly schedule
+    and the nightly's sections stay empty (their folded run forms: flows/run_form.py, applied after `prefect
+    deploy`); the nightly schedule
     comes from the nightly deployment's config. `config` (deployed_config's answer) replaces the file's
     config in every deployment."""
     import yaml
-
-    from pipeline_lib.config.form import form_defaults
 
     doc = yaml.safe_load(PREFECT_FILE.read_text())
     if config is not None:
@@ -138,16 +137,10 @@ def render_prefect_file(config: str | None = None) -> dict:
             dep["parameters"] = {**(dep.get("parameters") or {}), "config": config}
     chain = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":llm_pipeline"))
     defaults = {k: v for k, v in chain["parameters"].items() if k == "config"}
-    chain["parameters"] = {**chain["parameters"], **form_defaults(ROOT / chain["parameters"]["config"])}
     doc["deployments"] += stage_deployments(defaults)
     for dep in doc["deployments"]:
         if dep["entrypoint"].endswith(":nightly"):
-            from flows.nightly import FORM_SECTIONS
-
             params = dep.get("parameters") or {}
-            night_form = form_defaults(Path(params["config"]) if Path(params["config"]).is_absolute()
-                                       else ROOT / params["config"])
-            dep["parameters"] = params = {**params, **{k: night_form[k] for k in FORM_SECTIONS}}
             sched = nightly_schedule(params["config"], params.get("overrides"))
             dep["schedules"] = [sched]
             dep["description"] = (f"{dep.get('description', '').rstrip()} Scheduled `{sched['cron']}` in "

@@ -429,11 +429,37 @@ def deploy_main(argv: list[str]) -> int:
         nightly = not argv or any("nightly" in a for a in argv)
         if code == 0 and nightly:
             code = _nightly_automations(doc)
+        chain = not argv or "--all" in argv or any(a.startswith("llm-pipeline/") for a in argv)
+        if code == 0 and (chain or nightly):
+            code = _fold_forms(doc, chain, nightly)
         if code == 0:
             _after_deploy(doc, nightly)
         if code == 0 and nightly:
             _decide_form(doc)
         return code
+
+
+def _fold_forms(doc: dict, chain: bool, nightly: bool) -> int:
+    """The chain's and the nightly's run forms: per-run fields first, the sections closed, their fields pre-filled
+    with the deployed config file's values when opened (flows/run_form.py)."""
+    from deployments import ROOT
+    from flows.nightly import FORM_SECTIONS
+    from flows.run_form import NIGHT_PER_RUN, PER_RUN, fold_deployed_form
+    from pipeline_lib.config.form import form_defaults
+
+    wanted = [(":llm_pipeline", "llm-pipeline", None, PER_RUN)] if chain else []
+    wanted += [(":nightly", "nightly-pretrain", FORM_SECTIONS, NIGHT_PER_RUN)] if nightly else []
+    for entrypoint, flow, sections, per_run in wanted:
+        dep = next(d for d in doc["deployments"] if d["entrypoint"].endswith(entrypoint))
+        config = Path(dep["parameters"]["config"])
+        try:
+            defaults = form_defaults(config if config.is_absolute() else ROOT / config)
+            fold_deployed_form(f"{flow}/{dep['name']}", {k: v for k, v in defaults.items()
+                                                         if sections is None or k in sections}, per_run)
+        except Exception as err:  # noqa: BLE001 (without it the sections would open at the schema's own defaults)
+            print(f"the {flow}/{dep['name']} run form was not folded: {type(err).__name__}: {err}", file=sys.stderr)
+            return 1
+    return 0
 
 
 def _after_deploy(doc: dict, nightly: bool) -> None:

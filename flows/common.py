@@ -45,6 +45,25 @@ def deployment_parameters() -> dict:
         return dict(client.read_deployment(deployment.id).parameters or {})
 
 
+def with_form_defaults(deployed: dict) -> dict:
+    """A deployment's parameters with the sections its folded run form opens at (flows/run_form.py: the deployment
+    leaves them None, its schema holds the config file's values): what untouched_form_sections and the overview's
+    changed settings compare a run with. As given when the deployment's config does not load here."""
+    from pathlib import Path
+
+    from pipeline_lib.config.form import form_defaults
+
+    config = deployed.get("config")
+    if not isinstance(config, str):
+        return deployed
+    path = Path(config) if Path(config).is_absolute() else Path(__file__).resolve().parents[1] / config
+    try:
+        sections = form_defaults(path)
+    except Exception:  # noqa: BLE001 (a view and a guard: the run itself reads its own config)
+        return deployed
+    return {**deployed, **{k: v for k, v in sections.items() if deployed.get(k) is None}}
+
+
 def new_run_id(prefix: str = "run") -> str:
     now = dt.datetime.now()
     return f"{prefix}-{now:%Y-%m-%d-%H%M%S}-{uuid.uuid4().hex[:4]}"

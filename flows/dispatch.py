@@ -18,7 +18,13 @@ from prefect.states import Cancelling
 from pipeline_lib.stages import SPECS
 from pipeline_lib.storage import RunPaths, read_manifest
 
+from flows.same_child import failed_child, retry_deployment_run
+
 FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
+# The Completed states a night's data stage ends in when it leaves nothing to train (NoNewDocuments.night_state; the
+# stage's flow run is named so: flows/stage_flows.py): read from the child's state, as its result may be on another
+# machine's disk.
+NIGHT_OUTCOMES = ("NoNewData", "NoUsableData")
 
 
 class ChildRunFailed(RuntimeError):
@@ -49,6 +55,51 @@ def _wait_all(flow_run_ids: list, poll: float = 2.0) -> list:
             time.sleep(poll)
 
 
+def _live_card(client, flow_run_id, stage: str, since: dt.datetime):
+    """The child's newest `<stage>-live` card written since `since` (a retried child keeps its earlier attempt's)."""
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    cards = client.read_artifacts(artifact_filter=ArtifactFilter(
+        key=ArtifactFilterKey(any_=[f"{stage}-live"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    cards = [c for c in cards if c.updated is not None and c.updated >= since]
+    return max(cards, key=lambda c: c.updated) if cards else None
+
+
+def _wait_showing_progress(child, stage: str, run_id: str, poll: float = 2.0):
+    """Wait until the child flow run is final; meanwhile its live card (training step, loss, tokens seen, time left:
+    tasks/live_training.py), written on the worker, refreshes this run's overview Running row and links the card, as
+    a stage running in this process does (tasks/overview.py live_progress). Returns the final flow run."""
+    from tasks.live_training import card_line
+    from tasks.overview import artifact_link, live_progress
+
+    since, shown = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5), None
+    with get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(child.id)
+            if run.state is not None and run.state.is_final():
+                return run
+            try:
+                card = _live_card(client, child.id, stage, since)
+                line = card_line(card.data) if card is not None else None
+                if line and (card.id, line) != shown:
+                    shown = (card.id, line)
+                    live_progress(run_id, stage, line, artifact_link(card.id))
+            except Exception:  # noqa: BLE001 (a view: never fail the stage over its progress line)
+                pass
+            time.sleep(poll)
+
+
+def _failed_child_of_this_run(stage: str, deployment: str):
+    """On a Retry of the parent (its attempt 2 or later): its child run of `deployment` that did not complete."""
+    from prefect.runtime import flow_run
+
+    if flow_run.id is None or flow_run.run_count <= 1:
+        return None
+    with get_client(sync_client=True) as client:
+        deployment_id = client.read_deployment_by_name(deployment).id
+    return failed_child(flow_run.id, stage, deployment_id)
+
+
 def dispatch_stage(cfg, resolved: dict, run_id: str, stage: str, suffix: str = "default") -> dict:
     logger = get_run_logger()
     name = f"{stage}/{suffix}"
@@ -56,9 +107,18 @@ def dispatch_stage(cfg, resolved: dict, run_id: str, stage: str, suffix: str = "
     nodes = cfg.parallel.num_nodes if SPECS[stage].multi_node else 1
     params = {"config": resolved, "run_id": run_id}
     if nodes == 1:
-        child = run_deployment(name, parameters=params, timeout=None, poll_interval=2)
+        earlier = _failed_child_of_this_run(stage, name)
+        if earlier is not None:  # a Retry of the parent: the stage's own run again, not a second one beside it
+            logger.info(f"{stage}: retrying its flow run {earlier.name} of the earlier attempt on deployment {name}")
+            child = retry_deployment_run(earlier)
+        else:
+            child = run_deployment(name, parameters=params, timeout=0)
+        child = _wait_showing_progress(child, stage, run_id)
         if child.state is None or child.state.type != StateType.COMPLETED:
             raise ChildRunFailed(_describe(child))
+        if child.state.name in NIGHT_OUTCOMES:  # a night's data left nothing to train: its outcome, no manifest
+            return {"stage": stage, "run_id": run_id, "no_new_documents": child.state.name,
+                    "message": child.state.message or "", "flow_run_id": str(child.id)}
     else:
         logger.info(f"{stage}: starting {nodes} node ranks on deployment {name}")
         children = [run_deployment(name, parameters={**params, "node_rank": rank}, timeout=0,

@@ -56,7 +56,7 @@ from pipeline_lib.stages import nightly_stages
 
 from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, TrainingConfig
 
-from flows.common import deployment_parameters, resolve_config, untouched_form_sections
+from flows.common import deployment_parameters, resolve_config, untouched_form_sections, with_form_defaults
 from flows.form_types import DataConfig
 from flows.night_changes import publish_night_changes
 from flows.night_lineage import publish_lineage, tag_night
@@ -138,7 +138,8 @@ def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt
     logger = get_run_logger()
     given = {"data": data, "training": training, "nightly": nightly, "orchestration": orchestration}
     sent = any(v is not None for v in given.values())
-    inherited = untouched_form_sections(config, given, deployment_parameters()) if sent else []
+    deployed = with_form_defaults(deployment_parameters()) if sent else {}  # its folded form's sections (run_form.py)
+    inherited = untouched_form_sections(config, given, deployed) if sent else []
     given.update(dict.fromkeys(inherited))
     cfg = resolve_config(config, overrides, given, stages=nightly_stages())
     run_date = run_date.isoformat() if isinstance(run_date, dt.date) else run_date

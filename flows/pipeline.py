@@ -27,10 +27,11 @@ from pipeline_lib.nightly.retention import retention_note
 from pipeline_lib.stages import SPECS, UpstreamMissing, parse_stages, stage_done, unmet_upstream
 from pipeline_lib.storage import RunPaths, read_manifest
 
-from flows.common import deployment_parameters, resolve_config, untouched_form_sections
+from flows.common import deployment_parameters, resolve_config, untouched_form_sections, with_form_defaults
 from flows.dispatch import dispatch_stage
 from flows.form_types import DataConfig
 from flows.notify import notify_failure
+from flows.same_child import failed_child, rerun_subflow
 from flows.run_history import earlier_flow_runs, finished_in, flow_run_name, task_run_link, ui_link
 from flows.stage_flows import stage_flow
 from tasks.error_log import stage_failure
@@ -61,7 +62,8 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
     """Run the requested stages in order; returns per-stage state, seconds and stage folder.
 
     The sections (training ... nightly) are the run form's typed fields, the ones changed most often first: each one given is applied
-    over the config file field by field, then the overrides last (pipeline_lib/config/load.py). A
+    over the config file field by field, then the overrides last (pipeline_lib/config/load.py). The
+    deployment's form shows them closed, opening at its config file's values (flows/run_form.py). A
     deployment run whose `config` is not the deployment's skips the sections left at the form's
     defaults (they are the deployment's file).
 
@@ -91,7 +93,7 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
              "training": training, "sft": sft, "evaluate": evaluate, "export": export, "orchestration": orchestration,
              "nightly": nightly}
     sent = any(v is not None for v in given.values())
-    deployed = deployment_parameters()
+    deployed = with_form_defaults(deployment_parameters())
     inherited = untouched_form_sections(config, given, deployed) if sent else []
     if inherited:
         logger.info(f"config {config} is not the deployment's: its unchanged form sections {inherited} are not "
@@ -139,7 +141,10 @@ def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = Non
             if dispatch:
                 result = dispatch_stage(cfg, resolved, run_id, stage, deployment_suffix)
             else:
-                child = stage_flow(stage)(config=resolved, run_id=run_id, return_state=True)
+                # a Retry of this run: the stage's failed flow run of an earlier attempt runs again (same_child.py)
+                earlier = failed_child(flow_run.id, stage) if flow_run.run_count > 1 else None
+                child = (rerun_subflow(stage_flow(stage), earlier, {"config": resolved, "run_id": run_id}) if earlier
+                         else stage_flow(stage)(config=resolved, run_id=run_id, return_state=True))
                 overview.link(stage, ui_link(child.state_details.flow_run_id))
                 result = child.result()  # raises the stage's own exception when it failed
             if isinstance(result, dict) and result.get("flow_run_id"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from prefect import flow
+from prefect.states import Completed
 
 from pipeline_lib.runtime.nodes import NODE_RANK_ENV
 from pipeline_lib.stages import SPECS
@@ -28,6 +29,15 @@ def _run_name(stage: str):
     return name
 
 
+def night_outcome(result):
+    """A night's data stage that left nothing to train ends its flow run in the state it names (NoNewData,
+    NoUsableData; Completed), not a plain Completed: a parent that dispatched it to a worker reads the outcome from
+    the child's state (flows/dispatch.py), and the runs list shows what the night found."""
+    if isinstance(result, dict) and result.get("no_new_documents"):
+        return Completed(name=result["no_new_documents"], message=result.get("message", ""), data=result)
+    return result
+
+
 def _make_stage_flow(stage: str):
     def stage_flow(config: str | dict, run_id: str, overrides: list[str] | None = None,
                    node_rank: int | None = None) -> dict:
@@ -40,7 +50,7 @@ def _make_stage_flow(stage: str):
             from flows.data_flow import run_mapped_data
 
             return run_mapped_data(cfg, run_id)
-        return submit_stage(cfg, run_id, stage)
+        return night_outcome(submit_stage(cfg, run_id, stage))
 
     # Its own name before it becomes a flow: Prefect keys the parent's record of a subflow call by the function's
     # name (and counts calls per key), and a Retry of the parent hands back the subflow found under that key. With

@@ -43,8 +43,8 @@ def submit_run(config: str, overrides: list[str], run_id: str, stages: list[str]
 
     from pipeline_lib.config.form import form_sections
 
-    # The deployment's parameters pre-fill the run form with its own config's sections, and the server
-    # merges a run's parameters over them: None for every section, so this run reads `config` alone.
+    # The server merges a run's parameters over the deployment's, which pre-filled the sections in deployments made
+    # before the folded form (flows/run_form.py): None for every section, so this run reads `config` alone.
     params = {"config": config, "overrides": overrides, "run_id": run_id, "stages": stages, "dispatch": dispatch,
               **{name: None for name in form_sections()}}
     try:

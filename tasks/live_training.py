@@ -9,6 +9,7 @@ metrics table are still published when it succeeds (tasks/artifacts.py).
 from __future__ import annotations
 
 import base64
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -94,6 +95,16 @@ def render(stage: str, records: list[dict], total: int | None, png: bytes | None
         parts.append("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
         parts += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(parts) + "\n"
+
+
+_HEAD = re.compile(r"^\*\*[^*]+\*\*: (?P<line>.+) \(updated [^()]*\)$")
+
+
+def card_line(markdown: str | None) -> str | None:
+    """The progress line a live card's head (render) shows: what a parent whose stage runs on a worker (dispatch)
+    reads from the card to refresh its overview's Running row (flows/dispatch.py). None for anything else."""
+    found = _HEAD.match((markdown or "").split("\n", 1)[0])
+    return found.group("line") if found else None
 
 
 class LiveTraining:

@@ -191,8 +191,8 @@ class RunOverview:
 
 SETTINGS_SHOWN = 20
 # The overviews of the runs this process is running, by run id: a stage's live card (tasks/live_training.py) in the
-# same process refreshes the parent's Running row through live_progress. A stage dispatched to another process
-# (dispatch=true) has only its own live card.
+# same process refreshes the parent's Running row through live_progress; for a stage dispatched to a worker
+# (dispatch=true) the parent reads the child's card while it waits and calls live_progress (flows/dispatch.py).
 _OPEN: dict = {}
 
 

@@ -187,8 +187,10 @@ def cached_stage(stage: str, run_id: str, stage_uri: str, finished_at: str, fini
     """The record, in this attempt, of a stage finished in an earlier one: a task run in the state Cached (a
     Completed state of that name, as Prefect's own cache hits are), saying when and in which attempt."""
     when = f"finished {finished_at}" + (f" in {finished_in}" if finished_in else "")
-    return Completed(name="Cached", message=f"{stage}: {when}; manifest complete, not redone ({stage_uri})",
-                     data={"stage": stage, "run_id": run_id, "skipped": True, "stage_uri": stage_uri})
+    # No data: Prefect links a task's result and the values in it (by object identity: the run_id string, interned
+    # stage names) to every later call they reach, so the next stages drew arrows from this node, across its label,
+    # and the Cached stage read as an unlabelled dot in the run graph. The state's name and message are the record.
+    return Completed(name="Cached", message=f"{stage}: {when}; manifest complete, not redone ({stage_uri})")
 
 
 def submit_stage(cfg: PipelineConfig, run_id: str, stage: str) -> dict:

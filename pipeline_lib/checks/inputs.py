@@ -299,15 +299,11 @@ SFT_EXAMPLES = 3  # records named per finding: the first of each reason
 SFT_WARN_SHARE = 0.5  # more malformed records than this share is a warning (a few is what quarantine is for)
 
 
-SFT_SHAPES = "messages, instruction + output, or prompt + response"
-
-
 def _shape_keys(obj, reason: str) -> str | None:
-    """For a record of no known shape: the keys it has and the ones a shape needs."""
-    if reason != "unknown_shape" or not isinstance(obj, dict):
-        return None
-    found = ", ".join(sorted(k for k in obj if obj[k] is not None)[:10]) or "none"
-    return f"keys: {found}; expected {SFT_SHAPES}"
+    """For a record of no known shape: the keys it has and the ones a shape needs (as the sft stage says them)."""
+    from ..train.instructions import shape_keys
+
+    return shape_keys(obj) if reason == "unknown_shape" else None
 
 
 def _detail(field: str) -> str:

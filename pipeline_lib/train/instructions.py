@@ -197,6 +197,16 @@ def to_turns(obj: dict, *, system_prompt: str | None = None,
 
 
 _FLAT_KEYS = {"alpaca": (("instruction", "input"), "output"), "prompt_response": (("prompt",), "response")}
+SHAPES = "messages, instruction + output, or prompt + response"  # the keys of the shapes to_turns knows
+
+
+def shape_keys(obj) -> str | None:
+    """For a record of no known shape (unknown_shape): the keys it has (non-null, the first ten) and the ones a
+    shape needs, e.g. "keys: question, text; expected messages, instruction + output, or prompt + response"."""
+    if not isinstance(obj, dict) or shape_of(obj) != "unknown":
+        return None
+    found = ", ".join(sorted(str(k) for k in obj if obj[k] is not None)[:10]) or "none"
+    return f"keys: {found}; expected {SHAPES}"
 
 
 def offending_field(obj: dict | None, reason: str, forbidden: Iterable[str] = ()) -> str | None:

@@ -39,8 +39,9 @@ from ..model.chat_template import IGNORE, fit_to_row, labels_for, template_for
 from ..model.token_ids import TokenIds
 from ..model.tokenizer import Tokenizer
 from ..runtime.launcher import launch_module
+from ..storage import join, store_for
 from ..storage.mindrecord import read_mindrecord_columns
-from .instructions import SftDataError, iter_instruction_records, offending_field, shape_of, to_turns
+from .instructions import SftDataError, iter_instruction_records, offending_field, shape_keys, shape_of, to_turns
 
 DATA_FILE = "data/sft.mindrecord"
 STATS_FILE = "sft_stats.json"
@@ -176,17 +177,44 @@ def _counts(counter: dict) -> str:
     return ", ".join(f"{reason}: {n}" for reason, n in sorted(counter.items(), key=lambda kv: -kv[1]))
 
 
-def too_few_rows(cfg, total: dict, out: Path) -> SftDataError:
-    """The error for fewer rows than one batch: the counts per reason, the files that list those records, and only
-    the changes that are not already made."""
+def first_quarantined(path: Path, limit: int = 3) -> list[str]:
+    """The first record of each reason in a quarantine file, said as `reason at file:line (field F)`; a record of no
+    known shape with the keys it has and the ones a shape needs (instructions.shape_keys). At most `limit`."""
+    seen: dict[str, str] = {}
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            if rec["reason"] in seen:
+                continue
+            detail = f"field {rec['field']}" if rec.get("field") else None
+            if rec["reason"] == "unknown_shape":
+                try:
+                    detail = shape_keys(json.loads(rec["raw"]))
+                except ValueError:
+                    pass
+            seen[rec["reason"]] = f"{rec['reason']} at {rec['file']}:{rec['line']}" + (f" ({detail})" if detail else "")
+            if len(seen) >= limit:
+                break
+    return list(seen.values())
+
+
+def too_few_rows(cfg, total: dict, out: Path, where: str | None = None, first: list[str] | None = None
+                 ) -> SftDataError:
+    """The error for fewer rows than one batch: the counts per reason with the first record of each (`first`:
+    first_quarantined), the files that list those records (in `where`, the stage folder they were written to;
+    default `out`), and only the changes that are not already made."""
     need = cfg.sft.micro_batch_size * cfg.parallel.data_parallel
+    folder = (where or str(out)).rstrip("/")
     said = [f"{total['kept']} usable samples in {total['rows']} rows of {total['read']} records"]
     if total["rejected_total"]:
-        said.append(f"{total['rejected_total']} malformed ({_counts(total['rejected'])}; each with its reason and "
-                    f"field in {out / 'quarantine.jsonl'})")
+        said.append(f"{total['rejected_total']} malformed ({_counts(total['rejected'])}"
+                    + (f"; first: {'; '.join(first)}" if first else "")
+                    + f"; each with its reason and field in {folder}/quarantine.jsonl)")
     if total["dropped_total"]:
         said.append(f"{total['dropped_total']} too long for a row ({_counts(total['dropped'])}; in "
-                    f"{out / 'excluded.jsonl'})")
+                    f"{folder}/excluded.jsonl)")
     fixes = ["correct the quarantined records"] if total["rejected_total"] else []
     fixes.append("add instruction data")
     if total["dropped_total"]:
@@ -201,8 +229,10 @@ def too_few_rows(cfg, total: dict, out: Path) -> SftDataError:
 
 
 def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpoint_url: str | None = None,
-                     log=None) -> dict:
-    """Write the SFT data files into out_dir (see the module docstring); returns the stats dict."""
+                     log=None, stage_uri: str | None = None) -> dict:
+    """Write the SFT data files into out_dir (see the module docstring); returns the stats dict. `stage_uri`: the
+    run store's stage folder when out_dir is a local work folder (an s3:// store): a refusal uploads the quarantine
+    and excluded files there first, and names them there."""
     out = Path(out_dir)
     (out / DATA_FILE).parent.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(tokenizer_path)
@@ -223,7 +253,10 @@ def prepare_sft_data(cfg, tokenizer_path: str | Path, out_dir: str | Path, endpo
     if not stats["balanced"]:
         raise RuntimeError(f"SFT accounting does not add up (read != rejected + dropped + kept); see {out / STATS_FILE}")
     if t["rows"] < cfg.sft.micro_batch_size * cfg.parallel.data_parallel:
-        raise too_few_rows(cfg, t, out)
+        if stage_uri:  # named where a person looks (the run store), so there before the message is
+            for name in ("quarantine.jsonl", "excluded.jsonl", STATS_FILE):
+                store_for(stage_uri, endpoint_url).put_file(out / name, join(stage_uri, name))
+        raise too_few_rows(cfg, t, out, stage_uri, first_quarantined(out / "quarantine.jsonl"))
     marker = out / (DATA_FILE + ".rows_sha256")  # the same rows are not written again (a resumed run)
     if not ((out / DATA_FILE).exists() and marker.exists() and marker.read_text() == stats["rows_sha256"]):
         marker.unlink(missing_ok=True)

@@ -77,7 +77,7 @@ def run_sft_stage(run: StageRun, *, base_checkpoint: str | None = None) -> Stage
     # 2. data
     if run.progress:
         run.progress("data", 0, 1)
-    stats = prepare_sft_data(cfg, tok, out, run.endpoint, log)
+    stats = prepare_sft_data(cfg, tok, out, run.endpoint, log, stage_uri=run.uri if run.remote else None)
     # 3. train, 4. adapter
     train = _train(run, out, base, base_sha, stats)
     adapter = _extract_adapter(cfg, out, train["checkpoint"], base, base_ref, base_sha, log)

@@ -161,7 +161,10 @@ def test_deploy_config_sets_what_the_chain_and_the_nightly_run_and_the_schedules
             chain = client.read_deployment_by_name("llm-pipeline/default")
             night = client.read_deployment_by_name("nightly-pretrain/nightly")
         assert chain.parameters["config"] == night.parameters["config"] == str(mine)
-        assert chain.parameters["data"]["shard_mb"] == 16  # the run form is pre-filled from the user's file
+        # the run form's data section is closed and opens at the user's file (flows/run_form.py)
+        assert chain.parameters.get("data") is None
+        shard_mb = chain.parameter_openapi_schema["definitions"]["DataConfig"]["properties"]["shard_mb"]
+        assert shard_mb["default"] == 16
         assert [(s.schedule.cron, s.schedule.timezone) for s in night.schedules] == [("30 1 * * *", "Europe/Berlin")]
         assert "Scheduled `30 1 * * *` in Europe/Berlin" in night.description
     finally:
@@ -175,3 +178,27 @@ def test_deploy_refuses_a_config_that_is_not_there_or_not_valid_naming_the_field
         res = cli("deploy", "--config", str(given))
         assert res.returncode == 2, res.stdout + res.stderr
         assert f"--config='{given}'" in res.stderr and said in res.stderr and "Fix:" in res.stderr
+
+
+def test_a_night_with_nothing_to_train_under_dispatch_ends_named_and_leaves_no_red_run(workers, tmp_path):
+    """Issue 48 item 6 under dispatch: a night's data (defer_publish, as the nightly sets it) leaves nothing to train;
+    the data stage runs on the cpu pool's worker. Its flow run ends in the state NoUsableData (the same path as
+    NoNewData: NoNewDocuments.night_state), and the chain reads that from the child's state and ends so: no run is
+    red (it failed on the missing manifest, the child's result being on the worker)."""
+    raw = tmp_path / "short.jsonl"
+    raw.write_text("".join(f'{{"text": "too short {i}"}}\n' for i in range(8)))  # under the length filter's 20 chars
+    run = run_deployment("llm-pipeline/default", timeout=300, poll_interval=1,
+                         parameters={"config": "configs/pipelines/tiny-cpu.yaml", "run_id": "dispatch-nodata",
+                                     "stages": ["data", "pretrain"], "dispatch": True,
+                                     "overrides": [f"run.output_root={tmp_path / 'runs'}", f"data.inputs=[{raw}]",
+                                                   "data.dedup.defer_publish=true"]})
+    assert (run.state.type, run.state.name) == (StateType.COMPLETED, "NoUsableData"), \
+        (run.state, (workers / "cpu.log").read_text()[-3000:])
+    assert "no usable document" in run.state.message
+    with get_client(sync_client=True) as client:
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
+    assert [(r.name, r.state.type, r.state.name, r.work_pool_name) for r in children] == [
+        ("data/dispatch-nodata", StateType.COMPLETED, "NoUsableData", "cpu")]  # pretrain: not started

@@ -234,3 +234,20 @@ def test_the_local_dask_cluster_serves_only_its_own_clients(tiny_cfg):
         port = next(iter(http._sockets.values())).getsockname()[1]  # issue 45: no dashboard pages unless asked
         assert _http_status(port, "/health") == 200
         assert _http_status(port, "/info/main/workers.html") == 404 and _http_status(port, "/json/counts.json") == 404
+
+
+@pytest.mark.parametrize("executor", ["local", "prefect"])
+def test_a_nights_data_stage_with_nothing_to_train_ends_its_flow_run_in_the_nights_state(tmp_path, executor):
+    """The state a dispatching parent reads from the worker's child run (flows/dispatch.py): NoUsableData here (8
+    records under the length filter), NoNewData on the same path; Completed, not red, with the reason in its
+    message, whichever executor ran the stage."""
+    from flows.stage_flows import stage_flow
+
+    raw = tmp_path / "short.jsonl"
+    raw.write_text("".join(f'{{"text": "too short {i}"}}\n' for i in range(8)))
+    cfg = load_config("configs/pipelines/tiny-cpu.yaml", [f"run.output_root={tmp_path}", f"data.inputs=[{raw}]",
+                                                          "data.dedup.defer_publish=true", f"data.executor={executor}"])
+    state = stage_flow("data")(config=cfg.model_dump(mode="json"), run_id=f"night-{executor}", return_state=True)
+    assert (state.type.value, state.name) == ("COMPLETED", "NoUsableData"), state
+    assert "no usable document: all 8 records read were rejected or filtered (8 too_short)" in state.message
+    assert state.result()["no_new_documents"] == "NoUsableData"  # what a local parent reads (flows/pipeline.py)

@@ -51,3 +51,24 @@ def test_the_nightly_form_is_typed():
     for name in FORM_SECTIONS:
         assert schema["properties"][name]["anyOf"][0]["$ref"].startswith("#/definitions/")
     assert schema["properties"]["run_date"]["anyOf"][0] == {"format": "date", "type": "string"}
+
+
+def test_the_nightly_form_is_folded_and_opens_its_sections_at_the_config_files_values():
+    """Its four sections were 19,562 px of form: closed now (None: the file's), opening at the deployed file's values
+    (flows/run_form.py), the fields set per night first."""
+    from pathlib import Path
+
+    from deployments import render_prefect_file
+    from flows.run_form import NIGHT_PER_RUN, folded_form_schema
+    from pipeline_lib.config.form import form_defaults
+
+    doc = render_prefect_file()
+    params = next(d for d in doc["deployments"] if d["entrypoint"].endswith(":nightly"))["parameters"]
+    assert not set(params) & set(FORM_SECTIONS) and params["config"] == "configs/pipelines/tiny-cpu.yaml"
+    defaults = form_defaults(Path(__file__).resolve().parents[2] / params["config"])
+    schema = folded_form_schema(parameter_schema(nightly).model_dump(), {k: defaults[k] for k in FORM_SECTIONS},
+                                NIGHT_PER_RUN)
+    props, defs = schema["properties"], schema["definitions"]
+    assert sorted(props, key=lambda k: props[k]["position"])[:len(NIGHT_PER_RUN)] == list(NIGHT_PER_RUN)
+    assert defs["TrainingConfig"]["properties"]["preflight_steps"]["default"] == defaults["training"]["preflight_steps"] == 5
+    assert defs["DataConfig"]["properties"]["docs_per_shard"]["default"] == 200

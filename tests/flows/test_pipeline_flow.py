@@ -169,7 +169,7 @@ def test_a_retry_of_the_same_flow_run_shows_cached_stages_in_one_overview(tiny_c
     run_dir = Path(tiny_cfg.run.output_root) / "r-uiretry"
     run_dir.mkdir(parents=True)
     (run_dir / "fail-pretrain").write_text("ValueError 1")
-    params = {"config": tiny_cfg.model_dump(mode="json"), "run_id": "r-uiretry", "stages": ["data", "pretrain"]}
+    params = {"config": tiny_cfg.model_dump(mode="json"), "run_id": "r-uiretry", "stages": ["data", "pretrain", "sft"]}
     with get_client(sync_client=True) as client:
         fr = client.create_flow_run(llm_pipeline, parameters=params)
     assert run_flow_sync(llm_pipeline, flow_run=fr, parameters=params, return_type="state").is_failed()
@@ -192,6 +192,16 @@ def test_a_retry_of_the_same_flow_run_shows_cached_stages_in_one_overview(tiny_c
     assert f"[data]({prefect_ui()}/runs/task-run/{cached[0].id})" in text
     pretrain_runs = [r for r in _flow_runs("pretrain/r-uiretry") if r.state.is_completed()]
     assert f"[pretrain]({prefect_ui()}/runs/flow-run/{pretrain_runs[0].id})" in text
+    # issue 48 item 6, the run graph: the retried stage once, green (its failed flow run of attempt 1 run again, not a
+    # red one kept beside a new one), and no arrow from the Cached node across its label to the next stage
+    with get_client(sync_client=True) as client:
+        graph = client._client.get(f"/flow_runs/{fr.id}/graph-v2").json()
+    nodes = [node for _, node in graph["nodes"]]
+    assert [(n["label"], n["state_type"]) for n in nodes if "pretrain" in n["label"]] == \
+        [("pretrain / pretrain/r-uiretry", "COMPLETED")], [(n["label"], n["state_type"]) for n in nodes]
+    assert len(_flow_runs("pretrain/r-uiretry")) == 1 and pretrain_runs[0].run_count == 2
+    assert [n["kind"] for n in nodes if n["label"] == "data/r-uiretry"] == ["task-run"]  # the Cached record
+    assert not any(n["parents"] for n in nodes), [(n["label"], n["parents"]) for n in nodes]
 
 
 def prefect_ui() -> str:

@@ -48,16 +48,42 @@ def test_every_section_is_a_typed_parameter_of_a_schema_the_ui_can_render():
     assert len(json.dumps(schema)) < 80_000  # one page of form, not a schema that stalls the UI (72 kB with the nightly's screen, retention and schedule knobs)
 
 
-def test_the_chain_deployment_is_prefilled_with_its_config_file_and_the_schema_accepts_it(monkeypatch):
+def _opened(schema: dict, node: dict) -> dict:
+    """What the UI fills in when a person opens a model-valued field: each field's default, a nested model's built
+    the same way (a field without a default left out)."""
+    ref = node.get("$ref") or next(a["$ref"] for a in node["anyOf"] if "$ref" in a)
+    out = {}
+    for name, prop in schema["definitions"][ref.rsplit("/", 1)[1]]["properties"].items():
+        if "default" in prop:
+            out[name] = prop["default"]
+        elif "$ref" in prop or any("$ref" in a for a in prop.get("anyOf", [])):
+            out[name] = _opened(schema, prop)
+    return out
+
+
+def test_the_chain_form_is_folded_and_opens_its_sections_at_the_config_files_values(monkeypatch):
+    """Issue 48 item 7: the form was 33,000 px of pre-filled sections. The deployment leaves them None (closed in the
+    UI) and its schema opens each at the deployment's file: sent as opened, a section changes nothing."""
+    from flows.run_form import PER_RUN, folded_form_schema
+
     params = _chain_parameters()
-    assert params["config"] == TINY
-    assert {k: params[k] for k in form_sections()} == form_defaults(ROOT / TINY)
-    assert params["data"]["docs_per_shard"] == 200 and params["run"]["output_root"] == "runs"  # as in the file
-    errors = validate(params, parameter_schema(llm_pipeline).model_dump(), ignore_required=True)
+    assert params["config"] == TINY and not set(params) & set(form_sections())
+    defaults = form_defaults(ROOT / TINY)
+    schema = folded_form_schema(parameter_schema(llm_pipeline).model_dump(), defaults)
+    is_valid_schema(schema)
+    assert all(ref.removeprefix("#/definitions/") in schema["definitions"] for ref in _refs(schema))
+    opened = {k: _opened(schema, schema["properties"][k]) for k in form_sections()}
+    # the webhook URL, a secret, is never pre-filled: it opens empty (an empty one keeps the file's)
+    assert opened["orchestration"].pop("failure_webhook_url") is None
+    assert opened == defaults  # training.guard and sft.guard each with its own values (one definition before)
+    assert opened["training"]["preflight_steps"] == 5 and opened["sft"]["learning_rate"] == 5e-3  # the file's
+    order = sorted(schema["properties"], key=lambda k: schema["properties"][k]["position"])
+    assert order[:len(PER_RUN)] == list(PER_RUN)
+    assert folded_form_schema(schema, defaults) == schema  # deploy twice: the same form
+    errors = validate({**params, **opened}, schema, ignore_required=True)
     assert errors == []  # what the server enforces for a run of the deployment
     monkeypatch.chdir(ROOT)  # the worker's cwd (the pull step)
-    sections = {k: params[k] for k in form_sections()}
-    assert resolve_config(params["config"], None, sections) == resolve_config(TINY)  # unchanged form = the file
+    assert resolve_config(params["config"], None, opened) == resolve_config(TINY)  # unchanged form = the file
 
 
 @pytest.mark.e2e  # the whole chain flow, on the stage doubles
@@ -120,7 +146,8 @@ def test_only_a_run_with_another_config_file_drops_the_sections_left_at_the_form
 
 def test_a_deployment_run_given_another_config_file_runs_that_file(prefect_server, stage_doubles, tmp_path,
                                                                    monkeypatch):
-    """run_deployment(config=<another file>) must not get the deployment's form defaults (another model)."""
+    """run_deployment(config=<another file>) must not get the deployment's form defaults (another model), also when
+    the deployment leaves its sections empty and only its schema holds them (flows/common.py with_form_defaults)."""
     from prefect.deployments import run_deployment
     from prefect.flow_engine import run_flow
 
@@ -130,10 +157,11 @@ def test_a_deployment_run_given_another_config_file_runs_that_file(prefect_serve
     llm_pipeline.to_deployment(name="form-other", parameters=_chain_parameters()).apply()
     out = str(tmp_path / "runs")
     overrides = [f"run.output_root={out}", "data.executor=local"]
+    # the form's data section opened and left as it opened: the deployment's file's values
     flow_run = run_deployment("llm-pipeline/form-other", timeout=0,
                               parameters={"config": str(other), "run_id": "other-run", "stages": ["data"],
-                                          "overrides": overrides})
-    assert flow_run.parameters["data"]["docs_per_shard"] == 200  # the server merged the form's defaults in
+                                          "overrides": overrides, "data": form_defaults(ROOT / TINY)["data"]})
+    assert flow_run.parameters["data"]["docs_per_shard"] == 200
     state = run_flow(llm_pipeline, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
     assert state.is_completed(), state.message
     assert stage_done(load_config(other, overrides), RunPaths(out, "other-run", None), "data")[0]

@@ -63,6 +63,11 @@ def test_the_preflight_is_labelled_as_such_until_its_verdict_and_the_overview_ge
     live("train", 4, 1200)
     assert "training, step 4 of 1,200" in published[-1] and "8,192 tokens seen" in published[-1]
     assert told[-1][1].startswith("training, step 4 of 1,200")
+    # a parent whose stage runs on a worker reads the same line back from the card (flows/dispatch.py)
+    from tasks.live_training import card_line
+
+    assert [card_line(md) for md in published[-2:]] == [t[1] for t in told[-2:]]
+    assert card_line("# Run `r3`\n\n1 of 2 stages done") is None and card_line(None) is None
 
 
 def test_the_live_card_prints_its_time_in_utc_labelled_whatever_the_workers_zone(monkeypatch):

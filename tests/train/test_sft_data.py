@@ -320,3 +320,35 @@ def test_too_few_rows_names_the_reasons_the_quarantine_and_only_changes_not_made
         assert f"in {tmp_path / 'sft' / 'quarantine.jsonl'}" in text and "Fix: correct the quarantined records" in text
         assert "truncation" not in text.split("Fix:")[1]  # nothing was too long: no truncation advice at all
         assert ("lower sft.micro_batch_size (now 4)" in text) is (micro == 4)
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_the_stages_refusal_names_the_keys_of_an_unknown_shape_and_a_quarantine_file_that_is_there(
+        tmp_path, tok, store, request):
+    """Issue 48 item 4: `unknown_shape` alone told nobody what to change, and on an s3:// run store the quarantine
+    named was the worker's local work folder. The refusal names the keys found and the shapes' keys, and the
+    quarantine in the stage folder of the run store, written there before the message."""
+    from pipeline_lib.config import load_config
+    from pipeline_lib.storage import join, store_for
+    from pipeline_lib.train.instructions import SftDataError
+    from pipeline_lib.train.sft_data import prepare_sft_data
+
+    bad = tmp_path / "qa.jsonl"
+    bad.write_text('{"question": "Why?", "answer": "Because.", "id": 7, "note": null}\n'
+                   '{"prompt": "hi", "response": ""}\n', encoding="utf-8")
+    cfg = load_config(str(ROOT / "configs/pipelines/tiny-cpu.yaml"), [f"sft.inputs=[{bad}]"])
+    endpoint, stage_uri = None, None
+    if store == "s3":
+        bucket, endpoint = request.getfixturevalue("s3_bucket")
+        stage_uri = f"{bucket}/runs/r1/sft"
+    out = tmp_path / "work"
+    with pytest.raises(SftDataError) as refused:
+        prepare_sft_data(cfg, tok.model_file, out, endpoint, stage_uri=stage_uri)
+    text = str(refused.value)
+    assert (f"unknown_shape at {bad}:1 (keys: answer, id, question; expected messages, instruction + output, or "
+            "prompt + response)") in text, text
+    assert f"empty_response at {bad}:2 (field response)" in text, text
+    named = text.split("each with its reason and field in ", 1)[1].split(")", 1)[0]
+    assert named == join(stage_uri or str(out), "quarantine.jsonl")
+    lines = store_for(named, endpoint).get_bytes(named).decode().splitlines()
+    assert [json.loads(line)["reason"] for line in lines] == ["unknown_shape", "empty_response"]

@@ -126,3 +126,17 @@ def chain_deployment(prefect_server, tmp_path_factory):
     assert "DataConfig" in deployment.parameter_openapi_schema["definitions"]
     yield deployment, log
     stop_worker(worker)
+
+
+@pytest.fixture(scope="module")
+def dispatch_pools(chain_deployment, tmp_path_factory):
+    """The chain's dispatch as a team runs it: the data and pretrain stage deployments, and a worker of the `ascend`
+    pool (training stages) beside chain_deployment's `cpu` one. Yields the ascend worker's log."""
+    cli("deploy", "--name", "data-flow/default", "--name", "pretrain-flow/default")  # prefect names them by function
+    log = tmp_path_factory.mktemp("ascend-worker") / "ascend.log"
+    env = dict(os.environ, LLM_PIPELINE_HOME=str(ROOT), PREFECT_WORKER_QUERY_SECONDS="1")
+    worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "ascend", "--type", "process"],
+                              cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    yield log
+    stop_worker(worker)

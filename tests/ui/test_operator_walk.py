@@ -98,17 +98,38 @@ def test_a_malformed_sft_file_fails_the_run_before_data_with_its_records_named(c
     _fits(page, "run-overview-bad-sft", screenshot)  # the error and its Fix wrap: nothing off-screen
 
 
-def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overview(chain_deployment, page, ui_url,
-                                                                                  screenshot, tmp_path):
+def _running_row(flow_run_id, stage: str, timeout: float = 300) -> str:
+    """The overview's Running row of `stage` once it shows the stage's live progress (the card's line and link)."""
+    deadline, row = time.time() + timeout, ""
+    while time.time() < deadline:
+        cards = _overview_cards(flow_run_id)
+        lines = [line for card in cards for line in (card.data or "").splitlines() if line.startswith(f"| [{stage}]")
+                 or line.startswith(f"| **{stage}**")]
+        row = lines[0] if lines else row
+        if "Running" in row and "live curve: " in row:
+            return row
+        time.sleep(0.5)
+    raise AssertionError(f"no live progress in the overview's {stage} row within {timeout} s: {row!r}")
+
+
+def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overview(chain_deployment, dispatch_pools,
+                                                                                  page, ui_url, screenshot, tmp_path):
+    """Dispatched as a team runs it (issue 48 items 3, 6): data on the cpu pool's worker, pretrain on the ascend
+    pool's; the parent's overview shows pretrain's live progress read from the worker's card, and the UI's Retry
+    reruns pretrain's own failed flow run (one node in the graph)."""
     _, worker_log = chain_deployment
     out = tmp_path / "runs"
-    res = cli("run", TINY, "--submit", "--run-id", "ui-kill", "--stages", "data,pretrain", f"run.output_root={out}",
-              "training.steps=16", "training.save_steps=4", "training.preflight_steps=0", "training.warmup_steps=2",
+    res = cli("run", TINY, "--submit", "--dispatch", "--run-id", "ui-kill", "--stages", "data,pretrain",
+              f"run.output_root={out}", "training.steps=40", "training.save_steps=4", "training.preflight_steps=0",
+              "training.warmup_steps=2",
               "orchestration.task_retries=0")  # the kill fails the run, whatever the doctor makes of it
     run_id = res.stdout.split("/runs/flow-run/", 1)[1].split()[0]
+    row = _running_row(run_id, "pretrain")  # the stage runs on the ascend worker, the overview is the parent's
+    assert "training, step " in row and " of 40, loss " in row and "tokens seen" in row and " left" in row, row
+    assert "[live curve: pretrain-live](" in row and "/artifacts/artifact/" in row, row
     _kill_trainer_after_a_checkpoint(out / "ui-kill")
     run = finished_run(run_id, 180)
-    assert run.state.is_failed(), f"{run.state}\n{worker_log.read_text()[-3000:]}"
+    assert run.state.is_failed(), f"{run.state}\n{worker_log.read_text()[-3000:]}\n{dispatch_pools.read_text()[-3000:]}"
     # issue 48 item 4: the parent's log says the stage's error once (not ERROR, "Finished in state Failed", ERROR)
     page.goto(f"{ui_url}/runs/flow-run/{run_id}")  # a run's page opens on its log
     page.get_by_text("stage 'pretrain' failed (run ui-kill)", exact=False).first.wait_for()
@@ -139,7 +160,15 @@ def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overvie
     page.get_by_text("Cached").first.wait_for()
     assert len(_overview_cards(run_id)) == 1  # one card, updated in place by the retry
     metrics = json.loads((out / "ui-kill" / "pretrain" / "manifest.json").read_text())["metrics"]
-    assert metrics["steps"] == 16 and metrics["resumed_from_step"] >= 4  # the retry resumed the killed training
+    assert metrics["steps"] == 40 and metrics["resumed_from_step"] >= 4  # the retry resumed the killed training
+    # the retried stage is one flow run (its attempt 2), green: the graph draws it once
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as client:
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run_id])))
+    assert sorted((c.name, c.state.name, c.run_count, c.work_pool_name) for c in children) == [
+        ("data/ui-kill", "Completed", 1, "cpu"), ("pretrain/ui-kill", "Completed", 2, "ascend")]
 
 
 def test_a_nightly_quick_run_is_named_by_its_date_in_the_schedules_zone(chain_deployment, page, ui_url, screenshot,

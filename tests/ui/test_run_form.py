@@ -28,11 +28,20 @@ def test_a_custom_run_from_the_form_with_two_changed_fields_completes_with_them(
     deployment, worker_log = chain_deployment
     out = tmp_path / "runs"
     page.goto(f"{ui_url}/deployments/deployment/{deployment.id}/run")
+    field(page, "run_id").wait_for()
+    page.wait_for_load_state("networkidle")
+    # issue 48: the per-run fields first, each section closed (the form was 33,447 px with every section open)
+    height = page.evaluate("() => document.querySelector('.flow-run-create-form-v2').getBoundingClientRect().height")
+    assert height < 3000, height
+    screenshot(page, "run-form-folded")
     data = field(page, "data")
+    data.get_by_role("button", name="DataConfig", exact=True).click()  # opened at the deployment's config file
     # a plain number field (docs_per_shard is nullable since shards are sized by bytes: another widget)
     docs = field(data, "data.shard_mb").locator("input")
     docs.wait_for()
     assert float(docs.input_value()) == 64  # pre-filled with the shipped config
+    assert field(data, "data.docs_per_shard").locator("input").first.input_value() == "200"  # the file's, not None
+    field(page, "run").get_by_role("button", name="RunConfig", exact=True).click()
     assert field(field(page, "run"), "run.output_root").locator("textarea, input").first.input_value() == "runs"
 
     field(page, "run_id").locator("textarea, input").first.fill("form-1")
