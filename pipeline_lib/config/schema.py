@@ -319,13 +319,10 @@ class TokenizerConfig(_Section):
     character_coverage: float = Field(0.9995, gt=0, le=1, description="sentencepiece character_coverage.")
     sample_lines: int = Field(
         300_000, ge=101, description="Lines (paragraphs, cut at 2000 characters) of the kept training documents "
-        "that sentencepiece trains on: its own uniform, reproducible sample (input_sentence_size with "
-        "shuffle_input_sentence; sentencepiece needs more than 100); the counts are in stats.json under tokenizer.sample.")
+        "that sentencepiece trains on: a uniform, reproducible sample; counts in stats.json under tokenizer.sample.")
     sample_chars: int = Field(
-        16_000_000, ge=10_000, description="Upper bound on the characters of that sample: sentencepiece's trainer "
-        "holds about 46 bytes per sampled character (BPE, measured: 32.3M characters 1.8 GB, 64.6M 3.3 GB peak), so "
-        "the default keeps the data stage's main process under 1.5 GB whatever the corpus size. The sample's "
-        "lines are taken in their random sampling order until the bound; a corpus under it trains on every line.")
+        16_000_000, ge=10_000, description="Upper bound on that sample's characters (~46 bytes of trainer memory "
+        "each: docs/data-workers.md).")
     special_tokens: list[str] = Field(
         default_factory=lambda: ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
         json_schema_extra=identity("data", "sft"),
