@@ -357,7 +357,9 @@ def tokenizer_and_cleaned(cfg, paths, pool, n_shards: int, *, shared: bool = Tru
     segment, which need no tokenizer: sentencepiece's BPE training keeps about one core busy, the
     pool uses the other. Not in threads of this process: they would slow the training several
     times over (it takes the GIL back often; measured in bench/data.md)."""
-    side = [(write_cleaned_shard, k) for k in range(n_shards)] + [(stage_index_segment,)]
+    # the index segment first: it is one task over every shard (~40 s at 100x the benchmark corpus), and
+    # submitted last it ran alone on one worker after the cleaned parts, the other worker idle
+    side = [(stage_index_segment,)] + [(write_cleaned_shard, k) for k in range(n_shards)]
     futures = [pool.submit(fn, cfg, paths, *args, shared=shared) for fn, *args in side] if pool else []
     try:
         described = build_tokenizer(cfg, paths, shared=shared)
