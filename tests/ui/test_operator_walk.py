@@ -2,7 +2,8 @@
 a run with a malformed SFT file (refused before data runs), a trainer killed mid-run, the run retried from the UI
 (finished stages Cached, one overview card), and a nightly Quick run named by its date in the schedule's zone.
 
-Trains as little as a resume needs: 16 tiny steps, a checkpoint every 4, no preflight.
+Trains as little as a resume needs: 160 tiny steps (a window to see the Running row), a checkpoint every 20, no
+preflight.
 """
 import contextvars
 import json
@@ -120,12 +121,15 @@ def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overvie
     _, worker_log = chain_deployment
     out = tmp_path / "runs"
     res = cli("run", TINY, "--submit", "--dispatch", "--run-id", "ui-kill", "--stages", "data,pretrain",
-              f"run.output_root={out}", "training.steps=40", "training.save_steps=4", "training.preflight_steps=0",
+              # 160 steps: the Running row must be seen while attempt 1 trains (40 took 16 s in a loaded CI run, over
+              # before the worker's first live card reached the parent's overview); the kill follows the first
+              # checkpoint (step 20), so attempt 1 trains ~20-40 steps and the retry the rest
+              f"run.output_root={out}", "training.steps=160", "training.save_steps=20", "training.preflight_steps=0",
               "training.warmup_steps=2",
               "orchestration.task_retries=0")  # the kill fails the run, whatever the doctor makes of it
     run_id = res.stdout.split("/runs/flow-run/", 1)[1].split()[0]
     row = _running_row(run_id, "pretrain")  # the stage runs on the ascend worker, the overview is the parent's
-    assert "training, step " in row and " of 40, loss " in row and "tokens seen" in row and " left" in row, row
+    assert "training, step " in row and " of 160, loss " in row and "tokens seen" in row and " left" in row, row
     assert "[live curve: pretrain-live](" in row and "/artifacts/artifact/" in row, row
     _kill_trainer_after_a_checkpoint(out / "ui-kill")
     run = finished_run(run_id, 180)
@@ -160,7 +164,7 @@ def test_a_killed_trainer_retried_from_the_ui_shows_cached_stages_in_one_overvie
     page.get_by_text("Cached").first.wait_for()
     assert len(_overview_cards(run_id)) == 1  # one card, updated in place by the retry
     metrics = json.loads((out / "ui-kill" / "pretrain" / "manifest.json").read_text())["metrics"]
-    assert metrics["steps"] == 40 and metrics["resumed_from_step"] >= 4  # the retry resumed the killed training
+    assert metrics["steps"] == 160 and metrics["resumed_from_step"] >= 20  # the retry resumed the killed training
     # the retried stage is one flow run (its attempt 2), green: the graph draws it once
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
