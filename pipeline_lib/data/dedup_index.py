@@ -565,9 +565,7 @@ def _npy_rows(store, uri: str, rows: np.ndarray) -> np.ndarray:
     """Rows of a .npy array on the store, by ranged reads (the file is never read whole)."""
     with store.open_range(uri, 0, 4096) as fh:
         head = io.BytesIO(fh.read())
-    version = np.lib.format.read_magic(head)
-    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-    shape, _, dtype = read_header(head)
+    shape, dtype = _npy_head(head)
     start, width = head.tell(), int(np.prod(shape[1:], dtype=np.int64))
     row_bytes = dtype.itemsize * width
     out = np.empty((len(rows), *shape[1:]), dtype)
