@@ -15,16 +15,13 @@ from prefect.client.schemas.objects import StateType
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling
 
+from pipeline_lib.data.errors import NoNewDocuments
 from pipeline_lib.stages import SPECS
 from pipeline_lib.storage import RunPaths, read_manifest
 
 from flows.same_child import failed_child, retry_deployment_run
 
 FINAL = {StateType.COMPLETED, StateType.FAILED, StateType.CRASHED, StateType.CANCELLED}
-# The Completed states a night's data stage ends in when it leaves nothing to train (NoNewDocuments.night_state; the
-# stage's flow run is named so: flows/stage_flows.py): read from the child's state, as its result may be on another
-# machine's disk.
-NIGHT_OUTCOMES = ("NoNewData", "NoUsableData")
 
 
 class ChildRunFailed(RuntimeError):
@@ -116,7 +113,7 @@ def dispatch_stage(cfg, resolved: dict, run_id: str, stage: str, suffix: str = "
         child = _wait_showing_progress(child, stage, run_id)
         if child.state is None or child.state.type != StateType.COMPLETED:
             raise ChildRunFailed(_describe(child))
-        if child.state.name in NIGHT_OUTCOMES:  # a night's data left nothing to train: its outcome, no manifest
+        if child.state.name in NoNewDocuments.NIGHT_STATES:  # a night's data left nothing to train: its outcome, no manifest
             return {"stage": stage, "run_id": run_id, "no_new_documents": child.state.name,
                     "message": child.state.message or "", "flow_run_id": str(child.id)}
     else:

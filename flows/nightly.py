@@ -35,6 +35,7 @@ from pydantic import Field
 
 from pipeline_lib.config import config_from_dict
 from pipeline_lib.config.secrets import public_config, secret_value
+from pipeline_lib.data.errors import NoNewDocuments
 from pipeline_lib.nightly import (NightBusy, commit_night, consume_without_training, deep_update, load_state,
                                   evaluate_metrics, new_files, next_base_checkpoint, night_heldout, night_lock,
                                   lineage_note, night_tokenizer, nightly_overrides, no_new_documents,
@@ -188,7 +189,7 @@ def _night(cfg, run_id: str, dispatch: bool):
     stages = nightly_stages()
     run = llm_pipeline(config=public_config(night_cfg), run_id=run_id, stages=stages,
                        dispatch=dispatch, notify=False, return_state=True)
-    if not run.is_completed() or run.name in ("NoNewData", "NoUsableData"):  # the chain ends so on a night's data
+    if not run.is_completed() or run.name in NoNewDocuments.NIGHT_STATES:  # the chain ends so on a night's data
         found = no_new_documents(night_cfg, run_id)
         if found is None:
             if (why := data_failure(night_cfg, run_id)) is not None:  # the files' fault: not tomorrow's problem

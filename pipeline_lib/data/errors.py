@@ -20,6 +20,10 @@ class NoNewDocuments(DataStageError):
     """Every document that survived cleaning is a duplicate of an earlier run of the lineage.
     `counts` holds read / candidates / duplicates of earlier runs / duplicates within the run."""
 
+    # the Completed states a night ends in on it (a stage's flow run is named so: read from its state by a parent
+    # on another machine)
+    NIGHT_STATES = ("NoNewData", "NoUsableData")
+
     def __init__(self, field: str, value: object, problem: str, fix: str, counts: dict):
         super().__init__(field, value, problem, fix)
         self.counts = counts
