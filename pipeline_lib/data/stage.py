@@ -14,7 +14,7 @@ whose completion marker exists, each reading and writing only the stage folder):
     tokenize_shard(cfg, paths, k)    for k in range(len(shards))
     prepare_replay(cfg, paths)       (data.replay: the replay rows; plan_mindrecord runs it if not done)
     write_mindrecord_shard(cfg, paths, split, j)  for (split, j) in plan_mindrecord(cfg, paths)
-        (or write_mindrecord_files(cfg, paths, group) for each group of mindrecord_groups(items, n))
+        (or write_mindrecord_files(cfg, paths, group) for each group of mindrecord_groups(items, n, plan))
     output = finalize_data_stage(cfg, paths)              # -> StageOutput, recorded by the registry
 Step functions default to shared=True (work files and markers in the stage folder, so mapped
 tasks may run on other machines); run_data_stage passes shared=False (see workspace.py). A
@@ -40,7 +40,7 @@ from functools import partial
 
 from ..lifetime import exit_when_gone
 from ..runtime.contract import StageOutput, StageRun
-from ..storage import sha256_file
+from ..storage import describe_files
 from . import fork_server
 from .dedup_index import index_uri, publish_segment
 from .index_lease import drop_lease
@@ -158,10 +158,7 @@ def finalize_data_stage(cfg, paths, *, shared: bool = True) -> StageOutput:
         for j in range(mr[split]["files"]):
             rel = mindrecord_name(split, j)
             outputs += [rel, rel + ".db", sidecar_name(split, j)]
-    described = []
-    for rel in sorted(outputs):
-        local = ws.fetch(rel)
-        described.append({"path": rel, "size": local.stat().st_size, "sha256": sha256_file(local)})
+    described = describe_files([(ws.fetch(rel), rel) for rel in sorted(outputs)])
     t = stats["total"]
     metrics = {k: t[k] for k in ("read", "rejected_total", "filtered_total", "exact_duplicates", "near_duplicates",
                                  "kept", "tokens", "rows_train", "rows_heldout")}
@@ -244,7 +241,7 @@ def mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple
     plan = Workspace(cfg, paths, False).read_json("shards/mindrecord.json")
     size = sum(p["rows"] * p["row_len"] * 4 for p in plan.values())
     if pool is not None and len(items) >= 2 and size >= _POOL_MINDRECORD_BYTES:
-        return pool, mindrecord_groups(items, workers)
+        return pool, mindrecord_groups(items, workers, plan)
     return None, mindrecord_groups(items, 1)
 
 

@@ -86,6 +86,23 @@ def test_char_ratio_drops_symbol_and_number_tables():
     assert run("char_ratio", "2024年第3季度共完成巡检1200次，发现缺陷35处。")[0] is True
 
 
+def test_char_ratio_counts_as_the_regexes_do_on_a_batch_at_the_threshold():
+    # the batch counts with a per-code-point table; the answer is what re's \\s and [\\W\\d_] count per text
+    import re
+
+    def by_regex(t):
+        visible = len(t) - len(re.findall(r"\s", t))
+        return visible > 0 and len(re.sub(r"[\W\d_]", "", t)) / visible >= 0.5
+
+    texts = ["ab12", "ab123", "a_1 ", "\u3000\u00a0\u2028\x1c", "", "é1", "ｅ１", "变1２", "x\ud800\ud800",
+             "Ω" * 3 + "٣" * 3, "\t\n\r\x0b\x0c\x1f\x85ab", "\U0001F600a", "ⅫⅫ", ZH, EN, "1234 5678 ####"]
+    docs = [Doc(f"t:{i}", t) for i, t in enumerate(texts)]
+    got = FILTERS["char_ratio"]().batch(docs)
+    assert [v is True for v in got] == [by_regex(t) for t in texts]
+    assert [v is True for v in got] == [True, False, False, False, False, True, True, False, False, True, True,
+                                       True, True, True, True, False]  # 0.5 of letters is kept: "ab12", "é1"
+
+
 def test_url_heavy_and_boilerplate():
     links = "see http://example.com/a/b/c/d/e/f/g and https://example.org/x/y/z/w/v/u"
     assert run("url_heavy", links)[0] == (False, "url_heavy")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline_lib.data.encode import file_rows, mindrecord_groups
 from pipeline_lib.data.packing import gather_tokens, heldout_mask, read_mindrecord, write_mindrecord
 from pipeline_lib.model.packing import count_rows, join_with_eos, rows_from_tokens
 
@@ -80,3 +81,22 @@ def test_mindrecord_with_document_mask_round_trips_and_counts_in_the_file_size(t
     on = config_from_dict({**off, "data": {**off["data"], "packing": {"document_mask": True}}})
     off = config_from_dict(off)
     assert (rows_per_file(off), rows_per_file(on)) == ((1 << 20) // 260, (1 << 20) // (260 + 16384))
+
+
+def test_mindrecord_groups_balance_rows_not_files():
+    # the 30x bench's plan (rows of 65 tokens, 256 MB files): cut in input order, one worker wrote both train
+    # files (1.90M rows) while the other wrote the held-out file (0.07M) and then idled
+    plan = {"train": {"rows": 1_900_000, "rows_per_file": 1_032_000},
+            "heldout": {"rows": 70_000, "rows_per_file": 1_032_000}}
+    items = [("train", 0), ("train", 1), ("heldout", 0)]
+    assert [file_rows(plan, *i) for i in items] == [1_032_000, 868_000, 70_000]
+    assert mindrecord_groups(items, 2, plan) == [[("train", 0)], [("train", 1), ("heldout", 0)]]
+    # more files than groups: the largest first, each to the group with the fewest rows so far
+    plan["train"]["rows"] = 2_700_000
+    items = [("train", 0), ("train", 1), ("train", 2), ("heldout", 0)]
+    groups = mindrecord_groups(items, 2, plan)
+    assert groups == [[("train", 0), ("train", 2)], [("train", 1), ("heldout", 0)]]
+    assert [sum(file_rows(plan, *i) for i in g) for g in groups] == [1_668_000, 1_102_000]
+    # without a plan every file weighs the same; never more groups than files
+    assert mindrecord_groups(items, 8) == [[i] for i in items]
+    assert mindrecord_groups(items, 1, plan) == [items]

@@ -21,3 +21,18 @@ def test_nfkc_equals_unicodedata_on_every_replaced_character_and_on_mixed_text()
     bad = [c for c in cases if nfkc(c) != unicodedata.normalize("NFKC", c)]
     assert not bad, bad[:5]
     assert dedup_form("ＧＩＳ，ｶﾞ") == "GIS,ガ"
+
+
+def test_single_spaced_is_true_only_where_collapsing_whitespace_changes_nothing():
+    import re
+
+    from pipeline_lib.data.text import _SPACES, exact_key, single_spaced
+    every = [chr(c) for c in range(0x110000)]
+    spaces = [c for c in every if re.match(r"\s", c)]
+    assert len(spaces) > 20 and all(c == " " or not single_spaced(f"a{c}b") for c in spaces)
+    texts = ["变压器 检修", "a b c", "a  b", "a\u3000b", "a\tb", "a\u00a0b", "a\u2028b", "x\x1cy", "ab"]
+    assert [single_spaced(t) for t in texts] == [True, True, False, False, False, False, False, False, True]
+    assert all(_SPACES.sub(" ", t) == t for t in texts if single_spaced(t))
+    # the key collapses every kind of whitespace either way (the fast path only skips the identity)
+    assert exact_key("变压器\u3000 检修") == exact_key("变压器 检修") == exact_key(" 变压器\t检修\n")
+    assert exact_key("变压器检修") != exact_key("变压器 检修")
