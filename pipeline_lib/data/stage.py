@@ -44,7 +44,7 @@ from ..storage import describe_files
 from . import fork_server
 from .dedup_index import index_uri, publish_segment
 from .index_lease import drop_lease
-from .encode import (build_tokenizer, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
+from .encode import (build_tokenizer, file_rows, mindrecord_groups, mindrecord_name, plan_mindrecord, sidecar_name,
                      tokenize_shard, write_cleaned_shard, write_mindrecord_files)
 from .errors import ConservationError
 from .replay import REPLAY, prepare_replay, reads_earlier_runs
@@ -226,7 +226,10 @@ def _run_all(pool, fn, items: list[tuple], step: str, progress: _Progress, inlin
             f.cancel()
 
 
-_POOL_MINDRECORD_BYTES = 1 << 30
+# What a MindRecord file costs one process (measured with MindSpore 2.x on this stage's rows): per row ~11 us
+# (~7 of them in FileWriter.commit's index database, one SQLite row per record), per byte ~100 MB/s
+_MINDRECORD_ROW_S, _MINDRECORD_BYTES_PER_S = 11e-6, 100e6
+_POOL_MINDRECORD_S = 4.0  # what spreading must save: a pool worker's MindSpore import (~1-3 s) comes first
 # what the dedup step imports first in this process: datasketch (dedup.RunLSH; its scipy import is most of
 # its ~0.5 s) and pandas (pyarrow imports it on first use, ~0.2 s; pyarrow.dataset is not needed, see
 # prep.read_docs)
@@ -234,14 +237,19 @@ DEDUP_IMPORTS = ("datasketch", "pandas")
 
 
 def mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple:
-    """(pool or None, groups of (split, j)): the pool only when the rows pay for a MindSpore import
-    (~1-3 s) per worker: the shard writer takes ~100 MB/s of rows per process. Without it, one group
-    in one process (the warm writer, or this process with one worker): the import is paid once, in
-    the only step that needs MindSpore."""
+    """(pool or None, groups of (split, j)): the pool's groups when they finish sooner than one group by
+    more than a pool worker's MindSpore import (the estimate: _MINDRECORD_ROW_S; short rows cost per row,
+    long ones per byte). Else one group in one process (the warm writer, or this process with one worker):
+    the import is paid once, in the only step that needs MindSpore."""
     plan = Workspace(cfg, paths, False).read_json("shards/mindrecord.json")
-    size = sum(p["rows"] * p["row_len"] * 4 for p in plan.values())
-    if pool is not None and len(items) >= 2 and size >= _POOL_MINDRECORD_BYTES:
-        return pool, mindrecord_groups(items, workers, plan)
+    if pool is not None and len(items) >= 2:
+        groups = mindrecord_groups(items, workers, plan)
+
+        def seconds(group):
+            return sum(file_rows(plan, split, j) * (_MINDRECORD_ROW_S + plan[split]["row_len"] * 4 /
+                                                    _MINDRECORD_BYTES_PER_S) for split, j in group)
+        if seconds(items) - max(map(seconds, groups)) >= _POOL_MINDRECORD_S:
+            return pool, groups
     return None, mindrecord_groups(items, 1)
 
 

@@ -111,8 +111,31 @@ def test_output_does_not_depend_on_the_number_of_workers(tiny_run, tmp_path, mon
     other = make_cfg(tmp_path, docs_per_shard=100)
     import pipeline_lib.data.stage as stage
 
-    monkeypatch.setattr(stage, "_POOL_MINDRECORD_BYTES", 0)  # the MindRecord groups go to the pool too
+    monkeypatch.setattr(stage, "_POOL_MINDRECORD_S", 0)  # the MindRecord groups go to the pool too
     assert run(other, workers=2).outputs == manifest.outputs
+
+
+def test_mindrecord_files_spread_over_the_pool_only_when_that_saves_more_than_an_import(tmp_path):
+    """The bench's plans, rows of 65 tokens in 256 MB files: at 10x the held-out file is all a second
+    worker would take (one group, in the warm writer); at 30x the second train file (~10 s) goes there."""
+    import concurrent.futures as cf
+
+    import pipeline_lib.data.stage as stage
+    from pipeline_lib.data.workspace import Workspace
+
+    cfg, paths = make_cfg(tmp_path), RunPaths(str(tmp_path / "out"), "r1")
+    pool = cf.ThreadPoolExecutor(2)  # stands for the shard pool: mindrecord_work only hands it back
+
+    def decide(train_rows, heldout_rows):
+        plan = {sp: {"rows": n, "rows_per_file": 1_032_000, "row_len": 65}
+                for sp, n in (("train", train_rows), ("heldout", heldout_rows))}
+        Workspace(cfg, paths, False).write_json("shards/mindrecord.json", plan)
+        items = [(sp, j) for sp in plan for j in range(-(-plan[sp]["rows"] // 1_032_000))]
+        return stage.mindrecord_work(pool, cfg, paths, items, 2)
+
+    assert decide(660_000, 35_000) == (None, [[("train", 0), ("heldout", 0)]])
+    assert decide(1_900_000, 70_000) == (pool, [[("train", 0)], [("train", 1), ("heldout", 0)]])
+    assert stage.mindrecord_work(None, cfg, paths, [("train", 0), ("train", 1), ("heldout", 0)], 2)[0] is None
 
 
 def test_mindrecord_files_are_sized_by_megabytes(tmp_path):
