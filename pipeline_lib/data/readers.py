@@ -26,6 +26,8 @@ import re
 import zlib
 from typing import Iterator
 
+import orjson
+
 from ..storage import LongLine, iter_lines, store_for
 from ..storage.input_files import open_arrow, open_parquet
 from .errors import DataStageError
@@ -77,21 +79,53 @@ def _non_finite(value) -> bool:
     return False
 
 
+def _holds_float(value) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_float(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_float(v) for v in value)
+    return False
+
+
+_FAST_MAX_BRACKETS = 512
+
+
+def _fast_object(raw: bytes, fields: tuple[str, ...]) -> dict | None:
+    """orjson's parse of a line (~3x json's speed on Chinese text) when it is certainly what json.loads
+    gives, else None (json then decides and names the fault). orjson refuses what json refuses here (bad
+    UTF-8, NaN / Infinity, lone surrogates, 1e999999); it differs on big integers (a float, not an int)
+    and on depth (it nests to 1024, json to its recursion limit): so only objects whose carried fields
+    hold no float, in lines of fewer than _FAST_MAX_BRACKETS brackets."""
+    if raw.count(b"[") + raw.count(b"{") >= _FAST_MAX_BRACKETS:
+        return None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or any(_holds_float(obj.get(f)) for f in fields):
+        return None
+    return obj
+
+
 def parse_record(raw: bytes, text_field: str, fields: tuple[str, ...] = ()) -> tuple[str | None, str | None, dict]:
     """(text, None, fields) for a good jsonl line, else (None, reason, fields); `fields` holds the
     present, non-null values of the named fields ({} when the line is not a JSON object)."""
     if not raw.strip():
         return None, "empty_line", {}
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None, "bad_utf8", {}
-    try:
-        obj = json.loads(line, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except _NonFinite:
-        return None, "non_finite_number", {}
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-        return None, "bad_json", {}
+    obj = _fast_object(raw, fields)
+    if obj is None:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, "bad_utf8", {}
+        try:
+            obj = json.loads(line, parse_constant=_refuse_constant, parse_float=_finite_float)
+        except _NonFinite:
+            return None, "non_finite_number", {}
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+            return None, "bad_json", {}
     if not isinstance(obj, dict):
         return None, "not_an_object", {}
     found = {f: obj[f] for f in fields if obj.get(f) is not None}

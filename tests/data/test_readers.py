@@ -182,3 +182,23 @@ def test_a_corrupt_gzip_input_is_named_with_a_fix(tmp_path, data):
     with pytest.raises(DataStageError) as err:
         records(plan_shards(list_inputs([str(path)]), 100))
     assert err.value.field == "data.inputs" and err.value.value == str(path) and "gzip -t" in str(err.value)
+
+
+TRICKY_LINES = [
+    b'{"text": "ok", "id": 123456789012345678901234567890}',  # orjson: a float; json: the int
+    b'{"text": "ok", "id": 1.5, "url": [2.5e-3, {"x": -0.0}]}', b'{"text": "ok", "id": 1e999999}',
+    b'{"text": "ok", "id": NaN}', b'{"text": 1e400}', b'{"text": 12345678901234567890123}',
+    b'\xef\xbb\xbf{"text": "bom"}', b'{"text": "tab\there"}', b'{"text": "del\x7f ok"}', b'{"text": "\xed\xa0\x80"}',
+    b'{"text": "a", "text": "b"}', b'{"text": "ok", "id": "\\u0000"}', b'{"text": "ok"} trailing', b"null", b"[]",
+    b'{"text": "ok", "url": ' + b"[" * 1010 + b"]" * 1010 + b"}",  # json's recursion limit, orjson's 1024
+    b'{"text": "ok", "url": ' + b"[" * 600 + b"]" * 600 + b"}", b'{"text": "\\ud83d\\ude00 \\u4e2d"}']
+
+
+@pytest.mark.parametrize("raw", TRICKY_LINES)
+def test_the_orjson_fast_path_gives_what_json_alone_gives(raw, monkeypatch):
+    import pipeline_lib.data.readers as readers
+
+    fast = parse_record(raw, "text", ("id", "url"))
+    monkeypatch.setattr(readers, "_fast_object", lambda raw, fields: None)
+    slow = parse_record(raw, "text", ("id", "url"))
+    assert repr(fast) == repr(slow)  # repr: 1 and 1.0, -0.0 and 0.0 differ
