@@ -207,8 +207,7 @@ def char_flags() -> np.ndarray:
 @register("char_ratio")
 class CharRatio(Filter):
     """Drop when letters (CJK characters included) are less than min_text_frac of the
-    non-space characters: tables of numbers, symbol art, encoded blobs. Counted over the whole batch
-    with a per-code-point table (char_flags)."""
+    non-space characters: tables of numbers, symbol art, encoded blobs."""
 
     def __init__(self, min_text_frac: float = 0.5):
         self.min = min_text_frac
@@ -216,7 +215,7 @@ class CharRatio(Filter):
     def __call__(self, doc):
         return self.batch([doc])[0]
 
-    def batch(self, docs):
+    def batch(self, docs):  # counted over the whole batch with a per-code-point table (char_flags)
         cp, bounds = code_points([d.text for d in docs])
         flags = char_flags()[cp]
         spaces, letters = counts_per_text(flags == _SPACE, bounds), counts_per_text(flags == _LETTER, bounds)
