@@ -15,6 +15,7 @@ Raises: DataStageError from `build_filters` for an unknown filter name, paramete
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import unicodedata
@@ -193,15 +194,12 @@ class TopNgram(Filter):
 
 
 _SPACE, _LETTER = 1, 2  # char_ratio's classes: what re's \s matches; letters, CJK included (re's [^\W\d_])
-_CHAR_FLAGS: dict = {}
 
 
+@functools.cache
 def char_flags() -> np.ndarray:
     """Per code point: _SPACE, _LETTER or 0 (built once, ~0.4 s; the pool's fork server builds it)."""
-    table = _CHAR_FLAGS.get("t")
-    if table is None:
-        table = _CHAR_FLAGS["t"] = code_point_table((r"[^\W\d_]", _LETTER), (r"\s", _SPACE))
-    return table
+    return code_point_table((r"[^\W\d_]", _LETTER), (r"\s", _SPACE))
 
 
 @register("char_ratio")

@@ -68,25 +68,20 @@ def _finite_float(literal: str) -> float:
     return value
 
 
+def _any_float(value, test) -> bool:
+    """Whether a decoded JSON / parquet value holds a float for which test(float) is true, at any depth."""
+    if isinstance(value, float):
+        return test(value)
+    if isinstance(value, dict):
+        return any(_any_float(v, test) for v in value.values())
+    if isinstance(value, list):
+        return any(_any_float(v, test) for v in value)
+    return False
+
+
 def _non_finite(value) -> bool:
     """Whether a parquet value holds a float that is not finite (NaN, inf: a float column)."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_non_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_non_finite(v) for v in value)
-    return False
-
-
-def _holds_float(value) -> bool:
-    if isinstance(value, float):
-        return True
-    if isinstance(value, dict):
-        return any(_holds_float(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_holds_float(v) for v in value)
-    return False
+    return _any_float(value, lambda f: not math.isfinite(f))
 
 
 _FAST_MAX_BRACKETS = 512
@@ -104,7 +99,7 @@ def _fast_object(raw: bytes, fields: tuple[str, ...]) -> dict | None:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(obj, dict) or any(_holds_float(obj.get(f)) for f in fields):
+    if not isinstance(obj, dict) or any(_any_float(obj.get(f), lambda _: True) for f in fields):
         return None
     return obj
 

@@ -202,3 +202,15 @@ def test_the_orjson_fast_path_gives_what_json_alone_gives(raw, monkeypatch):
     monkeypatch.setattr(readers, "_fast_object", lambda raw, fields: None)
     slow = parse_record(raw, "text", ("id", "url"))
     assert repr(fast) == repr(slow)  # repr: 1 and 1.0, -0.0 and 0.0 differ
+
+
+def test_the_orjson_fast_path_gives_what_json_alone_gives_on_every_shipped_corpus_line(monkeypatch):
+    # the corpus `make demo` reads, malformed lines included: the lines users' files look like
+    import pipeline_lib.data.readers as readers
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[2] / "configs/data/tiny_corpus.jsonl").read_bytes().split(b"\n")
+    fast = [parse_record(raw, "text", ("id", "meta")) for raw in lines]
+    monkeypatch.setattr(readers, "_fast_object", lambda raw, fields: None)
+    assert len(lines) > 400 and repr(fast) == repr([parse_record(raw, "text", ("id", "meta")) for raw in lines])
+    assert sum(r[1] is not None for r in fast) >= 3  # its planted bad lines keep their reasons
