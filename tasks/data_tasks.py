@@ -12,8 +12,6 @@ depend on how the shards are spread.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from functools import partial
-
 from prefect import get_run_logger, task
 from prefect.tasks import exponential_backoff
 
@@ -155,20 +153,20 @@ def mindrecord_task(config: dict, run_id: str, executor, progress) -> None:
     """Plan the MindRecord files and write them: one group per process that pays MindSpore's import."""
     from pipeline_lib.data.encode import plan_mindrecord, write_mindrecord_files
     from pipeline_lib.data.replay import prepare_replay, reads_earlier_runs
-    from pipeline_lib.data.stage import in_mindrecord_writer, mindrecord_work
+    from pipeline_lib.data.stage import MindRecordLanes, in_mindrecord_writer, mindrecord_work, mindrecord_writer
 
     cfg, paths = _ctx(config, run_id)
     pool = executor.get()
-    if pool is not None and not executor.remote and reads_earlier_runs(cfg):  # read with MindSpore: in the warm writer
+    local = pool is not None and not executor.remote  # the dedup task warmed a writer in this process
+    if local and reads_earlier_runs(cfg):  # read with MindSpore: in the warm writer
         in_mindrecord_writer(prepare_replay, cfg, paths)
-    # spread: the executor when the rows pay for a MindSpore import per worker; else one group
-    spread, groups = mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths), executor.workers)
-    if spread is None and pool is not None and not executor.remote:  # in the process the dedup task warmed
-        write = partial(in_mindrecord_writer, write_mindrecord_files, cfg, paths)
-        fan_out(None, write, [(g,) for g in groups], "mindrecord", progress)
-        return
-    write_on = spread or (pool if executor.remote else None)  # one group: on one Dask worker, or inline
-    fan_out(write_on, write_mindrecord_files, [(cfg, paths, g) for g in groups], "mindrecord", progress)
+    # spread: the executor (with the warm writer as one lane) when the rows pay for the imports; else one group
+    spread, groups = mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths), executor.workers, warm=local)
+    if local:
+        on = MindRecordLanes(mindrecord_writer(), spread) if spread is not None else mindrecord_writer()
+    else:  # one group: on one Dask worker, or inline
+        on = spread or pool
+    fan_out(on, write_mindrecord_files, [(cfg, paths, g) for g in groups], "mindrecord", progress)
 
 
 @task(name="data-finalize", task_run_name="data/{run_id}/finalize", **_RETRY)

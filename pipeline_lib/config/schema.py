@@ -294,9 +294,9 @@ class DataConfig(_Section):
         0.05, ge=0, lt=1, description="Share of documents (chosen by hash) held out for perplexity."
     )
     mindrecord_file_mb: float = Field(
-        256, gt=0, description="Target size of one MindRecord file, in MB of packed rows (4 bytes a token): the "
-        "rows per file are this // (4 * (model.seq_length + 1)). Size them as mindformers users do, in the hundreds "
-        "of MB: every file costs a header, an index database and a task, whatever its size.")
+        64, gt=0, description="Target size of one MindRecord file, in MB of packed rows (4 bytes a token): the "
+        "rows per file are this // (4 * (model.seq_length + 1)). A file is the MindRecord step's unit of work "
+        "(its writer holds ~0.7 GB + 4x the file) and of resume; much smaller files each cost a header and a task.")
     rows_per_mindrecord_shard: int | None = Field(
         None, ge=1, description="Fixed packed rows per MindRecord file instead of mindrecord_file_mb (small "
         "files for tests); null: sized by mindrecord_file_mb.")

@@ -229,28 +229,46 @@ def _run_all(pool, fn, items: list[tuple], step: str, progress: _Progress, inlin
 # What a MindRecord file costs one process (measured with MindSpore 2.x on this stage's rows): per row ~11 us
 # (~7 of them in FileWriter.commit's index database, one SQLite row per record), per byte ~100 MB/s
 _MINDRECORD_ROW_S, _MINDRECORD_BYTES_PER_S = 11e-6, 100e6
-_POOL_MINDRECORD_S = 4.0  # what spreading must save: a pool worker's MindSpore import (~1-3 s) comes first
+_MINDSPORE_IMPORT_S = 2.0  # a fresh worker's `import mindspore.mindrecord`: ~1.2 s of CPU on a quiet machine
+_SPREAD_MIN_S = 1.0  # what spreading must save beyond the imports: the estimate's margin
 # what the dedup step imports first in this process: datasketch (dedup.RunLSH; its scipy import is most of
 # its ~0.5 s) and pandas (pyarrow imports it on first use, ~0.2 s; pyarrow.dataset is not needed, see
 # prep.read_docs)
 DEDUP_IMPORTS = ("datasketch", "pandas")
 
 
-def mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int) -> tuple:
-    """(pool or None, groups of (split, j)): the pool's groups when they finish sooner than one group by
-    more than a pool worker's MindSpore import (the estimate: _MINDRECORD_ROW_S; short rows cost per row,
-    long ones per byte). Else one group in one process (the warm writer, or this process with one worker):
-    the import is paid once, in the only step that needs MindSpore."""
+def mindrecord_work(pool, cfg, paths, items: list[tuple], workers: int, *, warm: bool = False) -> tuple:
+    """(pool or None, groups of (split, j), the heaviest first). The pool when its groups finish sooner than
+    one group by _SPREAD_MIN_S, counting a MindSpore import (_MINDSPORE_IMPORT_S) for each pool worker and,
+    with `warm` (a warm writer: MindRecordLanes), none for the heaviest group, which the writer takes. The
+    estimate: _MINDRECORD_ROW_S (short rows cost per row, long ones per byte). Else one group in one process
+    (the warm writer, or this process with one worker): the import is paid once, in the only step that
+    needs MindSpore."""
     plan = Workspace(cfg, paths, False).read_json("shards/mindrecord.json")
-    if pool is not None and len(items) >= 2:
-        groups = mindrecord_groups(items, workers, plan)
 
-        def seconds(group):
-            return sum(file_rows(plan, split, j) * (_MINDRECORD_ROW_S + plan[split]["row_len"] * 4 /
-                                                    _MINDRECORD_BYTES_PER_S) for split, j in group)
-        if seconds(items) - max(map(seconds, groups)) >= _POOL_MINDRECORD_S:
+    def seconds(group):
+        return sum(file_rows(plan, split, j) * (_MINDRECORD_ROW_S + plan[split]["row_len"] * 4 /
+                                                _MINDRECORD_BYTES_PER_S) for split, j in group)
+    if pool is not None and len(items) >= 2:
+        groups = sorted(mindrecord_groups(items, workers, plan), key=seconds, reverse=True)
+        pays = [0.0 if warm and i == 0 else _MINDSPORE_IMPORT_S for i in range(len(groups))]
+        alone = seconds(items) + (0.0 if warm else _MINDSPORE_IMPORT_S)
+        if alone - max(seconds(g) + t for g, t in zip(groups, pays)) >= _SPREAD_MIN_S:
             return pool, groups
     return None, mindrecord_groups(items, 1)
+
+
+class MindRecordLanes:
+    """The executor of a spread MindRecord step: the first group submitted (mindrecord_work's heaviest) goes
+    to the warm writer, whose MindSpore is imported already, the others to the pool. Before, the writer sat
+    idle while every pool worker imported MindSpore first."""
+
+    def __init__(self, writer: cf.Executor, pool: cf.Executor):
+        self.writer, self.pool = writer, pool
+
+    def submit(self, fn, *args, **kwargs) -> cf.Future:
+        on, self.writer = self.writer or self.pool, None
+        return on.submit(fn, *args, **kwargs)
 
 
 def _make_pool(workers: int) -> cf.ProcessPoolExecutor:
@@ -325,7 +343,12 @@ def _new_writer() -> cf.ProcessPoolExecutor:
 
 def warm_mindrecord_writer() -> None:
     """Start this process's shared MindRecord writer (_new_writer) now."""
-    _shared_pool(_WRITER, _new_writer)
+    mindrecord_writer()
+
+
+def mindrecord_writer() -> cf.ProcessPoolExecutor:
+    """This process's shared MindRecord writer (warm_mindrecord_writer), made now if it is not there (or broke)."""
+    return _shared_pool(_WRITER, _new_writer)
 
 
 def in_mindrecord_writer(fn, *args, **kwargs):
@@ -413,9 +436,11 @@ def run_data_stage(run: StageRun, *, workers: int | None = None) -> StageOutput:
         _run_all(pool, partial(tokenize_shard, shared=shared), each, "tokenize", report)
         if writer is not None and reads_earlier_runs(cfg):  # with MindSpore: where it is imported already
             writer.submit(prepare_replay, cfg, paths, shared=shared).result()
-        mr_pool, groups = mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers)
-        _run_all(mr_pool or writer, partial(write_mindrecord_files, shared=shared), [(cfg, paths, g) for g in groups],
-                 "mindrecord", report, inline_one=mr_pool is not None)
+        mr_pool, groups = mindrecord_work(pool, cfg, paths, plan_mindrecord(cfg, paths, shared=shared), workers,
+                                          warm=writer is not None)
+        lanes = MindRecordLanes(writer, mr_pool) if mr_pool is not None and writer is not None else mr_pool or writer
+        _run_all(lanes, partial(write_mindrecord_files, shared=shared), [(cfg, paths, g) for g in groups],
+                 "mindrecord", report, inline_one=False)
         report("finalize", 0, 1)
         output = finalize_data_stage(cfg, paths, shared=shared)
         report("finalize", 1, 1)

@@ -111,29 +111,50 @@ def test_output_does_not_depend_on_the_number_of_workers(tiny_run, tmp_path, mon
     other = make_cfg(tmp_path, docs_per_shard=100)
     import pipeline_lib.data.stage as stage
 
-    monkeypatch.setattr(stage, "_POOL_MINDRECORD_S", 0)  # the MindRecord groups go to the pool too
+    monkeypatch.setattr(stage, "_MINDSPORE_IMPORT_S", 0)  # the MindRecord groups go to the pool too
+    monkeypatch.setattr(stage, "_SPREAD_MIN_S", 0)
     assert run(other, workers=2).outputs == manifest.outputs
 
 
-def test_mindrecord_files_spread_over_the_pool_only_when_that_saves_more_than_an_import(tmp_path):
-    """The bench's plans, rows of 65 tokens in 256 MB files: at 10x the held-out file is all a second
-    worker would take (one group, in the warm writer); at 30x the second train file (~10 s) goes there."""
+def test_mindrecord_files_spread_over_lanes_only_when_that_saves_more_than_the_imports(tmp_path):
+    """The bench's 10x plan (635,109 train rows of 65 tokens, 33,000 held out): in 256 MB files the held-out
+    file is all a second lane would take (one group, in the warm writer); in 64 MB files (258,111 rows) two
+    lanes, the heaviest group first (the warm writer's, no import); without a warm writer (Dask) every group
+    pays one. A night's few files stay in one process. At 30x in 256 MB files the second train file spreads."""
     import pipeline_lib.data.stage as stage
     from pipeline_lib.data.workspace import Workspace
 
     cfg, paths = make_cfg(tmp_path), RunPaths(str(tmp_path / "out"), "r1")
     pool = object()  # stands for the shard pool: mindrecord_work only decides whether to hand it back
 
-    def decide(train_rows, heldout_rows):
-        plan = {sp: {"rows": n, "rows_per_file": 1_032_000, "row_len": 65}
+    def decide(train_rows, heldout_rows, per, warm=True):
+        plan = {sp: {"rows": n, "rows_per_file": per, "row_len": 65}
                 for sp, n in (("train", train_rows), ("heldout", heldout_rows))}
         Workspace(cfg, paths, False).write_json("shards/mindrecord.json", plan)
-        items = [(sp, j) for sp in plan for j in range(-(-plan[sp]["rows"] // 1_032_000))]
-        return stage.mindrecord_work(pool, cfg, paths, items, 2)
+        items = [(sp, j) for sp in plan for j in range(-(-plan[sp]["rows"] // per))]
+        return stage.mindrecord_work(pool, cfg, paths, items, 2, warm=warm)
 
-    assert decide(660_000, 35_000) == (None, [[("train", 0), ("heldout", 0)]])
-    assert decide(1_900_000, 70_000) == (pool, [[("train", 0)], [("train", 1), ("heldout", 0)]])
+    mb256, mb64 = 1_032_444, 258_111
+    assert decide(635_109, 33_000, mb256) == (None, [[("train", 0), ("heldout", 0)]])
+    lanes = [[("train", 0), ("train", 2)], [("train", 1), ("heldout", 0)]]
+    assert decide(635_109, 33_000, mb64) == (pool, lanes)
+    assert decide(635_109, 33_000, mb64, warm=False) == (pool, lanes)
+    assert decide(150_000, 8_000, mb64) == (None, [[("train", 0), ("heldout", 0)]])
+    assert decide(1_900_000, 70_000, mb256) == (pool, [[("train", 0)], [("train", 1), ("heldout", 0)]])
     assert stage.mindrecord_work(None, cfg, paths, [("train", 0), ("train", 1), ("heldout", 0)], 2)[0] is None
+
+
+def test_the_warm_writer_takes_the_first_group_and_the_pool_the_rest():
+    """MindRecordLanes: the heaviest group (submitted first) where MindSpore is imported already."""
+    import concurrent.futures as cf
+    import os
+
+    from pipeline_lib.data.stage import MindRecordLanes
+
+    with cf.ThreadPoolExecutor(1) as writer, cf.ProcessPoolExecutor(1) as pool:
+        lanes = MindRecordLanes(writer, pool)
+        pids = [f.result() for f in [lanes.submit(os.getpid) for _ in range(3)]]
+    assert pids[0] == os.getpid() and pids[1] == pids[2] != os.getpid()
 
 
 def test_mindrecord_files_are_sized_by_megabytes(tmp_path):
