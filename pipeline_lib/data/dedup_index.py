@@ -158,8 +158,12 @@ def _lines(text: str) -> list[str]:
 
 def encode_origin(origin: str) -> str:
     """One origin as its line of ids.jsonl: a JSON string, ASCII only, so a name with a newline, a line separator
-    or a byte that is not UTF-8 (a lone surrogate escape of the file system's name) comes back as it was."""
-    return json.dumps(origin, ensure_ascii=True)
+    or a byte that is not UTF-8 (a lone surrogate escape of the file system's name) comes back as it was.
+    json.dumps(origin, ensure_ascii=True) by the function it calls for a str, without its per-call dispatch."""
+    return _ascii_json_string(origin)
+
+
+_ascii_json_string = json.encoder.encode_basestring_ascii
 
 
 def decode_origin(line: str) -> str:
@@ -405,10 +409,11 @@ def _spill_entries(folder: Path, keys: Path, sigs: Path | None, bands: int, rows
             prefixes = prefix_of(adds["key"], bits)
             order = np.argsort(prefixes, kind="stable")
             adds, prefixes = adds[order], prefixes[order]
-            for p in np.unique(prefixes):
+            present, starts = np.unique(prefixes, return_index=True)  # sorted: each prefix is one slice
+            for p, a, z in zip(present, starts, [*starts[1:], len(prefixes)]):
                 path = files[kind].setdefault(int(p), folder / f"{kind}-{int(p):04x}.bin")
                 with open(path, "ab") as fh:
-                    fh.write(adds[prefixes == p].tobytes())
+                    fh.write(adds[a:z].tobytes())
     return {kind: [by[p] for p in sorted(by)] for kind, by in files.items()}
 
 

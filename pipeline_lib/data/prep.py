@@ -356,9 +356,10 @@ def stage_index_segment(cfg, paths, *, shared: bool = True) -> list[str]:
             folder = shard_dir(k)
             keep = np.load(ws.fetch(f"{folder}/keep.npy")) == 0
             table = read_docs(ws, k, ["origin", "source_id", "key"]).filter(pa.array(keep))
-            out.add(table.column("origin").to_pylist(), table.column("key").to_numpy(),
+            # str objects through numpy: about half the time of to_pylist
+            out.add(table.column("origin").to_numpy(zero_copy_only=False), table.column("key").to_numpy(),
                     np.load(ws.fetch(f"{folder}/sigs.npy"), mmap_mode="r")[keep] if d.near else None,
-                    table.column("source_id").to_pylist())  # JSON text
+                    table.column("source_id").to_numpy(zero_copy_only=False))  # JSON text
         names = out.close(segment_meta(cfg, paths.run_id, n, d.near, plan["files"]))
         ws.publish(*[f"{SEGMENT}/{n}" for n in names])
         stage_segment(ws.local(SEGMENT), names, index_uri(cfg), paths.run_id, ws.endpoint)
