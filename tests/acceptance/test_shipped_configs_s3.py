@@ -36,8 +36,15 @@ def glob_parts(pattern: str) -> tuple[str, str, str]:
     return bucket, head, tail
 
 
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory):
+    """One Prefect home (~/.prefect) for the configs' runs, as one user's: the embedded API creates and migrates its
+    database on the first run only (~5 s of the CLI's wait on a fresh home); what this file checks is the S3 glob."""
+    return tmp_path_factory.mktemp("prefect-home")
+
+
 @pytest.mark.parametrize("config", CONFIGS)
-def test_shipped_config_data_stage_reads_its_s3_glob(config, user_repo, s3_endpoint, llama2_tokenizer):
+def test_shipped_config_data_stage_reads_its_s3_glob(config, user_repo, s3_endpoint, llama2_tokenizer, prefect_home):
     import boto3
 
     spec = yaml.safe_load((user_repo.path / "configs/pipelines" / config).read_text())
@@ -68,7 +75,7 @@ def test_shipped_config_data_stage_reads_its_s3_glob(config, user_repo, s3_endpo
                           "--run-id", "accept-s3", f"run.output_root={out}", f"run.s3_endpoint_url={s3_endpoint}",
                           *tokenizer, *SHRINK],
                          env={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                              "AWS_DEFAULT_REGION": "us-east-1"}, timeout=900)
+                              "AWS_DEFAULT_REGION": "us-east-1", "PREFECT_HOME": str(prefect_home)}, timeout=900)
     bucket, _, prefix = out[len("s3://"):].partition("/")
     stats = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/accept-s3/data/stats.json")["Body"].read())
     read_per_file = {f["uri"]: f["read"] for f in stats["files"].values()}

@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.usefixtures("prefec
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL, DEPLOYMENT = "ask-lease", "nightly-pretrain/ask-lease"
-PAUSE_S = 12  # the night's ask_timeout_hours: 8 renewals of the engine's compressed lease, 1.6 of the held slot's
-# (lease_site: every 1.5 s and 7.5 s; the count of renewals is what the test needs, not the seconds)
+PAUSE_S = 6  # the night's ask_timeout_hours: 8 renewals of the engine's compressed lease, 1.6 of the held slot's
+# (lease_site: every 0.75 s and 3.75 s; the count of renewals is what the test needs, not the seconds)
 
 
 @pytest.fixture

@@ -115,7 +115,7 @@ def _answer_when_paused(approve: bool, reason: str) -> threading.Thread:
                 if paused:
                     resume_flow_run(paused[0].id, run_input={"approve": approve, "reason": reason, "who": "bob"})
                     return
-                time.sleep(0.5)
+                time.sleep(0.25)
         except Exception as err:  # seen by the test, not lost in the thread
             errors.append(repr(err))
 
@@ -127,9 +127,14 @@ def _answer_when_paused(approve: bool, reason: str) -> threading.Thread:
     return thread
 
 
-def test_ask_waits_for_a_person_records_the_decision_and_holds_when_nobody_answers(night, tiny_cfg):
+def test_ask_waits_for_a_person_records_the_decision_and_holds_when_nobody_answers(night, tiny_cfg, monkeypatch):
     """One lineage, three nights that ask (one night 1 for the three: each asked night is judged against it):
     nobody answers in time -> Held; a person rejects -> Held; a person approves -> Promoted."""
+    import flows.nightly
+
+    # the paused night asks the API for the answer every 0.25 s here (2 s in the product: up to 2 s of each
+    # answer's wait, three answers a test)
+    monkeypatch.setattr(flows.nightly, "PAUSE_POLL_S", 0.25)
     night("2026-12-01", 1.0)
     asked = night("2026-12-02", 1.5, on_regression="ask", ask_timeout_hours=4 / 3600)  # 4 s
     assert asked.is_completed() and asked.name == "Held", asked.message

@@ -35,7 +35,8 @@ RELIABILITY_ROW = "storage_faults"
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "data" / "tiny_corpus.jsonl"
 FULL_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") == "reliability"
-READ_TIMEOUT = 1.0  # the client gives up on a stalled request after this long (the proxy stalls for 2.5 s)
+READ_TIMEOUT = 0.5  # the client gives up on a stalled request after this long (the proxy stalls for 2.5 s). A loaded
+# machine that answers a sound request slower only costs a retry of it (the faults are counted at the proxy)
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 Two test-time settings, nothing else: (1) the stages are tests/flows/stage_doubles.py (as the in-process gate tests
 route them), (2) time is compressed: the engine leases its deployment slot for 60 s (the API's minimum renewal) and
-every lease is renewed at 2.5% of its duration instead of 75% (the engine's every 1.5 s, a `concurrency` block's
-every 7.5 s), so a pause of seconds meets several renewals; unpatched, the first renewal after pausing came 94-171 s late."""
+every lease is renewed at 1.25% of its duration instead of 75% (the engine's every 0.75 s, a `concurrency` block's
+every 3.75 s), so a pause of seconds meets several renewals; unpatched, the first renewal after pausing came 94-171 s late."""
 import dataclasses
 import os
 import sys
@@ -16,7 +16,7 @@ import prefect.flow_engine as _engine  # noqa: E402
 
 from pipeline_lib import stages as _stages  # noqa: E402
 
-_leases._RENEWAL_FRACTION = 0.025
+_leases._RENEWAL_FRACTION = 0.0125
 _maintain = _engine.maintain_concurrency_lease
 
 
