@@ -279,11 +279,6 @@ def run_main(argv: list[str]) -> int:
         api.stop()
         gc.enable()
         raise
-    warm = not args.submit and not args.dispatch and "data" in stages and _data_stage_to_run(cfg, run_id)
-    if warm:  # the fork server imports the data stage in its own process while this one imports the flows (~1.1 s)
-        from pipeline_lib.data.stage import start_shard_workers  # not through tasks/: that imports Prefect
-
-        start_shard_workers(cfg)
     try:
         from flows.pipeline import llm_pipeline
     finally:
@@ -301,10 +296,8 @@ def run_main(argv: list[str]) -> int:
         print(f"{said.get(action, f'not resubmitted ({action}): run')} {run_id}: {url}")
         print(f"resume: llm-pipeline run ... --run-id {run_id} --submit, or Retry in the UI")
         return 0
-    if warm and api.server is not None:  # and the dedup step's imports, while the API server boots
-        from tasks.data_tasks import warm_shard_work
-
-        warm_shard_work(cfg)
+    if api.server is not None and not args.dispatch and "data" in stages:
+        _warm_data_stage(cfg, run_id)
     from tasks import terminal
 
     screen = terminal.install(verbose=args.verbose)
@@ -330,16 +323,19 @@ def _imports_done() -> None:
     gc.enable()
 
 
-def _data_stage_to_run(cfg, run_id: str) -> bool:
-    """Whether this run's data stage is not done already (an unreachable store: no, the flow says so properly;
-    warming its workers is only a head start)."""
+def _warm_data_stage(cfg, run_id: str) -> None:
+    """While the embedded API server boots (~3-4 s, one core): the data stage's worker pool and imports
+    (tasks.data_tasks.warm_shard_work), when this run's data stage is not done already."""
     from pipeline_lib.stages import stage_done
     from pipeline_lib.storage import RunPaths
+    from tasks.data_tasks import warm_shard_work
 
     try:
-        return not stage_done(cfg, RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url), "data")[0]
-    except Exception:
-        return False
+        done = stage_done(cfg, RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url), "data")[0]
+    except Exception:  # an unreachable store: the flow says so properly; warming is only a head start
+        return
+    if not done:
+        warm_shard_work(cfg)
 
 
 def _report(state, cfg, run_id: str, stages: list[str], embedded: bool) -> int:

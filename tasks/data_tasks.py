@@ -30,13 +30,19 @@ def _ctx(config: dict, run_id: str):
     return cfg, RunPaths(cfg.run.output_root, run_id, cfg.run.s3_endpoint_url)
 
 
-def warm_shard_work(cfg) -> None:
-    """stage.start_shard_workers, and import what the dedup step needs in this process, in a thread: for a caller
-    about to wait on something else (the prep task on listing the inputs, the CLI on its Prefect API server),
-    not on its own imports (the two would take turns on the GIL)."""
-    from pipeline_lib.data.stage import DEDUP_IMPORTS, preload, start_shard_workers
+def local_workers(cfg) -> int:
+    """Processes of this machine's shard pool: none with Dask (its workers do the shard work)."""
+    return 1 if cfg.data.executor == "dask" else cfg.data.num_workers
 
-    start_shard_workers(cfg)
+
+def warm_shard_work(cfg) -> None:
+    """In the background: start the shard pool's workers (the fork server imports the data stage,
+    ~0.6 s) and import what the dedup step needs in this process. For a caller about to wait on
+    something else: the prep task on listing the inputs, the CLI on its Prefect API server."""
+    from pipeline_lib.data.stage import DEDUP_IMPORTS, preload, shard_pool, start_workers
+
+    workers = local_workers(cfg)
+    start_workers(shard_pool(workers), workers)
     preload(*DEDUP_IMPORTS)
 
 
@@ -111,7 +117,7 @@ def prep_task(config: dict, run_id: str, executor, progress) -> tuple[int, int]:
 def dedup_task(config: dict, run_id: str) -> dict:
     from pipeline_lib.data.errors import NoNewDocuments
     from pipeline_lib.data.prep import dedup_stage
-    from pipeline_lib.data.stage import local_workers, warm_mindrecord_writer
+    from pipeline_lib.data.stage import warm_mindrecord_writer
 
     cfg, paths = _ctx(config, run_id)
     if local_workers(cfg) > 1:

@@ -356,18 +356,6 @@ def in_mindrecord_writer(fn, *args, **kwargs):
     return _in_shared_pool(_WRITER, _new_writer, fn, *args, **kwargs)
 
 
-def local_workers(cfg) -> int:
-    """Processes of this machine's shard pool: none with Dask (its workers do the shard work)."""
-    return 1 if cfg.data.executor == "dask" else cfg.data.num_workers
-
-
-def start_shard_workers(cfg) -> None:
-    """In the background: start this process's shard pool (shard_pool) and its workers (the fork server
-    imports the data stage, ~0.6 s, in its own process). A no-op when they are started already."""
-    workers = local_workers(cfg)
-    start_workers(shard_pool(workers), workers)
-
-
 def start_workers(pool: cf.ProcessPoolExecutor | None, n: int) -> None:
     """Have `pool` start its n workers now, from a background thread: the first start waits for the
     fork server to import this package (~0.5-0.7 s), which then overlaps with listing the inputs."""
