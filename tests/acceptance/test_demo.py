@@ -44,6 +44,9 @@ def quiet_terminal(stdout: str) -> None:
     assert not [ln for ln in lines if "Concurrency limits" in ln]  # Prefect's warning of a limit a laptop has not
     assert not [ln for ln in lines if DEPRECATION.search(ln)]  # mindformers' notices: the log file's (issue 49)
     assert not [ln for ln in lines if "planner's prediction" in ln and "memory" in ln]  # a tiny model: overheads
+    # a run that is done prints no traceback, not even in the interpreter's teardown (a process pool made before the
+    # CLI's gc.freeze printed "Exception ignored in ... weakref_cb" there)
+    assert not [ln for ln in lines if ln.startswith(("Traceback", "Exception ignored"))], "\n".join(lines[-40:])
     for stage in STAGES:
         assert any(ln.endswith(f" {stage}: started") for ln in lines), stage
 
