@@ -3,9 +3,10 @@
 A stage that fills its filesystem fails deep inside a writer (Python's `OSError: [Errno 28] No space
 left on device`, or numpy's `tofile` that reports only "24448 requested and 7136 written" with no
 errno and no path). `named_disk_full` turns either into `DiskFull`: the path written (the error's
-own filename, else the stage or work folder whose filesystem is full), the bytes the write still
-needed where the writer said, the free bytes of that filesystem now, and the fix. The message keeps
-"No space left on device" so the doctor classifies it `disk_full` (doctor/patterns.py).
+own filename, else the stage or work folder whose filesystem is full, or the fullest of them when the
+writer freed its partial file before raising), the bytes the write still needed where the writer said, the
+free bytes of that filesystem now, and the fix. The message keeps "No space left on device" so the doctor
+classifies it `disk_full` (doctor/patterns.py).
 """
 from __future__ import annotations
 
@@ -69,7 +70,11 @@ def disk_full_error(err: OSError, folders: dict[str, str]) -> DiskFull | None:
     if path is None:  # a short write / MindRecord refusal, but no candidate folder is full: some other error
         if short or mindrecord:
             return None
-        path = "?"
+        # the kernel's ENOSPC with no path from a writer that removed its partial file (pyarrow's parquet writer
+        # does): the space is free again, so none is below `below`; the fullest written folder is the one
+        frees = [(free, name, folder) for name, folder in folders.items()
+                 if folder is not None and (free := free_bytes(folder)) is not None]
+        _, setting, path = min(frees) if frees else (None, None, "?")
     free = free_bytes(path) if path != "?" else None
     need = ("MindRecord's writer needs 10 MB (10,485,760 bytes) free before it writes" if mindrecord else
             f"the write needed {missing:,} more bytes" if missing is not None

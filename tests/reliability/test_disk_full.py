@@ -181,6 +181,26 @@ def test_a_plain_write_that_hits_enospc_names_the_folder_and_free_bytes(tmpfs):
         raise ValueError("not a disk problem")
 
 
+def test_a_parquet_write_that_removes_its_partial_file_still_names_the_full_folder(tmpfs):
+    """pyarrow's parquet writer raises errno 28 with no filename and deletes its partial file first: the space is
+    free again when the error is named (the data stage's tokenizer sample is such a write), so the fullest written
+    folder is named, not '?'."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline_lib.storage.disk_space import named_disk_full
+
+    root, roomy = tmpfs("500k"), tmpfs("8m")
+    (root / "filled").write_bytes(b"x" * 300_000)
+    table = pa.table({"x": pa.array(range(200_000), pa.int64())})
+    with pytest.raises(DiskFull) as failed, named_disk_full({"run.work_dir": str(roomy),
+                                                              "run.output_root": str(root)}):
+        pq.write_table(table, root / "sample.parquet", compression="none")
+    assert failed.value.__cause__.errno == 28 and failed.value.__cause__.filename is None
+    assert not (root / "sample.parquet").exists()  # why the free space is back
+    assert str(failed.value).startswith(f"No space left on device writing {root} (run.output_root): ")
+
+
 TRAIN_IN_SUBPROCESS = """
 import sys
 from pipeline_lib.config import load_config
