@@ -37,9 +37,9 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/llm-pipeline run configs/pipelines/tiny-cpu.yaml
 
-# two workers (pytest-xdist), one test file each at a time: module fixtures stay in one process, and much of
-# the suite waits on subprocesses and servers, so two workers on two cores finish in about half the time
-TEST_WORKERS ?= 2
+# three workers (pytest-xdist) on two cores, one test file each at a time: module fixtures stay in one process, and
+# much of the suite waits on subprocesses and servers (two workers kept the cores 69% busy: README, "Tests")
+TEST_WORKERS ?= 3
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
