@@ -136,9 +136,28 @@ def exact_copies(gid: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return np.stack([g[later], rep[later]], axis=1)
 
 
+_BAND_MIX = np.uint64(0x9E3779B97F4A7C15)  # odd: per band, key -> key ^ band * _BAND_MIX is one-to-one
+
+
+def shared_buckets(band: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Indices (ascending) of the records whose (band, key) bucket may hold another record: those alone in theirs
+    give no pair. One sort of a 64-bit mix of band and key instead of the four-column lexsort of every record
+    (most buckets hold one record); two buckets whose mixes collide both stay, and are told apart after."""
+    mix = key ^ (band.astype(np.uint64) * _BAND_MIX)
+    order = np.argsort(mix)
+    mix = mix[order]
+    twin = np.zeros(len(mix), bool)
+    same = mix[1:] == mix[:-1]
+    twin[1:] |= same
+    twin[:-1] |= same
+    return np.sort(order[twin])
+
+
 def candidate_pairs(gid: np.ndarray, recs: np.ndarray, collapse: bool) -> np.ndarray:
     """Unique (i < j) int64 pairs of documents sharing a (band, band key); collapse: only the first
     document of each exact key within a bucket."""
+    shared = shared_buckets(recs["band"], recs["key"])
+    gid, recs = gid[shared], recs[shared]
     order = np.lexsort((gid, recs["exact"], recs["key"], recs["band"]))
     b, k, e, g = recs["band"][order], recs["key"][order], recs["exact"][order], gid[order]
     if collapse and len(g):

@@ -15,7 +15,7 @@ from datagen import ROOT, make_cfg, mutate_to, planted_corpus, random_doc, write
 
 from pipeline_lib.data.dedup import Deduplicator
 from pipeline_lib.data.dedup_index import commit_segment, index_uri, load_prior, segment_meta, write_segment
-from pipeline_lib.data.dedup_parts import _pairs_within, _runs, candidate_pairs, PART
+from pipeline_lib.data.dedup_parts import _BAND_MIX, PART, _pairs_within, _runs, candidate_pairs, shared_buckets
 from pipeline_lib.data.minhash import band_keys
 from pipeline_lib.data.prep import dedup_stage, plan_data_stage, prep_shard, read_docs, shard_dir
 from pipeline_lib.data.workspace import Workspace
@@ -136,6 +136,49 @@ def test_pairs_within_runs_are_every_earlier_later_pair():
     gid = np.array([0, 2, 3, 4, 1])
     assert candidate_pairs(gid, recs, collapse=True).tolist() == [[0, 1]]
     assert len(candidate_pairs(gid, recs, collapse=False)) == 10
+
+
+def _brute_pairs(gid, recs, collapse):
+    """Every pair of documents sharing a (band, key), by definition; collapse: per bucket only the first
+    document of each exact key takes part."""
+    buckets = {}
+    for g, r in zip(gid.tolist(), recs.tolist()):
+        key, exact, _, band = r
+        buckets.setdefault((band, key), {}).setdefault(exact if collapse else (exact, g), []).append(g)
+    pairs = set()
+    for members in buckets.values():
+        docs = sorted(min(gs) for gs in members.values()) if collapse else sorted(g for gs in members.values() for g in gs)
+        pairs |= {(a, b) for i, a in enumerate(docs) for b in docs[i + 1:] if a != b}
+    return sorted(pairs)
+
+
+@pytest.mark.parametrize("n", [20, 1000])
+def test_candidate_pairs_are_the_pairs_sharing_a_bucket_at_user_sizes(n):
+    """Against the definition, on records where most buckets hold one record (what the one-sort prefilter drops)
+    and some hold many, with exact copies among them."""
+    rng = np.random.default_rng(n)
+    recs = np.zeros(n, PART)
+    recs["band"] = rng.integers(0, 9, n)
+    recs["key"] = rng.integers(0, n, n, dtype=np.uint64)
+    recs["exact"] = rng.integers(0, n // 4, n, dtype=np.uint64)
+    gid = rng.permutation(n).astype(np.int64)
+    for collapse in (True, False):
+        want = _brute_pairs(gid, recs, collapse)
+        assert 0 < len(want) < n * n // 20  # both kinds of bucket are there
+        assert [tuple(p) for p in candidate_pairs(gid, recs, collapse).tolist()] == want
+
+
+def test_buckets_whose_mixes_collide_stay_apart():
+    """Band 0 with key k and band 1 with key k ^ mix(1) have the same one-sort mix: both records pass the
+    prefilter, and the exact sort after it still finds no pair between them."""
+    k = np.uint64(12345)
+    recs = np.zeros(3, PART)
+    recs["band"] = [0, 1, 2]
+    recs["key"] = [k, k ^ (np.uint64(1) * _BAND_MIX), 7]
+    recs["exact"] = [1, 2, 3]
+    gid = np.array([0, 1, 2])
+    assert shared_buckets(recs["band"], recs["key"]).tolist() == [0, 1]
+    assert candidate_pairs(gid, recs, collapse=True).shape == (0, 2)
 
 
 KILLED = """
