@@ -223,6 +223,7 @@ class CharRatio(Filter):
 
 
 _URL = re.compile(r"(?:https?://|www\.)\S+", re.I)
+_SEP = "\x00"  # between the texts of a batch that UrlHeavy searches at once
 BOILERPLATE = ("all rights reserved", "cookie policy", "privacy policy", "terms of use", "click here",
                "enable javascript", "subscribe to our newsletter", "版权所有", "免责声明", "点击这里", "点击查看",
                "上一篇", "下一篇", "返回顶部", "扫一扫", "关注我们", "登录注册", "联系我们")
@@ -239,11 +240,34 @@ class UrlHeavy(Filter):
         self.phrases = tuple(p.lower() for p in (phrases if phrases is not None else BOILERPLATE))
 
     def __call__(self, doc):
-        t = doc.text
-        low = t.lower()
+        low = doc.text.lower()
+        return self._verdict(doc.text, low, any(p in low for p in self.phrases))
+
+    def batch(self, docs):
+        lows = [d.text.lower() for d in docs]
+        return [self._verdict(d.text, low, named) for d, low, named in zip(docs, lows, self._naming(lows))]
+
+    def _naming(self, lows: list[str]) -> list[bool]:
+        """Per lowered text, whether a phrase may occur in it: each phrase searched once over the batch joined by
+        NUL (the per-document test of every phrase was a fifth of the filters' time). A phrase holding NUL may
+        match across two texts: that only sends them to _verdict's exact per-line test."""
+        if not lows:
+            return []
+        joined = _SEP.join(lows)
+        ends = np.cumsum([len(low) + 1 for low in lows])  # each text's end, its separator included
+        named = np.zeros(len(lows), bool)
+        for p in self.phrases:
+            at = joined.find(p)
+            while at >= 0:
+                k = int(np.searchsorted(ends, at, "right"))
+                named[k] = True
+                at = joined.find(p, int(ends[k]))  # on from the next text
+        return named.tolist()
+
+    def _verdict(self, t: str, low: str, named: bool):
         if t and ("://" in t or "www." in low) and sum(len(m) for m in _URL.findall(t)) / len(t) > self.max_url:
             return False, "url_heavy"
-        if not any(p in low for p in self.phrases):
+        if not named:
             return True
         lines = [ln for ln in low.split("\n") if ln.strip()]
         if lines:

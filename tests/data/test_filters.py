@@ -113,6 +113,24 @@ def test_url_heavy_and_boilerplate():
     assert run("url_heavy", ZH + "\n" + EN + "\n联系我们：电话 12345")[0] is True
 
 
+@pytest.mark.parametrize("n", [20, 1000])
+@pytest.mark.parametrize("phrases", [None, ["Privacy Policy", "联系我们", "ab"], ["", "x"], ["a\x00b", "上一篇"]])
+def test_url_heavy_on_a_batch_gives_each_document_its_own_verdict(n, phrases):
+    """The batch searches each phrase once over the texts joined by NUL: a phrase at a text's edge, texts that
+    hold NUL themselves, empty texts, phrases that are empty or hold NUL (a match across two texts), the same
+    verdicts as one text at a time."""
+    import random
+
+    rng = random.Random(n)
+    parts = ["联系我们", "PRIVACY POLICY", "上一篇：x", "\x00", "a", "b", "\n", "https://e.com/" + "q" * 40, ZH[:30], EN[:40]]
+    texts = ["".join(rng.choice(parts) for _ in range(rng.randrange(0, 6))) for _ in range(n)]
+    f = FILTERS["url_heavy"](phrases=phrases)
+    want = [f(Doc(f"t:{i}", t)) for i, t in enumerate(texts)]
+    assert f.batch([Doc(f"t:{i}", t) for i, t in enumerate(texts)]) == want
+    assert {v if v is True else v[1] for v in want} >= {True, "boilerplate"}  # both answers occur
+    assert f.batch([]) == []  # every document dropped by an earlier filter
+
+
 def test_default_filters_keep_normal_zh_and_en_and_report_the_first_drop():
     filters = build_filters(DataConfig().filters)
     for text in (ZH, EN, ZH + "\n\n" + EN):
