@@ -38,7 +38,7 @@ demo: $(STAMP)
 	$(BIN)/llm-pipeline run configs/pipelines/tiny-cpu.yaml
 
 # three workers (pytest-xdist) on two cores, one test file each at a time: module fixtures stay in one process, and
-# much of the suite waits on subprocesses and servers (two workers kept the cores 69% busy: README, "Tests")
+# much of the suite waits on subprocesses and servers (two workers kept the cores 69% busy: README, "Tests and benchmarks")
 TEST_WORKERS ?= 3
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
