@@ -52,17 +52,17 @@ def free_bytes(path: str | Path) -> int | None:
 def disk_full_error(err: OSError, folders: dict[str, str]) -> DiskFull | None:
     """A DiskFull for `err` when it is a full disk, else None. folders: {what the user sets (e.g.
     "run.output_root"): local folder} written by the failed work, the candidates for the path when
-    the error names none (the first whose filesystem has less free than the write needed)."""
+    the error names none (the first whose filesystem has less free than the write needed; for the kernel's
+    ENOSPC, else the fullest: a writer that removed its partial file, as pyarrow's parquet writer does, left the
+    space free again)."""
     short, mindrecord = SHORT_WRITE.search(str(err)), MINDRECORD_FREE.search(str(err))
     if getattr(err, "errno", None) not in FULL_ERRNOS and not short and not mindrecord:
         return None
     missing = int(short.group(1)) - int(short.group(2)) if short else None
     below = MINDRECORD_MIN_FREE if mindrecord else (missing or 1) + 4096  # a full filesystem has less free than this
+    frees = {name: (folder, free_bytes(folder)) for name, folder in folders.items() if folder is not None}
     path, setting = getattr(err, "filename", None), None
-    for name, folder in folders.items():
-        if folder is None:
-            continue
-        free = free_bytes(folder)
+    for name, (folder, free) in frees.items():
         inside = path is not None and Path(path).resolve().is_relative_to(Path(folder).resolve())
         if inside or (path is None and free is not None and free < below):
             path, setting = path or folder, name
@@ -70,11 +70,8 @@ def disk_full_error(err: OSError, folders: dict[str, str]) -> DiskFull | None:
     if path is None:  # a short write / MindRecord refusal, but no candidate folder is full: some other error
         if short or mindrecord:
             return None
-        # the kernel's ENOSPC with no path from a writer that removed its partial file (pyarrow's parquet writer
-        # does): the space is free again, so none is below `below`; the fullest written folder is the one
-        frees = [(free, name, folder) for name, folder in folders.items()
-                 if folder is not None and (free := free_bytes(folder)) is not None]
-        _, setting, path = min(frees) if frees else (None, None, "?")
+        known = [(free, name, folder) for name, (folder, free) in frees.items() if free is not None]
+        _, setting, path = min(known) if known else (None, None, "?")
     free = free_bytes(path) if path != "?" else None
     need = ("MindRecord's writer needs 10 MB (10,485,760 bytes) free before it writes" if mindrecord else
             f"the write needed {missing:,} more bytes" if missing is not None
