@@ -296,8 +296,8 @@ def run_main(argv: list[str]) -> int:
         print(f"{said.get(action, f'not resubmitted ({action}): run')} {run_id}: {url}")
         print(f"resume: llm-pipeline run ... --run-id {run_id} --submit, or Retry in the UI")
         return 0
-    if api.server is not None and not args.dispatch and "data" in stages:
-        _warm_data_stage(cfg, run_id)
+    if not args.dispatch and "data" in stages:
+        _warm_data_stage(cfg, run_id, imports=api.server is not None)
     from tasks import terminal
 
     screen = terminal.install(verbose=args.verbose)
@@ -323,9 +323,11 @@ def _imports_done() -> None:
     gc.enable()
 
 
-def _warm_data_stage(cfg, run_id: str) -> None:
-    """While the embedded API server boots (~3-4 s, one core): the data stage's worker pool and imports
-    (tasks.data_tasks.warm_shard_work), when this run's data stage is not done already."""
+def _warm_data_stage(cfg, run_id: str, *, imports: bool) -> None:
+    """The data stage's worker pool, and with `imports` the dedup step's imports (tasks.data_tasks.warm_shard_work),
+    when this run's data stage is not done already: while the embedded API server boots (~3-4 s, one core), or
+    while a running server answers the flow's first calls (~0.7 s of waiting; the imports wait for the plan
+    then: in a thread now they would take the GIL from the flow's start)."""
     from pipeline_lib.stages import stage_done
     from pipeline_lib.storage import RunPaths
     from tasks.data_tasks import warm_shard_work
@@ -335,7 +337,7 @@ def _warm_data_stage(cfg, run_id: str) -> None:
     except Exception:  # an unreachable store: the flow says so properly; warming is only a head start
         return
     if not done:
-        warm_shard_work(cfg)
+        warm_shard_work(cfg, imports=imports)
 
 
 def _report(state, cfg, run_id: str, stages: list[str], embedded: bool) -> int:

@@ -35,15 +35,17 @@ def local_workers(cfg) -> int:
     return 1 if cfg.data.executor == "dask" else cfg.data.num_workers
 
 
-def warm_shard_work(cfg) -> None:
+def warm_shard_work(cfg, *, imports: bool = True) -> None:
     """In the background: start the shard pool's workers (the fork server imports the data stage,
-    ~0.6 s) and import what the dedup step needs in this process. For a caller about to wait on
-    something else: the prep task on listing the inputs, the CLI on its Prefect API server."""
+    ~0.6 s) and, with `imports`, import what the dedup step needs in this process (~0.9 s of CPU in a
+    thread: it holds the GIL much of that time). For a caller about to wait on something else: the CLI
+    on its Prefect API server, the prep task on its shards."""
     from pipeline_lib.data.stage import DEDUP_IMPORTS, preload, shard_pool, start_workers
 
     workers = local_workers(cfg)
     start_workers(shard_pool(workers), workers)
-    preload(*DEDUP_IMPORTS)
+    if imports:
+        preload(*DEDUP_IMPORTS)
 
 
 def shard_ranges(indices) -> str:
@@ -104,8 +106,9 @@ def prep_task(config: dict, run_id: str, executor, progress) -> tuple[int, int]:
     from pipeline_lib.data.workspace import Workspace
 
     cfg, paths = _ctx(config, run_id)
-    warm_shard_work(cfg)  # nothing new when the CLI did it already
+    warm_shard_work(cfg, imports=False)  # nothing new when the CLI did it already
     n = len(plan_data_stage(cfg, paths))
+    warm_shard_work(cfg)  # the imports, while this process waits on the shards
     counts = fan_out(executor.get(), prep_shard, _shards(cfg, paths, n), "prep", progress)
     if cfg.data.dedup.exact or cfg.data.dedup.near:  # the dedup step's partitions, mapped as the shards are
         parts = dedup_partitions(Workspace(cfg, paths))
