@@ -130,7 +130,7 @@ def tokenize_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
     tok = Tokenizer(ws.fetch("tokenizer/tokenizer.model"))
     kept = _kept(ws, index, ["origin", "source_id", "text", "key"])
     held = heldout_mask(kept["key"], cfg.data.heldout_fraction)
-    encoded = tok.encode_batch(list(kept["text"]), threads=cfg.tokenizer.encode_threads)
+    encoded = tok.encode_arrays(list(kept["text"]), threads=cfg.tokenizer.encode_threads)
     counts = {"kept_train": int((~held).sum()), "kept_heldout": int(held.sum())}
     for split, mask in (("train", ~held), ("heldout", held)):
         stream = join_with_eos([e for e, m in zip(encoded, mask) if m], tok.eos_id)

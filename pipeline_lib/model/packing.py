@@ -13,14 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def join_with_eos(token_lists: list[list[int]], eos_id: int) -> np.ndarray:
-    """Documents' tokens each followed by EOS, as one int32 array."""
+def join_with_eos(token_lists: list, eos_id: int) -> np.ndarray:
+    """Documents' tokens (lists of ints or int arrays) each followed by EOS, as one int32 array."""
     lengths = np.fromiter((len(t) + 1 for t in token_lists), dtype=np.int64, count=len(token_lists))
     out = np.full(int(lengths.sum()), eos_id, dtype=np.int32)
-    pos = 0
-    for toks, n in zip(token_lists, lengths):
-        out[pos:pos + n - 1] = toks
-        pos += n
+    if len(out) > len(token_lists):  # some document has a token
+        tokens = np.ones(len(out), dtype=bool)
+        tokens[np.cumsum(lengths) - 1] = False  # each document's EOS
+        out[tokens] = np.concatenate([np.asarray(t, dtype=np.int32) for t in token_lists])
     return out
 
 

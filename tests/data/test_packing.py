@@ -17,6 +17,17 @@ def test_documents_are_joined_with_eos_and_packed_into_exact_rows():
     assert rows_from_tokens(stream[:2], 3, "drop", 0).shape == (0, 3)
 
 
+def test_token_arrays_join_as_token_lists_do():
+    rng = np.random.default_rng(7)
+    for n in (20, 1000):  # empty documents among them, first and last included
+        lists = [rng.integers(4, 16000, rng.integers(0, 40)).tolist() for _ in range(n)]
+        lists[0] = lists[-1] = []
+        arrays = [np.asarray(t, dtype=np.int32) for t in lists]
+        expect = [t for doc in lists for t in (*doc, 3)]
+        assert join_with_eos(arrays, 3).tolist() == expect == join_with_eos(lists, 3).tolist()
+    assert join_with_eos([], 3).tolist() == [] and join_with_eos([np.zeros(0, np.int32)] * 2, 3).tolist() == [3, 3]
+
+
 def test_gather_tokens_spans_parts():
     parts = [(0, np.arange(5)), (5, np.arange(5, 7)), (7, np.arange(7, 12))]
     assert gather_tokens(parts, 3, 9).tolist() == [3, 4, 5, 6, 7, 8]

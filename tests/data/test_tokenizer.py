@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from datagen import TINY
 
@@ -47,6 +48,8 @@ def test_encode_batch_equals_encode(tok):
     assert tok.encode_batch(batch, threads=2) == [tok.encode(t) for t in batch]
     chars_per_token = sum(map(len, batch)) / sum(map(len, tok.encode_batch(batch)))
     assert chars_per_token > 1.2
+    arrays = tok.encode_arrays(batch + [""], threads=2)
+    assert [a.tolist() for a in arrays] == tok.encode_batch(batch + [""]) and {a.dtype for a in arrays} == {np.dtype(np.int32)}
 
 
 def test_training_is_deterministic(tok, tmp_path):
