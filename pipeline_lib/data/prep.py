@@ -36,8 +36,8 @@ from .index_lease import take_lease
 from .minhash import lsh_params, shingle_hashes, signatures
 from .readers import iter_shard_batches
 from .sources import ShardSpec, list_inputs, plan_shards
-from .text import dedup_form, key_of_form
-from .tokenhash import token_arrays
+from .text import dedup_form_keeping_tokens, key_of_form
+from .tokenhash import token_arrays_of_forms
 from .tokenizer import lineage_tokenizer_checked
 from .tokenizer_sample import write_shard_sample
 from .workspace import Workspace, atomic_path
@@ -234,8 +234,10 @@ def prep_shard(cfg, paths, index: int, *, shared: bool = True) -> dict:
                     exclude(doc.id, line, text, sid, meta, dropped[0], dropped[1])
                     continue
                 survivors.append((doc, line, text, sid, meta))
-            forms = [dedup_form(doc.text) for doc, *_ in survivors]  # what dedup compares: NFKC, unlike the training text
-            arrays = token_arrays(forms) if evals is not None or d.dedup.near else None
+            # what dedup compares: NFKC, unlike the training text; mostly with the text's own tokens
+            texts_kept = [doc.text for doc, *_ in survivors]
+            forms, same = zip(*map(dedup_form_keeping_tokens, texts_kept)) if survivors else ((), ())
+            arrays = token_arrays_of_forms(texts_kept, forms, same) if evals is not None or d.dedup.near else None
             overlaps, at = evals.find(arrays, len(forms)) if evals is not None else (None, None)
             for i, (doc, line, text, sid, meta) in enumerate(survivors):
                 if overlaps is not None and overlaps[i] >= 0:  # held out means held out: decontaminate.py

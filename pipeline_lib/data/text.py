@@ -44,17 +44,46 @@ _NFKC_OF = {chr(c): unicodedata.normalize("NFKC", chr(c)) for a, b in _NFKC_BLOC
 _NEEDS_NFKC = re.compile("[" + "".join(re.escape(c) for c in _NFKC_OF) + "]")
 
 
+_TOKEN_CHAR = re.compile(f"[^\\W_{CJK}]|[{CJK}]")  # a character of some token (tokens)
+
+
+def _keeps_tokens(char: str, folded: str) -> bool:
+    """Folding `char` to `folded` cannot change tokens(): neither is, nor lowercases to, a token character,
+    and `folded` is not empty (dropping a separator would join two tokens)."""
+    return bool(folded) and not _TOKEN_CHAR.search(char + folded + char.lower() + folded.lower())
+
+
+# the folds that may change tokens(), and Σ: its lowercase depends on the characters after it (final sigma)
+_RETOKENIZES = re.compile("[Σ" + "".join(re.escape(c) for c, f in _NFKC_OF.items() if not _keeps_tokens(c, f)) + "]")
+
+
+def _fast_nfkc(text: str) -> tuple[str, bool]:
+    """(text with each character of _NFKC_OF replaced by its NFKC, True when that is NFKC already)."""
+    out = _NEEDS_NFKC.sub(lambda m: _NFKC_OF[m.group()], text)
+    return out, unicodedata.is_normalized("NFKC", out)
+
+
 def nfkc(text: str) -> str:
     """unicodedata.normalize("NFKC", text), ~4x faster on Chinese prose. Replacing characters by
     their own NFKC keeps the string's NFKC (both have the same NFKD), so when the replaced string is
     already NFKC it is the answer; else (combining marks, e.g. a half-width voiced mark) normalize it."""
-    out = _NEEDS_NFKC.sub(lambda m: _NFKC_OF[m.group()], text)
-    return out if unicodedata.is_normalized("NFKC", out) else unicodedata.normalize("NFKC", out)
+    out, done = _fast_nfkc(text)
+    return out if done else unicodedata.normalize("NFKC", out)
 
 
 def dedup_form(text: str) -> str:
     """NFKC of `text`: what exact keys and shingles are computed from (see the module docstring)."""
     return nfkc(text)
+
+
+def dedup_form_keeping_tokens(text: str) -> tuple[str, bool]:
+    """(dedup_form(text), True when tokens() of it are those of `text`: NFKC folded only punctuation and
+    spaces, as in most Chinese prose once the width filter folded its full-width digits). Then a token
+    array of the text serves the form too (tokenhash.token_arrays_of_forms)."""
+    out, done = _fast_nfkc(text)
+    if not done:
+        return unicodedata.normalize("NFKC", out), False
+    return out, _RETOKENIZES.search(text) is None
 
 
 def key_of_form(form: str) -> int:

@@ -86,6 +86,36 @@ def token_arrays(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return toks, tok_doc, tok_len
 
 
+# [(texts, token_arrays(texts))] of the last batch the top_ngram filter tokenized in this process: the same
+# documents' dedup forms mostly have the same tokens (token_arrays_of_forms)
+_FILTERED: list = []
+
+
+def token_arrays_of_forms(texts: list[str], forms: list[str], same: list[bool]) -> tuple:
+    """token_arrays(forms), where forms[i] has the tokens of texts[i] when same[i] (text.dedup_form_keeping_tokens):
+    those documents' tokens are taken from the top_ngram filter's arrays of this batch, when it saw those very
+    text objects, in the same order; the others are tokenized here."""
+    seen, arrays = _FILTERED[0] if _FILTERED else ([], None)
+    row = {id(t): i for i, t in enumerate(seen)}
+    rows = np.fromiter((row.get(id(t), -1) if ok else -1 for t, ok in zip(texts, same)), np.int64, len(texts))
+    reuse = rows >= 0
+    if not reuse.any() or (np.diff(rows[reuse]) <= 0).any():
+        return token_arrays(forms)
+    toks, tok_doc, tok_len = arrays
+    doc_of = np.full(len(seen), -1, np.int64)
+    doc_of[rows[reuse]] = np.flatnonzero(reuse)  # filter-batch row -> document here
+    doc = doc_of[tok_doc]
+    keep = doc >= 0
+    toks, doc, tok_len = toks[keep], doc[keep], tok_len[keep]
+    redo = np.flatnonzero(~reuse)
+    if not len(redo):
+        return toks, doc, tok_len
+    new_toks, new_doc, new_len = token_arrays([forms[i] for i in redo])
+    new_doc = redo[new_doc]
+    at = np.searchsorted(doc, new_doc)  # before the first token of a later document: document order kept
+    return np.insert(toks, at, new_toks), np.insert(doc, at, new_doc), np.insert(tok_len, at, new_len)
+
+
 def chain(toks: np.ndarray, n: int) -> np.ndarray:
     """Hash of every window of n consecutive tokens (len(toks) - n + 1 of them)."""
     m = len(toks) - n + 1
@@ -121,7 +151,8 @@ def top_ngram_shares(texts: list[str], n: int, cjk_n: int, min_tokens: int) -> n
     """Per text, the share of token characters covered by its most frequent token n-gram
     (the longest one on ties), 0 when no n-gram repeats or the text has < min_tokens tokens.
     A text is CJK when it has more tokens than half its characters; it then uses cjk_n."""
-    toks, tok_doc, tok_len = token_arrays(texts)
+    toks, tok_doc, tok_len = arrays = token_arrays(texts)
+    _FILTERED[:] = [(texts, arrays)]
     per_doc = np.bincount(tok_doc, minlength=len(texts))
     chars = np.bincount(tok_doc, weights=tok_len, minlength=len(texts))
     text_len = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
