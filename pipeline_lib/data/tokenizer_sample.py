@@ -18,8 +18,9 @@ trainer's memory follows the characters, not the lines), trained on in input ord
   read again, its lines recomputed with the same priorities: the sample is the exact bottom-k, whatever
   the quotas. Below sample_lines lines every line is trained on, in input order: the same lines, hence
   the same model, as when the main process read every kept document (tokenizer.sample_lines).
-Memory in the main process: the k sampled lines, plus one shard's lines while one is read again; sentencepiece's
-trainer then holds ~46 bytes per character of the sample (tokenizer.sample_chars).
+Memory in the main process: the shards' sampled lines (~1.5 x sample_lines, as Arrow strings), plus one shard's
+lines while one is read again; sentencepiece's trainer then holds ~46 bytes per character of the sample
+(tokenizer.sample_chars).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .packing import heldout_mask
@@ -97,35 +99,48 @@ def write_shard_sample(ws, cfg, index: int, texts: list[str], keys: list[int]) -
     ws.publish(f"{folder}/{SAMPLE_FILE}", f"{folder}/{LINES_FILE}")
 
 
-class _Bottom:
-    """The k lowest-priority lines seen so far, with their (shard, position in shard) for input order."""
+class _Candidates:
+    """The sampled lines of the kept documents, shard by shard: priorities, (shard, position in shard) and
+    characters as numpy arrays, the texts as Arrow arrays: Python strings are made only for the lines
+    trained on (at 10x the benchmark corpus ~70,000 of the ~450,000 sampled; making them all was most of
+    this step's time, on the critical path)."""
 
-    def __init__(self, k: int):
-        self.k = k
-        self.prio, self.order, self.text = np.zeros(0), np.zeros((0, 2), np.int64), []
+    def __init__(self):
+        self.prio, self.order, self.chars, self.text = [], [], [], []
 
-    def add(self, prio: np.ndarray, order: np.ndarray, text: list[str]) -> None:
-        prio, order = np.concatenate([self.prio, prio]), np.concatenate([self.order, order])
-        text = self.text + text
-        if len(prio) > self.k:
-            top = np.argpartition(prio, self.k - 1)[:self.k]
-            prio, order, text = prio[top], order[top], [text[i] for i in top]
-        self.prio, self.order, self.text = prio, order, text
+    def add(self, prio: np.ndarray, order: np.ndarray, text: pa.Array | pa.ChunkedArray) -> None:
+        chunks = text.chunks if isinstance(text, pa.ChunkedArray) else [text]
+        self.prio.append(prio)
+        self.order.append(order)
+        self.text += chunks
+        self.chars += [pc.utf8_length(c).to_numpy(zero_copy_only=False) for c in chunks]
 
-    def bound(self) -> float:
+    def _all(self, parts: list, empty: np.ndarray) -> np.ndarray:
+        return np.concatenate(parts) if parts else empty
+
+    def bound(self, k: int) -> float:
         """The k-th lowest priority; infinite while fewer than k lines are held (then every line belongs in)."""
-        return float(self.prio.max()) if len(self.prio) >= self.k else math.inf
+        prio = self._all(self.prio, np.zeros(0))
+        return float(np.partition(prio, k - 1)[k - 1]) if len(prio) >= k else math.inf
 
-    def in_input_order(self, max_chars: int) -> list[str]:
-        """The held lines in input order; past `max_chars` characters, only the lowest-priority lines whose
-        characters add up to at most max_chars (priorities are uniform: still a uniform sample of lines)."""
-        held = np.arange(len(self.text))
-        sizes = np.fromiter(map(len, self.text), np.int64, len(self.text))
-        if sizes.sum() > max_chars:
-            by_prio = np.argsort(self.prio, kind="stable")
-            held = by_prio[:max(1, int(np.searchsorted(np.cumsum(sizes[by_prio]), max_chars, side="right")))]
-        order = self.order[held]
-        return [self.text[held[i]] for i in np.lexsort((order[:, 1], order[:, 0]))]
+    def lowest_in_input_order(self, k: int, max_chars: int) -> list[str]:
+        """The k lowest-priority lines in input order; past `max_chars` characters, only the lowest-priority
+        of them whose characters add up to at most max_chars (priorities are uniform: still a uniform sample)."""
+        prio = self._all(self.prio, np.zeros(0))
+        order = self._all(self.order, np.zeros((0, 2), np.int64))
+        chars = self._all(self.chars, np.zeros(0, np.int64)).astype(np.int64)
+        held = np.argpartition(prio, k - 1)[:k] if len(prio) > k else np.arange(len(prio))
+        if chars[held].sum() > max_chars:
+            by_prio = held[np.argsort(prio[held], kind="stable")]
+            held = by_prio[:max(1, int(np.searchsorted(np.cumsum(chars[by_prio]), max_chars, side="right")))]
+        held = held[np.lexsort((order[held, 1], order[held, 0]))]
+        # taken chunk by chunk, in place order (one take over all chunks is several times slower), then put in input order
+        at = np.sort(held)
+        ends = np.cumsum([len(c) for c in self.text])
+        cut = np.searchsorted(at, np.concatenate([[0], ends]))
+        lines = [s for i, c in enumerate(self.text) if cut[i] < cut[i + 1]
+                 for s in c.take(pa.array(at[cut[i]:cut[i + 1]] - (ends[i] - len(c)))).to_pylist()]
+        return [lines[i] for i in np.searchsorted(at, held)]
 
 
 def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str], dict]:
@@ -133,7 +148,7 @@ def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str],
     kept_of(k): the boolean keep mask of shard k's candidates; texts_of(k): (texts, keys) of its candidates,
     read only for a shard whose sample fell short (or that wrote none: a stage folder of an earlier version)."""
     k_lines = cfg.tokenizer.sample_lines
-    bottom, seen, short = _Bottom(k_lines), {"docs": 0, "lines": 0}, []
+    found, seen, short = _Candidates(), {"docs": 0, "lines": 0}, []
     for k in range(n_shards):
         keep, folder = kept_of(k), f"shards/{k:05d}"
         if not (_has(ws, f"{folder}/{SAMPLE_FILE}") and _has(ws, f"{folder}/{LINES_FILE}")):
@@ -148,10 +163,9 @@ def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str],
         mine = keep[docs]
         if len(prio) < int(per_doc[per_doc >= 0].sum()):  # the worker kept its quota only
             short.append((k, keep, float(prio.max()) if len(prio) else -math.inf))
-        # through numpy: str objects in about half the time of to_pylist (on the main process's critical path)
-        bottom.add(prio[mine], _order(k, pos[mine]), list(table.column("text").to_numpy(zero_copy_only=False)[mine]))
+        found.add(prio[mine], _order(k, pos[mine]), table.column("text").filter(pa.array(mine)))
     for k, keep, highest in sorted(short, key=lambda s: s[2]):
-        bound = bottom.bound()
+        bound = found.bound(k_lines)
         if highest >= bound:  # every line of the shard below the bound is in its sample already
             continue
         texts, keys = texts_of(k)
@@ -162,8 +176,8 @@ def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str],
             seen["docs"] += int(train.sum())
             seen["lines"] += int(per_doc[train].sum())
         new = keep[docs] & (prio > highest) & (prio < bound)  # the lines the shard's sample did not hold
-        bottom.add(prio[new], _order(k, np.flatnonzero(new)), [t for t, m in zip(lines, new) if m])
-    return bottom.in_input_order(cfg.tokenizer.sample_chars), seen
+        found.add(prio[new], _order(k, np.flatnonzero(new)), pa.array([t for t, m in zip(lines, new) if m], pa.string()))
+    return found.lowest_in_input_order(k_lines, cfg.tokenizer.sample_chars), seen
 
 
 def _has(ws, rel: str) -> bool:
