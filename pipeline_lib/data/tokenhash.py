@@ -159,20 +159,20 @@ def top_ngram_shares(texts: list[str], n: int, cjk_n: int, min_tokens: int) -> n
     size = np.where(per_doc * 2 > text_len, cjk_n, n)
     share = np.zeros(len(texts))
     cum = np.concatenate([[0], np.cumsum(tok_len)])
+    doc_mix = fmix32(np.arange(1, len(texts) + 1, dtype=np.uint32))  # per document: its windows' buckets differ
     for k in np.unique(size):
-        win = np.arange(max(len(toks) - k + 1, 0))
-        doc = tok_doc[win]
-        ok = (doc == tok_doc[win + k - 1]) & (size[doc] == k) & (per_doc[doc] >= min_tokens)
-        win, doc = win[ok], doc[ok]
-        if not len(win):
+        m = max(len(toks) - k + 1, 0)
+        counted = (size == k) & (per_doc >= min_tokens)
+        ok = counted[tok_doc[:m]] & (tok_doc[:m] == tok_doc[k - 1:k - 1 + m])  # whole windows of counted texts
+        doc = tok_doc[:m][ok]
+        if not len(doc):
             continue
-        hashes, width = chain(toks, k)[win], cum[win + k] - cum[win]
+        hashes, width = chain(toks, k)[ok], (cum[k:k + m] - cum[:m])[ok]
         # An n-gram alone in its bucket of (doc, hash) occurs once: it can be neither a document's
         # most frequent n-gram (that needs a count >= 2 to count) nor a tie of it, so drop it before
-        # sorting. Most windows of ordinary prose go here, in one bincount.
-        buckets = 1 << max(int(len(win) * 4 - 1).bit_length(), 4)
-        with np.errstate(over="ignore"):
-            bucket = (fmix32(hashes ^ fmix32(doc.astype(np.uint32) + np.uint32(1))) & np.uint32(buckets - 1))
+        # sorting. Most windows of ordinary prose go here, in one bincount. (The hashes are mixed already.)
+        buckets = 1 << max(int(len(doc) * 4 - 1).bit_length(), 4)
+        bucket = (hashes ^ doc_mix[doc]) & np.uint32(buckets - 1)
         repeated = np.bincount(bucket, minlength=buckets)[bucket] > 1
         doc, hashes, width = doc[repeated], hashes[repeated], width[repeated]
         if not len(doc):
