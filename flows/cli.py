@@ -298,11 +298,12 @@ def run_main(argv: list[str]) -> int:
         return 0
     if not args.dispatch and "data" in stages:
         _warm_data_stage(cfg, run_id, imports=api.server is not None)
+    from flows.heartbeats import own_heartbeats
     from tasks import terminal
 
     screen = terminal.install(verbose=args.verbose)
     try:
-        with api:
+        with api, own_heartbeats():  # a running server's heartbeats without each flow's wait (flows/heartbeats.py)
             state = llm_pipeline(config=public_config(cfg), run_id=run_id, stages=stages,
                                  dispatch=args.dispatch, return_state=True)
             return _report(state, cfg, run_id, stages, embedded=api.server is not None)
@@ -584,11 +585,12 @@ def nightly_main(argv: list[str]) -> int:
     print_warnings(ignored_issues(cfg, nightly_stages()), file=sys.stderr)  # a night runs no sft: said, not refused
     api = embedded_api().launch()
     from flows.nightly import nightly
+    from flows.heartbeats import own_heartbeats
     from tasks import terminal
 
     screen = terminal.install(verbose=args.verbose)  # the same quiet terminal as `run`
     try:
-        with api:
+        with api, own_heartbeats():
             # the resolved config, its secrets as env: references: the overrides (a webhook URL among them) never
             # become flow-run parameters
             state = nightly(config=public_config(cfg), run_date=args.run_date, return_state=True)

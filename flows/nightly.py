@@ -59,6 +59,7 @@ from pipeline_lib.config.schema import NightlyConfig, OrchestrationConfig, Train
 
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections, with_form_defaults
 from flows.form_types import DataConfig
+from flows.heartbeats import beating
 from flows.night_changes import publish_night_changes
 from flows.night_lineage import publish_lineage, tag_night
 from flows.night_names import name_upcoming_nights, rename_this_night
@@ -120,6 +121,7 @@ FORM_SECTIONS = ("data", "training", "nightly", "orchestration")
 # by resolve_config (errors naming the field and the fix).
 @flow(name="nightly-pretrain", flow_run_name=_run_name, log_prints=True, validate_parameters=False,
       on_failure=[notify_failure], on_crashed=[notify_failure])
+@beating
 def nightly(config: str | dict, overrides: list[str] | None = None, run_date: dt.date | None = None,
             dispatch: bool = False, data: DataConfig | None = None, training: TrainingConfig | None = None,
             nightly: NightlyConfig | None = None, orchestration: OrchestrationConfig | None = None) -> dict:

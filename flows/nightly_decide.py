@@ -21,6 +21,7 @@ from pipeline_lib.nightly.approval import decided_by
 from pipeline_lib.nightly.verify import verify_held_checkpoint
 
 from flows.common import resolve_config
+from flows.heartbeats import beating
 from flows.night_lineage import publish_lineage
 
 
@@ -32,6 +33,7 @@ def _run_name() -> str:
 
 
 @flow(name="nightly-decide", flow_run_name=_run_name, log_prints=True)
+@beating
 def nightly_decide(config: str, run_id: str, decision: Literal["promote", "reject"], reason: str, who: str,
                    overrides: list[str] | None = None):
     """Promote or reject a night the gate held.

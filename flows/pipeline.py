@@ -30,6 +30,7 @@ from pipeline_lib.storage import RunPaths, read_manifest
 from flows.common import deployment_parameters, resolve_config, untouched_form_sections, with_form_defaults
 from flows.dispatch import dispatch_stage
 from flows.form_types import DataConfig
+from flows.heartbeats import beating
 from flows.notify import notify_failure
 from flows.same_child import failed_child, rerun_subflow
 from flows.run_history import earlier_flow_runs, finished_in, flow_run_name, task_run_link, ui_link
@@ -50,6 +51,7 @@ class StageFailed(RuntimeError):
 # checked as one config by resolve_config, whose errors name the field and the fix.
 @flow(name="llm-pipeline", flow_run_name=flow_run_name, log_prints=True, persist_result=True,
       validate_parameters=False, on_failure=[notify_failure], on_crashed=[notify_failure])
+@beating
 def llm_pipeline(config: str | dict, run_id: str, stages: list[str] | None = None,
                  overrides: list[str] | None = None,
                  training: TrainingConfig | None = None, data: DataConfig | None = None,

@@ -14,6 +14,7 @@ from pipeline_lib.stages import SPECS
 from tasks.stage_task import submit_stage
 
 from flows.common import resolve_config
+from flows.heartbeats import beating
 
 
 def _run_name(stage: str):
@@ -58,7 +59,8 @@ def _make_stage_flow(stage: str):
     # the next stage.
     stage_flow.__name__ = stage_flow.__qualname__ = f"{stage}_flow"
     return flow(name=stage, flow_run_name=_run_name(stage), log_prints=True, persist_result=True,
-                description=f"The {stage} stage of the LLM pipeline (skipped when its manifest is complete).")(stage_flow)
+                description=f"The {stage} stage of the LLM pipeline (skipped when its manifest is complete).")(
+        beating(stage_flow))
 
 
 _FLOWS: dict = {}
