@@ -18,13 +18,14 @@ trainer's memory follows the characters, not the lines), trained on in input ord
   read again, its lines recomputed with the same priorities: the sample is the exact bottom-k, whatever
   the quotas. Below sample_lines lines every line is trained on, in input order: the same lines, hence
   the same model, as when the main process read every kept document (tokenizer.sample_lines).
-Memory in the main process: the shards' sampled lines (~1.5 x sample_lines, as Arrow strings), plus one shard's
-lines while one is read again; sentencepiece's trainer then holds ~46 bytes per character of the sample
-(tokenizer.sample_chars).
+Memory in the main process: one shard's sampled lines at a time (their priorities and lengths are kept, the lines
+trained on read again at the end), plus one shard's lines while one is read again; sentencepiece's trainer then
+holds ~46 bytes per character of the sample (tokenizer.sample_chars).
 """
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
@@ -101,19 +102,19 @@ def write_shard_sample(ws, cfg, index: int, texts: list[str], keys: list[int]) -
 
 class _Candidates:
     """The sampled lines of the kept documents, shard by shard: priorities, (shard, position in shard) and
-    characters as numpy arrays, the texts as Arrow arrays: Python strings are made only for the lines
-    trained on (at 10x the benchmark corpus ~70,000 of the ~450,000 sampled; making them all was most of
-    this step's time, on the critical path)."""
+    characters as numpy arrays; the texts are read again at the end for the lines trained on only (at 10x
+    the benchmark corpus ~70,000 of ~450,000): memory for one shard's lines, not all of them, and Python
+    strings for the lines trained on only (making them all was most of this step's time)."""
 
     def __init__(self):
-        self.prio, self.order, self.chars, self.text = [], [], [], []
+        self.prio, self.order, self.chars, self.texts = [], [], [], []
 
-    def add(self, prio: np.ndarray, order: np.ndarray, text: pa.Array | pa.ChunkedArray) -> None:
-        chunks = text.chunks if isinstance(text, pa.ChunkedArray) else [text]
+    def add(self, prio: np.ndarray, order: np.ndarray, text: pa.Array | pa.ChunkedArray, again=None) -> None:
+        """`again()`: the same `text` read anew (kept in memory when None)."""
         self.prio.append(prio)
         self.order.append(order)
-        self.text += chunks
-        self.chars += [pc.utf8_length(c).to_numpy(zero_copy_only=False) for c in chunks]
+        self.chars.append(pc.utf8_length(text).to_numpy(zero_copy_only=False).astype(np.int64))
+        self.texts.append(again or (lambda: text))
 
     def _all(self, parts: list, empty: np.ndarray) -> np.ndarray:
         return np.concatenate(parts) if parts else empty
@@ -128,18 +129,17 @@ class _Candidates:
         of them whose characters add up to at most max_chars (priorities are uniform: still a uniform sample)."""
         prio = self._all(self.prio, np.zeros(0))
         order = self._all(self.order, np.zeros((0, 2), np.int64))
-        chars = self._all(self.chars, np.zeros(0, np.int64)).astype(np.int64)
+        chars = self._all(self.chars, np.zeros(0, np.int64))
         held = np.argpartition(prio, k - 1)[:k] if len(prio) > k else np.arange(len(prio))
         if chars[held].sum() > max_chars:
             by_prio = held[np.argsort(prio[held], kind="stable")]
             held = by_prio[:max(1, int(np.searchsorted(np.cumsum(chars[by_prio]), max_chars, side="right")))]
         held = held[np.lexsort((order[held, 1], order[held, 0]))]
-        # taken chunk by chunk, in place order (one take over all chunks is several times slower), then put in input order
-        at = np.sort(held)
-        ends = np.cumsum([len(c) for c in self.text])
+        at = np.sort(held)  # taken part by part, in place order, then put in input order
+        ends = np.cumsum([len(p) for p in self.prio], dtype=np.int64)
         cut = np.searchsorted(at, np.concatenate([[0], ends]))
-        lines = [s for i, c in enumerate(self.text) if cut[i] < cut[i + 1]
-                 for s in c.take(pa.array(at[cut[i]:cut[i + 1]] - (ends[i] - len(c)))).to_pylist()]
+        lines = [s for i, texts in enumerate(self.texts) if cut[i] < cut[i + 1]
+                 for s in texts().take(pa.array(at[cut[i]:cut[i + 1]] - (ends[i] - len(self.prio[i])))).to_pylist()]
         return [lines[i] for i in np.searchsorted(at, held)]
 
 
@@ -158,12 +158,14 @@ def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str],
         train = keep & (per_doc >= 0)
         seen["docs"] += int(train.sum())
         seen["lines"] += int(per_doc[train].sum())
-        table = pq.ParquetFile(ws.fetch(f"{folder}/{SAMPLE_FILE}")).read()
+        path = ws.fetch(f"{folder}/{SAMPLE_FILE}")
+        table = pq.ParquetFile(path).read()
         pos, docs, prio = (table.column(c).to_numpy() for c in ("pos", "doc", "prio"))
         mine = keep[docs]
         if len(prio) < int(per_doc[per_doc >= 0].sum()):  # the worker kept its quota only
             short.append((k, keep, float(prio.max()) if len(prio) else -math.inf))
-        found.add(prio[mine], _order(k, pos[mine]), table.column("text").filter(pa.array(mine)))
+        found.add(prio[mine], _order(k, pos[mine]), table.column("text").filter(pa.array(mine)),
+                  again=partial(_sampled_text, path, pa.array(mine)))
     for k, keep, highest in sorted(short, key=lambda s: s[2]):
         bound = found.bound(k_lines)
         if highest >= bound:  # every line of the shard below the bound is in its sample already
@@ -178,6 +180,10 @@ def merged_sample(ws, cfg, n_shards: int, kept_of, texts_of) -> tuple[list[str],
         new = keep[docs] & (prio > highest) & (prio < bound)  # the lines the shard's sample did not hold
         found.add(prio[new], _order(k, np.flatnonzero(new)), pa.array([t for t, m in zip(lines, new) if m], pa.string()))
     return found.lowest_in_input_order(k_lines, cfg.tokenizer.sample_chars), seen
+
+
+def _sampled_text(path, mine: pa.Array) -> pa.ChunkedArray:
+    return pq.ParquetFile(path).read(columns=["text"]).column("text").filter(mine)
 
 
 def _has(ws, rel: str) -> bool:
