@@ -103,12 +103,13 @@ def prep_task(config: dict, run_id: str, executor, progress) -> tuple[int, int]:
     mapped task like a shard: dedup_run.dedup_partition); returns (shards, records read)."""
     from pipeline_lib.data.dedup_run import dedup_partition
     from pipeline_lib.data.prep import dedup_partitions, plan_data_stage, prep_shard
+    from pipeline_lib.data.stage import DEDUP_IMPORTS, preload
     from pipeline_lib.data.workspace import Workspace
 
     cfg, paths = _ctx(config, run_id)
     warm_shard_work(cfg, imports=False)  # nothing new when the CLI did it already
     n = len(plan_data_stage(cfg, paths))
-    warm_shard_work(cfg)  # the imports, while this process waits on the shards
+    preload(*DEDUP_IMPORTS)  # the dedup step's imports, while this process waits on the shards
     counts = fan_out(executor.get(), prep_shard, _shards(cfg, paths, n), "prep", progress)
     if cfg.data.dedup.exact or cfg.data.dedup.near:  # the dedup step's partitions, mapped as the shards are
         parts = dedup_partitions(Workspace(cfg, paths))

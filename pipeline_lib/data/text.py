@@ -44,13 +44,10 @@ _NFKC_OF = {chr(c): unicodedata.normalize("NFKC", chr(c)) for a, b in _NFKC_BLOC
 _NEEDS_NFKC = re.compile("[" + "".join(re.escape(c) for c in _NFKC_OF) + "]")
 
 
-_TOKEN_CHAR = re.compile(f"[^\\W_{CJK}]|[{CJK}]")  # a character of some token (tokens)
-
-
 def _keeps_tokens(char: str, folded: str) -> bool:
     """Folding `char` to `folded` cannot change tokens(): neither is, nor lowercases to, a token character,
     and `folded` is not empty (dropping a separator would join two tokens)."""
-    return bool(folded) and not _TOKEN_CHAR.search(char + folded + char.lower() + folded.lower())
+    return bool(folded) and not _TOKEN.search(char + folded + char.lower() + folded.lower())
 
 
 # the folds that may change tokens(), and Σ: its lowercase depends on the characters after it (final sigma)

@@ -71,7 +71,8 @@ def test_the_cli_flows_send_prefects_heartbeat_event_and_prefects_own_thread_is_
         with own_heartbeats() as beats:
             assert _parent(1) == 2  # parameters pass through the decorator
             assert beats.runs == {}  # each flow's end unregistered it; nothing is pending or joined
-        assert not beats.thread.is_alive() or beats.stopped
+        beats.thread.join(5)
+        assert not beats.thread.is_alive()  # leaving stops the thread
         assert get_current_settings().flows.heartbeat_frequency == 60  # restored
     assert seen["prefect_heartbeats"] is None and seen["registered"] == 1  # Prefect's own thread never started
     recorded = _heartbeats_until(prefect_server, [f"prefect.flow-run.{seen[n]}" for n in ("parent", "child")],
