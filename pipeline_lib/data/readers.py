@@ -99,9 +99,20 @@ def _fast_object(raw: bytes, fields: tuple[str, ...]) -> dict | None:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(obj, dict) or any(_any_float(obj.get(f), lambda _: True) for f in fields):
+    if not isinstance(obj, dict):
         return None
+    for f in fields:
+        value = obj.get(f)
+        if type(value) not in _FLOATLESS and _any_float(value, _always):
+            return None
     return obj
+
+
+_FLOATLESS = {str, int, bool, type(None)}  # a carried field's usual values, decided without a call
+
+
+def _always(_: float) -> bool:
+    return True
 
 
 def parse_record(raw: bytes, text_field: str, fields: tuple[str, ...] = ()) -> tuple[str | None, str | None, dict]:

@@ -56,7 +56,8 @@ _RETOKENIZES = re.compile("[Σ" + "".join(re.escape(c) for c, f in _NFKC_OF.item
 
 def _fast_nfkc(text: str) -> tuple[str, bool]:
     """(text with each character of _NFKC_OF replaced by its NFKC, True when that is NFKC already)."""
-    out = _NEEDS_NFKC.sub(lambda m: _NFKC_OF[m.group()], text)
+    # the full-width comma is ~70% of the folds in Chinese prose: str.replace spares the sub its call per match
+    out = _NEEDS_NFKC.sub(lambda m: _NFKC_OF[m.group()], text.replace("，", ","))
     return out, unicodedata.is_normalized("NFKC", out)
 
 
