@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
@@ -69,14 +70,22 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
     for rel in STAGE_OUTPUTS:  # a fresh start: nothing of an attempt with another config survives
         ws.remove(rel)
     files = list_inputs(cfg.data.inputs, ws.endpoint, follow_symlinks=cfg.data.follow_symlinks)
-    shards = [s.to_dict() for s in plan_shards(files, cfg.data.docs_per_shard, ws.endpoint, cfg.data.shard_mb,
-                                               chunks=partial(_gunzip_chunk, ws))]
     from ..storage import store_for
 
-    sizes = [{"uri": u, "label": lab, "size": store_for(u, ws.endpoint).size(u)} for u, lab in files]
-    if uses_index(cfg):  # the rerun rule of the dedup index compares input files by content
-        for f in sizes:
-            f["fingerprint"] = store_for(f["uri"], ws.endpoint).fingerprint(f["uri"])
+    # the rerun rule of the dedup index compares input files by content: hashed in threads while the shards are
+    # cut (sha256 lets go of the GIL), not in a second pass after it (~1 s a GB of one core)
+    with ThreadPoolExecutor(2, thread_name_prefix="fingerprint") as hashing:
+        prints = [hashing.submit(store_for(u, ws.endpoint).fingerprint, u) for u, _ in files] if uses_index(cfg) else []
+        try:
+            shards = [s.to_dict() for s in plan_shards(files, cfg.data.docs_per_shard, ws.endpoint, cfg.data.shard_mb,
+                                                       chunks=partial(_gunzip_chunk, ws))]
+        except BaseException:
+            for f in prints:
+                f.cancel()
+            raise
+        sizes = [{"uri": u, "label": lab, "size": store_for(u, ws.endpoint).size(u)} for u, lab in files]
+        for f, printed in zip(sizes, prints):
+            f["fingerprint"] = printed.result()
     evals, held_out = build_eval_ngrams(cfg, ws.endpoint)  # once per run; every shard worker loads it
     evals.save(ws.local(EVAL_NGRAMS))
     save_exclusions(load_exclusions(cfg, ws.endpoint), ws.local(EXCLUSIONS_FILE))  # the same: read once a run
