@@ -88,24 +88,34 @@ class Outcome:
         return self
 
 
-def _kill_after_checkpoints(out: Path, n: int, done: threading.Event, record: dict, past: int = 2) -> None:
-    """SIGKILL the trainer's process group once `n` checkpoint files exist in rank_0 and `past` more steps are in
-    metrics.jsonl: steps the rerun trains again (the stage resumes from the checkpoint before them)."""
-    yaml_path = str(out / "run.yaml")
-    at_checkpoint = None
+def _kill_after_checkpoints(out: Path, n: int, done: threading.Event, record: dict, save_steps: int,
+                            past: int = 2) -> None:
+    """SIGKILL the trainer's process group once `n` checkpoint files exist in rank_0 and metrics.jsonl is at least
+    `past` steps beyond the n-th checkpoint (step n * save_steps) and not on a checkpoint step: the killed attempt
+    then trained steps past its last checkpoint, which the rerun trains again. The target does not depend on when
+    this thread first looked: counted from there, a thread starved on a loaded machine waited past the last step and
+    the trainer finished unkilled; a kill on a checkpoint step leaves nothing to train again."""
+    yaml_path, pgid = str(out / "run.yaml"), None
     while not done.is_set():
-        if at_checkpoint is None and len(list((out / "checkpoint" / "rank_0").glob("*.ckpt"))) >= n:
-            at_checkpoint = max((r["step"] for r in read_metrics(out / "metrics.jsonl")), default=0)
-        if at_checkpoint is not None and max((r["step"] for r in read_metrics(out / "metrics.jsonl")),
-                                             default=0) >= at_checkpoint + past:
-            for proc in psutil.process_iter(["cmdline"]):
-                if any(yaml_path in c for c in proc.info["cmdline"] or []):
-                    record["killed_pgid"] = os.getpgid(proc.pid)
-                    record["checkpoints_at_kill"] = sorted(p.name for p in (out / "checkpoint" / "rank_0").glob("*.ckpt"))
-                    os.killpg(record["killed_pgid"], signal.SIGKILL)
-                    record["metric_steps_at_kill"] = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
-                    return
+        step = max((r["step"] for r in read_metrics(out / "metrics.jsonl")), default=0)
+        if pgid is None and step >= n * save_steps:  # found ahead: scanning the processes takes longer than a step
+            pgid = next((_pgid(proc.pid) for proc in psutil.process_iter(["cmdline"])
+                         if any(yaml_path in c for c in proc.info["cmdline"] or [])), None)
+        if pgid is not None and step >= n * save_steps + past and step % save_steps and \
+                len(list((out / "checkpoint" / "rank_0").glob("*.ckpt"))) >= n:
+            os.killpg(pgid, signal.SIGKILL)
+            record["killed_pgid"] = pgid
+            record["checkpoints_at_kill"] = sorted(p.name for p in (out / "checkpoint" / "rank_0").glob("*.ckpt"))
+            record["metric_steps_at_kill"] = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
+            return
         time.sleep(0.02)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:  # ended between the scan and this call
+        return None
 
 
 def _stop_rank_after(out: Path, rank: int, step: int, done: threading.Event, record: dict) -> None:
@@ -139,7 +149,8 @@ def _killed_then_resumed(data) -> Outcome:
     cfg, paths = new_run(data, "killed", training=WSD)
     first = Outcome(cfg, paths)
     done, record = threading.Event(), {}
-    watcher = threading.Thread(target=_kill_after_checkpoints, args=(first.out, 2, done, record), daemon=True)
+    watcher = threading.Thread(target=_kill_after_checkpoints, args=(first.out, 2, done, record, cfg.training.save_steps),
+                               daemon=True)
     watcher.start()
     first.run()
     done.set()
@@ -648,7 +659,7 @@ def test_a_trainer_killed_mid_run_is_retried_by_the_flow_and_resumes(pretrain_da
                          orchestration={"task_retries": 1, "retry_delay_seconds": 0.1})
     out = Path(paths.stage_uri("pretrain"))
     done, record = threading.Event(), {}
-    watcher = threading.Thread(target=_kill_after_checkpoints, args=(out, 2, done, record), daemon=True)
+    watcher = threading.Thread(target=_kill_after_checkpoints, args=(out, 2, done, record, cfg.training.save_steps), daemon=True)
     watcher.start()
     try:
         state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id="flow-killed", stages=["pretrain"],
