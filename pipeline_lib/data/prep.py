@@ -80,8 +80,7 @@ def plan_data_stage(cfg, paths, *, shared: bool = True) -> list[dict]:
             shards = [s.to_dict() for s in plan_shards(files, cfg.data.docs_per_shard, ws.endpoint, cfg.data.shard_mb,
                                                        chunks=partial(_gunzip_chunk, ws))]
         except BaseException:
-            for f in prints:
-                f.cancel()
+            hashing.shutdown(cancel_futures=True)  # the files not started are not read for nothing
             raise
         sizes = [{"uri": u, "label": lab, "size": store_for(u, ws.endpoint).size(u)} for u, lab in files]
         for f, printed in zip(sizes, prints):

@@ -149,8 +149,8 @@ def _killed_then_resumed(data) -> Outcome:
     cfg, paths = new_run(data, "killed", training=WSD)
     first = Outcome(cfg, paths)
     done, record = threading.Event(), {}
-    watcher = threading.Thread(target=_kill_after_checkpoints, args=(first.out, 2, done, record, cfg.training.save_steps),
-                               daemon=True)
+    watcher = threading.Thread(target=_kill_after_checkpoints,
+                               args=(first.out, 2, done, record, cfg.training.save_steps), daemon=True)
     watcher.start()
     first.run()
     done.set()
@@ -659,7 +659,8 @@ def test_a_trainer_killed_mid_run_is_retried_by_the_flow_and_resumes(pretrain_da
                          orchestration={"task_retries": 1, "retry_delay_seconds": 0.1})
     out = Path(paths.stage_uri("pretrain"))
     done, record = threading.Event(), {}
-    watcher = threading.Thread(target=_kill_after_checkpoints, args=(out, 2, done, record, cfg.training.save_steps), daemon=True)
+    watcher = threading.Thread(target=_kill_after_checkpoints, args=(out, 2, done, record, cfg.training.save_steps),
+                               daemon=True)
     watcher.start()
     try:
         state = llm_pipeline(config=cfg.model_dump(mode="json"), run_id="flow-killed", stages=["pretrain"],
